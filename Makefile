@@ -1,0 +1,61 @@
+# dpsynth: `make test` (set-up + tests) and `make demo` (the whole pipeline on the embedded default).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+DATA_DIR ?= data/embedded
+DEMO_DIR ?= runs/demo
+PYTEST_WORKERS ?= 2
+export PYTHONHASHSEED := 0
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: install build data test test-slow test-all demo bench clean help
+
+help:
+	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
+	@echo "make demo   - run the whole pipeline on the embedded default dataset ($(DEMO_DIR))"
+	@echo "make bench  - run the benchmarks in bench/"
+	@echo "make test-slow - the slow tests (marked @pytest.mark.slow)"
+
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q -e '.[test,tf,bench]'
+	touch $@
+
+install: $(STAMP)
+
+# Rebuild the native extension in place after editing native/.
+build: $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+
+# The embedded default: Jane Austen (public) and Amazon fine-food reviews (sensitive), as
+# Debian packages of R data. Fetched through apt only; nothing downloads at run time.
+data: $(DATA_DIR)/.fetched
+
+$(DATA_DIR)/.fetched:
+	@command -v apt-get >/dev/null || { echo "apt-get is not available: run the pipeline on your own files instead (see README: 'Your own data')."; exit 1; }
+	mkdir -p $(DATA_DIR)/debs $(DATA_DIR)/root
+	cd $(DATA_DIR)/debs && { apt-get download r-cran-janeaustenr r-cran-modeldata 2>/dev/null || { apt-get update -qq && apt-get download r-cran-janeaustenr r-cran-modeldata; }; }
+	for f in $(DATA_DIR)/debs/*.deb; do dpkg-deb -x "$$f" $(DATA_DIR)/root; done
+	touch $@
+
+test: $(STAMP) data
+	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
+
+test-slow: $(STAMP) data
+	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -m slow tests
+
+test-all: $(STAMP) data
+	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -m '' tests
+
+demo: $(STAMP) data
+	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m dpsynth.demo --data-dir $(DATA_DIR) --out $(DEMO_DIR)
+
+bench: $(STAMP)
+	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf build *.egg-info dpsynth/_native*.so runs

@@ -1,0 +1,8 @@
+"""dpsynth: differentially private synthetic text with large language models.
+
+Implements Kurakin et al. 2023, "Harnessing large-language models to generate private
+synthetic text": contamination-free pretraining data, DP fine-tuning (full, prompt, LoRA),
+sharded generation and evaluation. See README.md for the pipeline and file formats.
+"""
+
+__version__ = "0.1.0"
