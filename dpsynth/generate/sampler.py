@@ -1,0 +1,326 @@
+"""Batched autoregressive sampling with a KV cache: temperature, top-k, best-of-N, EOS.
+
+The sampler is written against an abstract `DecodeModel` (`init_cache`, `prefill`,
+`decode_step`), so tests can drive it with a fake model whose logits are known and the job
+drives it with the Transformer's KV-cache decoding (`TransformerDecodeModel`).
+
+One call samples a fixed-shape batch of prompts inside ONE jitted function (prefill, then a
+`lax.while_loop` over decode steps that stops as soon as every row has finished), so the
+function compiles once per (batch size, prompt-length bucket) and never per example.
+
+Sampling semantics:
+  * `temperature`: logits are divided by it before sampling; `temperature == 0` is greedy
+    (argmax), and the distribution tends to greedy as temperature -> 0.
+  * `top_k`: only the k most likely tokens can be drawn (0 = the full distribution;
+    `top_k == 1` is greedy).
+  * `num_decodes`: N candidates are drawn independently per prompt and the one with the
+    highest total log-likelihood under the MODEL (untempered, un-truncated log-softmax,
+    summed over the generated tokens including the closing EOS) is kept.
+  * `max_len`: the total length (prompt + generated tokens) of a row; a row that reaches it
+    stops without EOS.
+  * EOS: a row stops at its first EOS (the EOS is scored but not part of the returned
+    tokens); positions after a row's end hold `pad_id`.
+
+Randomness: every prompt row comes with its own PRNG key (the job derives it as
+`fold_in(shard_key, example_index)`); candidate j uses `fold_in(row_key, j)` and decode step t
+uses `fold_in(candidate_key, t)`. A row's output therefore does not depend on which other
+rows share its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsynth.tokens import EOS_ID, PAD_ID
+
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """How to sample.
+
+    Attributes:
+      temperature: softmax temperature; 0 means greedy decoding.
+      top_k: sample among the k most likely tokens only; 0 means the full distribution.
+      num_decodes: candidates per prompt; the most likely one (total log-likelihood) is kept.
+      max_len: maximum total tokens per row (prompt + generated).
+      batch_size: prompts per compiled call (the last batch is padded to this size).
+      prompt_bucket: prompt lengths are padded up to a multiple of this, so prompts of
+        similar length share one compiled function.
+      eos_id: end-of-sequence id; pad_id: id written after a row's end.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    num_decodes: int = 1
+    max_len: int = 512
+    batch_size: int = 16
+    prompt_bucket: int = 16
+    eos_id: int = EOS_ID
+    pad_id: int = PAD_ID
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {self.top_k}")
+        if self.num_decodes < 1:
+            raise ValueError(f"num_decodes must be >= 1, got {self.num_decodes}")
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {self.max_len}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.prompt_bucket < 1:
+            raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class DecodeModel(Protocol):
+    """What the sampler needs from a model (all methods are traced inside `jax.jit`).
+
+    `params` is whatever pytree the model needs (e.g. Flax variables); it is an argument of
+    the compiled function, never a baked-in constant.
+    """
+
+    def init_cache(self, batch: int, max_len: int) -> Any:
+        """An empty cache for `batch` rows of up to `max_len` tokens."""
+
+    def prefill(self, params: Any, tokens: jax.Array, lengths: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Runs the prompts `tokens[B, T]` (row b valid up to `lengths[b]`); returns the
+        logits `[B, V]` for the token after each prompt, and the filled cache."""
+
+    def decode_step(self, params: Any, token: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        """Appends `token[B]` to each row; returns the next-token logits `[B, V]` and cache."""
+
+
+class TransformerDecodeModel:
+    """`DecodeModel` over `dpsynth.models` (a Flax `Transformer` and its KV-cache decoding)."""
+
+    def __init__(self, model_config: Any):
+        from dpsynth.models import decoding
+
+        self._decoding = decoding
+        self.config = model_config
+        self.model = _make_transformer(model_config)
+
+    def init_cache(self, batch, max_len):
+        return self._decoding.init_cache(self.config, batch, max_len)
+
+    def prefill(self, params, tokens, lengths, cache):
+        return self._decoding.prefill(self.model, params, tokens, lengths, cache)
+
+    def decode_step(self, params, token, cache):
+        return self._decoding.decode_step(self.model, params, token, cache)
+
+    # Hash/eq by config so two wrappers of the same model share compiled functions.
+    def __hash__(self):
+        return hash(("TransformerDecodeModel", repr(self.config)))
+
+    def __eq__(self, other):
+        return isinstance(other, TransformerDecodeModel) and repr(other.config) == repr(self.config)
+
+
+def _make_transformer(model_config):
+    from dpsynth.models import Transformer
+
+    return Transformer(model_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Sampled continuations (NumPy, host side).
+
+    Attributes:
+      tokens: `[B, G]` generated ids per prompt (EOS excluded), `pad_id` after `lengths[b]`.
+      lengths: `[B]` number of generated tokens (EOS excluded).
+      scores: `[B]` total model log-likelihood of the kept candidate (including its EOS).
+      finished: `[B]` True where the row ended with EOS (False: it hit `max_len`).
+      all_tokens/all_lengths/all_scores/all_finished: `[B, N, ...]` every candidate.
+    """
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    scores: np.ndarray
+    finished: np.ndarray
+    all_tokens: np.ndarray
+    all_lengths: np.ndarray
+    all_scores: np.ndarray
+    all_finished: np.ndarray
+
+
+def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax.Array:
+    """Draws one token per row from `logits[R, V]` with per-row typed keys `keys[R]`."""
+    if cfg.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scaled = logits / jnp.asarray(cfg.temperature, logits.dtype)
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(scaled, cfg.top_k)[0][:, -1:]
+        scaled = jnp.where(scaled < kth, NEG_INF, scaled)
+    return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
+
+
+def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prompt_lengths, key_data):
+    """The jitted body. prompts `[B, P]`, prompt_lengths `[B]`, key_data `[B, ...]` raw keys."""
+    batch, _ = prompts.shape
+    n = cfg.num_decodes
+    rows = batch * n
+    gen_len = cfg.max_len  # static buffer width; each row's budget is max_len - prompt length
+    row_keys = jax.random.wrap_key_data(key_data)
+    cand_keys = jax.vmap(lambda k: jax.vmap(lambda j: jax.random.fold_in(k, j))(jnp.arange(n)))(row_keys)
+    cand_keys = cand_keys.reshape((rows,))
+    tokens = jnp.repeat(prompts, n, axis=0)
+    lengths = jnp.repeat(prompt_lengths.astype(jnp.int32), n, axis=0)
+    budget = cfg.max_len - lengths
+
+    cache = decoder.init_cache(rows, cfg.max_len)
+    logits, cache = decoder.prefill(params, tokens, lengths, cache)
+
+    def cond(state):
+        t, _, _, _, done, *_ = state
+        return jnp.logical_and(t < gen_len, jnp.logical_not(jnp.all(done)))
+
+    def body(state):
+        t, logits, cache, out, done, count, score, finished = state
+        logits = logits.astype(jnp.float32)
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(cand_keys)
+        nxt = _select_token(logits, step_keys, cfg)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
+        active = jnp.logical_not(done)
+        is_eos = nxt == cfg.eos_id
+        keep = jnp.logical_and(active, jnp.logical_not(is_eos))
+        out = out.at[:, t].set(jnp.where(keep, nxt, cfg.pad_id))
+        score = score + jnp.where(active, logp, 0.0)
+        count = count + keep.astype(jnp.int32)
+        finished = jnp.logical_or(finished, jnp.logical_and(active, is_eos))
+        done = jnp.logical_or(done, jnp.logical_or(is_eos, t + 1 >= budget))
+        feed = jnp.where(done, cfg.pad_id, nxt)
+        logits, cache = decoder.decode_step(params, feed, cache)
+        return t + 1, logits, cache, out, done, count, score, finished
+
+    state = (
+        jnp.int32(0),
+        logits,
+        cache,
+        jnp.full((rows, gen_len), cfg.pad_id, jnp.int32),
+        budget <= 0,
+        jnp.zeros((rows,), jnp.int32),
+        jnp.zeros((rows,), jnp.float32),
+        jnp.zeros((rows,), bool),
+    )
+    _, _, _, out, _, count, score, finished = jax.lax.while_loop(cond, body, state)
+    out = out.reshape((batch, n, gen_len))
+    count = count.reshape((batch, n))
+    score = score.reshape((batch, n))
+    finished = finished.reshape((batch, n))
+    best = jnp.argmax(score, axis=1)
+    take = lambda a: jnp.take_along_axis(a, best.reshape((batch,) + (1,) * (a.ndim - 1)), axis=1)[:, 0]
+    return take(out), take(count), take(score), take(finished), out, count, score, finished
+
+
+def key_data(key: jax.Array) -> np.ndarray:
+    """Raw key bits of a (typed or raw uint32) PRNG key, as NumPy."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.asarray(key)
+
+
+def example_keys(shard_key_data: np.ndarray, indices: Sequence[int]) -> np.ndarray:
+    """Per-example raw keys `fold_in(shard_key, i)` for example indices `i` of a shard."""
+    shard_key = jax.random.wrap_key_data(jnp.asarray(shard_key_data, jnp.uint32))
+    idx = jnp.asarray(np.asarray(indices, np.uint32))
+    return np.asarray(jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(shard_key, i))(idx)))
+
+
+def seed_to_key_data(seed: int) -> np.ndarray:
+    """A threefry key from a 64-bit integer seed (all 64 bits are used)."""
+    seed = int(seed) % (1 << 64)
+    return np.asarray([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32)
+
+
+class Sampler:
+    """Samples continuations of token prompts in fixed-shape, jit-compiled batches.
+
+    Usage:
+        sampler = Sampler(decoder, SamplerConfig(temperature=1.0, max_len=512))
+        out = sampler.sample(params, prompts, keys)   # prompts: list of int arrays
+
+    The compiled function is cached per (batch size, prompt bucket); `compile_count` reports
+    how many distinct compilations exist.
+    """
+
+    def __init__(self, decoder: DecodeModel, config: SamplerConfig):
+        self.decoder = decoder
+        self.config = config
+        self._fn = jax.jit(functools.partial(_sample_impl, decoder, config))
+
+    @property
+    def compile_count(self) -> int:
+        return int(self._fn._cache_size())
+
+    def bucket(self, length: int) -> int:
+        b = self.config.prompt_bucket
+        return max(b, -(-length // b) * b)
+
+    def sample_batch(self, params, prompts: np.ndarray, prompt_lengths: np.ndarray, keys: np.ndarray):
+        """One compiled call on an already padded batch; returns device arrays (see `_sample_impl`)."""
+        return self._fn(params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), jnp.asarray(keys, jnp.uint32))
+
+    def sample(self, params, prompts: Sequence[np.ndarray], keys: np.ndarray) -> SampleOutput:
+        """Samples one continuation per prompt.
+
+        Args:
+          params: the model parameters (pytree passed to the decoder).
+          prompts: token ids per prompt (each non-empty, shorter than `max_len`).
+          keys: `[len(prompts), 2]` raw uint32 keys, one per prompt (see `example_keys`).
+
+        Returns:
+          `SampleOutput` with one row per prompt, in order.
+        """
+        cfg = self.config
+        keys = np.asarray(keys, np.uint32)
+        if len(prompts) != len(keys):
+            raise ValueError(f"{len(prompts)} prompts but {len(keys)} keys")
+        for i, p in enumerate(prompts):
+            if len(p) == 0 or len(p) >= cfg.max_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens; need 1 <= length < max_len={cfg.max_len}")
+        # Group by bucket so each compiled shape is reused; keep the original order at the end.
+        order = sorted(range(len(prompts)), key=lambda i: (self.bucket(len(prompts[i])), i))
+        results: dict[int, tuple] = {}
+        bs = cfg.batch_size
+        pos = 0
+        while pos < len(order):
+            bucket = self.bucket(len(prompts[order[pos]]))
+            chunk = []
+            while pos < len(order) and len(chunk) < bs and self.bucket(len(prompts[order[pos]])) == bucket:
+                chunk.append(order[pos])
+                pos += 1
+            toks = np.full((bs, bucket), cfg.pad_id, np.int32)
+            lens = np.ones((bs,), np.int32)
+            kd = np.zeros((bs,) + keys.shape[1:], np.uint32)
+            for r, i in enumerate(chunk):
+                toks[r, : len(prompts[i])] = prompts[i]
+                lens[r] = len(prompts[i])
+                kd[r] = keys[i]
+            for r in range(len(chunk), bs):  # filler rows: a copy of the first row, discarded
+                toks[r], lens[r], kd[r] = toks[0], lens[0], kd[0]
+            outs = jax.device_get(self.sample_batch(params, toks, lens, kd))
+            for r, i in enumerate(chunk):
+                results[i] = tuple(o[r] for o in outs)
+        stacked = [np.stack([results[i][k] for i in range(len(prompts))]) for k in range(8)] if prompts else None
+        if stacked is None:
+            g, n = cfg.max_len, cfg.num_decodes
+            e = lambda shape, dt: np.zeros(shape, dt)
+            return SampleOutput(e((0, g), np.int32), e((0,), np.int32), e((0,), np.float32), e((0,), bool),
+                                e((0, n, g), np.int32), e((0, n), np.int32), e((0, n), np.float32), e((0, n), bool))
+        return SampleOutput(*stacked)
