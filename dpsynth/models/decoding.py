@@ -1,0 +1,77 @@
+"""KV-cache decoding for `dpsynth.models.Transformer` (works with LoRA and soft prompts).
+
+The cache is a dict of arrays (a pytree, so it passes through `jax.jit`):
+  - "k", "v": [num_layers, B, S, num_heads, head_dim], S = max_len + prompt_length;
+  - "index": int32 [B], the number of filled slots of each row.
+
+With a soft prompt, the prompt occupies slots 0..P-1 of every row (written by `prefill`);
+token t of a row then lives at slot P + t with rotary position P + t, exactly as in the full
+(uncached) forward pass, so cached logits equal recomputed ones.
+
+Usage:
+    cache = init_cache(config, batch, max_len)
+    logits, cache = prefill(model, variables, prompt_tokens, prompt_lengths, cache)
+    for _ in range(n):
+        token = sample(logits)
+        logits, cache = decode_step(model, variables, token, cache)
+
+Rows may have different prompt lengths: `prompt_tokens` is right-padded and `lengths` says
+how many tokens are real; the padding slots are overwritten by the following decode steps.
+The caller keeps `index` below S (writes past the end are clamped by XLA, not checked).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dpsynth.models.config import ModelConfig
+
+Cache = dict[str, Any]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> Cache:
+    """An empty cache for `batch` rows of up to `max_len` tokens (plus the soft prompt)."""
+    if max_len <= 0 or max_len > config.max_len:
+        raise ValueError(f"decoding max_len {max_len} must be in [1, {config.max_len}] (the model's max_len)")
+    if dtype is None:
+        dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
+    shape = (config.num_layers, batch, max_len + config.prompt_length, config.num_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((batch,), jnp.int32)}
+
+
+def prefill(model, variables, tokens, lengths, cache: Cache):
+    """Runs the prompt `tokens[B, T]` (right-padded, `lengths[B]` real tokens, >= 1) into `cache`.
+
+    Returns:
+      (logits [B, vocab] of each row's last real token, the cache with index = P + lengths).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    start = cache["index"]
+    logits, cache = model.apply(variables, tokens, cache=cache, with_prompt=True)
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    cache = dict(cache, index=start + model.config.prompt_length + lengths)
+    return last, cache
+
+
+def decode_step(model, variables, token, cache: Cache):
+    """Feeds one token per row (`token[B]`) and returns (logits [B, vocab], updated cache)."""
+    token = jnp.asarray(token, jnp.int32)[:, None]
+    logits, cache = model.apply(variables, token, cache=cache, with_prompt=False)
+    return logits[:, 0], cache
+
+
+def greedy_decode(model, variables, tokens, lengths, max_len: int, steps: int):
+    """Greedy decoding of `steps` tokens (a reference/convenience; the sampler lives in generate/)."""
+    cache = init_cache(model.config, tokens.shape[0], max_len)
+    logits, cache = jax.jit(lambda v, t, l, c: prefill(model, v, t, l, c))(variables, tokens, lengths, cache)
+    step = jax.jit(lambda v, t, c: decode_step(model, v, t, c))
+    out = []
+    for _ in range(steps):
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        out.append(token)
+        logits, cache = step(variables, token, cache)
+    return jnp.stack(out, axis=1)
