@@ -1,0 +1,444 @@
+"""Readers for public corpora and sensitive labeled datasets, with dead letters.
+
+Inputs are paths, directories or globs, resolved through Beam's `FileSystems` (so
+`gs://bucket/dir/*.jsonl` works wherever Beam has that filesystem). A directory stands for
+every non-hidden file below it. The format comes from the suffix (after an optional
+compression suffix `.gz`, `.bz2`, `.zst`, `.deflate`, `.xz`):
+
+| suffix            | one record is                    | text / label / id                       |
+|-------------------|----------------------------------|-----------------------------------------|
+| `.txt`            | the whole file (public only)     | file contents / - / `<relpath>`         |
+| `.jsonl`, `.json` | one line holding a JSON object   | `text_column` / `label_column` / `id`   |
+| `.csv`            | one data row (header required)   | `text_column` / `label_column` / `id`   |
+| `.parquet`        | one row                          | `text_column` / `label_column` / `id`   |
+
+Document ids are stable: the record's own `id` field when present, else
+`<relpath>:<record number>` (1-based; the JSONL line, the CSV data row, the Parquet row),
+where `relpath` is the file's path relative to the directory or glob base it was found
+under (its basename for a single file). Given ids must be unique within a dataset.
+
+Failure policy (records in = records out + dead-lettered):
+
+* Fatal (`InputError`, naming the file): a path that matches nothing, an unknown file type,
+  a CSV/Parquet file without the text (or, for sensitive data, label) column, a `.txt` file
+  given as a labeled dataset, and a dataset with no valid record at all (`EmptyDatasetError`).
+* Dead-lettered (`DeadLetter`: file, record number, reason; never the text): invalid UTF-8,
+  invalid JSON or a line that is not an object, a missing/null/non-string text or a missing
+  label in one record, an empty or whitespace-only document, a NUL byte, a CSV row with the
+  wrong number of fields, and a document larger than `max_document_bytes`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+FORMATS = ("txt", "jsonl", "csv", "parquet")
+_SUFFIX_FORMAT = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+                  ".csv": "csv", ".parquet": "parquet"}
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".xz")
+DEFAULT_MAX_DOCUMENT_BYTES = 256 << 20
+_GLOB = re.compile(r"[*?\[]")
+
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+class InputError(ValueError):
+    """A fatal problem with an input (names the file and the reason)."""
+
+
+class EmptyDatasetError(InputError):
+    """An input yielded no valid record."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One resolved input file.
+
+    Attributes:
+      path: full path (any Beam filesystem).
+      relpath: path relative to the directory/glob base it was found under; used in ids.
+      format: one of `FORMATS`.
+      size: size in bytes (compressed size for compressed files).
+    """
+
+    path: str
+    relpath: str
+    format: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A rejected record: where it was and why; never its text."""
+
+    file: str
+    record: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "record": self.record, "reason": self.reason}
+
+
+Record = dict[str, Any]
+RecordOrDead = Union[Record, DeadLetter]
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """Which fields hold the text, the label (None for public corpora) and the id."""
+
+    text: str = "text"
+    label: str | None = "label"
+    id: str = "id"
+
+    @classmethod
+    def public(cls, text: str = "text") -> "Columns":
+        return cls(text=text, label=None)
+
+
+# ----------------------------------------------------------------------------- resolving
+
+
+def file_format(path: str) -> str:
+    """The record format of `path` from its suffix; raises `InputError` when unknown."""
+    name = path.rsplit("/", 1)[-1].lower()
+    for comp in COMPRESSION_SUFFIXES:
+        if name.endswith(comp):
+            name = name[: -len(comp)]
+            break
+    _, ext = os.path.splitext(name)
+    if ext not in _SUFFIX_FORMAT:
+        raise InputError(
+            f"{path}: unknown file type {ext or '(no suffix)'!r}; expected one of "
+            f"{sorted(_SUFFIX_FORMAT)} (optionally compressed: {', '.join(COMPRESSION_SUFFIXES)})"
+        )
+    return _SUFFIX_FORMAT[ext]
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _match(pattern: str) -> list[tuple[str, int]]:
+    try:
+        result = FileSystems.match([pattern])[0]
+    except Exception:  # Beam raises BeamIOError when nothing matches on some filesystems
+        return []
+    return [(m.path, int(m.size_in_bytes)) for m in result.metadata_list]
+
+
+def _hidden(relpath: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relpath.split("/"))
+
+
+def resolve_inputs(paths: Sequence[str] | str) -> list[InputFile]:
+    """Expands paths, directories and globs into files, in a stable (sorted) order.
+
+    Raises:
+      InputError: a path matches nothing, or a matched file has an unknown type. Hidden
+        files and files under `_`/`.`-prefixed folders found by a directory/glob are skipped.
+    """
+    if isinstance(paths, str):
+        paths = [paths]
+    out: list[InputFile] = []
+    for spec in paths:
+        spec = str(spec)
+        if _GLOB.search(spec):
+            base = spec[: _GLOB.search(spec).start()].rsplit("/", 1)[0]
+            matches, expanded = _match(spec), True
+        elif (_is_local(spec) and os.path.isdir(spec)) or (
+            not _is_local(spec) and not _match(spec) and _match(spec.rstrip("/") + "/**")
+        ):
+            base = spec.rstrip("/")
+            matches, expanded = _match(base + "/**"), True
+        else:
+            base = spec.rsplit("/", 1)[0] if "/" in spec else ""
+            matches, expanded = _match(spec), False
+        if not matches:
+            raise InputError(f"{spec}: no such file, or nothing matches")
+        found = []
+        for path, size in sorted(matches):
+            if _is_local(path) and os.path.isdir(path):
+                continue
+            rel = path[len(base) :].lstrip("/") if base and path.startswith(base) else path.rsplit("/", 1)[-1]
+            if expanded and _hidden(rel):
+                continue
+            found.append(InputFile(path=path, relpath=rel, format=file_format(path), size=size))
+        if not found:
+            raise InputError(f"{spec}: matches no data file")
+        out.extend(found)
+    seen: dict[str, str] = {}
+    for f in out:
+        if f.relpath in seen and seen[f.relpath] != f.path:
+            raise InputError(
+                f"{f.path}: same relative name {f.relpath!r} as {seen[f.relpath]}; document ids would "
+                "collide (pass the common parent directory instead)"
+            )
+        seen[f.relpath] = f.path
+    return out
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_text(text: Any, column: str, max_document_bytes: int) -> str | None:
+    """Why `text` is not a valid document (None when it is)."""
+    if text is None:
+        return f"{column!r} is null"
+    if not isinstance(text, str):
+        return f"{column!r} is not a string ({type(text).__name__})"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:  # lone surrogates: bytes that were not valid UTF-8
+        return f"invalid UTF-8 at character {e.start} of {column!r}"
+    if size > max_document_bytes:
+        return f"document of {size} bytes exceeds max_document_bytes={max_document_bytes}"
+    if not text.strip():
+        return "empty document"
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"NUL byte at character {nul}"
+    return None
+
+
+def _label(value: Any, column: str) -> tuple[str | None, str | None]:
+    if value is None:
+        return None, f"label column {column!r} is missing or null"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    label = str(value)
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        return None, f"invalid UTF-8 in label column {column!r}"
+    if not label.strip():
+        return None, f"label column {column!r} is empty"
+    return label, None
+
+
+def _make_record(
+    fields: dict[str, Any], f: InputFile, n: int, columns: Columns, max_document_bytes: int
+) -> RecordOrDead:
+    if columns.text not in fields:
+        return DeadLetter(f.path, n, f"no {columns.text!r} field")
+    reason = check_text(fields[columns.text], columns.text, max_document_bytes)
+    if reason:
+        return DeadLetter(f.path, n, reason)
+    given = fields.get(columns.id)
+    rec: Record = {"id": str(given) if given not in (None, "") else f"{f.relpath}:{n}", "text": fields[columns.text]}
+    if columns.label is not None:
+        label, reason = _label(fields.get(columns.label), columns.label)
+        if reason:
+            return DeadLetter(f.path, n, reason)
+        rec["label"] = label
+    return rec
+
+
+# ----------------------------------------------------------------------------- per format
+
+
+def _open(path: str, compressed: bool = True):
+    return FileSystems.open(path, compression_type=CompressionTypes.AUTO if compressed else CompressionTypes.UNCOMPRESSED)
+
+
+def _iter_txt(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    if columns.label is not None:
+        raise InputError(f"{f.path}: a .txt file has no label; labeled datasets must be CSV, JSONL or Parquet")
+    with _open(f.path) as fh:
+        data = fh.read(max_document_bytes + 1)
+        too_big = len(data) > max_document_bytes
+        size = len(data)
+        while len(chunk := fh.read(1 << 24)):  # count the rest without keeping it
+            size += len(chunk)
+    if too_big:
+        yield DeadLetter(f.path, 1, f"document of {size} bytes exceeds max_document_bytes={max_document_bytes}")
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield DeadLetter(f.path, 1, f"invalid UTF-8 at byte {e.start}")
+        return
+    yield _make_record({columns.text: text, columns.id: f.relpath}, f, 1, columns, max_document_bytes)
+
+
+def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    with _open(f.path) as fh:
+        for n, raw in enumerate(iter(fh.readline, b""), start=1):
+            line = raw.rstrip(b"\r\n")
+            if not line.strip():
+                yield DeadLetter(f.path, n, "empty line")
+                continue
+            if len(line) > max_document_bytes + 1024:
+                yield DeadLetter(f.path, n, f"line of {len(line)} bytes exceeds max_document_bytes={max_document_bytes}")
+                continue
+            try:
+                obj = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield DeadLetter(f.path, n, f"invalid UTF-8 at byte {e.start} of the line")
+                continue
+            except ValueError as e:
+                yield DeadLetter(f.path, n, f"invalid JSON ({str(e).split(':')[0]})")
+                continue
+            if not isinstance(obj, dict):
+                yield DeadLetter(f.path, n, f"not a JSON object ({type(obj).__name__})")
+                continue
+            yield _make_record(obj, f, n, columns, max_document_bytes)
+
+
+def _check_columns(f: InputFile, available: Sequence[str], columns: Columns) -> None:
+    needed = [columns.text] + ([columns.label] if columns.label is not None else [])
+    missing = [c for c in needed if c not in available]
+    if missing:
+        flag = "--text-column" if columns.text in missing else "--label-column"
+        raise InputError(
+            f"{f.path}: missing column(s) {missing}; it has {list(available)} (choose with {flag})"
+        )
+
+
+def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    with _open(f.path) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+        reader = csv.reader(text)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise InputError(f"{f.path}: empty CSV file (no header row)") from None
+        header = [h.lstrip("\ufeff") for h in header]
+        _check_columns(f, header, columns)
+        n = 0
+        while True:
+            n += 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                yield DeadLetter(f.path, n, f"malformed CSV row ({e})")
+                continue
+            if len(row) != len(header):
+                yield DeadLetter(f.path, n, f"row has {len(row)} fields, the header has {len(header)}")
+                continue
+            yield _make_record(dict(zip(header, row)), f, n, columns, max_document_bytes)
+
+
+def _iter_parquet(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    import pyarrow.parquet as pq
+
+    with _open(f.path, compressed=False) as fh:
+        pf = pq.ParquetFile(fh)
+        names = pf.schema_arrow.names
+        _check_columns(f, names, columns)
+        wanted = [c for c in (columns.text, columns.label, columns.id) if c is not None and c in names]
+        n = 0
+        for batch in pf.iter_batches(columns=wanted, batch_size=1024):
+            for row in batch.to_pylist():
+                n += 1
+                yield _make_record(row, f, n, columns, max_document_bytes)
+
+
+_READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet}
+
+
+def iter_file(
+    f: InputFile, columns: Columns, max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+) -> Iterator[RecordOrDead]:
+    """Yields every record of one file as a `{"id", "text"[, "label"]}` dict or a `DeadLetter`.
+
+    Raises:
+      InputError: fatal problems (missing column, `.txt` as a labeled dataset, empty CSV).
+    """
+    return _READERS[f.format](f, columns, max_document_bytes)
+
+
+# ----------------------------------------------------------------------------- in memory
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Records read in memory plus what was rejected (`records_in == len(records) + len(dead)`)."""
+
+    records: list[Record]
+    dead_letters: list[DeadLetter]
+    files: list[str]
+
+    @property
+    def records_in(self) -> int:
+        return len(self.records) + len(self.dead_letters)
+
+
+def read_records(
+    paths: Sequence[str] | str,
+    *,
+    columns: Columns,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    allow_empty: bool = False,
+) -> Dataset:
+    """Reads every record of `paths` in memory (small datasets; use the Beam jobs for big ones).
+
+    Raises:
+      InputError: fatal input problems; `EmptyDatasetError` when no record is valid (unless
+        `allow_empty`).
+    """
+    files = resolve_inputs(paths)
+    records: list[Record] = []
+    dead: list[DeadLetter] = []
+    for f in files:
+        for item in iter_file(f, columns, max_document_bytes):
+            (dead if isinstance(item, DeadLetter) else records).append(item)
+    if not records and not allow_empty:
+        raise EmptyDatasetError(
+            f"{', '.join(f.path for f in files)}: no valid record ({len(dead)} dead-lettered"
+            + (f"; first: record {dead[0].record}: {dead[0].reason}" if dead else "")
+            + ")"
+        )
+    return Dataset(records=records, dead_letters=dead, files=[f.path for f in files])
+
+
+def read_sensitive(
+    paths: Sequence[str] | str,
+    *,
+    text_column: str = "text",
+    label_column: str = "label",
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> Dataset:
+    """A labeled dataset: records `{"id", "text", "label"}` (labels as strings)."""
+    return read_records(paths, columns=Columns(text=text_column, label=label_column), max_document_bytes=max_document_bytes)
+
+
+def read_public(
+    paths: Sequence[str] | str,
+    *,
+    text_column: str = "text",
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> Dataset:
+    """A public corpus: records `{"id", "text"}`."""
+    return read_records(paths, columns=Columns.public(text_column), max_document_bytes=max_document_bytes)
+
+
+def iter_public_texts(paths: Sequence[str] | str, *, text_column: str = "text") -> Iterator[str]:
+    """Streams the valid texts of a public corpus (for tokenizer training), skipping dead letters."""
+    for f in resolve_inputs(paths):
+        for item in iter_file(f, Columns.public(text_column)):
+            if not isinstance(item, DeadLetter):
+                yield item["text"]
+
+
+def write_jsonl(path: str, records: Sequence[Record]) -> None:
+    """Writes records as JSONL (one object per line, keys sorted), via `FileSystems`."""
+    data = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records).encode("utf-8")
+    parent = path.rsplit("/", 1)[0] if "/" in path else "."
+    if _is_local(path):
+        os.makedirs(parent, exist_ok=True)
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
+        fh.write(data)

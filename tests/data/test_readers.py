@@ -1,0 +1,140 @@
+"""Tests for dpsynth.data.readers: formats, stable ids, fatal errors and dead letters."""
+
+import csv
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dpsynth.data import readers
+from dpsynth.data.readers import Columns, DeadLetter, EmptyDatasetError, InputError
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_formats_give_the_same_records(tmp_path):
+    rows = [{"text": f"review number {i}, with \"quotes\",\nand a newline", "label": ["pos", "neg"][i % 2]} for i in range(7)]
+    _jsonl(tmp_path / "d.jsonl", rows)
+    with open(tmp_path / "d.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["label", "text"])
+        w.writeheader()
+        w.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet", row_group_size=3)
+    with gzip.open(tmp_path / "z.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    got = {}
+    for name in ("d.jsonl", "d.csv", "d.parquet", "z.jsonl.gz"):
+        ds = readers.read_sensitive(str(tmp_path / name))
+        assert not ds.dead_letters
+        got[name] = [(r["text"], r["label"]) for r in ds.records]
+        stem = name.split(".")[0]
+        assert [r["id"] for r in ds.records] == [f"{name}:{i + 1}" for i in range(7)], stem
+    expected = [(r["text"], r["label"]) for r in rows]
+    assert all(v == expected for v in got.values())
+
+
+def test_custom_columns_and_given_ids(tmp_path):
+    _jsonl(tmp_path / "d.jsonl", [{"review": "good food", "score": 5, "id": "r7"}, {"review": "bad", "score": 1.0}])
+    ds = readers.read_sensitive(str(tmp_path / "d.jsonl"), text_column="review", label_column="score")
+    assert [(r["id"], r["label"]) for r in ds.records] == [("r7", "5"), ("d.jsonl:2", "1")]
+
+
+def test_directory_and_glob_resolve_stably(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_text("alpha")
+    (tmp_path / "b" / "c.txt").write_text("gamma")
+    (tmp_path / ".hidden.txt").write_text("skip me")
+    ds = readers.read_public(str(tmp_path))
+    assert [(r["id"], r["text"]) for r in ds.records] == [("a.txt", "alpha"), ("b/c.txt", "gamma")]
+    files = readers.resolve_inputs(str(tmp_path / "**" / "*.txt"))
+    assert [f.relpath for f in files] == ["b/c.txt"]  # `**/` needs at least one folder
+    assert [f.relpath for f in readers.resolve_inputs(str(tmp_path / "*.txt"))] == ["a.txt"]
+
+
+def test_fatal_errors_name_the_file(tmp_path):
+    with pytest.raises(InputError, match="nothing matches"):
+        readers.resolve_inputs(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "x.docx").write_text("?")
+    with pytest.raises(InputError, match=r"x\.docx: unknown file type '\.docx'"):
+        readers.resolve_inputs(str(tmp_path / "x.docx"))
+    with open(tmp_path / "d.csv", "w") as f:
+        f.write("text,stars\nhello,5\n")
+    with pytest.raises(InputError, match=r"d\.csv: missing column\(s\) \['label'\].*--label-column"):
+        readers.read_sensitive(str(tmp_path / "d.csv"))
+    pq.write_table(pa.Table.from_pylist([{"body": "x", "label": "a"}]), tmp_path / "d.parquet")
+    with pytest.raises(InputError, match=r"d\.parquet: missing column\(s\) \['text'\]"):
+        readers.read_sensitive(str(tmp_path / "d.parquet"))
+    (tmp_path / "e.jsonl").write_text("")
+    with pytest.raises(EmptyDatasetError, match="e.jsonl: no valid record"):
+        readers.read_public(str(tmp_path / "e.jsonl"))
+    (tmp_path / "t.txt").write_text("text")
+    with pytest.raises(InputError, match="has no label"):
+        readers.read_sensitive(str(tmp_path / "t.txt"))
+
+
+def test_bad_records_are_dead_lettered_and_counted(tmp_path):
+    lines = [
+        json.dumps({"text": "fine one", "label": "a"}).encode(),
+        b'{"text": "bad \xff utf8", "label": "a"}',
+        json.dumps({"text": "   ", "label": "a"}).encode(),
+        json.dumps({"text": "nul\u0000inside", "label": "a"}).encode(),
+        b"{not json",
+        b"[1, 2]",
+        json.dumps({"label": "a"}).encode(),
+        json.dumps({"text": "no label"}).encode(),
+        json.dumps({"text": 5, "label": "a"}).encode(),
+        b"",
+        json.dumps({"text": "x" * 200, "label": "a"}).encode(),
+        json.dumps({"text": "fine two", "label": "b"}).encode(),
+    ]
+    (tmp_path / "d.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    ds = readers.read_sensitive(str(tmp_path / "d.jsonl"), max_document_bytes=100)
+    assert ds.records_in == len(lines) == len(ds.records) + len(ds.dead_letters)
+    assert [r["text"] for r in ds.records] == ["fine one", "fine two"]
+    reasons = {d.record: d.reason for d in ds.dead_letters}
+    assert reasons[2].startswith("invalid UTF-8")
+    assert reasons[3] == "empty document"
+    assert reasons[4].startswith("NUL byte")
+    assert reasons[5].startswith("invalid JSON")
+    assert reasons[6].startswith("not a JSON object")
+    assert reasons[7] == "no 'text' field"
+    assert "label" in reasons[8]
+    assert "not a string" in reasons[9]
+    assert reasons[10] == "empty line"
+    assert "exceeds max_document_bytes=100" in reasons[11]
+    assert all(d.file.endswith("d.jsonl") for d in ds.dead_letters)
+    # Dead letters never carry text.
+    assert "fine" not in json.dumps([d.to_json() for d in ds.dead_letters])
+
+
+def test_csv_bad_rows(tmp_path):
+    (tmp_path / "d.csv").write_bytes(b"text,label\nok text,a\nbad \xfe bytes,a\nonly-one-field\n,a\nlast,b\n")
+    ds = readers.read_sensitive(str(tmp_path / "d.csv"))
+    assert [r["id"] for r in ds.records] == ["d.csv:1", "d.csv:5"]
+    assert [(d.record, d.reason.split(" ")[0]) for d in ds.dead_letters] == [(2, "invalid"), (3, "row"), (4, "empty")]
+
+
+def test_txt_invalid_utf8_and_100mb_document(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"abc\xc3(")
+    (tmp_path / "big.txt").write_bytes(b"word " * (20 << 20))  # one 100 MiB document
+    files = {f.relpath: f for f in readers.resolve_inputs(str(tmp_path))}
+    (bad,) = readers.iter_file(files["bad.txt"], Columns.public())
+    assert isinstance(bad, DeadLetter) and bad.reason == "invalid UTF-8 at byte 3"
+    (big,) = readers.iter_file(files["big.txt"], Columns.public())
+    assert big["id"] == "big.txt" and len(big["text"]) == 100 << 20
+    (rejected,) = readers.iter_file(files["big.txt"], Columns.public(), max_document_bytes=10 << 20)
+    assert isinstance(rejected, DeadLetter)
+    assert rejected.reason == f"document of {100 << 20} bytes exceeds max_document_bytes={10 << 20}"
+
+
+def test_duplicate_relative_names_are_refused(tmp_path):
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "train.jsonl").write_text('{"text": "t"}\n')
+    with pytest.raises(InputError, match="ids would collide"):
+        readers.resolve_inputs([str(tmp_path / "x"), str(tmp_path / "y")])
