@@ -1,0 +1,59 @@
+"""Language-model losses over the variable collections of `dpsynth.models.Transformer`.
+
+`split_variables` turns model variables into the core's (trainable, frozen) pair by
+collection name, so "full" training trains {"params"}, LoRA trains {"lora"} and prompt
+tuning trains {"prompt"}; `make_lm_loss` is the per-example next-token loss (with z-loss)
+that pretraining uses and that Prefix-LM tuning reuses through its token weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def split_variables(variables: dict, trainable: Sequence[str] = ("params",)) -> tuple[dict, dict]:
+    """(trainable, frozen): the named collections, and every other collection."""
+    missing = [c for c in trainable if c not in variables]
+    if missing:
+        raise ValueError(f"trainable collections {missing} not in the model variables {sorted(variables)}")
+    params = {c: variables[c] for c in trainable}
+    frozen = {c: v for c, v in variables.items() if c not in trainable}
+    return params, frozen
+
+
+def merge_variables(params: dict, frozen: dict) -> dict:
+    """Inverse of `split_variables`."""
+    return {**frozen, **params}
+
+
+def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4):
+    """Per-token cross-entropy and z-loss `z_loss * log(Z)^2` (both float32, shape of targets)."""
+    logits = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return log_z - target_logit, z_loss * jnp.square(log_z)
+
+
+def make_lm_loss(model, z_loss: float = 1e-4):
+    """A core loss_fn for next-token prediction.
+
+    The batch holds "inputs", "targets" int32 [B, T], "weights" float [B, T] (0 on padding and
+    on tokens that must not be trained on, e.g. a Prefix-LM prefix), optional "segment_ids"
+    and "positions" [B, T], and "mask" [B]. Each example's loss is the weighted mean over its
+    tokens of (cross-entropy + z-loss). Aux sums: "ce_sum" (for perplexity), "tokens".
+    """
+
+    def loss_fn(params, frozen, batch, key):
+        del key  # the model is deterministic (no dropout)
+        logits = model.apply(merge_variables(params, frozen), batch["inputs"],
+                             segment_ids=batch.get("segment_ids"), positions=batch.get("positions"))
+        ce, z = cross_entropy_with_z_loss(logits, batch["targets"], z_loss)
+        w = batch["weights"].astype(jnp.float32)
+        tokens = jnp.sum(w, axis=-1)
+        per_example = jnp.sum((ce + z) * w, axis=-1) / jnp.maximum(tokens, 1.0)
+        return per_example, {"ce_sum": jnp.sum(ce * w, axis=-1), "tokens": tokens}
+
+    return loss_fn
