@@ -1,0 +1,408 @@
+"""PTransforms that read text corpora and write token corpora (the `dpsynth tokenize` job).
+
+Elements flowing between the transforms are plain tuples, so every runner can carry them:
+
+* `Item = (kind, key, payload)` with `kind` "doc" or "dead"; `key = (file_index, record)`
+  orders documents deterministically; a "doc" payload is a record dict
+  (`{"id", "text"[, "label"]}`), after `TokenizeDocuments` a `(meta, tokens)` pair where
+  `meta` is the record without its text; a "dead" payload is a `DeadLetter.to_json()` dict.
+
+Runner portability: no tagged outputs, side inputs or `finish_bundle` outputs (Beam's
+DaskRunner drops or mixes those); each job ends in one step that depends on every branch
+(the DaskRunner computes only the last transform and its ancestors). Shard files are
+written by the DoFns themselves, each file atomically (temporary file + rename), so a retried
+or duplicated bundle rewrites identical bytes.
+
+Determinism: a document goes to shard `blake2b(id) mod num_shards`; inside a shard documents
+are sorted by `key`; the manifest is written from the sorted list of shard entries. Rerunning
+on the same inputs gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from dpsynth import tokens as tok
+from dpsynth.data import readers
+from dpsynth.data.text import DEFAULT_MAX_CHUNK_CHARS, encode_document
+
+NAMESPACE = "dpsynth"
+DEAD_LETTERS = "dead_letters.jsonl"
+DEFAULT_SHARD_BYTES = 64 << 20
+
+
+def shard_of(doc_id: str, num_shards: int) -> int:
+    """Stable shard index of a document id (independent of process and Python hash seed)."""
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % num_shards
+
+
+def reason_category(reason: str) -> str:
+    """A dead-letter reason with its numbers masked, for counting by kind."""
+    return re.sub(r"\d+", "N", reason)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class _ReadFileFn(beam.DoFn):
+    """(file_index, InputFile) -> Items of every record of the file."""
+
+    def __init__(self, columns: readers.Columns, max_document_bytes: int):
+        self.columns, self.max_document_bytes = columns, max_document_bytes
+        self.docs = Metrics.counter(NAMESPACE, "records_read")
+        self.dead = Metrics.counter(NAMESPACE, "dead_letters")
+        self.files = Metrics.counter(NAMESPACE, "files_read")
+
+    def process(self, element):
+        index, f = element
+        self.files.inc()
+        for n, item in enumerate(readers.iter_file(f, self.columns, self.max_document_bytes), start=1):
+            if isinstance(item, readers.DeadLetter):
+                self.dead.inc()
+                yield ("dead", (index, n), item.to_json())
+            else:
+                self.docs.inc()
+                yield ("doc", (index, n), item)
+
+
+class ReadDocuments(beam.PTransform):
+    """Reads resolved input files (one file per DoFn call, after a reshuffle)."""
+
+    def __init__(self, files: Sequence[readers.InputFile], columns: readers.Columns,
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
+        super().__init__()
+        self.files, self.columns, self.max_document_bytes = list(files), columns, max_document_bytes
+
+    def expand(self, pbegin):
+        """PBegin -> PCollection[Item] ("doc" records and "dead" letters)."""
+        return (
+            pbegin
+            | "ListFiles" >> beam.Create(list(enumerate(self.files)))
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadRecords" >> beam.ParDo(_ReadFileFn(self.columns, self.max_document_bytes))
+        )
+
+
+class CreateDocuments(beam.PTransform):
+    """In-memory records (e.g. a TFDS dataset loaded by the driver) as Items."""
+
+    def __init__(self, records: Sequence[dict[str, Any]]):
+        super().__init__()
+        self.records = list(records)
+
+    def expand(self, pbegin):
+        """PBegin -> PCollection[Item] ("doc" only; key = (0, position + 1))."""
+        return pbegin | "CreateRecords" >> beam.Create(
+            [("doc", (0, i + 1), r) for i, r in enumerate(self.records)]
+        )
+
+
+# ----------------------------------------------------------------------------- tokenizing
+
+
+class _TokenizeFn(beam.DoFn):
+    """Encodes "doc" Items with the tokenizer loaded once per worker; passes dead letters on."""
+
+    def __init__(self, tokenizer_path: str, max_chunk_chars: int):
+        self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
+        self.tokenizer = None
+        self.docs = Metrics.counter(NAMESPACE, "documents_tokenized")
+        self.tokens = Metrics.counter(NAMESPACE, "tokens")
+        self.bytes = Metrics.counter(NAMESPACE, "text_bytes")
+
+    def setup(self):
+        self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
+
+    def process(self, item):
+        kind, key, payload = item
+        if kind != "doc":
+            yield item
+            return
+        ids = encode_document(self.tokenizer, payload["text"], self.max_chunk_chars)
+        self.docs.inc()
+        self.tokens.inc(int(ids.size))
+        self.bytes.inc(len(payload["text"].encode("utf-8")))
+        meta = {k: v for k, v in payload.items() if k != "text"}
+        yield ("doc", key, (meta, ids))
+
+
+class TokenizeDocuments(beam.PTransform):
+    """Tokenizes documents with a SentencePiece model (`dpsynth.tokens.Tokenizer`)."""
+
+    def __init__(self, tokenizer_path: str, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
+        super().__init__()
+        self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
+
+    def expand(self, items):
+        """PCollection[Item(doc=record)] -> PCollection[Item(doc=(meta, int32 tokens))]."""
+        return items | "Encode" >> beam.ParDo(_TokenizeFn(self.tokenizer_path, self.max_chunk_chars))
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class _WriteShardFn(beam.DoFn):
+    """(shard_index, [(key, meta, tokens)]) -> manifest entry (+ label counts); writes the shard."""
+
+    def __init__(self, out_dir: str, vocab_size: int):
+        self.out_dir, self.vocab_size = out_dir, vocab_size
+        self.shards = Metrics.counter(NAMESPACE, "shards_written")
+
+    def process(self, element):
+        index, docs = element
+        docs = sorted(docs, key=lambda d: d[0])
+        entry = tok.write_shard(
+            self.out_dir, tok.shard_name(index), [d[2] for d in docs], [d[1] for d in docs], self.vocab_size
+        )
+        labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
+        self.shards.inc()
+        yield ("shard", index, {"entry": entry, "labels": dict(labels)})
+
+
+def _to_shard(item, num_shards):
+    kind, key, (meta, ids) = item
+    return shard_of(meta["id"], num_shards), (key, meta, ids)
+
+
+class WriteTokenCorpus(beam.PTransform):
+    """Groups tokenized documents into shards, writes them, the dead letters and the manifest.
+
+    The manifest's `extra` fields: `records_in`, `dead_lettered`, `dead_letter_reasons`
+    (counts by reason with numbers masked), `labels` (label counts, labeled data only) and
+    whatever `extra` the caller passes (inputs, columns). `DIR/dead_letters.jsonl` lists every
+    rejected record as `{"file", "record", "reason"}`, sorted; it never holds text.
+    """
+
+    def __init__(self, out_dir: str, *, name: str, vocab_size: int, tokenizer_sha256: str,
+                 num_shards: int, extra: dict[str, Any] | None = None):
+        super().__init__()
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self.out_dir, self.name, self.vocab_size = out_dir, name, vocab_size
+        self.tokenizer_sha256, self.num_shards, self.extra = tokenizer_sha256, num_shards, dict(extra or {})
+
+    def expand(self, items):
+        """PCollection[Item(doc=(meta, tokens)) | Item(dead)] -> PCollection[manifest dict] (one)."""
+        docs = items | "KeepDocs" >> beam.Filter(lambda it: it[0] == "doc")
+        dead = items | "KeepDead" >> beam.Filter(lambda it: it[0] == "dead")
+        written = (
+            docs
+            | "KeyByShard" >> beam.Map(_to_shard, self.num_shards)
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_WriteShardFn(self.out_dir, self.vocab_size))
+        )
+        seed = items.pipeline | "Seed" >> beam.Create([("seed", None, None)])  # a manifest even when empty
+        return (
+            (written, dead, seed)
+            | "MergeResults" >> beam.Flatten()
+            | "KeyAll" >> beam.Map(lambda x: (None, x))
+            | "GatherResults" >> beam.GroupByKey()
+            | "WriteManifest" >> beam.ParDo(
+                _WriteManifestFn(self.out_dir, self.name, self.vocab_size, self.tokenizer_sha256, self.extra)
+            )
+        )
+
+
+class _WriteManifestFn(beam.DoFn):
+    """(None, [shard results and dead letters]) -> manifest; writes dead_letters.jsonl and the manifest."""
+
+    def __init__(self, out_dir, name, vocab_size, tokenizer_sha256, extra):
+        self.out_dir, self.name, self.vocab_size = out_dir, name, vocab_size
+        self.tokenizer_sha256, self.extra = tokenizer_sha256, extra
+
+    def process(self, element):
+        _, results = element
+        entries, labels, dead = [], Counter(), []
+        for kind, key, payload in results:
+            if kind == "shard":
+                entries.append(payload["entry"])
+                labels.update(payload["labels"])
+            elif kind == "dead":
+                dead.append((key, payload))
+        dead.sort(key=lambda d: d[0])
+        dead_rows = [d[1] for d in dead]
+        data = "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead_rows).encode("utf-8")
+        tok._write_bytes_atomic(FileSystems.join(self.out_dir, DEAD_LETTERS), data)
+        num_docs = sum(e["num_documents"] for e in entries)
+        extra = dict(self.extra)
+        extra.update(
+            records_in=num_docs + len(dead_rows),
+            dead_lettered=len(dead_rows),
+            dead_letter_reasons=dict(sorted(Counter(reason_category(d["reason"]) for d in dead_rows).items())),
+        )
+        if labels:
+            extra["labels"] = dict(sorted(labels.items()))
+        yield tok.write_manifest(
+            self.out_dir, name=self.name, shards=entries, vocab_size=self.vocab_size,
+            tokenizer_sha256=self.tokenizer_sha256, extra=extra,
+        )
+
+
+class JoinAll(beam.PTransform):
+    """Waits for several branches; the last step of a job so every runner runs every branch."""
+
+    def expand(self, pcolls):
+        """tuple[PCollection[Any], ...] -> PCollection[list[Any]] (one element: all inputs)."""
+        return (
+            tuple(pcolls)
+            | "FlattenBranches" >> beam.Flatten()
+            | "KeyBranches" >> beam.Map(lambda x: (None, x))
+            | "JoinBranches" >> beam.GroupByKey()
+            | "DropKey" >> beam.Map(lambda kv: list(kv[1]))
+        )
+
+
+# ----------------------------------------------------------------------------- planning (driver)
+
+TFDS_PREFIX = "tfds:"
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSource:
+    """One corpus to tokenize, resolved on the driver.
+
+    Exactly one of `files` (text files), `records` (in-memory, e.g. TFDS) or `token_dir`
+    (already tokenized: the job reuses it) is set.
+    """
+
+    name: str
+    kind: str  # "public" | "sensitive"
+    specs: tuple[str, ...]
+    columns: readers.Columns
+    files: tuple[readers.InputFile, ...] = ()
+    records: tuple[dict[str, Any], ...] | None = None
+    token_dir: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        if self.records is not None:
+            return sum(len(r["text"].encode("utf-8")) for r in self.records)
+        return sum(f.size for f in self.files)
+
+    def num_shards(self, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+        """Shards of about `shard_bytes` of input text (at least one)."""
+        return max(1, math.ceil(self.total_bytes / shard_bytes))
+
+    def manifest_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"kind": self.kind, "inputs": list(self.specs), "text_column": self.columns.text}
+        if self.columns.label is not None:
+            extra["label_column"] = self.columns.label
+        return extra
+
+
+def is_token_corpus(path: str) -> bool:
+    """Whether `path` is a directory written by `dpsynth tokenize` (has a dpsynth manifest)."""
+    if "*" in path or path.startswith(TFDS_PREFIX):
+        return False
+    try:
+        tok.read_manifest(path)
+        return True
+    except (tok.FormatError, OSError, ValueError):
+        return False
+
+
+def _preflight(files: Sequence[readers.InputFile], columns: readers.Columns) -> None:
+    """Fails fast on the driver for fatal per-file problems (missing columns, .txt labels)."""
+    for f in files:
+        if f.format == "txt" and columns.label is not None:
+            raise readers.InputError(f"{f.path}: a .txt file has no label; labeled datasets must be CSV, JSONL or Parquet")
+        if f.format in ("csv", "parquet"):
+            it = readers.iter_file(f, columns)
+            next(it, None)  # reading the first record checks the header / schema
+            it.close()
+
+
+def plan_source(
+    specs: Sequence[str] | str,
+    *,
+    kind: str,
+    name: str | None = None,
+    text_column: str = "text",
+    label_column: str | None = "label",
+    tfds_data_dir: str | None = None,
+) -> CorpusSource:
+    """Resolves input specs into a `CorpusSource` (fatal input errors raise here, on the driver).
+
+    Args:
+      specs: paths, directories or globs; or one already tokenized corpus directory; or one
+        `tfds:NAME` (sensitive data from an already prepared TFDS `data_dir`, all splits).
+      kind: "public" (no label) or "sensitive" (labeled).
+      name: corpus name (default: the stem of the first spec).
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    specs = tuple(str(s) for s in specs)
+    if not specs:
+        raise readers.InputError(f"no input given for the {kind} corpus")
+    if kind not in ("public", "sensitive"):
+        raise ValueError(f"kind must be 'public' or 'sensitive', got {kind!r}")
+    columns = readers.Columns(text=text_column, label=label_column) if kind == "sensitive" else readers.Columns.public(text_column)
+    if name is None:
+        first = specs[0][len(TFDS_PREFIX):] if specs[0].startswith(TFDS_PREFIX) else specs[0]
+        name = first.rstrip("/").rsplit("/", 1)[-1].split(".")[0].split("*")[0] or kind
+    if any(s.startswith(TFDS_PREFIX) for s in specs):
+        if len(specs) != 1:
+            raise readers.InputError(f"{specs}: a tfds: input must be the only input of its dataset")
+        from dpsynth.data import tfds as tfds_io
+
+        splits = tfds_io.load_tfds(specs[0][len(TFDS_PREFIX):], data_dir=tfds_data_dir)
+        records = tuple(r for split in ("train", "valid", "test") for r in splits.get(split, []))
+        return CorpusSource(name, kind, specs, columns, records=records)
+    if len(specs) == 1 and is_token_corpus(specs[0]):
+        return CorpusSource(name, kind, specs, columns, token_dir=specs[0])
+    files = tuple(readers.resolve_inputs(list(specs)))
+    _preflight(files, columns)
+    return CorpusSource(name, kind, specs, columns, files=files)
+
+
+class TokenizeCorpus(beam.PTransform):
+    """Read -> tokenize -> write shards, dead letters and manifest for one `CorpusSource`."""
+
+    def __init__(self, source: CorpusSource, *, tokenizer_path: str, vocab_size: int, tokenizer_sha256: str,
+                 out_dir: str, num_shards: int | None = None,
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
+                 max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
+        super().__init__()
+        if source.token_dir is not None:
+            raise ValueError(f"{source.token_dir}: already tokenized; nothing to do")
+        self.source, self.tokenizer_path, self.out_dir = source, tokenizer_path, out_dir
+        self.vocab_size, self.tokenizer_sha256 = vocab_size, tokenizer_sha256
+        self.num_shards = num_shards or source.num_shards()
+        self.max_document_bytes, self.max_chunk_chars = max_document_bytes, max_chunk_chars
+
+    def expand(self, pbegin):
+        """PBegin -> PCollection[manifest dict] (one element, after every shard is written)."""
+        if self.source.records is not None:
+            items = pbegin | "Create" >> CreateDocuments(self.source.records)
+        else:
+            items = pbegin | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
+        return (
+            items
+            | "Tokenize" >> TokenizeDocuments(self.tokenizer_path, self.max_chunk_chars)
+            | "Write" >> WriteTokenCorpus(
+                self.out_dir, name=self.source.name, vocab_size=self.vocab_size,
+                tokenizer_sha256=self.tokenizer_sha256, num_shards=self.num_shards,
+                extra=self.source.manifest_extra(),
+            )
+        )
+
+
+def check_not_empty(manifest: dict[str, Any], source: CorpusSource) -> None:
+    """Raises `EmptyDatasetError` naming the inputs when a written corpus has no document."""
+    if manifest["num_documents"] == 0:
+        raise readers.EmptyDatasetError(
+            f"{', '.join(source.specs)}: no valid document ({manifest.get('dead_lettered', 0)} dead-lettered; "
+            f"reasons: {manifest.get('dead_letter_reasons', {})})"
+        )
