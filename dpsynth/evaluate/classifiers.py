@@ -1,0 +1,153 @@
+"""Downstream classifiers (Flax linen): the paper's WordCNN and a pretrained-backbone classifier.
+
+Both map int32 token ids `[B, T]` (0 = padding) to logits `[B, num_classes]`; the featurizers
+turn texts into those ids:
+
+- `WordCNN` (Kurakin et al. 2023): words from `text.words` (lowercased, split on whitespace and
+  punctuation), a vocabulary of the 30k most frequent words of the classifier's own training
+  set, 384-d embeddings trained from scratch, Conv1D (kernel 3, 256 filters, ReLU), global max
+  pooling over the non-padding positions, dense 256 with ReLU, and the output layer.
+- `BackboneClassifier`: our decoder-only LM (`dpsynth.models.Transformer`, pretrained on public
+  data) with a linear head over the mean-pooled or last-token final hidden states; it plays
+  BERT's role (a model that benefits from public pretraining).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from dpsynth.evaluate import text as text_lib
+
+POOLINGS = ("mean", "last")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WordCNNConfig:
+    """WordCNN sizes; the defaults are the paper's (tests shrink them).
+
+    Attributes:
+      vocab_words: most frequent training-set words kept (ids 0/1 are padding/OOV on top).
+      embed_dim: embedding width, trained from scratch.
+      filters: Conv1D filters; kernel_size: Conv1D width.
+      hidden: width of the dense ReLU layer.
+      max_len: words kept per text (truncation).
+    """
+
+    vocab_words: int = 30_000
+    embed_dim: int = 384
+    filters: int = 256
+    kernel_size: int = 3
+    hidden: int = 256
+    max_len: int = 256
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"WordCNNConfig.{f.name} must be >= 1, got {getattr(self, f.name)}")
+
+
+class WordCNN(nn.Module):
+    """Embedding -> Conv1D(kernel, filters, ReLU) -> masked global max pool -> Dense ReLU -> logits."""
+
+    vocab_size: int
+    num_classes: int
+    config: WordCNNConfig = WordCNNConfig()
+
+    @nn.compact
+    def __call__(self, tokens):
+        cfg = self.config
+        mask = (tokens != text_lib.PAD)[..., None]
+        x = nn.Embed(self.vocab_size, cfg.embed_dim, name="embed")(tokens)
+        x = nn.relu(nn.Conv(cfg.filters, (cfg.kernel_size,), padding="SAME", name="conv")(x))
+        x = jnp.where(mask, x, -jnp.inf).max(axis=1)
+        x = jnp.where(jnp.isfinite(x), x, 0.0)  # an all-padding row pools to zeros
+        x = nn.relu(nn.Dense(cfg.hidden, name="dense")(x))
+        return nn.Dense(self.num_classes, name="out")(x)
+
+
+class BackboneClassifier(nn.Module):
+    """A dpsynth Transformer backbone plus a linear head on pooled final hidden states."""
+
+    model_config: object  # dpsynth.models.ModelConfig
+    num_classes: int
+    pooling: str = "mean"
+
+    @nn.compact
+    def __call__(self, tokens):
+        from dpsynth.models import Transformer
+
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        valid = tokens != 0  # dpsynth.tokens.PAD_ID
+        segments = valid.astype(jnp.int32)
+        _, hidden = Transformer(self.model_config, name="backbone")(tokens, segment_ids=segments, return_hidden=True)
+        hidden = hidden.astype(jnp.float32)
+        if self.pooling == "mean":
+            w = valid[..., None].astype(jnp.float32)
+            pooled = (hidden * w).sum(axis=1) / jnp.maximum(w.sum(axis=1), 1.0)
+        else:
+            last = jnp.maximum(valid.sum(axis=1) - 1, 0)
+            pooled = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+        return nn.Dense(self.num_classes, name="head")(pooled)
+
+
+# ----------------------------------------------------------------------------- featurizers
+
+
+@dataclasses.dataclass(frozen=True)
+class WordFeaturizer:
+    """Texts -> WordCNN ids with a vocabulary built from one training set."""
+
+    vocab: text_lib.Vocabulary
+    max_len: int
+
+    @classmethod
+    def fit(cls, texts: Sequence[str], config: WordCNNConfig) -> "WordFeaturizer":
+        return cls(text_lib.Vocabulary.build(texts, config.vocab_words), config.max_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        return self.vocab.encode_batch(texts, self.max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubwordFeaturizer:
+    """Texts -> LM token ids (dpsynth `Tokenizer`), BOS first, truncated and padded with PAD_ID."""
+
+    tokenizer: object  # dpsynth.tokens.Tokenizer
+    max_len: int
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        from dpsynth.tokens import BOS_ID, PAD_ID
+
+        out = np.full((len(texts), self.max_len), PAD_ID, dtype=np.int32)
+        for i, t in enumerate(texts):
+            ids = np.concatenate([[BOS_ID], np.asarray(self.tokenizer.encode(t), np.int32)])[: self.max_len]
+            out[i, : len(ids)] = ids
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelMap:
+    """Label strings <-> class ids (sorted, so the map is deterministic)."""
+
+    labels: tuple[str, ...]
+
+    @classmethod
+    def from_labels(cls, labels: Sequence[str]) -> "LabelMap":
+        return cls(tuple(sorted(set(labels))))
+
+    def encode(self, labels: Sequence[str]) -> np.ndarray:
+        index = {l: i for i, l in enumerate(self.labels)}
+        unknown = sorted(set(labels) - set(index))
+        if unknown:
+            raise ValueError(f"unknown labels {unknown[:5]} (known: {list(self.labels)})")
+        return np.array([index[l] for l in labels], dtype=np.int32)
