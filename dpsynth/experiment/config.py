@@ -1,0 +1,440 @@
+"""The experiment config: one YAML file, parsed into frozen, validated dataclasses.
+
+An experiment names the public corpus, the sensitive labeled dataset, the model preset and a
+grid (DP modes x epsilons x learning rates x clipping norms x sampling settings x data
+multiples). Every trial of the grid shares the stages that do not depend on its grid point
+(tokenizer, dedup, pretraining), which the runner caches by content hash.
+
+Schema (every key optional unless marked; defaults in the dataclasses below)::
+
+    name: demo                      # used in logs and the report
+    out: runs/demo                  # output root (the CLI's --out overrides it)
+    seed: 0
+    public:                         # the PUBLIC corpus (pretraining + tokenizer)
+      embedded: true                # Jane Austen's six novels (the embedded default)
+      paths: [../shared/data/public/kjv]   # .txt / .jsonl / .parquet files, dirs or globs
+      plant: 0                      # copy N sensitive TRAIN texts into the public corpus (demo)
+      max_documents: null
+    sensitive:                      # the SENSITIVE labeled dataset
+      embedded: true                # fine-food reviews (train 3600 / valid 400 / test 1000)
+      train: data/train.csv         # or paths (then embedded: false)
+      valid: null                   # default: the last 10% of train (the paper's split)
+      test: data/test.csv
+      format: auto                  # auto | csv | jsonl | parquet
+      text_column: text
+      label_column: label
+      max_train: null               # keep the first N rows of each split (smaller scale)
+      max_valid: null
+      max_test: null
+    tokenizer: {vocab_size: 8000, max_sentences: 200000}
+    dedup: {min_tokens: 50}
+    pretrain: {preset: tiny, steps: 300, seq_len: 128, batch_size: 16, learning_rate: 0.001,
+               options: {}}         # options: extra keyword arguments of the pretrain library
+    dp_tune:
+      modes: [lora]                 # full | prompt | lora
+      epsilons: [3]                 # > 0, or .inf / inf for the non-private baseline
+      delta: null                   # default 1 / |train|
+      learning_rates: [0.001]
+      clip_norms: [1.0]
+      batch_size: 64                # expected (Poisson) batch size
+      epochs: 1.0                   # or steps: N
+      steps: null
+      max_tokens: 128               # prefix + target tokens per example
+      loss: prefix                  # prefix | full
+      lora_rank: 8
+      prompt_length: 16
+      accountant: rdp               # rdp | pld
+      options: {}
+    generate:
+      samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]
+      multiples: [1]                # synthetic train size = multiple x |train|
+      valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
+      max_tokens: 128
+      batch_size: 32
+      options: {}
+    evaluate:
+      classifiers: [wordcnn]        # wordcnn | backbone
+      baselines: true               # real data and DP-on-real at the same epsilons
+      mauve: true
+      options: {}
+
+Unknown keys and bad values raise `ConfigError` naming the YAML key, e.g.
+`dp_tune.epsilons[1]: must be > 0 or inf, got -1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+MODES = ("full", "prompt", "lora")
+LOSSES = ("prefix", "full")
+ACCOUNTANTS = ("rdp", "pld")
+FORMATS = ("auto", "csv", "jsonl", "parquet")
+CLASSIFIERS = ("wordcnn", "backbone")
+
+
+class ConfigError(ValueError):
+    """An invalid experiment config; the message starts with the YAML key at fault."""
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublicConfig:
+    """The public corpus: the embedded Austen novels and/or files."""
+
+    embedded: bool = True
+    paths: tuple[str, ...] = ()
+    plant: int = 0
+    max_documents: int | None = None
+
+    def validate(self, key: str) -> None:
+        if not self.embedded and not self.paths:
+            raise ConfigError(f"{key}: needs `embedded: true` or at least one entry in `paths`")
+        _check(self.plant >= 0, f"{key}.plant", f"must be >= 0, got {self.plant}")
+        _check(self.max_documents is None or self.max_documents > 0, f"{key}.max_documents", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SensitiveConfig:
+    """The sensitive labeled dataset: the embedded fine-food reviews or files."""
+
+    embedded: bool = True
+    train: str | None = None
+    valid: str | None = None
+    test: str | None = None
+    format: str = "auto"
+    text_column: str = "text"
+    label_column: str = "label"
+    max_train: int | None = None
+    max_valid: int | None = None
+    max_test: int | None = None
+
+    def validate(self, key: str) -> None:
+        if self.embedded and (self.train or self.valid or self.test):
+            raise ConfigError(f"{key}: give either `embedded: true` or file paths (train/valid/test), not both")
+        if not self.embedded:
+            _check(bool(self.train), f"{key}.train", "is required when `embedded: false`")
+            _check(bool(self.test), f"{key}.test", "is required when `embedded: false`")
+        _choice(self.format, FORMATS, f"{key}.format")
+        for name in ("max_train", "max_valid", "max_test"):
+            value = getattr(self, name)
+            _check(value is None or value > 0, f"{key}.{name}", f"must be > 0, got {value}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    """SentencePiece trained on a sample of the public corpus."""
+
+    vocab_size: int = 8000
+    max_sentences: int = 200_000
+
+    def validate(self, key: str) -> None:
+        _check(self.vocab_size >= 16, f"{key}.vocab_size", f"must be >= 16, got {self.vocab_size}")
+        _check(self.max_sentences > 0, f"{key}.max_sentences", "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    """Removal of >= min_tokens sequences shared with the sensitive data."""
+
+    min_tokens: int = 50
+
+    def validate(self, key: str) -> None:
+        _check(self.min_tokens >= 1, f"{key}.min_tokens", f"must be >= 1, got {self.min_tokens}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainConfig:
+    """Pretraining of the decoder-only LM on the cleaned public corpus."""
+
+    preset: str = "tiny"
+    steps: int = 300
+    seq_len: int = 128
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.preset), f"{key}.preset", "must name a model preset (tiny, small, 1b, 8b)")
+        _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
+        _check(self.seq_len >= 8, f"{key}.seq_len", f"must be >= 8, got {self.seq_len}")
+        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.learning_rate > 0, f"{key}.learning_rate", f"must be > 0, got {self.learning_rate}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPTuneConfig:
+    """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes."""
+
+    modes: tuple[str, ...] = ("lora",)
+    epsilons: tuple[float, ...] = (3.0,)
+    delta: float | None = None
+    learning_rates: tuple[float, ...] = (1e-3,)
+    clip_norms: tuple[float, ...] = (1.0,)
+    batch_size: int = 64
+    epochs: float | None = 1.0
+    steps: int | None = None
+    max_tokens: int = 128
+    loss: str = "prefix"
+    lora_rank: int = 8
+    prompt_length: int = 16
+    accountant: str = "rdp"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _nonempty(self.modes, f"{key}.modes")
+        for i, mode in enumerate(self.modes):
+            _choice(mode, MODES, f"{key}.modes[{i}]")
+        _nonempty(self.epsilons, f"{key}.epsilons")
+        for i, eps in enumerate(self.epsilons):
+            _check(eps > 0 and not math.isnan(eps), f"{key}.epsilons[{i}]", f"must be > 0 or inf, got {eps}")
+        if self.delta is not None:
+            _check(0.0 < self.delta < 1.0, f"{key}.delta", f"must be in (0, 1), got {self.delta}")
+        _nonempty(self.learning_rates, f"{key}.learning_rates")
+        for i, lr in enumerate(self.learning_rates):
+            _check(lr > 0, f"{key}.learning_rates[{i}]", f"must be > 0, got {lr}")
+        _nonempty(self.clip_norms, f"{key}.clip_norms")
+        for i, c in enumerate(self.clip_norms):
+            _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
+        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
+        if (self.steps is None) == (self.epochs is None):
+            raise ConfigError(f"{key}: give exactly one of `epochs` and `steps` (set the other to null)")
+        if self.steps is not None:
+            _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
+        if self.epochs is not None:
+            _check(self.epochs > 0, f"{key}.epochs", f"must be > 0, got {self.epochs}")
+        _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
+        _choice(self.loss, LOSSES, f"{key}.loss")
+        _check(self.lora_rank >= 1, f"{key}.lora_rank", f"must be >= 1, got {self.lora_rank}")
+        _check(self.prompt_length >= 1, f"{key}.prompt_length", f"must be >= 1, got {self.prompt_length}")
+        _choice(self.accountant, ACCOUNTANTS, f"{key}.accountant")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """One sampling setting of the generator (a grid point)."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = the full distribution
+    num_decodes: int = 1
+
+    def validate(self, key: str) -> None:
+        _check(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0 = no top-k), got {self.top_k}")
+        _check(self.num_decodes >= 1, f"{key}.num_decodes", f"must be >= 1, got {self.num_decodes}")
+
+    @property
+    def label(self) -> str:
+        return f"t{self.temperature:g}-k{self.top_k}-n{self.num_decodes}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """Synthetic-data generation; `samplings` and `multiples` are grid axes."""
+
+    samplings: tuple[SamplingConfig, ...] = (SamplingConfig(),)
+    multiples: tuple[float, ...] = (1.0,)
+    valid_fraction: float = 0.1
+    max_tokens: int = 128
+    batch_size: int = 32
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _nonempty(self.samplings, f"{key}.samplings")
+        for i, s in enumerate(self.samplings):
+            s.validate(f"{key}.samplings[{i}]")
+        _nonempty(self.multiples, f"{key}.multiples")
+        for i, m in enumerate(self.multiples):
+            _check(m > 0 and math.isfinite(m), f"{key}.multiples[{i}]", f"must be > 0, got {m}")
+        _check(0 < self.valid_fraction <= 1, f"{key}.valid_fraction", f"must be in (0, 1], got {self.valid_fraction}")
+        _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
+        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    """The batch metric report over every trial's synthetic data."""
+
+    classifiers: tuple[str, ...] = ("wordcnn",)
+    baselines: bool = True
+    mauve: bool = True
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _nonempty(self.classifiers, f"{key}.classifiers")
+        for i, c in enumerate(self.classifiers):
+            _choice(c, CLASSIFIERS, f"{key}.classifiers[{i}]")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """A whole experiment: data, model, grid. Build with `load_config` / `from_dict`."""
+
+    name: str = "experiment"
+    out: str | None = None
+    seed: int = 0
+    public: PublicConfig = PublicConfig()
+    sensitive: SensitiveConfig = SensitiveConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    dedup: DedupConfig = DedupConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    dp_tune: DPTuneConfig = DPTuneConfig()
+    generate: GenerateConfig = GenerateConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+    def validate(self, key: str = "") -> None:
+        _check(bool(self.name), "name", "must be a non-empty string")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                value.validate(f.name)
+        if self.public.plant and not self.sensitive.embedded and not self.sensitive.train:
+            raise ConfigError("public.plant: needs a sensitive training set to plant from")
+
+    def replace(self, **sections: Any) -> "ExperimentConfig":
+        """A copy with some keys changed, validated: `cfg.replace(pretrain={"steps": 10})`."""
+        data = to_dict(self)
+        for name, value in sections.items():
+            if isinstance(value, Mapping) and isinstance(data.get(name), dict):
+                data[name] = {**data[name], **value}
+            else:
+                data[name] = value
+        return from_dict(data)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def load_config(path: str) -> ExperimentConfig:
+    """Reads and validates a YAML experiment config.
+
+    Relative data paths are resolved against the current directory (as the CLI sees them).
+
+    Raises:
+        ConfigError: with the file name and the offending key.
+    """
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: config file not found") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    try:
+        return from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
+    """Builds and validates an `ExperimentConfig` from a plain mapping (parsed YAML)."""
+    config = _build(ExperimentConfig, data, "")
+    config.validate()
+    return config
+
+
+def to_dict(value: Any) -> Any:
+    """The config as plain JSON/YAML-compatible data (tuples become lists; inf stays float)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [to_dict(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): to_dict(v) for k, v in value.items()}
+    return value
+
+
+def _build(cls: type, data: Any, key: str) -> Any:
+    where = key or "(top level)"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        sub = f"{key}.{name}" if key else str(name)
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(fields)})"
+            raise ConfigError(f"{sub}: unknown key{hint}")
+        kwargs[name] = _convert(hints[name], value, sub)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, key)
+    if value is None:
+        raise ConfigError(f"{key}: must not be null")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin is tuple:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            value = [value]  # a scalar stands for a one-element list
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return {str(k): v for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity", ".inf"):
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                return float(value)  # YAML 1.1 reads `1e-3` as a string
+            except (TypeError, ValueError):
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # a bug in the schema, not in the YAML
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _nonempty(values: tuple, key: str) -> None:
+    _check(len(values) > 0, key, "must list at least one value")
+
+
+def resolve_path(path: str, base: str | None = None) -> str:
+    """`path` made absolute against `base` (default: the current directory); URLs unchanged."""
+    if "://" in path or os.path.isabs(path):
+        return path
+    return os.path.abspath(os.path.join(base or os.getcwd(), path))

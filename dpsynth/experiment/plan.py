@@ -1,0 +1,278 @@
+"""The stage graph of an experiment, keyed by content hashes.
+
+```
+sensitive ─┬──────────────────────────────┬───────────────┬──────────────┐
+           ▼                              ▼               ▼              ▼
+public ─► tokenizer ─► dedup ─► pretrain ─► dp_tune[mode, eps, lr, C] ─► generate[sampling, x] ─► evaluate
+```
+
+Each node's hash is the SHA-256 of (stage kind, stage version, the config subset the stage
+sees, its inputs' hashes). A node's output lives in `ROOT/stages/<stage>/<hash[:16]>`, so:
+
+* every trial of a grid shares the tokenizer, dedup and pretraining nodes (equal hashes);
+* changing one config key changes the hashes of exactly the nodes whose subset contains it
+  and of everything downstream of them; all other nodes stay cached.
+
+The config subset is the whole contract: a stage function sees ONLY its subset and its
+inputs' output directories (see `cache.StageContext`), so nothing it depends on can escape
+the hash. Data files enter through a fingerprint of their contents (`fingerprint_paths`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_path, to_dict
+
+# The stage kinds in dependency order. Bump a stage's version when its adapter or output
+# layout changes incompatibly: that invalidates its cached outputs and everything downstream.
+STAGES = ("sensitive", "public", "tokenizer", "dedup", "pretrain", "dp_tune", "generate", "evaluate")
+STAGE_VERSIONS = {s: 1 for s in STAGES}
+# Stages whose library resumes from a partial output directory (their own checkpoints).
+RESUMABLE = frozenset({"pretrain"})
+# Files larger than this are fingerprinted by (size, mtime) instead of their contents.
+CONTENT_HASH_LIMIT = 256 << 20
+HASH_PREFIX = 16  # hex digits of the hash used in directory names
+
+
+@dataclasses.dataclass(frozen=True)
+class StageNode:
+    """One stage instance of the graph.
+
+    Attributes:
+        key: unique readable id, e.g. `dp_tune[lora,eps=3,lr=0.001,C=1]`.
+        stage: the stage kind (one of `STAGES`).
+        config: the JSON-able config subset the stage sees (and is hashed by).
+        inputs: role -> key of an upstream node, or a tuple of keys (evaluate's synthetic sets).
+        hash: content hash of (stage, version, config, input hashes).
+    """
+
+    key: str
+    stage: str
+    config: Mapping[str, Any]
+    inputs: Mapping[str, str | tuple[str, ...]]
+    hash: str
+
+    @property
+    def resumable(self) -> bool:
+        return self.stage in RESUMABLE
+
+    def input_keys(self) -> list[str]:
+        keys: list[str] = []
+        for value in self.inputs.values():
+            keys.extend(value if isinstance(value, tuple) else (value,))
+        return keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One grid point: a DP-tuned model and one synthetic dataset generated from it."""
+
+    id: str
+    mode: str
+    epsilon: float
+    learning_rate: float
+    clip_norm: float
+    sampling: SamplingConfig
+    multiple: float
+    dp_tune: str  # node key
+    generate: str  # node key
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "mode": self.mode,
+            "epsilon": self.epsilon,
+            "learning_rate": self.learning_rate,
+            "clip_norm": self.clip_norm,
+            "sampling": to_dict(self.sampling),
+            "multiple": self.multiple,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The whole graph in topological order, the trials and the output root."""
+
+    root: str
+    nodes: tuple[StageNode, ...]
+    trials: tuple[Trial, ...]
+
+    def node(self, key: str) -> StageNode:
+        for n in self.nodes:
+            if n.key == key:
+                return n
+        raise KeyError(key)
+
+    def stage_dir(self, node: StageNode | str) -> str:
+        node = self.node(node) if isinstance(node, str) else node
+        return stage_dir(self.root, node)
+
+
+def stage_dir(root: str, node: StageNode) -> str:
+    return os.path.join(root, "stages", node.stage, node.hash[:HASH_PREFIX])
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON for hashing (sorted keys, floats by repr, inf as `Infinity`)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True, default=str)
+
+
+def node_hash(stage: str, config: Mapping[str, Any], input_hashes: Mapping[str, Any]) -> str:
+    payload = {"stage": stage, "version": STAGE_VERSIONS[stage], "config": config, "inputs": input_hashes}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def fmt_num(x: float) -> str:
+    """Compact, filename-safe number: 3 -> `3`, 0.001 -> `0.001`, inf -> `inf`."""
+    if math.isinf(x):
+        return "inf"
+    return f"{x:g}"
+
+
+# ----------------------------------------------------------------------------- data fingerprints
+
+
+def expand_paths(paths: Sequence[str]) -> list[str]:
+    """Files named by `paths` (files, directories = all files below, globs), sorted."""
+    out: list[str] = []
+    for p in paths:
+        if "://" in p:
+            out.append(p)  # remote: fingerprinted through Beam's FileSystems metadata
+        elif os.path.isdir(p):
+            for dirpath, _, files in os.walk(p):
+                out.extend(os.path.join(dirpath, f) for f in files if not f.startswith("."))
+        elif any(c in p for c in "*?["):
+            out.extend(x for x in glob.glob(p, recursive=True) if os.path.isfile(x))
+        else:
+            out.append(p)
+    return sorted(set(out))
+
+
+def fingerprint_paths(paths: Sequence[str]) -> str:
+    """SHA-256 over the files' names and contents (or size + mtime for huge/remote files).
+
+    A missing file gives a fingerprint that says so; the stage that reads it then fails with
+    a clear error (a dry run still prints the plan).
+    """
+    h = hashlib.sha256()
+    for path in expand_paths(paths):
+        h.update(path.encode() + b"\0")
+        if "://" in path:
+            from apache_beam.io.filesystems import FileSystems
+
+            meta = FileSystems.match([path])[0].metadata_list
+            h.update(canonical_json([(m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in meta]).encode())
+        elif not os.path.exists(path):
+            h.update(b"missing")
+        elif os.path.getsize(path) > CONTENT_HASH_LIMIT:
+            st = os.stat(path)
+            h.update(f"size={st.st_size},mtime={st.st_mtime_ns}".encode())
+        else:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def embedded_package_files(package: str, data_dir: str | None = None) -> list[str]:
+    """The R lazy-load files of an embedded Debian package (what `dpsynth.data.embedded` reads)."""
+    from dpsynth.data import embedded
+
+    base = os.path.join(embedded.embedded_dir(data_dir), "root", embedded._R_LIB, package, "data", "Rdata")
+    return [base + ".rdb", base + ".rdx"]
+
+
+# ----------------------------------------------------------------------------- the graph
+
+
+def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = None) -> Plan:
+    """The stage graph of `config` with output directories under `root`.
+
+    Args:
+        config: a validated experiment config.
+        root: the experiment's output directory.
+        data_dir: directory of the embedded default (default: `$DPSYNTH_EMBEDDED_DIR` or
+            `data/embedded`); only its files' fingerprints enter the hashes, not its path.
+    """
+    nodes: dict[str, StageNode] = {}
+
+    def add(key: str, stage: str, cfg: Mapping[str, Any], inputs: Mapping[str, str | tuple[str, ...]]) -> str:
+        hashes = {
+            role: ([nodes[k].hash for k in v] if isinstance(v, tuple) else nodes[v].hash) for role, v in inputs.items()
+        }
+        nodes[key] = StageNode(key=key, stage=stage, config=cfg, inputs=dict(inputs), hash=node_hash(stage, cfg, hashes))
+        return key
+
+    seed = config.seed
+    # -- data
+    sens = to_dict(config.sensitive)
+    for split in ("train", "valid", "test"):
+        if sens[split]:
+            sens[split] = resolve_path(sens[split])
+    if config.sensitive.embedded:
+        sens_files = embedded_package_files("modeldata", data_dir)
+    else:
+        sens_files = [p for p in (sens["train"], sens["valid"], sens["test"]) if p]
+    sens["fingerprint"] = fingerprint_paths(sens_files)
+    sensitive = add("sensitive", "sensitive", sens, {})
+
+    pub = to_dict(config.public)
+    pub["paths"] = [resolve_path(p) for p in pub["paths"]]
+    pub_files = list(pub["paths"])
+    if config.public.embedded:
+        pub_files += embedded_package_files("janeaustenr", data_dir)
+    pub["fingerprint"] = fingerprint_paths(pub_files)
+    if config.public.plant:
+        pub["seed"] = seed  # which texts are planted
+    public = add("public", "public", pub, {"sensitive": sensitive} if config.public.plant else {})
+
+    # -- shared model stages
+    tokenizer = add("tokenizer", "tokenizer", {**to_dict(config.tokenizer), "seed": seed}, {"public": public})
+    dedup = add("dedup", "dedup", to_dict(config.dedup), {"public": public, "sensitive": sensitive, "tokenizer": tokenizer})
+    pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
+
+    # -- the grid
+    dp = to_dict(config.dp_tune)
+    shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "clip_norms", "lora_rank", "prompt_length")}
+    gen = to_dict(config.generate)
+    shared_gen = {k: v for k, v in gen.items() if k not in ("samplings", "multiples")}
+    trials: list[Trial] = []
+    for mode in config.dp_tune.modes:
+        for eps in config.dp_tune.epsilons:
+            for lr in config.dp_tune.learning_rates:
+                for clip in config.dp_tune.clip_norms:
+                    tune_id = f"{mode}-eps{fmt_num(eps)}-lr{fmt_num(lr)}-C{fmt_num(clip)}"
+                    tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "learning_rate": lr, "clip_norm": clip, "seed": seed}
+                    if mode == "lora":
+                        tune_cfg["lora_rank"] = config.dp_tune.lora_rank
+                    if mode == "prompt":
+                        tune_cfg["prompt_length"] = config.dp_tune.prompt_length
+                    tune = add(f"dp_tune[{tune_id}]", "dp_tune", tune_cfg, {"pretrain": pretrain, "sensitive": sensitive})
+                    for sampling in config.generate.samplings:
+                        for multiple in config.generate.multiples:
+                            trial_id = f"{tune_id}-{sampling.label}-x{fmt_num(multiple)}"
+                            gen_cfg = {**shared_gen, "sampling": to_dict(sampling), "multiple": multiple, "seed": seed}
+                            g = add(f"generate[{trial_id}]", "generate", gen_cfg, {"model": tune, "sensitive": sensitive})
+                            trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g))
+
+    eval_cfg = {
+        **to_dict(config.evaluate),
+        "seed": seed,
+        "trials": [t.params() for t in trials],
+        "dp_tune": shared_dp,  # DP-on-real baselines use the same batch/epochs/delta/accountant
+    }
+    add(
+        "evaluate",
+        "evaluate",
+        eval_cfg,
+        {"synthetic": tuple(t.generate for t in trials), "sensitive": sensitive, "pretrain": pretrain},
+    )
+    return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials))

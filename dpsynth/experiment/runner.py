@@ -1,0 +1,384 @@
+"""`dpsynth experiment CONFIG.yaml [--dry-run] [--jobs N]`: a cached grid of pipeline runs.
+
+The runner builds the stage graph of the config (`plan.build_plan`), then runs each stage
+instance whose output is not cached (`cache.run_stage`), in dependency order. With
+`--jobs N > 1`, independent stage instances (the trials' DP tuning and generation) run in
+N worker processes (`concurrent.futures.ProcessPoolExecutor`, spawn start method: JAX does
+not survive fork). The end of an experiment is the evaluate stage's batch metric report,
+linked at `ROOT/report`.
+
+Interrupting a run (Ctrl-C, a kill, a crash) loses only the stage instances in flight;
+rerunning the same command resumes with the first unfinished stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dpsynth.experiment import cache
+from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
+from dpsynth.experiment.config import ConfigError, ExperimentConfig, load_config, to_dict
+from dpsynth.experiment.plan import STAGES, Plan, StageNode, build_plan, fmt_num
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_UNAVAILABLE = 3
+
+
+@dataclasses.dataclass
+class ExperimentResult:
+    """What a run did: outputs per node key, which ran and which were cached, and why it stopped."""
+
+    plan: Plan
+    outputs: dict[str, StageOutput]
+    ran: list[str]
+    cached: list[str]
+    missing: StageUnavailable | None = None
+    failed: StageFailed | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.missing is None and self.failed is None
+
+    @property
+    def report_dir(self) -> str | None:
+        out = self.outputs.get("evaluate")
+        return out.dir if out else None
+
+
+def default_registry() -> Mapping[str, Callable]:
+    """The real stage functions (`dpsynth.experiment.stages.REGISTRY`)."""
+    from dpsynth.experiment import stages
+
+    return stages.REGISTRY
+
+
+def _log(message: str) -> None:
+    print(f"[experiment] {message}", flush=True)
+
+
+def _inputs_of(node: StageNode, outputs: Mapping[str, StageOutput]) -> dict[str, Any]:
+    return {
+        role: (tuple(outputs[k] for k in v) if isinstance(v, tuple) else outputs[v]) for role, v in node.inputs.items()
+    }
+
+
+def _selected(plan: Plan, until: str | None) -> list[StageNode]:
+    if until is None:
+        return list(plan.nodes)
+    if until not in STAGES:
+        raise ConfigError(f"--until: unknown stage {until!r}; stages are {', '.join(STAGES)}")
+    last = STAGES.index(until)
+    return [n for n in plan.nodes if STAGES.index(n.stage) <= last]
+
+
+def _write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
+    os.makedirs(plan.root, exist_ok=True)
+    record = {
+        "format": "dpsynth.experiment",
+        "format_version": 1,
+        "config": to_dict(config),
+        "stages": {n.key: {"stage": n.stage, "hash": n.hash, "dir": os.path.relpath(plan.stage_dir(n), plan.root)} for n in plan.nodes},
+        "trials": [
+            {**t.params(), "dp_tune": os.path.relpath(plan.stage_dir(t.dp_tune), plan.root),
+             "generate": os.path.relpath(plan.stage_dir(t.generate), plan.root)}
+            for t in plan.trials
+        ],
+    }
+    tmp = os.path.join(plan.root, "experiment.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, allow_nan=True)
+    os.replace(tmp, os.path.join(plan.root, "experiment.json"))
+
+
+def _link(target: str, link: str) -> None:
+    tmp = link + ".tmp"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.relpath(target, os.path.dirname(link)), tmp)
+    os.replace(tmp, link)
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    registry: Mapping[str, Callable] | None = None,
+    jobs: int = 1,
+    until: str | None = None,
+    show_cached_reports: bool = True,
+) -> ExperimentResult:
+    """Runs every uncached stage of `plan` (up to stage kind `until`) in dependency order.
+
+    Args:
+        plan: from `build_plan`.
+        registry: stage kind -> stage function (default: the real stages). With `jobs > 1`
+            the functions must be picklable (module-level).
+        jobs: worker processes for independent stage instances (1 = in this process).
+        until: stop after this stage kind (e.g. "dedup").
+        show_cached_reports: print the stored report of stages that were cached.
+
+    Returns:
+        An `ExperimentResult`; `missing` / `failed` say why a run stopped early. Completed
+        stages stay cached either way.
+    """
+    registry = default_registry() if registry is None else registry
+    todo = _selected(plan, until)
+    outputs: dict[str, StageOutput] = {}
+    result = ExperimentResult(plan=plan, outputs=outputs, ran=[], cached=[])
+    t0 = time.perf_counter()
+    total = len(todo)
+
+    def finish(node: StageNode, out: StageOutput) -> None:
+        outputs[node.key] = out
+        (result.cached if out.cached else result.ran).append(node.key)
+        n = len(outputs)
+        if out.cached:
+            _log(f"({n}/{total}) {node.key}: cached ({out.hash[:12]}) {os.path.relpath(out.dir, plan.root)}")
+            if show_cached_reports and out.report:
+                print(out.report.rstrip("\n"), flush=True)
+        else:
+            _log(f"({n}/{total}) {node.key}: done in {out.seconds:.1f}s -> {os.path.relpath(out.dir, plan.root)}")
+
+    def fn_of(node: StageNode) -> Callable:
+        if node.stage not in registry:
+            raise StageUnavailable(node.stage, "no stage function registered")
+        return registry[node.stage]
+
+    if jobs <= 1:
+        for node in todo:
+            out = cache.cached_output(plan.root, node)
+            if out is None:
+                _log(f"({len(outputs) + 1}/{total}) {node.key}: running ({node.hash[:12]})")
+                try:
+                    out = cache.run_stage(plan.root, node, fn_of(node), _inputs_of(node, outputs))
+                except StageUnavailable as e:
+                    result.missing = e
+                    break
+                except StageFailed as e:
+                    result.failed = e
+                    break
+            finish(node, out)
+    else:
+        _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs)
+    result.seconds = time.perf_counter() - t0
+    if "evaluate" in outputs:
+        _link(outputs["evaluate"].dir, os.path.join(plan.root, "report"))
+    return result
+
+
+def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs) -> None:
+    pending = {n.key: n for n in todo}
+    running: dict[concurrent.futures.Future, StageNode] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        stop = False
+        while pending or running:
+            if not stop:
+                progressed = True
+                while progressed:  # resolve cached nodes and submit every ready one
+                    progressed = False
+                    for key, node in list(pending.items()):
+                        if not all(k in outputs for k in node.input_keys()):
+                            continue
+                        out = cache.cached_output(plan.root, node)
+                        del pending[key]
+                        progressed = True
+                        if out is not None:
+                            finish(node, out)
+                            continue
+                        try:
+                            fn = fn_of(node)
+                        except StageUnavailable as e:
+                            result.missing, stop = e, True
+                            break
+                        _log(f"{node.key}: submitted ({node.hash[:12]})")
+                        running[pool.submit(cache.run_stage, plan.root, node, fn, _inputs_of(node, outputs))] = node
+                    if stop:
+                        break
+            if not running:
+                break  # nothing in flight; anything still pending is blocked by a failure
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                node = running.pop(fut)
+                try:
+                    finish(node, fut.result())
+                except StageUnavailable as e:
+                    result.missing, stop = result.missing or e, True
+                except StageFailed as e:
+                    result.failed, stop = result.failed or e, True
+                except concurrent.futures.process.BrokenProcessPool as e:
+                    result.failed, stop = result.failed or StageFailed(f"stage {node.key}: worker died ({e})"), True
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    *,
+    root: str | None = None,
+    registry: Mapping[str, Callable] | None = None,
+    jobs: int = 1,
+    until: str | None = None,
+    data_dir: str | None = None,
+) -> ExperimentResult:
+    """Plans and runs an experiment; see `run_plan`. `root` defaults to `config.out`."""
+    root = root or config.out
+    if not root:
+        raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
+    plan = build_plan(config, root, data_dir=data_dir)
+    _write_experiment_files(plan, config)
+    _log(f"'{config.name}': {len(plan.trials)} trial(s), {len(plan.nodes)} stage instance(s), root {plan.root}")
+    return run_plan(plan, registry=registry, jobs=jobs, until=until)
+
+
+# ----------------------------------------------------------------------------- dry run
+
+
+def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
+    """|D_train| for the privacy budget: from the cached data stage, else by reading the data."""
+    node = plan.node("sensitive")
+    out = cache.cached_output(plan.root, node)
+    if out is not None and "num_train" in out.summary:
+        return int(out.summary["num_train"]), "cached data stage"
+    try:
+        from dpsynth.experiment import stages
+
+        return stages.count_train(node.config), "counted"
+    except Exception as e:  # the data may be absent at planning time; the plan still prints
+        return None, f"unknown ({type(e).__name__}: {e})"
+
+
+def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
+    """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
+
+    The noise multiplier comes from the DP accountant (`dpsynth.dp.accounting`); entries say
+    why when it cannot be computed (data size unknown, accountant missing, unreachable target).
+    """
+    rows = []
+    dp = config.dp_tune
+    seen = set()
+    for trial in plan.trials:
+        if trial.dp_tune in seen:
+            continue
+        seen.add(trial.dp_tune)
+        row: dict[str, Any] = {"dp_tune": trial.dp_tune, "mode": trial.mode, "epsilon": trial.epsilon}
+        if num_train is None:
+            row["note"] = "|train| unknown"
+            rows.append(row)
+            continue
+        delta = dp.delta if dp.delta is not None else 1.0 / num_train
+        row["delta"] = delta
+        try:
+            from dpsynth.dp import accounting
+
+            q = accounting.sampling_probability(num_train, dp.batch_size)
+            steps = dp.steps if dp.steps is not None else accounting.steps_for_epochs(dp.epochs, q)
+            row.update(q=q, steps=steps)
+            row["noise_multiplier"] = accounting.calibrate_noise_multiplier(trial.epsilon, delta, q, steps, dp.accountant)
+            row["accountant"] = dp.accountant
+        except ImportError as e:
+            row["note"] = f"accountant not available ({e})"
+        except ValueError as e:
+            row["note"] = str(e)
+        rows.append(row)
+    return rows
+
+
+def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True) -> str:
+    """The dry-run text: every stage instance with its hash, directory and cache status, the
+    trials, and the privacy budget of every DP-tuning run."""
+    lines = [f"experiment '{config.name}': {len(plan.trials)} trial(s), root {plan.root}", ""]
+    width = max(len(n.key) for n in plan.nodes)
+    n_cached = 0
+    lines.append(f"  {'stage'.ljust(width)}  {'hash':12}  status    inputs")
+    for node in plan.nodes:
+        done = cache.cached_output(plan.root, node) is not None
+        n_cached += done
+        inputs = ", ".join(node.input_keys()) if node.stage != "evaluate" else f"{len(node.input_keys()) - 2} synthetic sets, sensitive, pretrain"
+        lines.append(f"  {node.key.ljust(width)}  {node.hash[:12]}  {'cached ' if done else 'to run '}  {inputs}")
+    lines.append(f"  {n_cached} cached, {len(plan.nodes) - n_cached} to run")
+    if budgets:
+        num_train, how = train_size(plan, config)
+        lines += ["", f"privacy budget per DP-tuning run (|train| = {num_train if num_train is not None else '?'}, {how}; "
+                      f"delta = {'1/|train|' if config.dp_tune.delta is None else config.dp_tune.delta}; add-or-remove adjacency):"]
+        lines.append(f"  {'dp_tune'.ljust(width)}  {'epsilon':>7}  {'delta':>9}  {'q':>8}  {'steps':>6}  noise multiplier")
+        for row in privacy_budgets(plan, config, num_train):
+            eps = fmt_num(row["epsilon"])
+            delta = f"{row['delta']:.3g}" if "delta" in row else "?"
+            q = f"{row['q']:.4g}" if "q" in row else "?"
+            steps = str(row.get("steps", "?"))
+            if "noise_multiplier" in row:
+                sigma = "0 (non-private)" if row["noise_multiplier"] == 0 else f"{row['noise_multiplier']:.4f} ({row['accountant']})"
+            else:
+                sigma = row.get("note", "?")
+            lines.append(f"  {row['dp_tune'].ljust(width)}  {eps:>7}  {delta:>9}  {q:>8}  {steps:>6}  {sigma}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpsynth experiment",
+        description="Run a cached grid of dpsynth pipeline runs (tokenizer -> dedup -> pretrain -> "
+        "dp_tune -> generate -> evaluate) described by one YAML file.",
+    )
+    p.add_argument("config", help="experiment YAML (see docs/experiment.md)")
+    p.add_argument("--out", help="output root (default: the config's `out`)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, the cache status and the privacy budgets; run nothing")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials (default 1)")
+    p.add_argument("--until", choices=STAGES, help="stop after this stage kind")
+    p.add_argument("--data-dir", help="embedded default data directory (default $DPSYNTH_EMBEDDED_DIR or data/embedded)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        root = args.out or config.out
+        if not root:
+            raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+        if args.dry_run:
+            plan = build_plan(config, root, data_dir=args.data_dir)
+            print(describe_plan(plan, config))
+            return 0
+        result = run_experiment(config, root=root, jobs=args.jobs, until=args.until, data_dir=args.data_dir)
+    except ConfigError as e:
+        print(f"dpsynth experiment: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return report_result(result)
+
+
+def report_result(result: ExperimentResult) -> int:
+    """Prints how a run ended and returns its exit code."""
+    _log(f"{len(result.ran)} stage(s) ran, {len(result.cached)} cached, {result.seconds:.1f}s")
+    if result.missing is not None:
+        print(f"dpsynth experiment: stopped: {result.missing}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if result.failed is not None:
+        print(f"dpsynth experiment: FAILED: {result.failed}", file=sys.stderr)
+        cause = result.failed.__cause__
+        if cause is not None:
+            import traceback
+
+            traceback.print_exception(cause, file=sys.stderr)
+        return EXIT_FAILED
+    if result.report_dir:
+        _log(f"report: {os.path.join(result.plan.root, 'report')} -> {result.report_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

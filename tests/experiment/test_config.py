@@ -1,0 +1,95 @@
+import dataclasses
+import math
+
+import pytest
+import yaml
+
+from dpsynth.experiment import config as cfgmod
+from dpsynth.experiment.config import ConfigError, ExperimentConfig, from_dict, load_config, to_dict
+
+
+def test_defaults_are_valid_and_round_trip_through_yaml(tmp_path):
+    cfg = from_dict({})
+    assert cfg == ExperimentConfig()
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)))
+    assert load_config(str(path)) == cfg
+
+
+def test_full_config_parses_types():
+    cfg = from_dict(
+        {
+            "name": "x",
+            "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [1, "3", ".inf", "inf"], "learning_rates": "1e-3"},
+            "generate": {"samplings": [{"temperature": 0.5, "top_k": 40}], "multiples": 3},
+            "pretrain": {"preset": "small", "options": {"warmup": 10}},
+        }
+    )
+    assert cfg.dp_tune.modes == ("lora", "prompt")
+    assert cfg.dp_tune.epsilons[:2] == (1.0, 3.0) and all(math.isinf(e) for e in cfg.dp_tune.epsilons[2:])
+    assert cfg.dp_tune.learning_rates == (1e-3,)  # scalar -> one-element tuple; YAML string number
+    assert cfg.generate.samplings == (cfgmod.SamplingConfig(temperature=0.5, top_k=40),)
+    assert cfg.generate.multiples == (3.0,)
+    assert cfg.pretrain.options == {"warmup": 10}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.pretrain.steps = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({"dp_tune": {"epsilon": [1]}}, "dp_tune.epsilon: unknown key (did you mean 'epsilons'?)"),
+        ({"dp_tune": {"epsilons": [1, -1]}}, "dp_tune.epsilons[1]: must be > 0"),
+        ({"dp_tune": {"epsilons": []}}, "dp_tune.epsilons: must list at least one value"),
+        ({"dp_tune": {"modes": ["lora", "adapter"]}}, "dp_tune.modes[1]: must be one of full, prompt, lora"),
+        ({"dp_tune": {"delta": 2}}, "dp_tune.delta: must be in (0, 1)"),
+        ({"dp_tune": {"steps": 10}}, "dp_tune: give exactly one of `epochs` and `steps`"),
+        ({"dp_tune": {"batch_size": "big"}}, "dp_tune.batch_size: expected an integer"),
+        ({"generate": {"samplings": [{"temperature": -1}]}}, "generate.samplings[0].temperature: must be >= 0"),
+        ({"generate": {"samplings": [{"topk": 3}]}}, "generate.samplings[0].topk: unknown key (did you mean 'top_k'?)"),
+        ({"pretrain": {"steps": 0}}, "pretrain.steps: must be >= 1"),
+        ({"pretrain": "tiny"}, "pretrain: expected a mapping"),
+        ({"public": {"embedded": False}}, "public: needs `embedded: true` or at least one entry in `paths`"),
+        ({"public": {"embedded": "yes"}}, "public.embedded: expected true or false"),
+        ({"sensitive": {"embedded": False, "test": "t.csv"}}, "sensitive.train: is required"),
+        ({"sensitive": {"train": "t.csv"}}, "sensitive: give either `embedded: true` or file paths"),
+        ({"sensitive": {"format": "xml"}}, "sensitive.format: must be one of"),
+        ({"evaluate": {"classifiers": ["bert"]}}, "evaluate.classifiers[0]: must be one of wordcnn, backbone"),
+        ({"seed": None}, "seed: must not be null"),
+        ({"bogus": 1}, "bogus: unknown key"),
+    ],
+)
+def test_errors_name_the_yaml_key(data, key):
+    with pytest.raises(ConfigError) as err:
+        from_dict(data)
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
+        load_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dp_tune: {epsilons: [0]}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: dp_tune.epsilons\[0\]: must be > 0"):
+        load_config(str(bad))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("dp_tune: [\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_config(str(broken))
+
+
+def test_replace_validates_and_merges_sections():
+    cfg = from_dict({"pretrain": {"preset": "small", "steps": 5}})
+    new = cfg.replace(pretrain={"steps": 7})
+    assert new.pretrain.steps == 7 and new.pretrain.preset == "small" and cfg.pretrain.steps == 5
+    with pytest.raises(ConfigError, match="pretrain.steps"):
+        cfg.replace(pretrain={"steps": -1})
+
+
+def test_repo_configs_are_valid():
+    import pathlib
+
+    configs = sorted((pathlib.Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    assert configs, "configs/*.yaml missing"
+    for path in configs:
+        load_config(str(path))

@@ -1,0 +1,119 @@
+import pytest
+
+from dpsynth.experiment.config import from_dict
+from dpsynth.experiment.plan import build_plan, fingerprint_paths
+
+
+@pytest.fixture
+def data_files(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "train.csv").write_text("text,label\na,x\nb,y\n")
+    (d / "test.csv").write_text("text,label\nc,x\n")
+    (d / "public.txt").write_text("some public text\n")
+    return d
+
+
+def grid_config(data, **sections):
+    base = {
+        "public": {"embedded": False, "paths": [str(data / "public.txt")]},
+        "sensitive": {"embedded": False, "train": str(data / "train.csv"), "test": str(data / "test.csv")},
+        "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [1, 3]},
+        "generate": {"multiples": [1, 2, 3]},
+    }
+    for k, v in sections.items():
+        base[k] = {**base.get(k, {}), **v}
+    return from_dict(base)
+
+
+def test_grid_of_12_shares_the_expensive_stages(data_files, tmp_path):
+    plan = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    assert len(plan.trials) == 12
+    kinds = [n.stage for n in plan.nodes]
+    for shared in ("sensitive", "public", "tokenizer", "dedup", "pretrain", "evaluate"):
+        assert kinds.count(shared) == 1
+    assert kinds.count("dp_tune") == 4 and kinds.count("generate") == 12
+    # Topological order: every input precedes its consumer.
+    seen = set()
+    for node in plan.nodes:
+        assert set(node.input_keys()) <= seen
+        seen.add(node.key)
+    assert len({n.hash for n in plan.nodes}) == len(plan.nodes)
+    assert len({t.id for t in plan.trials}) == 12
+
+
+def _changed(a, b):
+    ha = {n.key: n.hash for n in a.nodes}
+    hb = {n.key: n.hash for n in b.nodes}
+    assert ha.keys() == hb.keys()
+    return {k for k in ha if ha[k] != hb[k]}
+
+
+def _downstream(plan, roots):
+    """Reference closure: `roots` and every node reachable from them (independent of hashing)."""
+    out = set(roots)
+    for node in plan.nodes:  # topological order
+        if set(node.input_keys()) & out:
+            out.add(node.key)
+    return out
+
+
+@pytest.mark.parametrize(
+    "edit, direct",
+    [
+        ({"pretrain": {"steps": 301}}, lambda k: k == "pretrain"),
+        ({"tokenizer": {"vocab_size": 4000}}, lambda k: k == "tokenizer"),
+        ({"dedup": {"min_tokens": 40}}, lambda k: k == "dedup"),
+        ({"dp_tune": {"batch_size": 32}}, lambda k: k.startswith("dp_tune[") or k == "evaluate"),
+        ({"dp_tune": {"lora_rank": 4}}, lambda k: k.startswith("dp_tune[lora")),
+        ({"dp_tune": {"prompt_length": 8}}, lambda k: k.startswith("dp_tune[prompt")),
+        ({"generate": {"max_tokens": 64}}, lambda k: k.startswith("generate[")),
+        ({"evaluate": {"mauve": False}}, lambda k: k == "evaluate"),
+        ({"seed": 1}, lambda k: k not in ("sensitive", "public", "dedup")),
+    ],
+)
+def test_a_changed_key_changes_exactly_the_affected_stages(data_files, tmp_path, edit, direct):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    cfg = grid_config(data_files, **{k: v for k, v in edit.items() if k != "seed"})
+    if "seed" in edit:
+        cfg = cfg.replace(seed=edit["seed"])
+    new = build_plan(cfg, str(tmp_path / "run"))
+    roots = {n.key for n in base.nodes if direct(n.key)}
+    assert _changed(base, new) == _downstream(base, roots)
+
+
+def test_data_content_changes_rerun_data_stages(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    (data_files / "train.csv").write_text("text,label\na,x\nB,y\n")
+    new = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    assert _changed(base, new) == _downstream(base, {"sensitive"}) - {"public", "tokenizer"}
+    (data_files / "public.txt").write_text("other public text\n")
+    newer = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    assert _changed(new, newer) == _downstream(new, {"public"})
+
+
+def test_planting_makes_public_depend_on_sensitive(data_files, tmp_path):
+    plan = build_plan(grid_config(data_files, public={"plant": 2}), str(tmp_path / "run"))
+    assert plan.node("public").inputs == {"sensitive": "sensitive"}
+    (data_files / "train.csv").write_text("text,label\nz,x\n")
+    new = build_plan(grid_config(data_files, public={"plant": 2}), str(tmp_path / "run"))
+    assert _changed(plan, new) == _downstream(plan, {"sensitive"}) and "tokenizer" in _changed(plan, new)
+
+
+def test_adding_an_epsilon_keeps_existing_trials(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    new = build_plan(grid_config(data_files, dp_tune={"epsilons": [1, 3, 10]}), str(tmp_path / "run"))
+    old = {n.key: n.hash for n in base.nodes}
+    assert all(old[n.key] == n.hash for n in new.nodes if n.key in old and n.key != "evaluate")
+    assert len(new.trials) == 18
+
+
+def test_fingerprint_is_content_based(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("hello")
+    first = fingerprint_paths([str(tmp_path)])
+    f.write_text("hello")  # same content, new mtime
+    assert fingerprint_paths([str(tmp_path)]) == first
+    f.write_text("hellO")
+    assert fingerprint_paths([str(tmp_path)]) != first
+    assert fingerprint_paths([str(tmp_path / "missing")]) != fingerprint_paths([str(tmp_path / "missing2")])
