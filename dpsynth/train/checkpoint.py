@@ -1,0 +1,246 @@
+"""Checkpoints: resumable training state, and the model directory the later stages load.
+
+Training checkpoints (`TrainCheckpointer`, Orbax `CheckpointManager`):
+
+    RUN/checkpoints/<step>/state/   Orbax tree: step, params, frozen, opt_state, rng
+    RUN/checkpoints/<step>/meta/    JSON: data position, preset, config, anything the trainer adds
+
+Model directory (`save_model` / `load_model`), format "dpsynth.model" version 1:
+
+    DIR/manifest.json     {"format": "dpsynth.model", "format_version": 1, "preset": ...,
+                           "collections": [...], "base": null | {"path": ..., "manifest_sha256": ...},
+                           "created_by": ..., "tokenizer_sha256": ..., plus extra fields
+                           (e.g. the corpus manifest hash, training steps)}
+    DIR/config.json       `ModelConfig.to_dict()` (including lora_rank / prompt_length)
+    DIR/tokenizer.model   the SentencePiece model (bytes)
+    DIR/variables/        Orbax tree {collection: {...}} of the collections listed
+    DIR/privacy_report.*  (DP-tuned models only, written by dpsynth.dp)
+
+An adapter-only directory (`save_model(..., collections=("lora",), base_dir=BASE)`) stores
+only those collections plus a pointer to the base directory (and the SHA-256 of its
+manifest); `load_model` loads the base's "params" and overlays the adapters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from dpsynth.models.config import ModelConfig
+from dpsynth.tokens import Tokenizer
+from dpsynth.train.core import TrainState
+
+MODEL_FORMAT = "dpsynth.model"
+MODEL_FORMAT_VERSION = 1
+MANIFEST, CONFIG, TOKENIZER, VARIABLES = "manifest.json", "config.json", "tokenizer.model", "variables"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or model directory that cannot be used (says why and what to do)."""
+
+
+def _abs(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ============================================================================ training state
+
+
+def _state_tree(state: TrainState) -> dict:
+    return {"step": state.step, "params": state.params, "frozen": state.frozen, "opt_state": state.opt_state,
+            "rng": state.rng}
+
+
+class TrainCheckpointer:
+    """Saves and restores `TrainState` + JSON metadata under `directory` (keeps the last few).
+
+    Saves are synchronous (a kill after `save` returns never loses that checkpoint); Orbax
+    writes each step into a temporary directory and renames it when complete, so a kill during
+    a save leaves the previous checkpoint intact.
+    """
+
+    def __init__(self, directory: str, max_to_keep: int = 2):
+        self.directory = _abs(directory)
+        self._mngr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False,
+                                                 create=True))
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def save(self, state: TrainState, meta: dict[str, Any]) -> int:
+        step = int(jax.device_get(state.step))
+        self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
+                                                      meta=ocp.args.JsonSave(meta)), force=True)
+        self._mngr.wait_until_finished()
+        return step
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"{self.directory}: no checkpoint to resume from (drop --resume to start fresh)")
+        return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+    def restore(self, like: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+        """Restores into the structure, shapes and shardings of `like` (e.g. a freshly initialized state)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"{self.directory}: no checkpoint to resume from (drop --resume to start fresh)")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(like))
+        try:
+            out = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                                   meta=ocp.args.JsonRestore()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{self.directory}/{step}: does not match this run's model/optimizer ({e}); resume with the same "
+                "preset and flags, or start a fresh run in a new --out directory") from e
+        tree = out.state
+        return TrainState(step=tree["step"], params=tree["params"], frozen=tree["frozen"],
+                          opt_state=tree["opt_state"], rng=tree["rng"]), out.meta
+
+    def close(self) -> None:
+        self._mngr.close()
+
+
+# ============================================================================ model directory
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    variables: dict
+    tokenizer: Tokenizer
+    manifest: dict
+
+
+def _sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: Tokenizer,
+               extra_manifest: dict[str, Any] | None = None, *, collections: Sequence[str] | None = None,
+               base_dir: str | None = None, created_by: str = "dpsynth") -> dict[str, Any]:
+    """Writes a model directory (layout in the module docstring) and returns its manifest.
+
+    Args:
+      directory: output directory (created; existing files are overwritten).
+      config: the model config (with the adapter settings the variables were made with).
+      variables: {collection: tree}; only `collections` of them are written.
+      tokenizer: the tokenizer the model was trained with.
+      extra_manifest: extra JSON fields (input hashes, training summary...).
+      collections: which collections to store (default: all of `variables`).
+      base_dir: for adapter-only directories: the model directory holding "params".
+    """
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {config.vocab_size}")
+    collections = tuple(sorted(variables) if collections is None else collections)
+    missing = [c for c in collections if c not in variables]
+    if missing:
+        raise CheckpointError(f"collections {missing} are not in the variables {sorted(variables)}")
+    if "params" not in collections and base_dir is None:
+        raise CheckpointError("saving without 'params' needs base_dir (the directory of the base model)")
+    directory = _abs(directory)
+    os.makedirs(directory, exist_ok=True)
+    base = None
+    if base_dir is not None:
+        base_dir = _abs(base_dir)
+        base_manifest = _read_manifest(base_dir)
+        base = {"path": base_dir, "manifest_sha256": _sha256_file(os.path.join(base_dir, MANIFEST)),
+                "preset": base_manifest.get("preset")}
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(os.path.join(directory, VARIABLES), {c: variables[c] for c in collections}, force=True)
+    ckpt.wait_until_finished()
+    tokenizer.save(os.path.join(directory, TOKENIZER))
+    _write_json(os.path.join(directory, CONFIG), config.to_dict())
+    manifest = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "preset": config.preset,
+                "collections": list(collections), "base": base, "created_by": created_by,
+                "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
+    manifest.update(extra_manifest or {})
+    _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    return manifest
+
+
+def _read_manifest(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: missing; {directory!r} is not a dpsynth model directory "
+                              "(written by `dpsynth pretrain` or `dpsynth dp-tune`), or its save was interrupted")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if manifest.get("format") != MODEL_FORMAT:
+        raise CheckpointError(f"{path}: format {manifest.get('format')!r} is not {MODEL_FORMAT!r}")
+    if manifest.get("format_version") != MODEL_FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {manifest.get('format_version')} is not supported (this "
+                              f"dpsynth reads version {MODEL_FORMAT_VERSION}); re-create it with this dpsynth version")
+    return manifest
+
+
+def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedModel:
+    """Loads a model directory; adapter-only directories are resolved through their base.
+
+    Raises:
+      CheckpointError: missing/corrupt files, another format version, a preset other than
+        `expect_preset`, or a base model that changed since the adapters were trained.
+    """
+    directory = _abs(directory)
+    manifest = _read_manifest(directory)
+    with open(os.path.join(directory, CONFIG)) as f:
+        config = ModelConfig.from_dict(json.load(f))
+    if expect_preset is not None and config.preset != expect_preset:
+        raise CheckpointError(f"{directory}: holds preset {config.preset!r}, expected {expect_preset!r}; pass "
+                              f"--preset {config.preset} or point to a checkpoint of preset {expect_preset!r}")
+    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER))
+    if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
+        raise CheckpointError(f"{directory}/{TOKENIZER}: SHA-256 does not match the manifest (replaced or corrupt)")
+    variables: dict[str, Any] = {}
+    base = manifest.get("base")
+    if base:
+        base_manifest_path = os.path.join(base["path"], MANIFEST)
+        if not os.path.exists(base_manifest_path):
+            raise CheckpointError(f"{directory}: its base model {base['path']!r} is missing; copy the base model "
+                                  "directory there (the adapters were trained on it)")
+        if _sha256_file(base_manifest_path) != base["manifest_sha256"]:
+            raise CheckpointError(f"{directory}: base model {base['path']!r} changed since these adapters were "
+                                  "trained (manifest hash differs); restore the original base model")
+        loaded_base = load_model(base["path"])
+        if loaded_base.config.base() != config.base().replace(preset=loaded_base.config.preset):
+            raise CheckpointError(f"{directory}: base model shape differs from this model's config")
+        variables.update({c: v for c, v in loaded_base.variables.items() if c not in manifest["collections"]})
+    try:
+        restored = ocp.StandardCheckpointer().restore(os.path.join(directory, VARIABLES))
+    except Exception as e:  # Orbax raises a variety of errors on damaged trees
+        raise CheckpointError(f"{directory}/{VARIABLES}: cannot be read ({type(e).__name__}: {e})") from e
+    variables.update(restored)
+    expected = {"params"} | ({"lora"} if config.lora_rank else set()) | ({"prompt"} if config.prompt_length else set())
+    if set(variables) != expected:
+        raise CheckpointError(f"{directory}: has collections {sorted(variables)}, the config needs {sorted(expected)}")
+    return LoadedModel(config=config, variables=variables, tokenizer=tokenizer, manifest=manifest)
+
+
+def variables_allclose(a: dict, b: dict, atol: float = 0.0) -> bool:
+    """Whether two variable trees have the same structure and (near-)equal leaves."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    return all(np.allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
