@@ -1,0 +1,185 @@
+"""The privacy ledger: every DP mechanism run on the sensitive data, as JSON-able entries.
+
+A ledger is an ordered list of entries; their composition (`events()`) is what the
+accountants analyse. Entry kinds:
+
+* `{"mechanism": "dpsgd", "name", "sampling_probability", "noise_multiplier", "steps",
+  "clip_norm", "dataset_size", "max_batch_size"}`: `steps` DP-SGD steps (Poisson-subsampled
+  Gaussian, truncated Poisson if `max_batch_size` is set). Consecutive steps with the same
+  parameters are merged into one entry (the count grows).
+* `{"mechanism": "gaussian", "name", "noise_multiplier", "count"}`: `count` Gaussian
+  mechanisms of L2 sensitivity 1 (noise std = noise_multiplier * sensitivity), e.g. the
+  generator's DP label histogram.
+* `{"mechanism": "nonprivate", "name"}`: anything released without DP (epsilon = inf).
+
+Resume semantics: the tuner saves the ledger in every checkpoint together with the step
+counter it belongs to (`steps_recorded` must equal the training step), and a resumed run
+reloads it: no step is counted twice or skipped (tested). The budget is enforced with
+`check_budget(planned)` before any step is run: a run that would end above the target
+epsilon (by the chosen accountant) is refused before it starts, and on resume before it
+continues.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import dp_accounting
+
+from dpsynth.dp import accounting
+
+FORMAT = "dpsynth.privacy_ledger"
+FORMAT_VERSION = 1
+# Relative slack for the budget check: calibration returns sigma with epsilon <= target,
+# this only absorbs float round-off between the calibration and the later re-check.
+BUDGET_SLACK = 1e-6
+
+
+class BudgetExceeded(RuntimeError):
+    """Running the planned mechanisms would exceed the privacy budget."""
+
+
+def _event(entry: dict) -> dp_accounting.DpEvent:
+    kind = entry["mechanism"]
+    if kind == "dpsgd":
+        return accounting.dpsgd_event(
+            entry["sampling_probability"], entry["steps"], entry["noise_multiplier"],
+            dataset_size=entry.get("dataset_size"), max_batch_size=entry.get("max_batch_size"),
+        )
+    if kind == "gaussian":
+        if entry["noise_multiplier"] <= 0:
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(entry["noise_multiplier"]), entry.get("count", 1))
+    if kind == "nonprivate":
+        return dp_accounting.NonPrivateDpEvent()
+    raise ValueError(f"unknown ledger entry mechanism {kind!r}")
+
+
+@dataclasses.dataclass
+class PrivacyLedger:
+    """DP events spent on one sensitive dataset, with the budget they must stay within.
+
+    Attributes:
+        delta: the delta of the guarantee.
+        target_epsilon: the budget (inf for a non-private run).
+        accountant: the accountant the budget is enforced with ("rdp" or "pld").
+        entries: the ledger entries (see module docstring).
+    """
+
+    delta: float
+    target_epsilon: float
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
+    entries: list[dict] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        accounting.check_delta(self.delta)
+        if not math.isinf(self.target_epsilon):
+            accounting.check_epsilon(self.target_epsilon)
+        if self.accountant not in accounting.ACCOUNTANTS:
+            raise ValueError(f"unknown accountant {self.accountant!r}")
+
+    # ------------------------------------------------------------------ recording
+    def record_dpsgd(self, *, sampling_probability: float, noise_multiplier: float, steps: int, clip_norm: float,
+                     dataset_size: int, max_batch_size: int | None = None, name: str = "dp_tune") -> None:
+        """Records `steps` DP-SGD steps (merged into the last entry when parameters match)."""
+        entry = {"mechanism": "dpsgd", "name": name, "sampling_probability": float(sampling_probability),
+                 "noise_multiplier": float(noise_multiplier), "clip_norm": float(clip_norm),
+                 "dataset_size": int(dataset_size), "max_batch_size": max_batch_size, "steps": int(steps)}
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        last = self.entries[-1] if self.entries else None
+        if last is not None and {k: v for k, v in last.items() if k != "steps"} == {
+                k: v for k, v in entry.items() if k != "steps"}:
+            last["steps"] += int(steps)
+        else:
+            self.entries.append(entry)
+
+    def record_gaussian(self, *, noise_multiplier: float, name: str, count: int = 1) -> None:
+        """Records `count` Gaussian mechanisms with L2 sensitivity 1 (e.g. a DP label histogram)."""
+        if noise_multiplier < 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        self.entries.append({"mechanism": "gaussian", "name": name, "noise_multiplier": float(noise_multiplier),
+                             "count": int(count)})
+
+    def record_nonprivate(self, name: str) -> None:
+        self.entries.append({"mechanism": "nonprivate", "name": name})
+
+    @property
+    def steps_recorded(self) -> int:
+        """Number of DP-SGD steps in the ledger (must equal the training step on resume)."""
+        return sum(e["steps"] for e in self.entries if e["mechanism"] == "dpsgd")
+
+    # ------------------------------------------------------------------ accounting
+    def events(self, extra: Sequence[dict] = ()) -> list[dp_accounting.DpEvent]:
+        return [_event(e) for e in list(self.entries) + list(extra)]
+
+    def epsilon(self, accountant: str | None = None, extra: Sequence[dict] = ()) -> float:
+        """Epsilon spent (plus `extra` planned entries) by one accountant."""
+        return accounting.epsilon_of_events(self.events(extra), self.delta, accountant or self.accountant)
+
+    def epsilons(self, extra: Sequence[dict] = ()) -> dict[str, float | None]:
+        """Epsilon from every accountant (None where an accountant cannot analyse the events)."""
+        return accounting.epsilons_of_events(self.events(extra), self.delta)
+
+    def check_budget(self, planned: Sequence[dict] = ()) -> float:
+        """Raises BudgetExceeded unless spent + planned stays within the target epsilon.
+
+        Returns the epsilon (by the ledger's accountant) after the planned entries.
+        """
+        eps = self.epsilon(extra=planned)
+        if math.isinf(self.target_epsilon):
+            return eps
+        if eps > self.target_epsilon * (1 + BUDGET_SLACK):
+            raise BudgetExceeded(
+                f"privacy budget exceeded: spent + planned epsilon = {eps:.4f} ({self.accountant.upper()}, "
+                f"delta {self.delta:.3g}) > target epsilon {self.target_epsilon}. Refusing to run; "
+                f"ledger has {len(self.entries)} entries, {self.steps_recorded} DP-SGD steps."
+            )
+        return eps
+
+    # ------------------------------------------------------------------ persistence
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "delta": self.delta,
+                "target_epsilon": _num(self.target_epsilon), "accountant": self.accountant,
+                "entries": copy.deepcopy(self.entries)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "ledger") -> "PrivacyLedger":
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{where}: not a privacy ledger (format {data.get('format')!r})")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{where}: ledger format version {data.get('format_version')} is not {FORMAT_VERSION}")
+        ledger = cls(delta=float(data["delta"]), target_epsilon=_unnum(data["target_epsilon"]),
+                     accountant=data["accountant"], entries=copy.deepcopy(list(data["entries"])))
+        for e in ledger.entries:
+            _event(e)  # validates every entry
+        return ledger
+
+    def save(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "PrivacyLedger":
+        with open(path) as f:
+            return cls.from_json(json.load(f), where=path)
+
+    def copy(self) -> "PrivacyLedger":
+        return PrivacyLedger.from_json(self.to_json())
+
+
+def _num(x: float) -> float | str:
+    """JSON has no inf: store it as the string "inf"."""
+    return "inf" if math.isinf(x) else float(x)
+
+
+def _unnum(x: float | str) -> float:
+    return math.inf if x == "inf" else float(x)

@@ -1,0 +1,213 @@
+"""The privacy report: `DIR/privacy_report.json` and `DIR/privacy_report.md`.
+
+Written with every checkpoint of a DP-tuned model and carried into every dataset generated
+from it. The JSON is self-contained: it embeds the ledger, so later mechanisms (the
+generator's DP label histogram) compose into it with `compose_gaussian` and the epsilons
+are recomputed from the full ledger, never added by hand.
+
+Schema (format "dpsynth.privacy_report", version 1):
+
+| field | meaning |
+|---|---|
+| `private` | false iff some entry is non-private (epsilon = inf) |
+| `unit_of_privacy` | one example (label + text), at most `max_tokens_per_example` tokens |
+| `adjacency` | "add-or-remove one example" |
+| `delta`, `target_epsilon` | the guarantee asked for |
+| `epsilon` | {"rdp": .., "pld": ..} of the whole ledger (null where unsupported, "inf" if non-private) |
+| `accountant` | the accountant the budget was enforced with |
+| `training` | mode, noise multiplier, q, expected batch, dataset size, steps, clipping norm, sampling method, optimizer... |
+| `ledger` | the ledger (`dpsynth.dp.ledger`) the epsilons are computed from |
+| `covers` | what the guarantee covers |
+| `contamination_sha256` | SHA-256 of the pretraining corpus's contamination report (null if unknown) |
+| `side_channels` | every non-DP release about the sensitive data: [{"name", "detail"}] |
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dpsynth.dp.ledger import PrivacyLedger
+
+FORMAT = "dpsynth.privacy_report"
+FORMAT_VERSION = 1
+REPORT_JSON = "privacy_report.json"
+REPORT_MD = "privacy_report.md"
+ADJACENCY = "add-or-remove one example"
+COVERS = ("every checkpoint written by this run (the final model and all intermediate checkpoints) and "
+          "everything computed from them without further access to the sensitive data (synthetic data "
+          "generated from the model, classifiers trained on it, metrics of it): post-processing")
+SAMPLING_METHOD = ("Poisson sampling: each example is in each step's batch independently with probability q, "
+                   "from a dedicated per-step random stream (seed, step); noise from an independent JAX key")
+
+LABEL_SET_CHANNEL = {
+    "name": "label set",
+    "detail": "the set of label names is taken from the configuration/data without DP; the per-label counts "
+              "are NOT released (generation uses a uniform label distribution or a DP histogram)",
+}
+
+
+def _fmt_eps(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return "inf" if math.isinf(x) else float(x)
+
+
+def build_report(
+    ledger: PrivacyLedger,
+    *,
+    training: dict[str, Any],
+    contamination_sha256: str | None,
+    side_channels: Sequence[dict[str, str]] = (LABEL_SET_CHANNEL,),
+    max_tokens_per_example: int = 512,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The privacy report of a ledger (epsilons recomputed by every accountant)."""
+    eps = ledger.epsilons()
+    private = not any(v is not None and math.isinf(v) for v in eps.values())
+    report = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "private": private,
+        "unit_of_privacy": f"one example (label + text), at most {max_tokens_per_example} tokens",
+        "max_tokens_per_example": int(max_tokens_per_example),
+        "adjacency": ADJACENCY,
+        "delta": ledger.delta,
+        "target_epsilon": _fmt_eps(ledger.target_epsilon),
+        "accountant": ledger.accountant,
+        "epsilon": {k: _fmt_eps(v) for k, v in eps.items()},
+        "training": copy.deepcopy(training),
+        "ledger": ledger.to_json(),
+        "covers": COVERS,
+        "contamination_sha256": contamination_sha256,
+        "side_channels": [dict(c) for c in side_channels],
+    }
+    if extra:
+        report.update(copy.deepcopy(extra))
+    return report
+
+
+def ledger_of(report: dict[str, Any]) -> PrivacyLedger:
+    return PrivacyLedger.from_json(report["ledger"], where="privacy report ledger")
+
+
+def refresh(report: dict[str, Any], ledger: PrivacyLedger) -> dict[str, Any]:
+    """A copy of `report` with `ledger` and the epsilons recomputed from it."""
+    out = copy.deepcopy(report)
+    eps = ledger.epsilons()
+    out["ledger"] = ledger.to_json()
+    out["epsilon"] = {k: _fmt_eps(v) for k, v in eps.items()}
+    out["private"] = not any(v is not None and math.isinf(v) for v in eps.values())
+    return out
+
+
+def compose_gaussian(report: dict[str, Any], *, noise_multiplier: float, name: str, count: int = 1,
+                     detail: str | None = None) -> dict[str, Any]:
+    """Composes `count` Gaussian mechanisms (L2 sensitivity 1) into the report's ledger.
+
+    For example the generator's DP label histogram (`name="label_histogram"`). The epsilons
+    of the returned report cover the tuning AND this mechanism. The target epsilon is not
+    changed: `epsilon` may now exceed it, and the report says so in `composed`.
+    """
+    ledger = ledger_of(report)
+    ledger.record_gaussian(noise_multiplier=noise_multiplier, name=name, count=count)
+    out = refresh(report, ledger)
+    out.setdefault("composed", []).append(
+        {"name": name, "mechanism": "gaussian", "noise_multiplier": float(noise_multiplier), "count": int(count),
+         "detail": detail or ""})
+    return out
+
+
+def add_side_channel(report: dict[str, Any], name: str, detail: str) -> dict[str, Any]:
+    out = copy.deepcopy(report)
+    out["side_channels"].append({"name": name, "detail": detail})
+    return out
+
+
+def check_report(report: dict[str, Any], where: str = "privacy report") -> dict[str, Any]:
+    if report.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a dpsynth privacy report (format {report.get('format')!r})")
+    if report.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{where}: privacy report version {report.get('format_version')} is not {FORMAT_VERSION}")
+    ledger_of(report)
+    return report
+
+
+def write_report(directory: str, report: dict[str, Any]) -> tuple[str, str]:
+    """Writes `privacy_report.json` and `.md` into `directory` (atomically); returns both paths."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for name, text in ((REPORT_JSON, json.dumps(report, indent=1, sort_keys=True)), (REPORT_MD, render_markdown(report))):
+        path = os.path.join(directory, name)
+        with open(path + ".tmp", "w") as f:
+            f.write(text + "\n")
+        os.replace(path + ".tmp", path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def load_report(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, REPORT_JSON)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no privacy report (was this model DP-tuned by `dpsynth dp-tune`?)")
+    with open(path) as f:
+        return check_report(json.load(f), where=path)
+
+
+def _num(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, str):
+        return x
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """A human-readable rendering of the report."""
+    eps = report["epsilon"]
+    t = report.get("training", {})
+    status = "DIFFERENTIALLY PRIVATE" if report["private"] else "NOT PRIVATE (epsilon = inf)"
+    lines = [
+        "# Privacy report",
+        "",
+        f"**{status}**: ({_num(eps.get(report['accountant']))}, {report['delta']:.3g})-DP "
+        f"by the {report['accountant'].upper()} accountant (target epsilon {_num(report['target_epsilon'])}).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| unit of privacy | {report['unit_of_privacy']} |",
+        f"| adjacency | {report['adjacency']} |",
+        f"| delta | {report['delta']:.4g} |",
+    ]
+    for name, value in eps.items():
+        lines.append(f"| epsilon ({name.upper()}) | {_num(value)} |")
+    for key in ("mode", "noise_multiplier", "clip_norm", "sampling_probability", "expected_batch_size",
+                "dataset_size", "steps", "epochs", "optimizer", "learning_rate", "max_batch_size"):
+        if key in t:
+            lines.append(f"| {key.replace('_', ' ')} | {_num(t[key])} |")
+    lines += [
+        f"| sampling | {t.get('sampling', SAMPLING_METHOD)} |",
+        f"| pretraining contamination report sha256 | {report.get('contamination_sha256') or 'unknown'} |",
+        "",
+        f"**Covers**: {report['covers']}.",
+        "",
+        "## Mechanisms (ledger)",
+        "",
+    ]
+    for e in report["ledger"]["entries"]:
+        if e["mechanism"] == "dpsgd":
+            lines.append(f"- `{e['name']}`: {e['steps']} DP-SGD steps, q = {e['sampling_probability']:.4g}, "
+                         f"noise multiplier {e['noise_multiplier']:.4g}, clipping norm {e['clip_norm']:g}"
+                         + (f", batch cap {e['max_batch_size']}" if e.get("max_batch_size") else ""))
+        elif e["mechanism"] == "gaussian":
+            lines.append(f"- `{e['name']}`: {e['count']} x Gaussian mechanism (sensitivity 1), "
+                         f"noise multiplier {e['noise_multiplier']:.4g}")
+        else:
+            lines.append(f"- `{e['name']}`: NON-PRIVATE release")
+    lines += ["", "## Non-DP side channels", ""]
+    lines += [f"- **{c['name']}**: {c['detail']}" for c in report["side_channels"]] or ["- none"]
+    return "\n".join(lines)
