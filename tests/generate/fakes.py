@@ -83,3 +83,71 @@ def score_reference(table, pos_bias, prompt, generated, finished, eos_id=EOS_ID)
         score += log_softmax_np(logits_np(table, pos_bias, last, pos))[t]
         last, pos = t, pos + 1
     return score
+
+
+# ----------------------------------------------------------------------------- fake model dir
+
+
+class FakeTokenizer:
+    """Letters a..h <-> ids 4..11 (any other character maps into the same range)."""
+
+    vocab_size = 12
+
+    def encode(self, text):
+        return np.asarray([4 + (ord(c) - ord("a")) % 8 for c in text], np.int32)
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + int(i) - 4) for i in ids if int(i) >= 4)
+
+
+def write_fake_model_dir(path, *, max_len=24, seed=1, private=True, labels=("great", "other"), template="{label}"):
+    """A model directory the job can read (manifest, config, privacy report) plus fake tables."""
+    import json
+    import os
+
+    os.makedirs(path, exist_ok=True)
+    table, pos_bias = make_tables(12, max_len, seed=seed)
+    np.savez(os.path.join(path, "fake_tables.npz"), table=table, pos_bias=pos_bias)
+    with open(os.path.join(path, "manifest.json"), "w") as f:
+        json.dump({"format": "fake", "labels": list(labels), "prompt_template": template}, f)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"max_len": max_len, "vocab_size": 12}, f)
+    if private:
+        with open(os.path.join(path, "privacy_report.json"), "w") as f:
+            json.dump({"epsilon": 3.0, "delta": 1e-5}, f)
+        with open(os.path.join(path, "privacy_report.md"), "w") as f:
+            f.write("# Privacy report\n\nepsilon = 3\n")
+    return path
+
+
+def load_fake_bundle(model_dir):
+    """`loader` for the job: the bigram decoder, its tables and the fake tokenizer."""
+    import os
+
+    from dpsynth.generate.job import ModelBundle
+
+    z = np.load(os.path.join(model_dir, "fake_tables.npz"))
+    return ModelBundle(decoder=BigramDecoder(), params={"table": z["table"], "pos_bias": z["pos_bias"]}, tokenizer=FakeTokenizer())
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class FailOnShard:
+    """A loader whose bundle raises when it reaches shard `name` (simulates a worker crash)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, model_dir):
+        bundle = load_fake_bundle(model_dir)
+        bundle.on_shard = self._check
+        return bundle
+
+    def _check(self, spec):
+        if spec.name == self.name:
+            raise InjectedFault(f"injected failure on {spec.name}")

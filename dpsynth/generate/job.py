@@ -1,0 +1,625 @@
+"""Sharded synthetic-data generation as a Beam fan-out: plan, generate shards, merge, report.
+
+Flow of `generate(config)`:
+  1. Read the model directory's manifest (no weights): label set, label-prompt template,
+     maximum length, privacy report (refused without one unless `allow_non_private`).
+  2. Plan every shard up front: `ShardSpec(split, index, num_shards, start, labels, seed)`
+     with `seed = hash(job seed, split, index)` and the labels of its examples (exact,
+     shuffled counts from the label distribution). A config hash covers everything that
+     determines the output.
+  3. `DIR/generation_config.json` is written first; a directory holding another job's config
+     is refused. Shards whose file already exists (complete) are skipped, so a rerun after a
+     failure regenerates only the missing ones.
+  4. Beam: `Create(specs) | Reshuffle | ParDo(GenerateShardFn)`; each worker loads the model
+     once (`setup`), samples its shards in fixed-shape batches with the KV cache and writes
+     `DIR/shards/{split}-{index:05d}-of-{n:05d}.jsonl` atomically (temporary file + rename).
+  5. The driver merges the shards in index order into `DIR/{split}.jsonl` (and Parquet /
+     TFRecord when asked), writes `DIR/manifest.json`, copies the privacy report and writes
+     `DIR/generation_report.json`.
+
+Determinism: example i of a shard is sampled with key `fold_in(shard_key, i)`, and a shard's
+batches depend only on its spec, so the bytes of every output are the same whatever the
+runner, the number of workers or the order in which shards run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from dpsynth.generate import labels as labels_lib
+from dpsynth.generate.sampler import DecodeModel, Sampler, SamplerConfig, example_keys, seed_to_key_data
+
+logger = logging.getLogger("dpsynth.generate")
+
+FORMAT = "dpsynth.synthetic"
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid")
+OUTPUT_FORMATS = ("jsonl", "parquet", "tfrecord")
+DEFAULT_MAX_LEN = 512
+CONFIG_FILE = "generation_config.json"
+MANIFEST_FILE = "manifest.json"
+REPORT_FILE = "generation_report.json"
+PRIVACY_FILES = ("privacy_report.json", "privacy_report.md")
+SHARD_DIR = "shards"
+
+
+class GenerateError(ValueError):
+    """Bad generation input: names the path or flag and the reason."""
+
+
+# ----------------------------------------------------------------------------- model access
+
+
+@dataclasses.dataclass
+class ModelBundle:
+    """What a worker needs to sample: a decoder, its params and a tokenizer.
+
+    Attributes:
+      decoder: a `DecodeModel` (`TransformerDecodeModel` for real checkpoints).
+      params: the decoder's parameter pytree (base + adapters).
+      tokenizer: `.encode(text) -> int ids`, `.decode(ids) -> text`.
+      on_shard: optional callback called with each `ShardSpec` before it is sampled
+        (progress or fault-injection hooks; None in production).
+    """
+
+    decoder: DecodeModel
+    params: Any
+    tokenizer: Any
+    on_shard: Callable[[Any], None] | None = None
+
+
+def load_bundle(model_dir: str) -> ModelBundle:
+    """Loads a checkpoint directory (`dpsynth.train.checkpoint.load_model`) for sampling."""
+    from dpsynth.generate.sampler import TransformerDecodeModel
+    from dpsynth.train.checkpoint import load_model
+
+    loaded = load_model(model_dir)
+    return ModelBundle(decoder=TransformerDecodeModel(loaded.config), params=loaded.variables, tokenizer=loaded.tokenizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the driver reads from a model directory (no weights).
+
+    Attributes:
+      model_dir: the directory.
+      fingerprint: SHA-256 over its manifest, config and privacy report files.
+      max_len: the model's maximum sequence length.
+      labels: the label set the model was tuned on (None if not recorded).
+      prompt_template: the label prompt template ("{label}" marks the label).
+      prompt_bos: whether prompts start with BOS (as in the tuner's examples).
+      private: whether the directory has a privacy report.
+    """
+
+    model_dir: str
+    fingerprint: str
+    max_len: int
+    labels: tuple[str, ...] | None
+    prompt_template: str
+    prompt_bos: bool
+    private: bool
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise GenerateError(f"{path}: unreadable JSON ({e})") from e
+
+
+def _find(d: dict[str, Any], keys: Sequence[str]) -> Any:
+    """The first present value of `keys` in `d` or in its nested dicts (one level)."""
+    for key in keys:
+        if key in d:
+            return d[key]
+    for value in d.values():
+        if isinstance(value, dict):
+            for key in keys:
+                if key in value:
+                    return value[key]
+    return None
+
+
+def read_model_info(model_dir: str) -> ModelInfo:
+    """Reads a model directory's manifest/config/privacy report; raises `GenerateError`."""
+    if not os.path.isdir(model_dir):
+        raise GenerateError(f"{model_dir}: model directory not found")
+    manifest_path = os.path.join(model_dir, "manifest.json")
+    config_path = os.path.join(model_dir, "config.json")
+    for path in (manifest_path, config_path):
+        if not os.path.exists(path):
+            raise GenerateError(f"{path}: missing; is {model_dir!r} a checkpoint written by `dpsynth pretrain`/`dp-tune`?")
+    manifest = _read_json(manifest_path)
+    config = _read_json(config_path)
+    report_path = os.path.join(model_dir, "privacy_report.json")
+    report = _read_json(report_path) if os.path.exists(report_path) else None
+    digest = hashlib.sha256()
+    for path in (manifest_path, config_path, report_path):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    model_cfg = config.get("model", config)
+    max_len = model_cfg.get("max_len")
+    if not isinstance(max_len, int) or max_len < 2:
+        raise GenerateError(f"{config_path}: no valid 'max_len'")
+    sources = [manifest] + ([report] if report else [])
+    found_labels = next((v for v in (_find(s, ("labels", "label_set")) for s in sources) if v), None)
+    template = next((v for v in (_find(s, ("prompt_template", "label_prompt_template")) for s in sources) if v), None)
+    bos = next((v for v in (_find(s, ("prompt_bos", "add_bos")) for s in sources) if v is not None), None)
+    return ModelInfo(
+        model_dir=model_dir,
+        fingerprint=digest.hexdigest(),
+        max_len=int(max_len),
+        labels=tuple(str(l) for l in found_labels) if found_labels else None,
+        prompt_template=str(template or labels_lib.DEFAULT_PROMPT_TEMPLATE),
+        prompt_bos=bool(True if bos is None else bos),
+        private=report is not None,
+    )
+
+
+# ----------------------------------------------------------------------------- config and plan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """One generation job.
+
+    Attributes:
+      model_dir: checkpoint directory (DP-tuned: has `privacy_report.json`).
+      out_dir: output directory.
+      num_examples: synthetic training examples (> 0).
+      valid_examples: synthetic validation examples (>= 0; 0 = no valid split).
+      seed: job seed; shard seeds are hashes of (seed, split, shard index).
+      temperature, top_k, num_decodes: sampling (see `SamplerConfig`).
+      max_len: total tokens per example (prompt + text); None = min(512, the model's).
+      batch_size: prompts per compiled sampler call.
+      examples_per_shard: examples per output shard (the unit of work and of resume).
+      labels: labels to generate (a subset of the model's; None = all of them).
+      label_distribution: None = uniform over `labels`; else e.g. a DP label histogram.
+      formats: output formats in addition to nothing else: "jsonl", "parquet", "tfrecord".
+      allow_non_private: accept a model directory without a privacy report (the output is
+        then marked non-private).
+    """
+
+    model_dir: str
+    out_dir: str
+    num_examples: int
+    valid_examples: int = 0
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    num_decodes: int = 1
+    max_len: int | None = None
+    batch_size: int = 16
+    examples_per_shard: int = 256
+    labels: tuple[str, ...] | None = None
+    label_distribution: labels_lib.LabelDistribution | None = None
+    formats: tuple[str, ...] = ("jsonl",)
+    allow_non_private: bool = False
+
+    def __post_init__(self):
+        if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
+            raise GenerateError(f"--num-examples must be a positive integer, got {self.num_examples}")
+        if int(self.valid_examples) != self.valid_examples or self.valid_examples < 0:
+            raise GenerateError(f"--valid-examples must be an integer >= 0, got {self.valid_examples}")
+        if self.examples_per_shard < 1:
+            raise GenerateError(f"--examples-per-shard must be >= 1, got {self.examples_per_shard}")
+        bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
+        if bad or "jsonl" not in self.formats:
+            raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
+        SamplerConfig(  # validates the sampling flags early
+            temperature=self.temperature, top_k=self.top_k, num_decodes=self.num_decodes,
+            max_len=self.max_len or DEFAULT_MAX_LEN, batch_size=self.batch_size,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """One unit of work: `len(labels)` examples of `split` starting at global index `start`."""
+
+    split: str
+    index: int
+    num_shards: int
+    start: int
+    labels: tuple[str, ...]
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.split}-{self.index:05d}-of-{self.num_shards:05d}"
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+
+def shard_seed(job_seed: int, split: str, index: int) -> int:
+    """A 64-bit seed from (job seed, split, shard index) (SHA-256, stable across runs)."""
+    digest = hashlib.sha256(f"dpsynth.generate/{int(job_seed)}/{split}/{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPlan:
+    """Everything a worker needs besides the model, and the job's identity."""
+
+    model_dir: str
+    out_dir: str
+    sampler: SamplerConfig
+    prompt_template: str
+    prompt_bos: bool
+    specs: tuple[ShardSpec, ...]
+    config_json: dict[str, Any]
+    config_hash: str
+
+    def shard_path(self, spec: ShardSpec) -> str:
+        return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
+
+
+def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
+    """Validates the job against the model and creates every shard spec up front."""
+    if not info.private and not config.allow_non_private:
+        raise GenerateError(
+            f"{info.model_dir}: no privacy_report.json, so this model is not known to be DP; "
+            "use a DP-tuned model directory, or pass --allow-non-private (the output is then marked non-private)"
+        )
+    max_len = config.max_len or min(DEFAULT_MAX_LEN, info.max_len)
+    if max_len > info.max_len:
+        raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")
+    sampler = SamplerConfig(
+        temperature=config.temperature, top_k=config.top_k, num_decodes=config.num_decodes,
+        max_len=max_len, batch_size=config.batch_size,
+    )
+    if config.label_distribution is not None:
+        dist = config.label_distribution
+        labels_lib.check_labels(dist.labels, info.labels, "label distribution")
+        if config.labels is not None and tuple(config.labels) != dist.labels:
+            raise GenerateError("--labels and the label distribution name different label sets")
+    else:
+        requested = config.labels if config.labels is not None else info.labels
+        if requested is None:
+            raise GenerateError(f"{info.model_dir}: the manifest records no label set; pass --labels")
+        dist = labels_lib.uniform(labels_lib.check_labels(requested, info.labels, "--labels"))
+    for label in dist.labels:
+        labels_lib.prompt_text(info.prompt_template, label)  # validates the template
+    config_json = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model_dir": os.path.abspath(config.model_dir),
+        "model_fingerprint": info.fingerprint,
+        "private": info.private,
+        "num_examples": {"train": int(config.num_examples), "valid": int(config.valid_examples)},
+        "seed": int(config.seed),
+        "sampler": dataclasses.asdict(sampler),
+        "examples_per_shard": int(config.examples_per_shard),
+        "prompt_template": info.prompt_template,
+        "prompt_bos": info.prompt_bos,
+        "label_distribution": dist.to_json(),
+    }
+    config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
+    config_json["config_hash"] = config_hash
+    specs = []
+    for split, n in (("train", config.num_examples), ("valid", config.valid_examples)):
+        if n == 0:
+            continue
+        assigned = labels_lib.assign_labels(n, dist, seed=shard_seed(config.seed, split, -1) % (1 << 63))
+        num_shards = -(-n // config.examples_per_shard)
+        for i in range(num_shards):
+            lo, hi = i * config.examples_per_shard, min(n, (i + 1) * config.examples_per_shard)
+            specs.append(ShardSpec(split, i, num_shards, lo, tuple(assigned[lo:hi]), shard_seed(config.seed, split, i)))
+    return GenerationPlan(
+        model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
+        prompt_bos=info.prompt_bos, specs=tuple(specs), config_json=config_json, config_hash=config_hash,
+    )
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    _write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def _read_shard(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def shard_complete(plan: GenerationPlan, spec: ShardSpec) -> bool:
+    """True when the shard's file exists with exactly the planned number of records."""
+    path = plan.shard_path(spec)
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip()) == spec.count
+
+
+def prepare_out_dir(plan: GenerationPlan) -> None:
+    """Creates the output dir, or checks it belongs to this job (same config hash)."""
+    out = plan.out_dir
+    cfg_path = os.path.join(out, CONFIG_FILE)
+    if os.path.exists(cfg_path):
+        existing = _read_json(cfg_path)
+        if existing.get("config_hash") != plan.config_hash:
+            raise GenerateError(
+                f"{out}: holds another generation job's output (config hash {str(existing.get('config_hash'))[:12]} != "
+                f"{plan.config_hash[:12]}); choose another --out or delete the directory"
+            )
+    elif os.path.isdir(os.path.join(out, SHARD_DIR)) and os.listdir(os.path.join(out, SHARD_DIR)):
+        raise GenerateError(f"{out}: has shards but no {CONFIG_FILE}; choose another --out or delete the directory")
+    os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
+    if not os.path.exists(cfg_path):
+        _write_json(cfg_path, plan.config_json)
+
+
+# ----------------------------------------------------------------------------- the shard DoFn
+
+
+def prompt_tokens(tokenizer, template: str, label: str, bos: bool) -> np.ndarray:
+    """Token ids of the label prompt, exactly as the DP tuner builds its prefixes."""
+    from dpsynth.tokens import BOS_ID
+
+    ids = np.asarray(tokenizer.encode(labels_lib.prompt_text(template, label)), np.int32)
+    return np.concatenate([np.array([BOS_ID], np.int32), ids]) if bos else ids
+
+
+def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
+    """Samples one shard and writes its file atomically; returns its summary."""
+    prompts_by_label = {
+        label: prompt_tokens(bundle.tokenizer, plan.prompt_template, label, plan.prompt_bos) for label in set(spec.labels)
+    }
+    keys = example_keys(seed_to_key_data(spec.seed), range(spec.count))
+    lines = []
+    step = max(plan.sampler.batch_size * 4, 1)
+    from dpsynth.progress import Progress
+
+    with Progress(total=spec.count, desc=f"generate {spec.name}", unit="example", interval=30.0) as progress:
+        for lo in range(0, spec.count, step):
+            hi = min(spec.count, lo + step)
+            out = sampler.sample(bundle.params, [prompts_by_label[l] for l in spec.labels[lo:hi]], keys[lo:hi])
+            for r in range(hi - lo):
+                ids = out.tokens[r, : out.lengths[r]]
+                record = {
+                    "id": f"{spec.split}-{spec.start + lo + r:08d}",
+                    "text": bundle.tokenizer.decode(ids.tolist()),
+                    "label": spec.labels[lo + r],
+                    "num_tokens": int(out.lengths[r]),
+                    "finished": bool(out.finished[r]),
+                    "score": round(float(out.scores[r]), 4),
+                }
+                lines.append(json.dumps(record, ensure_ascii=False, sort_keys=True))
+            progress.update(hi - lo)
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    _write_atomic(plan.shard_path(spec), data)
+    return {"name": spec.name, "split": spec.split, "num_examples": spec.count, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+class GenerateShardFn(beam.DoFn):
+    """Loads the model once per worker (`setup`) and generates whole shards."""
+
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle):
+        self._plan = plan
+        self._loader = loader
+        self._shards = beam.metrics.Metrics.counter("generate", "shards_generated")
+        self._skipped = beam.metrics.Metrics.counter("generate", "shards_already_done")
+        self._examples = beam.metrics.Metrics.counter("generate", "examples")
+
+    def setup(self):
+        self._bundle = self._loader(self._plan.model_dir)
+        self._sampler = Sampler(self._bundle.decoder, self._plan.sampler)
+
+    def process(self, spec: ShardSpec):
+        if shard_complete(self._plan, spec):
+            self._skipped.inc()
+            return
+        if self._bundle.on_shard is not None:
+            self._bundle.on_shard(spec)
+        t0 = time.monotonic()
+        summary = generate_shard(self._plan, self._bundle, self._sampler, spec)
+        logger.info("generate: wrote %s (%d examples, %.1fs)", spec.name, spec.count, time.monotonic() - t0)
+        self._shards.inc()
+        self._examples.inc(spec.count)
+        yield summary
+
+
+class GenerateSynthetic(beam.PTransform):
+    """Generates the shards of a `GenerationPlan` (each written to its own file)."""
+
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle, label: str | None = None):
+        super().__init__(label)
+        self._plan = plan
+        self._loader = loader
+
+    def expand(self, specs):
+        """PCollection[ShardSpec] -> PCollection[dict] (one summary per shard written:
+        name, split, num_examples, sha256). Shards already complete are skipped."""
+        return (
+            specs
+            | "SpreadShards" >> beam.Reshuffle()
+            | "GenerateShards" >> beam.ParDo(GenerateShardFn(self._plan, self._loader))
+        )
+
+
+# ----------------------------------------------------------------------------- merge and report
+
+
+def _write_parquet(path: str, rows: list[dict[str, str]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def _write_tfrecord(path: str, rows: list[dict[str, str]]) -> None:
+    try:
+        import tensorflow as tf
+    except ImportError as e:  # pragma: no cover - depends on the [tf] extra
+        raise GenerateError("--format tfrecord needs the [tf] extra (pip install 'dpsynth[tf]')") from e
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for r in rows:
+            feature = {k: tf.train.Feature(bytes_list=tf.train.BytesList(value=[r[k].encode("utf-8")])) for k in ("text", "label")}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    os.replace(tmp, path)
+
+
+def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Concatenates the shards of each split in order into DIR/{split}.{jsonl,...}.
+
+    Returns:
+      (the manifest's "splits" entry, the shard records per split for the report).
+    """
+    splits: dict[str, Any] = {}
+    records: dict[str, list[dict[str, Any]]] = {}
+    for split in SPLITS:
+        specs = [s for s in plan.specs if s.split == split]
+        if not specs:
+            continue
+        rows, shard_entries = [], []
+        for spec in specs:
+            path = plan.shard_path(spec)
+            with open(path, "rb") as f:
+                data = f.read()
+            shard_rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+            if len(shard_rows) != spec.count:
+                raise GenerateError(f"{path}: {len(shard_rows)} records, expected {spec.count} (rerun to regenerate it)")
+            rows.extend(shard_rows)
+            shard_entries.append({"name": spec.name, "num_examples": spec.count, "sha256": hashlib.sha256(data).hexdigest()})
+        records[split] = rows
+        out_rows = [{"text": r["text"], "label": r["label"]} for r in rows]
+        files = {}
+        jsonl = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in out_rows).encode("utf-8")
+        _write_atomic(os.path.join(plan.out_dir, f"{split}.jsonl"), jsonl)
+        files["jsonl"] = {"path": f"{split}.jsonl", "sha256": hashlib.sha256(jsonl).hexdigest()}
+        if "parquet" in formats:
+            _write_parquet(os.path.join(plan.out_dir, f"{split}.parquet"), out_rows)
+            files["parquet"] = {"path": f"{split}.parquet"}
+        if "tfrecord" in formats:
+            _write_tfrecord(os.path.join(plan.out_dir, f"{split}.tfrecord"), out_rows)
+            files["tfrecord"] = {"path": f"{split}.tfrecord"}
+        splits[split] = {"num_examples": len(rows), "files": files, "shards": shard_entries}
+    return splits, records
+
+
+def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
+    """Copies the model's privacy report into DIR, or writes a non-private marker."""
+    if private:
+        for name in PRIVACY_FILES:
+            src = os.path.join(plan.model_dir, name)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(plan.out_dir, name))
+        return
+    marker = {
+        "private": False,
+        "reason": f"generated with --allow-non-private from {plan.model_dir}, which has no privacy report",
+        "guarantee": "none: this synthetic data may reveal its training data",
+    }
+    _write_json(os.path.join(plan.out_dir, "privacy_report.json"), marker)
+    with open(os.path.join(plan.out_dir, "privacy_report.md"), "w", encoding="utf-8") as f:
+        f.write("# Privacy report\n\n**NOT PRIVATE.** " + marker["reason"] + ". " + marker["guarantee"].capitalize() + ".\n")
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def run_pipeline(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
+                 test_pipeline=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
+    """Runs the Beam fan-out over `specs` (blocking)."""
+    from dpsynth.beam.options import make_pipeline_options
+
+    pipeline = test_pipeline if test_pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
+    with pipeline as p:
+        _ = (
+            p
+            | "CreateShardSpecs" >> beam.Create(list(specs))
+            | "GenerateSynthetic" >> GenerateSynthetic(plan, loader)
+        )
+
+
+def generate(
+    config: GenerateConfig,
+    *,
+    beam_args: Sequence[str] = (),
+    test_pipeline=None,
+    loader: Callable[[str], ModelBundle] = load_bundle,
+    train_path: str | None = None,
+    min_shared_tokens: int = 50,
+    tokenizer=None,
+) -> dict[str, Any]:
+    """Runs a whole generation job (plan, fan-out, merge, report); returns the manifest.
+
+    Args:
+      config: the job.
+      beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
+      test_pipeline: a `TestPipeline` to run on instead (tests).
+      loader: model directory -> `ModelBundle` (default: the checkpoint loader).
+      train_path: opt-in post-hoc memorisation audit against D_train (NOT DP; see
+        `dpsynth.generate.report`).
+      min_shared_tokens: the memorisation threshold in tokens.
+      tokenizer: tokenizer for the report (default: the model directory's).
+    """
+    from dpsynth.generate import report as report_lib
+
+    info = read_model_info(config.model_dir)
+    plan = make_plan(config, info)
+    prepare_out_dir(plan)
+    missing = [s for s in plan.specs if not shard_complete(plan, s)]
+    logger.info("generate: %d shards planned, %d to generate (config %s)", len(plan.specs), len(missing), plan.config_hash[:12])
+    if missing:
+        run_pipeline(plan, missing, beam_args=beam_args, test_pipeline=test_pipeline, loader=loader)
+    still = [s.name for s in plan.specs if not shard_complete(plan, s)]
+    if still:
+        raise GenerateError(f"{plan.out_dir}: {len(still)} shards missing after the pipeline ran (first: {still[0]}); rerun")
+    splits, records = merge_outputs(plan, config.formats)
+    copy_privacy_report(plan, info.private)
+    if tokenizer is None and train_path is not None:
+        tokenizer = _load_tokenizer(config.model_dir)
+    gen_report = report_lib.generation_report(
+        records, plan.config_json["label_distribution"], tokenizer=tokenizer, train_path=train_path,
+        min_shared_tokens=min_shared_tokens, max_len=plan.sampler.max_len,
+    )
+    _write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config_hash": plan.config_hash,
+        "private": info.private,
+        "model_dir": plan.config_json["model_dir"],
+        "model_fingerprint": info.fingerprint,
+        "splits": splits,
+        "files": {"config": CONFIG_FILE, "report": REPORT_FILE, "privacy_report": list(PRIVACY_FILES)},
+    }
+    _write_json(os.path.join(plan.out_dir, MANIFEST_FILE), manifest)
+    return manifest
+
+
+def _load_tokenizer(model_dir: str):
+    from dpsynth.tokens import Tokenizer
+
+    return Tokenizer.load(os.path.join(model_dir, "tokenizer.model"))

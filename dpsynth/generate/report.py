@@ -1,0 +1,142 @@
+"""`generation_report.json`: duplicates, label balance, lengths and an opt-in memorisation audit.
+
+Everything except the memorisation audit is computed from the synthetic data alone (which is
+DP post-processing, so it may be shared with the data).
+
+The memorisation audit (only with `--train PATH`) reads D_train: for every synthetic example
+it finds the longest token sequence it shares with any training example (suffix arrays,
+`dpsynth.dedup`), and counts the synthetic examples sharing at least `min_shared_tokens`
+tokens with D_train. That part is a post-hoc audit for the data owner and is NOT
+differentially private: the report then says so, and it must not be shared alongside the
+synthetic data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+NOT_DP_NOTICE = (
+    "The memorisation section reads D_train and is NOT differentially private: it is a post-hoc "
+    "audit for the data owner and must not be shared alongside the synthetic data."
+)
+
+
+def duplicate_stats(texts: Sequence[str]) -> dict[str, Any]:
+    """Exact duplicates within `texts`: examples equal to an earlier one, and their rate."""
+    counts = Counter(texts)
+    dup = sum(c - 1 for c in counts.values())
+    n = len(texts)
+    return {
+        "num_examples": n,
+        "num_unique": len(counts),
+        "num_duplicates": dup,
+        "duplicate_rate": dup / n if n else 0.0,
+        "max_copies": max(counts.values()) if counts else 0,
+    }
+
+
+def length_stats(lengths: Sequence[int], finished: Sequence[bool], max_len: int | None = None) -> dict[str, Any]:
+    """Distribution of generated lengths in tokens (EOS excluded)."""
+    a = np.asarray(lengths, np.int64)
+    if a.size == 0:
+        return {"num_examples": 0}
+    edges = [0, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    hist = {}
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        c = int(((a >= lo) & (a < hi)).sum())
+        if c:
+            hist[f"[{lo},{hi})"] = c
+    big = int((a >= edges[-1]).sum())
+    if big:
+        hist[f"[{edges[-1]},inf)"] = big
+    out = {
+        "num_examples": int(a.size),
+        "min": int(a.min()),
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+        "max": int(a.max()),
+        "empty": int((a == 0).sum()),
+        "hit_max_len": int(np.sum(~np.asarray(finished, bool))),
+        "histogram": hist,
+    }
+    if max_len is not None:
+        out["max_len"] = int(max_len)
+    return out
+
+
+def memorisation_stats(
+    train_docs: Sequence[np.ndarray], synth_docs: Sequence[np.ndarray], min_tokens: int = 50
+) -> dict[str, Any]:
+    """Longest token sequence each synthetic doc shares with any training doc (dpsynth.dedup).
+
+    Returns:
+      longest shared length overall, how many synthetic docs share >= `min_tokens` tokens,
+      and a histogram of the per-document longest shared lengths.
+    """
+    from dpsynth.dedup.index import SensitiveIndex
+    from dpsynth.dedup.match import longest_shared
+    from dpsynth.tokens import TokenShard
+
+    offsets = np.zeros(len(train_docs) + 1, np.int64)
+    np.cumsum([len(d) for d in train_docs], out=offsets[1:])
+    flat = np.concatenate([np.asarray(d, np.int32) for d in train_docs]) if train_docs else np.zeros(0, np.int32)
+    shard = TokenShard("train", flat, offsets, [{"id": str(i)} for i in range(len(train_docs))])
+    index = SensitiveIndex.build([("train", shard)])
+    longest = np.array([int(longest_shared(index, np.asarray(d, np.int32))) if len(d) else 0 for d in synth_docs], np.int64)
+    return {
+        "min_shared_tokens": int(min_tokens),
+        "longest_shared_tokens": int(longest.max()) if longest.size else 0,
+        "num_sharing_at_least_min": int((longest >= min_tokens).sum()),
+        "fraction_sharing_at_least_min": float((longest >= min_tokens).mean()) if longest.size else 0.0,
+        "longest_shared_p50": float(np.percentile(longest, 50)) if longest.size else 0.0,
+        "longest_shared_p99": float(np.percentile(longest, 99)) if longest.size else 0.0,
+    }
+
+
+def generation_report(
+    records: Mapping[str, Sequence[Mapping[str, Any]]],
+    label_distribution: Mapping[str, Any],
+    *,
+    tokenizer=None,
+    train_path: str | None = None,
+    min_shared_tokens: int = 50,
+    max_len: int | None = None,
+) -> dict[str, Any]:
+    """The report over shard records per split (`text`, `label`, `num_tokens`, `finished`)."""
+    from dpsynth.generate.labels import label_balance
+
+    expected = dict(zip(label_distribution["labels"], label_distribution["weights"]))
+    report: dict[str, Any] = {"splits": {}, "label_distribution": dict(label_distribution)}
+    all_texts: list[str] = []
+    for split, rows in records.items():
+        texts = [r["text"] for r in rows]
+        all_texts.extend(texts)
+        report["splits"][split] = {
+            "duplicates": duplicate_stats(texts),
+            "label_balance": label_balance([r["label"] for r in rows], expected),
+            "length_tokens": length_stats([r["num_tokens"] for r in rows], [r["finished"] for r in rows], max_len),
+        }
+    report["duplicates_all_splits"] = duplicate_stats(all_texts)
+    if train_path is None:
+        report["memorisation"] = {"checked": False, "how": "rerun with --train PATH (an audit for the data owner; not DP)"}
+        report["dp"] = True
+        return report
+    if tokenizer is None:
+        raise ValueError("the memorisation audit needs the model's tokenizer")
+    from dpsynth.data.readers import read_sensitive
+
+    train = read_sensitive(train_path)
+    train_docs = tokenizer.encode_batch([r["text"] for r in train.records])
+    synth_docs = tokenizer.encode_batch(all_texts) if all_texts else []
+    mem = memorisation_stats(train_docs, synth_docs, min_shared_tokens)
+    mem.update({"checked": True, "train_path": train_path, "num_train_examples": len(train_docs)})
+    report["memorisation"] = mem
+    report["dp"] = False
+    report["notice"] = NOT_DP_NOTICE
+    return report

@@ -1,0 +1,167 @@
+"""The generation job on a fake model: outputs, label prompts, determinism, resume, bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dpsynth.generate.job import GenerateConfig, GenerateError, generate, read_model_info
+from dpsynth.generate.labels import LabelDistribution
+from tests.generate.fakes import (
+    FailOnShard,
+    FakeTokenizer,
+    greedy_reference,
+    load_fake_bundle,
+    make_tables,
+    write_fake_model_dir,
+)
+
+MAX_LEN = 24
+TABLE_SEED = 11  # greedy continuations of the two label prompts differ
+
+
+def _config(model, out, **kw):
+    base = dict(model_dir=str(model), out_dir=str(out), num_examples=37, valid_examples=11, examples_per_shard=8,
+                batch_size=4, seed=5)
+    base.update(kw)
+    return GenerateConfig(**base)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_fake_model_dir(str(tmp_path_factory.mktemp("model")), max_len=MAX_LEN, seed=TABLE_SEED)
+
+
+@pytest.fixture(scope="module")
+def reference_run(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    manifest = generate(_config(model_dir, out), loader=load_fake_bundle)
+    return out, manifest
+
+
+def test_outputs_manifest_and_report(reference_run, model_dir):
+    out, manifest = reference_run
+    train = [json.loads(l) for l in _read(out / "train.jsonl").decode().splitlines()]
+    valid = [json.loads(l) for l in _read(out / "valid.jsonl").decode().splitlines()]
+    assert len(train) == 37 and len(valid) == 11
+    assert all(set(r) == {"text", "label"} for r in train + valid)
+    # Uniform labels: exact largest-remainder counts.
+    assert sorted(np.unique([r["label"] for r in train], return_counts=True)[1]) == [18, 19]
+    assert manifest["splits"]["train"]["num_examples"] == 37
+    assert len(manifest["splits"]["train"]["shards"]) == 5 and len(manifest["splits"]["valid"]["shards"]) == 2
+    assert manifest["private"] is True
+    assert _read(out / "privacy_report.json") == _read(os.path.join(model_dir, "privacy_report.json"))
+    assert (out / "privacy_report.md").exists()
+    config = json.loads(_read(out / "generation_config.json"))
+    assert config["config_hash"] == manifest["config_hash"]
+    assert config["sampler"]["max_len"] == MAX_LEN  # min(512, the model's max_len)
+    report = json.loads(_read(out / "generation_report.json"))
+    texts = [r["text"] for r in train]
+    assert report["splits"]["train"]["duplicates"]["num_duplicates"] == len(texts) - len(set(texts))
+    assert report["splits"]["train"]["label_balance"]["counts"] == dict(
+        zip(*np.unique([r["label"] for r in train], return_counts=True))
+    )
+    lengths = report["splits"]["train"]["length_tokens"]
+    assert lengths["num_examples"] == 37 and lengths["max"] <= MAX_LEN
+    assert report["memorisation"]["checked"] is False and report["dp"] is True
+
+
+def test_label_prompts_respected_under_greedy(model_dir, tmp_path):
+    manifest = generate(_config(model_dir, tmp_path, temperature=0.0, valid_examples=0), loader=load_fake_bundle)
+    table, pos_bias = make_tables(12, MAX_LEN, seed=TABLE_SEED)
+    tok = FakeTokenizer()
+    expected = {}
+    for label in ("great", "other"):
+        prompt = np.concatenate([[2], tok.encode(label)])  # BOS + "{label}"
+        ids, _, _ = greedy_reference(table, pos_bias, prompt, MAX_LEN)
+        expected[label] = tok.decode(ids)
+    assert expected["great"] != expected["other"]
+    rows = [json.loads(l) for l in _read(tmp_path / "train.jsonl").decode().splitlines()]
+    assert {r["label"] for r in rows} == {"great", "other"}
+    for r in rows:
+        assert r["text"] == expected[r["label"]]
+    assert manifest["splits"]["train"]["num_examples"] == 37
+
+
+def test_same_bytes_with_two_worker_processes(reference_run, model_dir, tmp_path):
+    ref, _ = reference_run
+    generate(
+        _config(model_dir, tmp_path),
+        loader=load_fake_bundle,
+        beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+    )
+    for name in ("train.jsonl", "valid.jsonl", "manifest.json", "generation_report.json"):
+        assert _read(tmp_path / name) == _read(ref / name), name
+
+
+def test_resume_regenerates_only_missing_shards(reference_run, model_dir, tmp_path):
+    ref, _ = reference_run
+    with pytest.raises(Exception, match="injected failure"):
+        generate(_config(model_dir, tmp_path), loader=FailOnShard("train-00002-of-00005"))
+    shard_dir = tmp_path / "shards"
+    before = {p.name: os.stat(p).st_ino for p in shard_dir.iterdir() if p.suffix == ".jsonl"}
+    assert "train-00002-of-00005.jsonl" not in before
+    assert not (tmp_path / "train.jsonl").exists()
+    generate(_config(model_dir, tmp_path), loader=load_fake_bundle)
+    after = {p.name: os.stat(p).st_ino for p in shard_dir.iterdir() if p.suffix == ".jsonl"}
+    assert len(after) == 7 and all(after[n] == ino for n, ino in before.items())  # untouched
+    assert not [p for p in shard_dir.iterdir() if ".tmp" in p.name]
+    for name in ("train.jsonl", "valid.jsonl", "manifest.json"):
+        assert _read(tmp_path / name) == _read(ref / name), name
+
+
+def test_parquet_output(model_dir, tmp_path):
+    import pyarrow.parquet as pq
+
+    generate(_config(model_dir, tmp_path, num_examples=6, valid_examples=0, formats=("jsonl", "parquet")),
+             loader=load_fake_bundle)
+    table = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    rows = [json.loads(l) for l in _read(tmp_path / "train.jsonl").decode().splitlines()]
+    assert table == rows
+
+
+def test_dp_label_distribution_counts(model_dir, tmp_path):
+    dist = LabelDistribution(labels=("great", "other"), weights=(0.75, 0.25), source="dp_histogram",
+                             noise_multiplier=2.0, noisy_counts=(30.0, 10.0))
+    generate(_config(model_dir, tmp_path, num_examples=40, valid_examples=0, label_distribution=dist),
+             loader=load_fake_bundle)
+    rows = [json.loads(l) for l in _read(tmp_path / "train.jsonl").decode().splitlines()]
+    assert sum(r["label"] == "great" for r in rows) == 30
+
+
+def test_refuses_model_without_privacy_report(tmp_path):
+    model = write_fake_model_dir(str(tmp_path / "m"), private=False)
+    with pytest.raises(GenerateError, match="--allow-non-private"):
+        generate(_config(model, tmp_path / "o"), loader=load_fake_bundle)
+    manifest = generate(_config(model, tmp_path / "o2", num_examples=3, valid_examples=0, allow_non_private=True),
+                        loader=load_fake_bundle)
+    assert manifest["private"] is False
+    marker = json.loads(_read(tmp_path / "o2" / "privacy_report.json"))
+    assert marker["private"] is False
+
+
+def test_bad_input_errors(model_dir, tmp_path):
+    with pytest.raises(GenerateError, match="num-examples"):
+        _config(model_dir, tmp_path, num_examples=0)
+    with pytest.raises(GenerateError, match="num-examples"):
+        _config(model_dir, tmp_path, num_examples=-3)
+    with pytest.raises(ValueError, match="unknown label"):
+        generate(_config(model_dir, tmp_path, labels=("great", "bogus")), loader=load_fake_bundle)
+    with pytest.raises(GenerateError, match="max_len"):
+        generate(_config(model_dir, tmp_path, max_len=MAX_LEN + 1), loader=load_fake_bundle)
+    with pytest.raises(GenerateError, match="not found"):
+        read_model_info(str(tmp_path / "nope"))
+
+
+def test_refuses_out_dir_of_another_job(model_dir, tmp_path):
+    generate(_config(model_dir, tmp_path, num_examples=4, valid_examples=0), loader=load_fake_bundle)
+    with pytest.raises(GenerateError, match="another generation job"):
+        generate(_config(model_dir, tmp_path, num_examples=4, valid_examples=0, seed=99), loader=load_fake_bundle)
+    # The same job again is a no-op resume.
+    generate(_config(model_dir, tmp_path, num_examples=4, valid_examples=0), loader=load_fake_bundle)
