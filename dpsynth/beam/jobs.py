@@ -8,12 +8,16 @@ report. Both run on any Beam runner (see `dpsynth.beam.options`).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 
 from dpsynth import tokens as tok
 from dpsynth.beam import corpus
@@ -87,3 +91,156 @@ def tokenize(
     print(f"tokenize: {summarize_manifest(manifest, out_dir)} "
           f"[{source.total_bytes / 1e6 / max(elapsed, 1e-9):.2f} MB/s, {elapsed:.1f}s]")
     return manifest
+
+
+# ----------------------------------------------------------------------------- dedup
+
+TOKENS_DIR = "tokens"
+INDEX_FILE = "index"
+
+
+def parse_named(spec: str) -> tuple[str | None, str]:
+    """`NAME=PATH` -> (NAME, PATH); a plain path -> (None, PATH)."""
+    head, sep, tail = spec.partition("=")
+    if sep and head and "/" not in head and ":" not in head:
+        return head, tail
+    return None, spec
+
+
+def _save_index(index, path: str) -> None:
+    """Saves the index to `path`; remote paths go through a local file and `FileSystems`."""
+    if "://" not in path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        index.save(path)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, "index")
+        index.save(local)
+        with open(local, "rb") as src, FileSystems.create(path) as dst:
+            while chunk := src.read(1 << 24):
+                dst.write(chunk)
+
+
+def dedup(
+    public: Sequence[str] | str,
+    sensitive: Sequence[str],
+    *,
+    tokenizer_path: str,
+    out_dir: str,
+    min_tokens: int = 50,
+    text_column: str = "text",
+    label_column: str | None = "label",
+    num_shards: int | None = None,
+    shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
+    max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
+    tfds_data_dir: str | None = None,
+    threads: int = 1,
+    beam_args: Sequence[str] | None = None,
+    pipeline_factory=None,
+) -> dict[str, Any]:
+    """Removes every >= `min_tokens` token sequence shared with sensitive data from a public corpus.
+
+    Args:
+      public: the public corpus (paths/dirs/globs) or one token corpus directory.
+      sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
+        directory, or `tfds:NAME`).
+      pipeline_factory: optional zero-argument callable returning a fresh `beam.Pipeline`
+        (tests); the job runs two pipelines (tokenize, then dedup).
+
+    Returns:
+      The contamination report (also written to `out_dir/contamination.json`).
+    """
+    from dpsynth.dedup.index import SensitiveIndex
+    from dpsynth.dedup import report as dedup_report
+    from dpsynth.beam import dedup as bdedup
+
+    if min_tokens < 1:
+        raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+    if not sensitive:
+        raise readers.InputError("dedup needs at least one --sensitive dataset")
+    start = time.monotonic()
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    sources = [corpus.plan_source(public, kind="public", name="public", text_column=text_column)]
+    names = set()
+    for spec in sensitive:
+        name, path = parse_named(spec)
+        src = corpus.plan_source(path, kind="sensitive", name=name, text_column=text_column,
+                                 label_column=label_column, tfds_data_dir=tfds_data_dir)
+        if src.name in names or src.name == "public":
+            raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
+        names.add(src.name)
+        sources.append(src)
+    dirs = {}
+    for src in sources:
+        if src.token_dir is not None:
+            m = tok.read_manifest(src.token_dir)
+            if m["tokenizer_sha256"] != tokenizer.sha256:
+                raise readers.InputError(
+                    f"{src.token_dir}: tokenized with tokenizer {m['tokenizer_sha256'][:12]}, not "
+                    f"{tokenizer.sha256[:12]} ({tokenizer_path}); re-tokenize or pass the matching model")
+            dirs[src.name] = src.token_dir
+        else:
+            sub = "public" if src.kind == "public" else f"sensitive/{src.name}"
+            dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
+    to_tokenize = [s for s in sources if s.token_dir is None]
+    new_pipeline = pipeline_factory or (lambda: beam.Pipeline(options=make_pipeline_options(beam_args)))
+
+    # Stage 1: tokenize every input that is not a token corpus yet (one pipeline).
+    t0 = time.monotonic()
+    if to_tokenize:
+        def build(p):
+            outs = [
+                p | f"Tokenize[{s.name}]" >> corpus.TokenizeCorpus(
+                    s, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
+                    tokenizer_sha256=tokenizer.sha256, out_dir=dirs[s.name],
+                    num_shards=(num_shards if s.kind == "public" else None) or s.num_shards(shard_bytes),
+                    max_document_bytes=max_document_bytes)
+                for s in to_tokenize
+            ]
+            _ = tuple(outs) | "TokenizedAll" >> corpus.JoinAll()
+
+        _run_pipeline(build, None, new_pipeline())
+    manifests = {}
+    for s in sources:
+        manifests[s.name] = tok.read_manifest(dirs[s.name])
+        corpus.check_not_empty(manifests[s.name], s)
+        print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
+    t_tokenize = time.monotonic() - t0
+
+    # Stage 2: the sensitive index, built once here and broadcast as one file.
+    t0 = time.monotonic()
+    sens = [s for s in sources if s.kind == "sensitive"]
+    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens], threads=threads)
+    index_path = FileSystems.join(out_dir, INDEX_FILE)
+    _save_index(index, index_path)
+    del index
+    t_index = time.monotonic() - t0
+
+    # Stage 3: cut overlaps per public shard, in parallel; write the clean corpus and the report.
+    t0 = time.monotonic()
+    pub = manifests["public"]
+    sensitive_info = [{"name": s.name, "examples": manifests[s.name]["num_documents"]} for s in sens]
+
+    def build_dedup(p):
+        _ = (
+            p
+            | "ListPublicShards" >> beam.Create(list(pub["shards"]))
+            | "Dedup" >> bdedup.DedupShards(
+                public_dir=dirs["public"], dtype=pub["dtype"], index_path=index_path,
+                tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
+                min_tokens=min_tokens, threads=threads)
+            | "Report" >> bdedup.WriteDedupReport(
+                out_dir=out_dir, vocab_size=tokenizer.vocab_size, tokenizer_sha256=tokenizer.sha256,
+                min_tokens=min_tokens, sensitive=sensitive_info, public_manifest=pub,
+                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(dirs["public"], tok.MANIFEST))})
+        )
+
+    _run_pipeline(build_dedup, None, new_pipeline())
+    t_dedup = time.monotonic() - t0
+    with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
+        report = json.loads(f.read())
+    elapsed = time.monotonic() - start
+    print(dedup_report.summarize(report))
+    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
+          f"total {elapsed:.1f}s -> {out_dir}")
+    return report

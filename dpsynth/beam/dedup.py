@@ -1,0 +1,172 @@
+"""PTransforms of the dedup job: cut every >= k-token overlap with sensitive data per public shard.
+
+The sensitive index (`dpsynth.dedup.index.SensitiveIndex`) is built once on the driver and
+saved as one file; each worker loads it once in `DoFn.setup()` (copying it to local disk
+first when it lives on a remote filesystem) and runs `dpsynth.dedup.match.dedup_shard` on
+one public shard per element. Each DoFn writes its own outputs atomically:
+
+```
+OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
+OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per document with kept text
+```
+
+The clean text of a document is its kept token pieces (the complement of the cut ranges),
+each decoded on its own and joined with a newline. Documents cut away entirely are left out
+of the JSONL (and counted). The last step writes the manifests and `contamination.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from dpsynth import tokens as tok
+from dpsynth.data.text import complement_ranges
+
+NAMESPACE = "dpsynth"
+CLEAN_TOKENS = "clean_tokens"
+CLEAN_TEXT = "clean"
+CONTAMINATION = "contamination.json"
+
+
+def local_copy(path: str) -> str:
+    """`path` itself when local, else a copy in a local temporary file (for remote indexes)."""
+    if "://" not in path:
+        return path
+    fd, local = tempfile.mkstemp(prefix="dpsynth-index-")
+    with os.fdopen(fd, "wb") as out, FileSystems.open(path) as src:
+        while chunk := src.read(1 << 24):
+            out.write(chunk)
+    return local
+
+
+def clean_text(tokenizer, document, ranges) -> str:
+    """The kept pieces of one tokenized document, decoded one by one and joined by newlines."""
+    pieces = complement_ranges(len(document), ranges)
+    texts = [tokenizer.decode(document[a:b]) for a, b in pieces]
+    return "\n".join(t for t in texts if t)
+
+
+class _DedupShardFn(beam.DoFn):
+    """Manifest entry of a public shard -> ("shard", name, {entry, stats, counts}); writes outputs."""
+
+    def __init__(self, public_dir: str, dtype: str, index_path: str, tokenizer_path: str,
+                 out_dir: str, vocab_size: int, min_tokens: int, threads: int):
+        self.public_dir, self.dtype, self.index_path = public_dir, dtype, index_path
+        self.tokenizer_path, self.out_dir, self.vocab_size = tokenizer_path, out_dir, vocab_size
+        self.min_tokens, self.threads = min_tokens, threads
+        self.index = self.tokenizer = None
+        self.c_docs = Metrics.counter(NAMESPACE, "public_documents")
+        self.c_touched = Metrics.counter(NAMESPACE, "public_documents_touched")
+        self.c_tokens = Metrics.counter(NAMESPACE, "public_tokens")
+        self.c_removed = Metrics.counter(NAMESPACE, "public_tokens_removed")
+        self.c_shards = Metrics.counter(NAMESPACE, "public_shards_deduped")
+
+    def setup(self):
+        from dpsynth.dedup.index import SensitiveIndex
+
+        self.index = SensitiveIndex.load(local_copy(self.index_path))
+        self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
+
+    def process(self, entry):
+        from dpsynth.dedup.match import dedup_shard
+
+        shard = tok.read_shard(self.public_dir, entry, self.dtype)
+        result = dedup_shard(self.index, shard, min_tokens=self.min_tokens, threads=self.threads)
+        cleaned = result.cleaned
+        clean_entry = tok.write_shard(
+            FileSystems.join(self.out_dir, CLEAN_TOKENS), shard.name,
+            [cleaned.document(i) for i in range(cleaned.num_documents)], cleaned.docs, self.vocab_size,
+        )
+        lines, emptied, touched, removed = [], 0, 0, 0
+        for i, ranges in enumerate(result.ranges):
+            doc = shard.document(i)
+            if ranges:
+                touched += 1
+                removed += sum(b - a for a, b in ranges)
+            text = clean_text(self.tokenizer, doc, ranges) if ranges else self.tokenizer.decode(doc)
+            if not text.strip():
+                emptied += 1
+                continue
+            lines.append(json.dumps({"id": shard.docs[i]["id"], "text": text}, ensure_ascii=False, sort_keys=True))
+        data = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
+        tok._write_bytes_atomic(FileSystems.join(self.out_dir, CLEAN_TEXT, shard.name + ".jsonl"), data)
+        self.c_docs.inc(shard.num_documents)
+        self.c_touched.inc(touched)
+        self.c_tokens.inc(shard.num_tokens)
+        self.c_removed.inc(removed)
+        self.c_shards.inc()
+        counts = {"documents": shard.num_documents, "documents_touched": touched, "tokens": shard.num_tokens,
+                  "tokens_removed": removed, "jsonl_documents": len(lines), "documents_emptied": emptied}
+        yield ("shard", shard.name, {"entry": clean_entry, "stats": result.stats, "counts": counts})
+
+
+class DedupShards(beam.PTransform):
+    """Runs `dedup_shard` on every public shard and writes the cleaned shards and JSONL text."""
+
+    def __init__(self, *, public_dir: str, dtype: str, index_path: str, tokenizer_path: str,
+                 out_dir: str, vocab_size: int, min_tokens: int = 50, threads: int = 1):
+        super().__init__()
+        self.fn = _DedupShardFn(public_dir, dtype, index_path, tokenizer_path, out_dir, vocab_size, min_tokens, threads)
+
+    def expand(self, entries):
+        """PCollection[shard manifest entry] -> PCollection[("shard", name, {entry, stats, counts})]."""
+        return entries | "SpreadShards" >> beam.Reshuffle() | "CutOverlaps" >> beam.ParDo(self.fn)
+
+
+class _FinishFn(beam.DoFn):
+    """(None, [shard results]) -> report dict; writes the clean manifest and contamination.json."""
+
+    def __init__(self, out_dir: str, vocab_size: int, tokenizer_sha256: str, min_tokens: int,
+                 sensitive: list[dict[str, Any]], public_manifest: dict[str, Any], extra: dict[str, Any]):
+        self.out_dir, self.vocab_size, self.tokenizer_sha256 = out_dir, vocab_size, tokenizer_sha256
+        self.min_tokens, self.sensitive, self.public_manifest, self.extra = min_tokens, sensitive, public_manifest, extra
+
+    def process(self, element):
+        from dpsynth.dedup import report as dedup_report
+
+        results = sorted((r for r in element[1] if r[0] == "shard"), key=lambda r: r[1])
+        counts: dict[str, int] = {}
+        for _, _, r in results:
+            for k, v in r["counts"].items():
+                counts[k] = counts.get(k, 0) + v
+        tok.write_manifest(
+            FileSystems.join(self.out_dir, CLEAN_TOKENS), name="clean", shards=[r[2]["entry"] for r in results],
+            vocab_size=self.vocab_size, tokenizer_sha256=self.tokenizer_sha256,
+            extra={"kind": "public", "min_tokens": self.min_tokens, "deduped_from": self.public_manifest.get("name"),
+                   "jsonl_documents": counts.get("jsonl_documents", 0),
+                   "documents_emptied": counts.get("documents_emptied", 0), **self.extra},
+        )
+        rep = dedup_report.build_report(
+            [r["stats"] for _, _, r in results], min_tokens=self.min_tokens, sensitive=self.sensitive,
+            public={"name": self.public_manifest.get("name"), "documents": counts.get("documents", 0),
+                    "tokens": counts.get("tokens", 0)},
+        )
+        data = json.dumps(rep, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+        tok._write_bytes_atomic(FileSystems.join(self.out_dir, CONTAMINATION), data)
+        yield rep
+
+
+class WriteDedupReport(beam.PTransform):
+    """The last step of the dedup job: gathers every shard result and writes the reports."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.fn = _FinishFn(**kwargs)
+
+    def expand(self, results):
+        """PCollection[("shard", name, result)] -> PCollection[contamination report dict] (one)."""
+        seed = results.pipeline | "Seed" >> beam.Create([("seed", None, None)])
+        return (
+            (results, seed)
+            | "MergeShardResults" >> beam.Flatten()
+            | "KeyAll" >> beam.Map(lambda x: (None, x))
+            | "GatherShardResults" >> beam.GroupByKey()
+            | "WriteReports" >> beam.ParDo(self.fn)
+        )
