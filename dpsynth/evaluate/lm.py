@@ -1,0 +1,125 @@
+"""The generator as an evaluator: perplexity of real text (Prefix-LM) and mean-pooled features.
+
+Perplexity of the real test set under the generator: each real example is encoded exactly as
+the DP tuner encodes training rows (`dpsynth.dp.examples.encode_examples`: BOS + label prompt
+as prefix, then the text and EOS as target), and the perplexity is
+`exp(sum of target-token NLL / number of target tokens)` over the whole set (token-weighted;
+the label prompt is conditioning, never scored).
+
+Features for MAUVE: mean over the non-padding positions of the final normalised hidden states
+(`Transformer(..., return_hidden=True)`) of BOS + text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LENGTH_BUCKET = 32  # rows are padded to a multiple of this: few compiled shapes
+
+
+def _round_up(n: int, m: int) -> int:
+    return max(m, -(-n // m) * m)
+
+
+def _find_key(obj: Any, keys: Sequence[str]):
+    if isinstance(obj, Mapping):
+        for k in keys:
+            if isinstance(obj.get(k), str):
+                return obj[k]
+        for v in obj.values():
+            found = _find_key(v, keys)
+            if found:
+                return found
+    return None
+
+
+class LanguageModel:
+    """A dpsynth LM (config, variables incl. adapters, tokenizer) with jitted scoring functions."""
+
+    def __init__(self, config, variables, tokenizer, template: str | None = None):
+        from dpsynth.dp.examples import DEFAULT_TEMPLATE
+        from dpsynth.models import Transformer
+
+        self.config, self.variables, self.tokenizer = config, variables, tokenizer
+        self.template = template or DEFAULT_TEMPLATE
+        model = Transformer(config)
+
+        def forward(variables, tokens):
+            seg = (tokens != 0).astype(jnp.int32)
+            return model.apply(variables, tokens, segment_ids=seg, return_hidden=True)
+
+        def nll(variables, inputs, targets, weights):
+            logits, _ = forward(variables, inputs)
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+            tok = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+            return jnp.sum(tok * weights, axis=1), jnp.sum(weights, axis=1)
+
+        def pooled(variables, tokens):
+            _, hidden = forward(variables, tokens)
+            w = (tokens != 0)[..., None].astype(jnp.float32)
+            return (hidden.astype(jnp.float32) * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+
+        self._nll, self._pooled = jax.jit(nll), jax.jit(pooled)
+
+    @classmethod
+    def load(cls, model_dir: str) -> "LanguageModel":
+        """Loads a checkpoint directory (base + adapters) and its label-prompt template if recorded."""
+        from dpsynth.train.checkpoint import load_model
+
+        loaded = load_model(model_dir)
+        template = _find_key(getattr(loaded, "manifest", {}) or {}, ("prompt_template", "label_prompt_template", "template"))
+        return cls(loaded.config, loaded.variables, loaded.tokenizer, template if template and "{label}" in template else None)
+
+    def perplexity(self, records: Sequence[Mapping], labels: Sequence[str], *, batch_size: int = 16,
+                   max_tokens: int = 512) -> dict[str, float]:
+        """Token-level perplexity of `records` ({"text", "label"}) with the label prompt as prefix."""
+        from dpsynth.dp.examples import ExampleConfig, encode_examples
+
+        max_tokens = min(max_tokens, self.config.max_len + 1)
+        enc = encode_examples(list(records), self.tokenizer, labels, ExampleConfig(template=self.template, max_tokens=max_tokens),
+                              where="real test set")
+        length = min(_round_up(enc.inputs.shape[1], LENGTH_BUCKET), max_tokens - 1)
+        arrays = {k: _pad_cols(v, length) for k, v in enc.arrays().items()}
+        total, count = 0.0, 0.0
+        for lo in range(0, len(enc), batch_size):
+            rows = {k: _pad_rows(v[lo : lo + batch_size], batch_size) for k, v in arrays.items()}
+            s, c = self._nll(self.variables, rows["inputs"], rows["targets"], rows["weights"])
+            total += float(np.sum(s))
+            count += float(np.sum(c))
+        nll = total / max(count, 1.0)
+        return {"perplexity": float(math.exp(nll)), "nll_per_token": float(nll), "target_tokens": int(count),
+                "examples": len(enc), "truncated": int(enc.truncated)}
+
+    def embed(self, texts: Sequence[str], *, batch_size: int = 32, max_len: int = 256) -> np.ndarray:
+        """float32 [n, d_model]: mean-pooled final hidden states of BOS + text (truncated)."""
+        from dpsynth.tokens import BOS_ID, PAD_ID
+
+        max_len = min(max_len, self.config.max_len)
+        rows = [np.concatenate([[BOS_ID], np.asarray(self.tokenizer.encode(t), np.int32)])[:max_len] for t in texts]
+        length = min(_round_up(max((len(r) for r in rows), default=1), LENGTH_BUCKET), max_len)
+        tokens = np.full((len(rows), length), PAD_ID, np.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
+        out = []
+        for lo in range(0, len(rows), batch_size):
+            batch = _pad_rows(tokens[lo : lo + batch_size], batch_size)
+            out.append(np.asarray(self._pooled(self.variables, batch))[: min(batch_size, len(rows) - lo)])
+        return np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.config.d_model), np.float32)
+
+
+def _pad_cols(x: np.ndarray, length: int) -> np.ndarray:
+    if x.shape[1] >= length:
+        return x[:, :length]
+    return np.concatenate([x, np.zeros((x.shape[0], length - x.shape[1]), x.dtype)], axis=1)
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    if len(x) == rows:
+        return x
+    return np.concatenate([x, np.zeros((rows - len(x),) + x.shape[1:], x.dtype)], axis=0)
