@@ -96,12 +96,14 @@ class StageContext:
     out_dir: str
     resume: bool = False
 
-    def report(self, text: str) -> None:
+    def report(self, text: str, echo: bool = True) -> None:
         """Prints a human summary and appends it to `report.txt` (shown again when cached).
 
         Never pass private text: counts, ids, hashes, metrics and SYNTHETIC examples only.
+        `echo=False` stores without printing (when the library already printed it).
         """
-        print(text, flush=True)
+        if echo:
+            print(text, flush=True)
         with open(os.path.join(self.out_dir, REPORT), "a", encoding="utf-8") as f:
             f.write(text.rstrip("\n") + "\n")
 

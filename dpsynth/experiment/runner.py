@@ -82,7 +82,7 @@ def _selected(plan: Plan, until: str | None) -> list[StageNode]:
     return [n for n in plan.nodes if STAGES.index(n.stage) <= last]
 
 
-def _write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
+def write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
     os.makedirs(plan.root, exist_ok=True)
     record = {
         "format": "dpsynth.experiment",
@@ -116,6 +116,7 @@ def run_plan(
     jobs: int = 1,
     until: str | None = None,
     show_cached_reports: bool = True,
+    on_stage: Callable[[StageNode], None] | None = None,
 ) -> ExperimentResult:
     """Runs every uncached stage of `plan` (up to stage kind `until`) in dependency order.
 
@@ -126,6 +127,8 @@ def run_plan(
         jobs: worker processes for independent stage instances (1 = in this process).
         until: stop after this stage kind (e.g. "dedup").
         show_cached_reports: print the stored report of stages that were cached.
+        on_stage: called with each node just before it runs or is found cached (the demo
+            prints a banner per stage).
 
     Returns:
         An `ExperimentResult`; `missing` / `failed` say why a run stopped early. Completed
@@ -156,6 +159,8 @@ def run_plan(
 
     if jobs <= 1:
         for node in todo:
+            if on_stage is not None:
+                on_stage(node)
             out = cache.cached_output(plan.root, node)
             if out is None:
                 _log(f"({len(outputs) + 1}/{total}) {node.key}: running ({node.hash[:12]})")
@@ -169,14 +174,14 @@ def run_plan(
                     break
             finish(node, out)
     else:
-        _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs)
+        _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs, on_stage)
     result.seconds = time.perf_counter() - t0
     if "evaluate" in outputs:
         _link(outputs["evaluate"].dir, os.path.join(plan.root, "report"))
     return result
 
 
-def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs) -> None:
+def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs, on_stage) -> None:
     pending = {n.key: n for n in todo}
     running: dict[concurrent.futures.Future, StageNode] = {}
     ctx = multiprocessing.get_context("spawn")
@@ -190,6 +195,8 @@ def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs) -> None:
                     for key, node in list(pending.items()):
                         if not all(k in outputs for k in node.input_keys()):
                             continue
+                        if on_stage is not None:
+                            on_stage(node)
                         out = cache.cached_output(plan.root, node)
                         del pending[key]
                         progressed = True
@@ -220,6 +227,14 @@ def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs) -> None:
                     result.failed, stop = result.failed or StageFailed(f"stage {node.key}: worker died ({e})"), True
 
 
+def use_data_dir(data_dir: str | None) -> None:
+    """Points the embedded-data reader (in this process and in spawned workers) at `data_dir`."""
+    if data_dir:
+        from dpsynth.data.embedded import ENV_DIR
+
+        os.environ[ENV_DIR] = os.path.abspath(data_dir)
+
+
 def run_experiment(
     config: ExperimentConfig,
     *,
@@ -233,8 +248,9 @@ def run_experiment(
     root = root or config.out
     if not root:
         raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
+    use_data_dir(data_dir)
     plan = build_plan(config, root, data_dir=data_dir)
-    _write_experiment_files(plan, config)
+    write_experiment_files(plan, config)
     _log(f"'{config.name}': {len(plan.trials)} trial(s), {len(plan.nodes)} stage instance(s), root {plan.root}")
     return run_plan(plan, registry=registry, jobs=jobs, until=until)
 
@@ -351,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
         if args.dry_run:
+            use_data_dir(args.data_dir)
             plan = build_plan(config, root, data_dir=args.data_dir)
             print(describe_plan(plan, config))
             return 0
