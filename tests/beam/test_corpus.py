@@ -1,0 +1,108 @@
+"""Tests for dpsynth.beam.corpus through the tokenize job (`dpsynth.beam.jobs.tokenize`)."""
+
+import hashlib
+import json
+import pathlib
+import random
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_jobs import tokenize as tokenize_job
+from dpsynth import tokens as tok
+from dpsynth.beam import corpus
+from dpsynth.beam.options import make_pipeline_options
+from dpsynth.data import readers
+
+from .conftest import make_text
+
+
+def _tree_digest(root: pathlib.Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _write_public(root: pathlib.Path, seed: int = 1):
+    rng = random.Random(seed)
+    (root / "books").mkdir(parents=True)
+    texts = {}
+    for i in range(3):
+        texts[f"books/b{i}.txt"] = make_text(rng, 300)
+        (root / f"books/b{i}.txt").write_text(texts[f"books/b{i}.txt"], encoding="utf-8")
+    rows = [{"text": make_text(rng, 60)} for _ in range(6)] + [{"id": "given-7", "text": make_text(rng, 30)}]
+    (root / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    for n, r in enumerate(rows, start=1):
+        texts[r.get("id", f"web.jsonl:{n}")] = r["text"]
+    return texts
+
+
+def test_tokenize_roundtrip_ids_and_manifest(tmp_path, tokenizer_path):
+    texts = _write_public(tmp_path / "in")
+    out = tmp_path / "out"
+    manifest = tokenize_job.run(["--input", str(tmp_path / "in"), "--tokenizer", tokenizer_path,
+                                 "--out", str(out), "--num-shards", "3"])
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    assert manifest["num_documents"] == len(texts) and manifest["records_in"] == len(texts)
+    assert manifest["dead_lettered"] == 0 and manifest["tokenizer_sha256"] == tokenizer.sha256
+    got = {}
+    for shard in tok.iter_shards(str(out)):  # verifies the hashes
+        assert all(corpus.shard_of(d["id"], 3) == int(shard.name[-5:]) for d in shard.docs)
+        for i, d in enumerate(shard.docs):
+            got[d["id"]] = shard.document(i)
+    assert sorted(got) == sorted(texts)
+    for doc_id, text in texts.items():
+        np.testing.assert_array_equal(got[doc_id], tokenizer.encode(text))
+    assert manifest["num_tokens"] == sum(len(v) for v in got.values())
+
+
+def test_tokenize_is_byte_identical_across_reruns_and_runner_modes(tmp_path, tokenizer_path, repo_on_path):
+    _write_public(tmp_path / "in", seed=2)
+    args = ["--input", str(tmp_path / "in"), "--tokenizer", tokenizer_path, "--num-shards", "4"]
+    tokenize_job.run(args + ["--out", str(tmp_path / "a")])
+    first = _tree_digest(tmp_path / "a")
+    tokenize_job.run(args + ["--out", str(tmp_path / "a")])  # rerun in place
+    assert _tree_digest(tmp_path / "a") == first
+    tokenize_job.run(args + ["--out", str(tmp_path / "b"), "--direct_running_mode=multi_processing",
+                             "--direct_num_workers=2"])
+    assert _tree_digest(tmp_path / "b") == first
+
+
+def test_dead_letters_are_counted_and_written(tmp_path, tokenizer_path):
+    lines = [json.dumps({"text": "good food", "label": "great"}).encode(), b'{"text": "\xff", "label": "x"}',
+             json.dumps({"text": "", "label": "x"}).encode(), json.dumps({"text": "nul\u0000", "label": "x"}).encode(),
+             json.dumps({"text": "no label"}).encode(), json.dumps({"text": "fine too", "label": "other"}).encode()]
+    (tmp_path / "s.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    manifest = tokenize_job.run(["--input", str(tmp_path / "s.jsonl"), "--kind", "sensitive", "--tokenizer",
+                                 tokenizer_path, "--out", str(tmp_path / "out")])
+    assert manifest["records_in"] == len(lines) == manifest["num_documents"] + manifest["dead_lettered"]
+    assert manifest["num_documents"] == 2 and manifest["labels"] == {"great": 1, "other": 1}
+    dead = [json.loads(x) for x in (tmp_path / "out" / corpus.DEAD_LETTERS).read_text().splitlines()]
+    assert [d["record"] for d in dead] == [2, 3, 4, 5]
+    assert all(d["file"].endswith("s.jsonl") for d in dead)
+    assert sum(manifest["dead_letter_reasons"].values()) == 4
+
+
+def test_fatal_inputs_fail_before_the_pipeline(tmp_path, tokenizer_path):
+    (tmp_path / "d.csv").write_text("review,label\nhi,a\n")
+    with pytest.raises(readers.InputError, match=r"d\.csv: missing column\(s\) \['text'\]"):
+        corpus.plan_source(str(tmp_path / "d.csv"), kind="sensitive")
+    (tmp_path / "bad.jsonl").write_bytes(b"\n".join([b"{}", b"\xff", b'{"text": " "}']) + b"\n")
+    with pytest.raises(readers.EmptyDatasetError, match=r"no valid document \(3 dead-lettered"):
+        tokenize_job.run(["--input", str(tmp_path / "bad.jsonl"), "--tokenizer", tokenizer_path,
+                          "--out", str(tmp_path / "o")])
+
+
+def test_read_documents_ptransform_keys(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x y"}\n\n{"text": "z"}\n')
+    files = readers.resolve_inputs(str(tmp_path))
+    with beam.Pipeline(options=make_pipeline_options()) as p:
+        items = p | corpus.ReadDocuments(files, readers.Columns.public())
+        assert_that(items | beam.Map(lambda it: (it[0], it[1])),
+                    equal_to([("doc", (0, 1)), ("dead", (0, 2)), ("doc", (0, 3))]))
+
+
+def test_shard_of_is_stable():
+    assert [corpus.shard_of(f"doc-{i}", 7) for i in range(6)] == [
+        int.from_bytes(hashlib.blake2b(f"doc-{i}".encode(), digest_size=8).digest(), "little") % 7 for i in range(6)
+    ]
