@@ -84,6 +84,7 @@ def run_demo(
     data_dir: str | None = None,
     config=None,
     jobs: int = 1,
+    registry=None,
 ) -> int:
     """Runs the demo experiment, printing each stage's report; returns the exit code.
 
@@ -93,6 +94,7 @@ def run_demo(
             `data/embedded`).
         config: an `ExperimentConfig` to run instead of the demo's (tests pass a shrunken one).
         jobs: worker processes for independent trials.
+        registry: stage functions (default: the real stages; tests pass fakes).
     """
     from dpsynth.data.embedded import EmbeddedDataMissing
     from dpsynth.experiment import runner
@@ -115,7 +117,7 @@ def run_demo(
     print("(finished stages are cached: rerunning `make demo` reuses them)")
     t0 = time.monotonic()
     try:
-        result = runner.run_plan(plan, jobs=jobs, on_stage=banner)
+        result = runner.run_plan(plan, jobs=jobs, on_stage=banner, registry=registry)
     except EmbeddedDataMissing as e:
         print(f"\ndemo: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,84 @@
+"""`make demo`: its config and plan (fast), its control flow with fake stages (fast), and the
+real pipeline end to end on a shrunken config (slow)."""
+
+import os
+
+import pytest
+
+from dpsynth import demo
+from dpsynth.experiment import runner
+from dpsynth.experiment.config import load_config
+from dpsynth.experiment.plan import build_plan
+from tests.experiment import fakes
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_configs_demo_yaml_is_the_demo_config():
+    assert load_config(os.path.join(REPO, "configs", "demo.yaml")) == demo.demo_config()
+
+
+def test_demo_plan_is_one_dp_lora_trial_at_epsilon_3(tmp_path):
+    cfg = demo.demo_config()
+    plan = build_plan(cfg, str(tmp_path))
+    assert [n.stage for n in plan.nodes] == list(runner.STAGES)
+    (trial,) = plan.trials
+    assert (trial.mode, trial.epsilon) == ("lora", 3.0)
+    assert cfg.public.plant > 0 and cfg.pretrain.preset in ("tiny", "small")
+    rows = runner.privacy_budgets(plan, cfg, num_train=3600)
+    pytest.importorskip("dpsynth.dp.accounting")
+    assert rows[0]["delta"] == pytest.approx(1 / 3600) and rows[0]["noise_multiplier"] > 0
+
+
+def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(fakes.LOG_ENV, str(tmp_path / "log"))
+    code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
+    out = capsys.readouterr().out
+    assert code == 0
+    for stage in runner.STAGES:
+        assert f"fake report of {stage}" in out
+    assert "[8/8] evaluation" in out and "report: " in out
+    # Second run: everything cached, the stored reports are shown again.
+    code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("cached") >= len(runner.STAGES) and "fake report of pretrain" in out
+
+
+def test_demo_stops_naming_a_missing_stage(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(fakes.LOG_ENV, str(tmp_path / "log"))
+    registry = {k: v for k, v in fakes.REGISTRY.items() if k != "pretrain"}
+    code = demo.run_demo(out=str(tmp_path / "run"), registry=registry)
+    captured = capsys.readouterr()
+    assert code == runner.EXIT_UNAVAILABLE
+    assert "stage 'pretrain' is not available" in captured.err
+    assert fakes.calls(str(tmp_path / "log")) == ["sensitive", "public", "tokenizer", "dedup"]
+
+
+# A shrunken demo: same stages and code paths, minutes instead of 20.
+SMALL = {
+    "public": {"plant": 2},
+    "sensitive": {"max_train": 400, "max_valid": 100, "max_test": 200},
+    "tokenizer": {"vocab_size": 1000},
+    "pretrain": {"steps": 20, "seq_len": 64, "batch_size": 8},
+    "dp_tune": {"batch_size": 64, "epochs": 1, "max_tokens": 64},
+    "generate": {"max_tokens": 48, "multiples": [0.25]},
+}
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
+    from dpsynth.data import embedded
+
+    try:
+        embedded.austen_documents()
+    except embedded.EmbeddedDataMissing as e:
+        pytest.skip(str(e))
+    out = str(tmp_path / "run")
+    code = demo.run_demo(out=out, config=demo.demo_config(SMALL))
+    text = capsys.readouterr()
+    assert code == 0, text.err[-3000:]
+    assert "planted 2 sensitive training reviews" in text.out
+    assert os.path.exists(os.path.join(out, "report"))
+    # Rerun: nothing recomputed.
+    result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))
+    assert result.ok and result.ran == []
