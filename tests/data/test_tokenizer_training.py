@@ -1,0 +1,29 @@
+"""Tests for dpsynth.data.tokenizer_training and the `dpsynth tokenizer train` entry point."""
+
+import json
+
+import pytest
+
+from dpsynth import cli
+from dpsynth import tokens as tok
+from dpsynth.data import readers
+
+
+def test_cli_trains_on_public_files(tmp_path, capsys):
+    words = "river stone cloud field bird morning light window garden".split()
+    (tmp_path / "pub").mkdir()
+    for i in range(3):
+        (tmp_path / "pub" / f"{i}.txt").write_text("\n".join(" ".join(words[(i + j) % 9:] + words[:(i + j) % 9]) for j in range(50)))
+    (tmp_path / "pub" / "more.jsonl").write_text(json.dumps({"text": "river bird Morning"}) + "\n")
+    out = tmp_path / "tok.model"
+    assert cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "pub"), "--vocab-size", "300", "--out", str(out)]) == 0
+    t = tok.Tokenizer.load(str(out))
+    assert 260 < t.vocab_size <= 300 and t.decode(t.encode("garden window")) == "garden window"
+    assert f"{t.vocab_size} pieces from 4 public files" in capsys.readouterr().out
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    (tmp_path / "e.jsonl").write_text(json.dumps({"text": "   "}) + "\n")
+    with pytest.raises(readers.InputError, match="e.jsonl"):
+        cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "e.jsonl"), "--vocab-size", "300",
+                  "--out", str(tmp_path / "t.model")])

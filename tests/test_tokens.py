@@ -1,0 +1,86 @@
+"""Tests for dpsynth.tokens: the token-shard format and the SentencePiece wrapper."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from dpsynth import tokens as tok
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    texts = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(10)]
+    return tok.train_tokenizer(texts, vocab_size=300)
+
+
+def test_token_dtype_boundaries():
+    assert tok.token_dtype(65536) == np.dtype("<u2")
+    assert tok.token_dtype(65537) == np.dtype("<u4")
+    with pytest.raises(ValueError):
+        tok.token_dtype(0)
+
+
+@pytest.mark.parametrize("vocab_size", [300, 70000])
+def test_shard_roundtrip_and_manifest(tmp_path, vocab_size):
+    rng = np.random.default_rng(vocab_size)
+    docs = [rng.integers(0, vocab_size, size=n) for n in (0, 1, 17, 5)]
+    meta = [{"id": f"d{i}", "label": "x"} for i in range(len(docs))]
+    entry = tok.write_shard(str(tmp_path), tok.shard_name(0), docs, meta, vocab_size)
+    manifest = tok.write_manifest(str(tmp_path), name="c", shards=[entry], vocab_size=vocab_size, tokenizer_sha256="h")
+    assert manifest["num_tokens"] == 23 and manifest["num_documents"] == 4
+    (shard,) = list(tok.iter_shards(str(tmp_path)))
+    assert shard.tokens.dtype == tok.token_dtype(vocab_size)
+    for i, d in enumerate(docs):
+        np.testing.assert_array_equal(shard.document(i), d)
+    assert shard.docs == meta
+    whole = tok.read_corpus(str(tmp_path))
+    assert whole.num_tokens == 23
+
+
+def test_out_of_range_ids_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        tok.write_shard(str(tmp_path), "s", [np.array([70000])], [{"id": "a"}], 300)
+    with pytest.raises(ValueError, match="does not fit"):
+        tok.write_shard(str(tmp_path), "s", [np.array([-1])], [{"id": "a"}], 300)
+
+
+def test_corruption_and_version_are_detected(tmp_path):
+    entry = tok.write_shard(str(tmp_path), "shard-00000", [np.arange(5)], [{"id": "a"}], 300)
+    tok.write_manifest(str(tmp_path), name="c", shards=[entry], vocab_size=300, tokenizer_sha256="h")
+    (tmp_path / "shard-00000.tokens").write_bytes(b"\x00" * 10)
+    with pytest.raises(tok.FormatError, match="SHA-256"):
+        list(tok.iter_shards(str(tmp_path)))
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["format_version"] = 99
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(tok.FormatError, match="format_version 99"):
+        tok.read_manifest(str(tmp_path))
+    with pytest.raises(tok.FormatError, match="missing"):
+        tok.read_manifest(str(tmp_path / "nowhere"))
+
+
+def test_tokenizer_special_ids_roundtrip_and_pickle(tmp_path, tokenizer):
+    import pickle
+
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2, 3)
+    text = "alpha beta gamma, Ünïcode ✓ 🙂"
+    ids = tokenizer.encode(text)
+    assert ids.dtype == np.int32 and ids.min() > 3
+    assert tokenizer.decode(ids) == text  # byte fallback keeps unseen characters
+    assert tokenizer.decode([tok.BOS_ID, *ids, tok.EOS_ID, tok.PAD_ID]) == text
+    batch = tokenizer.encode_batch([text, "beta"])
+    np.testing.assert_array_equal(batch[0], ids)
+    tokenizer.save(str(tmp_path / "m.model"))
+    loaded = tok.Tokenizer.load(str(tmp_path / "m.model"))
+    assert loaded.sha256 == tokenizer.sha256
+    clone = pickle.loads(pickle.dumps(tokenizer))
+    np.testing.assert_array_equal(clone.encode(text), ids)
+
+
+def test_train_tokenizer_rejects_empty_text():
+    with pytest.raises(ValueError, match="no non-empty lines"):
+        tok.train_tokenizer(["", "  \n "], vocab_size=300)
