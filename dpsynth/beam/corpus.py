@@ -95,18 +95,30 @@ class ReadDocuments(beam.PTransform):
         )
 
 
+def validate_records(records: Sequence[dict[str, Any]], source: str,
+                     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES) -> list[tuple]:
+    """In-memory records as Items (key = (0, position + 1)); invalid texts become dead letters."""
+    items = []
+    for n, r in enumerate(records, start=1):
+        reason = readers.check_text(r.get("text"), "text", max_document_bytes)
+        if reason:
+            items.append(("dead", (0, n), readers.DeadLetter(source, n, reason).to_json()))
+        else:
+            items.append(("doc", (0, n), r))
+    return items
+
+
 class CreateDocuments(beam.PTransform):
     """In-memory records (e.g. a TFDS dataset loaded by the driver) as Items."""
 
-    def __init__(self, records: Sequence[dict[str, Any]]):
+    def __init__(self, records: Sequence[dict[str, Any]], source: str = "memory",
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
         super().__init__()
-        self.records = list(records)
+        self.items = validate_records(records, source, max_document_bytes)
 
     def expand(self, pbegin):
-        """PBegin -> PCollection[Item] ("doc" only; key = (0, position + 1))."""
-        return pbegin | "CreateRecords" >> beam.Create(
-            [("doc", (0, i + 1), r) for i, r in enumerate(self.records)]
-        )
+        """PBegin -> PCollection[Item] ("doc" records and "dead" letters)."""
+        return pbegin | "CreateRecords" >> beam.Create(self.items)
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -355,7 +367,7 @@ def plan_source(
     if any(s.startswith(TFDS_PREFIX) for s in specs):
         if len(specs) != 1:
             raise readers.InputError(f"{specs}: a tfds: input must be the only input of its dataset")
-        from dpsynth.data import tfds as tfds_io
+        from dpsynth.data import tfds_source as tfds_io
 
         splits = tfds_io.load_tfds(specs[0][len(TFDS_PREFIX):], data_dir=tfds_data_dir)
         records = tuple(r for split in ("train", "valid", "test") for r in splits.get(split, []))
@@ -385,7 +397,8 @@ class TokenizeCorpus(beam.PTransform):
     def expand(self, pbegin):
         """PBegin -> PCollection[manifest dict] (one element, after every shard is written)."""
         if self.source.records is not None:
-            items = pbegin | "Create" >> CreateDocuments(self.source.records)
+            items = pbegin | "Create" >> CreateDocuments(self.source.records, ",".join(self.source.specs),
+                                                         self.max_document_bytes)
         else:
             items = pbegin | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
         return (
