@@ -46,7 +46,7 @@ DEMO_CONFIG: dict[str, Any] = {
         "max_tokens": 128,
     },
     "generate": {"samplings": [{"temperature": 1.0, "top_k": 0, "num_decodes": 1}], "multiples": [1], "max_tokens": 128},
-    "evaluate": {"classifiers": ["wordcnn"], "baselines": True, "mauve": True},
+    "evaluate": {"classifiers": ["wordcnn"], "baselines": True},
 }
 
 BANNERS = {

@@ -51,12 +51,12 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128
       batch_size: 32
+      audit_memorisation: true      # longest overlap with D_train (an owner's audit, NOT DP)
       options: {}
     evaluate:
       classifiers: [wordcnn]        # wordcnn | backbone
       baselines: true               # real data and DP-on-real at the same epsilons
-      mauve: true
-      options: {}
+      options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.report.EvaluateConfig)
 
 Unknown keys and bad values raise `ConfigError` naming the YAML key, e.g.
 `dp_tune.epsilons[1]: must be > 0 or inf, got -1`.
@@ -246,6 +246,7 @@ class GenerateConfig:
     valid_fraction: float = 0.1
     max_tokens: int = 128
     batch_size: int = 32
+    audit_memorisation: bool = True
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -266,7 +267,6 @@ class EvaluateConfig:
 
     classifiers: tuple[str, ...] = ("wordcnn",)
     baselines: bool = True
-    mauve: bool = True
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:

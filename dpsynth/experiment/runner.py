@@ -275,36 +275,41 @@ def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
 def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
     """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
 
-    The noise multiplier comes from the DP accountant (`dpsynth.dp.accounting`); entries say
-    why when it cannot be computed (data size unknown, accountant missing, unreachable target).
+    Computed exactly as the tuner will (`dpsynth.dp.tune.plan_privacy` on the node's
+    `TuneConfig`), falling back to the accountant (`dpsynth.dp.accounting`) when the tuner
+    is not installed; entries say why when nothing can be computed (data size unknown,
+    unreachable target).
     """
     rows = []
-    dp = config.dp_tune
-    seen = set()
-    for trial in plan.trials:
-        if trial.dp_tune in seen:
+    for node in plan.nodes:
+        if node.stage != "dp_tune":
             continue
-        seen.add(trial.dp_tune)
-        row: dict[str, Any] = {"dp_tune": trial.dp_tune, "mode": trial.mode, "epsilon": trial.epsilon}
+        c = node.config
+        row: dict[str, Any] = {"dp_tune": node.key, "mode": c["mode"], "epsilon": float(c["epsilon"])}
+        rows.append(row)
         if num_train is None:
             row["note"] = "|train| unknown"
-            rows.append(row)
             continue
-        delta = dp.delta if dp.delta is not None else 1.0 / num_train
-        row["delta"] = delta
         try:
-            from dpsynth.dp import accounting
+            try:
+                from dpsynth.dp import tune
+                from dpsynth.experiment import stages
 
-            q = accounting.sampling_probability(num_train, dp.batch_size)
-            steps = dp.steps if dp.steps is not None else accounting.steps_for_epochs(dp.epochs, q)
-            row.update(q=q, steps=steps)
-            row["noise_multiplier"] = accounting.calibrate_noise_multiplier(trial.epsilon, delta, q, steps, dp.accountant)
-            row["accountant"] = dp.accountant
+                p = tune.plan_privacy(stages.tune_config(c), num_train)
+                row.update(delta=p.delta, q=p.q, steps=p.steps, noise_multiplier=p.noise_multiplier)
+            except (ImportError, StageUnavailable):
+                from dpsynth.dp import accounting
+
+                delta = c["delta"] if c.get("delta") is not None else 1.0 / num_train
+                q = accounting.sampling_probability(num_train, c["batch_size"])
+                steps = c["steps"] if c.get("steps") is not None else accounting.steps_for_epochs(c["epochs"], q)
+                sigma = accounting.calibrate_noise_multiplier(row["epsilon"], delta, q, steps, c["accountant"])
+                row.update(delta=delta, q=q, steps=steps, noise_multiplier=sigma)
+            row["accountant"] = c["accountant"]
         except ImportError as e:
             row["note"] = f"accountant not available ({e})"
         except ValueError as e:
             row["note"] = str(e)
-        rows.append(row)
     return rows
 
 

@@ -218,12 +218,6 @@ def tokenizer(ctx: StageContext) -> dict[str, Any]:
     return {"vocab_size": tok.vocab_size, "sha256": tok.sha256}
 
 
-REGISTRY = {
-    "sensitive": sensitive_data,
-    "public": public_corpus,
-    "tokenizer": tokenizer,
-}
-
 
 # ----------------------------------------------------------------------------- dedup
 
@@ -272,4 +266,243 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-REGISTRY["dedup"] = dedup
+
+# ----------------------------------------------------------------------------- pretrain
+
+
+def pretrain(ctx: StageContext) -> dict[str, Any]:
+    """Pretrains the LM on the cleaned public corpus (`dpsynth.train.pretrain.run_pretrain`).
+
+    Resumable: an interrupted run continues from its last checkpoint in the work directory.
+    """
+    lib = _module("pretrain", "dpsynth.train.pretrain", "run_pretrain")
+    c = ctx.config
+    config = lib.PretrainConfig(
+        preset=c["preset"], steps=c["steps"], seq_len=c["seq_len"], batch_size=c["batch_size"],
+        learning_rate=c["learning_rate"], seed=c["seed"], **dict(c.get("options") or {}),
+    )
+    model_dir = os.path.join(ctx.out_dir, "model")
+    summary = lib.run_pretrain(
+        ctx.inputs["dedup"].path("clean_tokens"),
+        ctx.inputs["tokenizer"].path("tokenizer.model"),
+        model_dir,
+        config,
+        resume=ctx.resume,
+    )
+    valid = summary.get("valid") or {}
+    train = summary.get("train") or {}
+    ppl = valid.get("perplexity")
+    ctx.report(
+        f"pretrain: preset {summary.get('preset')} ({summary.get('num_params', 0) / 1e6:.2f}M params), "
+        f"{summary.get('step')} steps of {config.batch_size} x {config.seq_len} tokens; "
+        f"train loss {train.get('loss', float('nan')):.3f}; "
+        + (f"validation perplexity {ppl:.2f} on held-out public text" if ppl is not None else "no validation split")
+    )
+    keep = ("preset", "step", "num_params", "train_rows", "valid_rows", "compile_s")
+    return {**{k: summary.get(k) for k in keep}, "valid_perplexity": ppl, "train_loss": train.get("loss")}
+
+
+# ----------------------------------------------------------------------------- DP tuning
+
+
+def tune_config(config: Mapping[str, Any]):
+    """The `dpsynth.dp.tune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
+    lib = _module("dp_tune", "dpsynth.dp.tune", "TuneConfig")
+    kwargs: dict[str, Any] = dict(
+        mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
+        accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
+        clip_norm=config["clip_norm"], max_tokens=config["max_tokens"], full_lm=config["loss"] == "full",
+        seed=config["seed"],
+    )
+    if config.get("steps") is not None:
+        kwargs["steps"] = config["steps"]
+    else:
+        kwargs["epochs"] = config["epochs"]
+    if "lora_rank" in config:
+        kwargs["lora_rank"] = config["lora_rank"]
+    if "prompt_length" in config:
+        kwargs["prompt_length"] = config["prompt_length"]
+    kwargs.update(config.get("options") or {})
+    return lib.TuneConfig(**kwargs)
+
+
+def dp_tune(ctx: StageContext) -> dict[str, Any]:
+    """DP fine-tuning of the pretrained LM on D_train (`dpsynth.dp.tune.dp_tune`).
+
+    Resumable: the tuner resumes from its checkpoint (ledger included, nothing double-counted).
+    """
+    lib = _module("dp_tune", "dpsynth.dp.tune", "dp_tune")
+    report_lib = _module("dp_tune", "dpsynth.dp.report", "render_markdown")
+    config = tune_config(ctx.config)
+    sens = ctx.inputs["sensitive"]
+    model_dir = os.path.join(ctx.out_dir, "model")
+    result = lib.dp_tune(
+        ctx.inputs["pretrain"].path("model"),
+        _read_jsonl(sens.path("data", "train.jsonl")),
+        _read_jsonl(sens.path("data", "valid.jsonl")),
+        model_dir,
+        config,
+        labels=sens.summary.get("labels"),
+        resume=ctx.resume,
+    )
+    ctx.report(report_lib.render_markdown(result.report))
+    eps = dict(result.epsilon)
+    ctx.report(
+        f"dp_tune: {config.mode} at target epsilon {config.epsilon:g}: {result.steps} steps, noise multiplier "
+        f"{result.noise_multiplier:.4f}, epsilon spent {', '.join(f'{k} {v:.3f}' for k, v in eps.items())} at delta "
+        f"{result.delta:.3g}; train loss {result.train_loss:.3f}, valid loss {result.valid_loss:.3f}"
+    )
+    return {
+        "mode": config.mode, "target_epsilon": config.epsilon, "epsilon": eps, "delta": result.delta,
+        "steps": result.steps, "noise_multiplier": result.noise_multiplier, "train_loss": result.train_loss,
+        "valid_loss": result.valid_loss, "truncated_train": result.truncated_train,
+    }
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+EXAMPLES_PER_LABEL = 2
+EXAMPLE_CHARS = 300
+
+
+def generate(ctx: StageContext) -> dict[str, Any]:
+    """Generates the synthetic train/valid splits (`dpsynth.generate.job.generate`).
+
+    Sizes: train = multiple x |D_train|, valid = valid_fraction x train. Resumable: the job
+    regenerates only the shards missing from the work directory.
+    """
+    lib = _module("generate", "dpsynth.generate.job", "generate")
+    c = ctx.config
+    sens = ctx.inputs["sensitive"]
+    num_train = max(1, int(round(c["multiple"] * sens.summary["num_train"])))
+    num_valid = max(1, int(round(c["valid_fraction"] * num_train)))
+    sampling = c["sampling"]
+    config = lib.GenerateConfig(
+        model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
+        valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
+        num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
+        **dict(c.get("options") or {}),
+    )
+    train_path = sens.path("data", "train.jsonl") if c.get("audit_memorisation") else None
+    lib.generate(config, train_path=train_path)
+    with open(os.path.join(ctx.out_dir, lib.REPORT_FILE), encoding="utf-8") as f:
+        report = json.load(f)
+    records = _read_jsonl(os.path.join(ctx.out_dir, "train.jsonl"))
+    ctx.report(_render_generation(records, report))
+    train_split = report.get("splits", {}).get("train", {})
+    mem = report.get("memorisation", {})
+    return {
+        "num_train": num_train, "num_valid": num_valid,
+        "duplicate_rate": train_split.get("duplicates", {}).get("duplicate_rate"),
+        "memorisation": {k: v for k, v in mem.items() if isinstance(v, (int, float, bool))},
+    }
+
+
+def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> str:
+    """A few SYNTHETIC examples per label (DP output, fine to show) and the report's numbers."""
+    lines = ["generated examples (synthetic, DP):"]
+    by_label: dict[str, list[str]] = {}
+    for r in records:
+        by_label.setdefault(r["label"], []).append(r["text"])
+    for label in sorted(by_label):
+        for text in by_label[label][:EXAMPLES_PER_LABEL]:
+            short = " ".join(text.split())
+            short = short if len(short) <= EXAMPLE_CHARS else short[:EXAMPLE_CHARS] + " ..."
+            lines.append(f"  [{label}] {short}")
+    lines.append("generation report:")
+    for split, info in sorted((report.get("splits") or {}).items()):
+        dup = info.get("duplicates", {})
+        lengths = info.get("length_tokens", {})
+        balance = info.get("label_balance", {})
+        counts = balance.get("counts") if isinstance(balance, Mapping) else None
+        lines.append(
+            f"  {split}: {dup.get('num_examples')} examples, duplicate rate {dup.get('duplicate_rate', float('nan')):.3%}"
+            + (f", labels {dict(counts)}" if counts else "")
+            + (f", mean length {lengths.get('mean'):.1f} tokens" if isinstance(lengths.get("mean"), (int, float)) else "")
+        )
+    mem = report.get("memorisation") or {}
+    if mem.get("checked"):
+        shown = {k: v for k, v in mem.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        lines.append(f"  memorisation audit vs D_train (owner-only, not DP): {shown}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(ctx: StageContext) -> dict[str, Any]:
+    """The batch metric report over every trial's synthetic data (`dpsynth.evaluate.report.evaluate`).
+
+    Each trial's corpus is linked as `corpora/<trial id>` (relative links to the generate
+    stage directories) so the report's rows carry readable names.
+    """
+    lib = _module("evaluate", "dpsynth.evaluate.report", "evaluate")
+    c = ctx.config
+    sens = ctx.inputs["sensitive"]
+    links = os.path.join(ctx.out_dir, "corpora")
+    os.makedirs(links)
+    dirs = []
+    for trial, out in zip(c["trials"], ctx.inputs["synthetic"]):
+        link = os.path.join(links, trial["id"])
+        os.symlink(os.path.relpath(out.dir, links), link)
+        dirs.append(link)
+    real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
+    epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
+    options = dict(c.get("options") or {})
+    config = lib.EvaluateConfig(
+        classifiers=tuple(c["classifiers"]),
+        model_dir=ctx.inputs["pretrain"].path("model"),
+        dp_epsilons=tuple(epsilons),
+        real_baseline=bool(c["baselines"]),
+        **options,
+    )
+    result = lib.evaluate(dirs, real, ctx.out_dir, config)
+    table = summary_table(result["rows"], result["baselines"], c["classifiers"])
+    ctx.report(table)
+    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        return "inf" if v == float("inf") else f"{v:.{digits}f}"
+    return str(v)
+
+
+def summary_table(rows: Sequence[Mapping[str, Any]], baselines: Sequence[Mapping[str, Any]], classifiers: Sequence[str]) -> str:
+    """Markdown: one line per synthetic corpus and per baseline (accuracy on the real test set)."""
+    head = ["data", "mode", "epsilon"] + [f"{k} acc" for k in classifiers] + ["MAUVE", "perplexity", "status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"synthetic {r.get('corpus')}", str(r.get("mode", "-")), _f(r.get("epsilon"), 2)]
+        for k in classifiers:
+            acc, std = r.get(f"{k}_accuracy"), r.get(f"{k}_accuracy_std")
+            cells.append(_f(acc) + (f" ± {_f(std)}" if std is not None else ""))
+        cells += [_f(r.get("mauve")), _f(r.get("perplexity"), 1), str(r.get("status", "-"))
+                  + (f": {r.get('error')}" if r.get("status") == "error" else "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    for b in baselines:
+        name = "real data" if b.get("baseline") == "real" else "DP-on-real"
+        cells = [name, "-", _f(b.get("epsilon"), 2)]
+        for k in classifiers:
+            cells.append(_f(b.get("accuracy")) + (f" ± {_f(b.get('accuracy_std'))}" if b.get("accuracy_std") is not None else "")
+                         if b.get("classifier") == k else "-")
+        cells += ["-", "-", "ok"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+REGISTRY = {
+    "sensitive": sensitive_data,
+    "public": public_corpus,
+    "tokenizer": tokenizer,
+    "dedup": dedup,
+    "pretrain": pretrain,
+    "dp_tune": dp_tune,
+    "generate": generate,
+    "evaluate": evaluate,
+}

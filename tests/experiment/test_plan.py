@@ -68,7 +68,7 @@ def _downstream(plan, roots):
         ({"dp_tune": {"lora_rank": 4}}, lambda k: k.startswith("dp_tune[lora")),
         ({"dp_tune": {"prompt_length": 8}}, lambda k: k.startswith("dp_tune[prompt")),
         ({"generate": {"max_tokens": 64}}, lambda k: k.startswith("generate[")),
-        ({"evaluate": {"mauve": False}}, lambda k: k == "evaluate"),
+        ({"evaluate": {"baselines": False}}, lambda k: k == "evaluate"),
         ({"seed": 1}, lambda k: k not in ("sensitive", "public", "dedup")),
     ],
 )
