@@ -32,7 +32,12 @@ def _run_pipeline(build, beam_args: Sequence[str] | None, pipeline: beam.Pipelin
     p = pipeline if pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
     build(p)
     result = p.run()
-    result.wait_until_finish()
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)  # DaskRunner: close the client it opened
+        if client is not None:
+            client.close()
 
 
 def summarize_manifest(manifest: dict[str, Any], out_dir: str) -> str:

@@ -1,0 +1,169 @@
+"""Tests for the dedup job (dpsynth.beam.dedup + dpsynth.beam.jobs.dedup) against a brute-force reference.
+
+The reference works on the job's own token corpora: a public position is cut iff it lies in
+some k-token window that also occurs inside one sensitive document (the union of all shared
+sequences of length >= k, never across document boundaries), and a sensitive example is
+contaminated iff one of its k-token windows occurs in a public document.
+"""
+
+import hashlib
+import json
+import pathlib
+import random
+
+import numpy as np
+import pytest
+
+from beam_jobs import dedup as dedup_job
+from dpsynth import tokens as tok
+from dpsynth.beam import jobs
+from dpsynth.beam.dedup import clean_text
+from dpsynth.data.text import complement_ranges
+
+from .conftest import make_text
+
+K = 12
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+
+def _tree_digest(root: pathlib.Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def reference(public: tok.TokenShard, sensitive: tok.TokenShard, k: int):
+    """(ranges per public doc id, contaminated sensitive ids) by brute force over k-grams."""
+    grams: dict[tuple, set] = {}
+    for j in range(sensitive.num_documents):
+        d = sensitive.document(j).tolist()
+        for i in range(len(d) - k + 1):
+            grams.setdefault(tuple(d[i:i + k]), set()).add(sensitive.docs[j]["id"])
+    ranges, hit = {}, set()
+    for j in range(public.num_documents):
+        d = public.document(j).tolist()
+        covered = np.zeros(len(d), bool)
+        for i in range(len(d) - k + 1):
+            ids = grams.get(tuple(d[i:i + k]))
+            if ids:
+                covered[i:i + k] = True
+                hit |= ids
+        runs, i = [], 0
+        while i < len(d):
+            if covered[i]:
+                e = i
+                while e < len(d) and covered[e]:
+                    e += 1
+                runs.append((i, e))
+                i = e
+            else:
+                i += 1
+        ranges[public.docs[j]["id"]] = runs
+    return ranges, hit
+
+
+def _reported_ids(report) -> set:
+    found = set()
+    for entry in report["sensitive"]:
+        for key in ("contaminated_ids", "ids"):
+            found.update(entry.get(key, []))
+    return found
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """Public files with planted sensitive passages (whole reviews, parts, at starts and ends)."""
+    rng = random.Random(7)
+    root = tmp_path_factory.mktemp("dedup_in")
+    sens = [{"id": f"s{i}", "text": make_text(rng, rng.randint(10, 60)), "label": ["great", "other"][i % 2]}
+            for i in range(30)]
+    (root / "sens").mkdir()
+    (root / "sens" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sens[:24]))
+    (root / "sens" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sens[24:]))
+    (root / "pub").mkdir()
+    docs = [make_text(rng, rng.randint(30, 200)) for _ in range(14)]
+    docs[0] = sens[3]["text"] + "\n" + docs[0]                       # at a document start
+    docs[1] = docs[1] + "\n" + sens[5]["text"]                       # at a document end
+    words = sens[8]["text"].split()
+    docs[2] = docs[2] + " " + " ".join(words[5:25]) + " " + docs[3]  # a middle part only
+    docs[4] = sens[10]["text"]                                       # the whole document
+    docs[6] = docs[6] + "\n" + sens[12]["text"] + "\n" + sens[12]["text"]  # twice, touching
+    for i in range(4):
+        (root / "pub" / f"book{i}.txt").write_text(docs[i])
+    (root / "pub" / "web.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[4:]))
+    return root
+
+
+def _run(corpora, tokenizer_path, out, extra=()):
+    return dedup_job.run(["--public", str(corpora / "pub"), "--sensitive", f"reviews={corpora / 'sens'}",
+                          "--tokenizer", tokenizer_path, "--out", str(out), "--min-tokens", str(K),
+                          "--num-shards", "3", *extra])
+
+
+def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    public = tok.read_corpus(str(out / "tokens" / "public"))
+    sensitive = tok.read_corpus(str(out / "tokens" / "sensitive" / "reviews"))
+    ranges, hit = reference(public, sensitive, K)
+    assert hit, "the planted passages must be found"
+    assert _reported_ids(report) == hit
+    clean = {}
+    for path in sorted((out / "clean").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            clean[row["id"]] = row["text"]
+    for j, doc in enumerate(public.docs):
+        expected = clean_text(tokenizer, public.document(j), ranges[doc["id"]])
+        if expected.strip():
+            assert clean[doc["id"]] == expected, doc["id"]
+        else:
+            assert doc["id"] not in clean
+    removed = sum(b - a for r in ranges.values() for a, b in r)
+    assert tok.read_manifest(str(out / "clean_tokens"))["num_tokens"] == public.num_tokens - removed
+    kept = tok.read_corpus(str(out / "clean_tokens"))
+    by_id = {d["id"]: kept.document(i) for i, d in enumerate(kept.docs)}
+    for j, doc in enumerate(public.docs):
+        pieces = complement_ranges(len(public.document(j)), ranges[doc["id"]])
+        want = np.concatenate([public.document(j)[a:b] for a, b in pieces] or [np.zeros(0, np.int64)])
+        np.testing.assert_array_equal(by_id.get(doc["id"], np.zeros(0)), want)
+    return hit
+
+
+def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_path, tmp_path, capsys):
+    report = _run(corpora, tokenizer_path, tmp_path / "out")
+    hit = _check_against_reference(tmp_path / "out", tokenizer_path, report)
+    assert {"s3", "s5", "s10", "s12"} <= hit
+    assert "contamination" in capsys.readouterr().out.lower()
+    first = _tree_digest(tmp_path / "out")
+    _run(corpora, tokenizer_path, tmp_path / "out")
+    assert _tree_digest(tmp_path / "out") == first
+
+    # Already tokenized inputs are accepted and give the same clean corpus and report.
+    again = dedup_job.run(["--public", str(tmp_path / "out" / "tokens" / "public"), "--sensitive",
+                           f"reviews={tmp_path / 'out' / 'tokens' / 'sensitive' / 'reviews'}",
+                           "--tokenizer", tokenizer_path, "--out", str(tmp_path / "pre"), "--min-tokens", str(K)])
+    assert again == report
+    pre = _tree_digest(tmp_path / "pre")
+    assert {k: v for k, v in pre.items() if k.startswith(("clean", "contamination"))} == \
+        {k: v for k, v in first.items() if k.startswith(("clean", "contamination"))}
+
+
+def test_mismatched_tokenizer_is_refused(corpora, tokenizer_path, tmp_path):
+    _run(corpora, tokenizer_path, tmp_path / "out")
+    other = tok.train_tokenizer([make_text(random.Random(3), 400)], vocab_size=350)
+    other.save(str(tmp_path / "other.model"))
+    from dpsynth.data.readers import InputError
+
+    with pytest.raises(InputError, match="tokenized with tokenizer"):
+        jobs.dedup([str(tmp_path / "out" / "tokens" / "public")], [str(corpora / "sens")],
+                   tokenizer_path=str(tmp_path / "other.model"), out_dir=str(tmp_path / "o2"))
+
+
+def test_dedup_on_a_dask_cluster(corpora, tokenizer_path, tmp_path, repo_on_path):
+    distributed = pytest.importorskip("distributed")
+    local = _run(corpora, tokenizer_path, tmp_path / "local")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        report = _run(corpora, tokenizer_path, tmp_path / "dask", [f"--runner={DASK_RUNNER}",
+                                                  f"--dask_client_address={cluster.scheduler_address}"])
+    assert report == local
+    digest = {k: v for k, v in _tree_digest(tmp_path / "dask").items() if not k.startswith("index")}
+    assert digest == {k: v for k, v in _tree_digest(tmp_path / "local").items() if not k.startswith("index")}
