@@ -13,8 +13,9 @@ Presets (`get_config(name, **overrides)`):
 32k SentencePiece vocabulary); they are meant for accelerators and never built in tests
 (their sizes are checked with `jax.eval_shape` against `num_params`).
 
-Embeddings are tied: the output projection is the transposed input embedding, scaled by
-`d_model ** -0.5` (as in T5), which saves `vocab * d_model` parameters.
+Embeddings are tied: the output projection is the transposed input embedding (which saves
+`vocab * d_model` parameters); the embedding is initialized with std `d_model ** -0.5` and
+multiplied by `sqrt(d_model)` on input (as in Gemma), so both uses start at unit scale.
 """
 
 from __future__ import annotations

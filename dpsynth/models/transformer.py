@@ -186,9 +186,9 @@ class Transformer(nn.Module):
         cfg, dtype = self.config, _dtype(self.config)
         b, t = tokens.shape
         p = cfg.prompt_length if with_prompt else 0
-        embedding = self.param("embedding", nn.initializers.normal(stddev=1.0), (cfg.vocab_size, cfg.d_model),
-                               jnp.float32)
-        x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+        embedding = self.param("embedding", nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                               (cfg.vocab_size, cfg.d_model), jnp.float32)
+        x = (jnp.take(embedding, tokens, axis=0) * (cfg.d_model**0.5)).astype(dtype)
         if cfg.prompt_length:
             prompt = self.variable(
                 "prompt", "embedding",
@@ -229,7 +229,6 @@ class Transformer(nn.Module):
         hidden = RMSNorm(cfg.norm_eps, dtype, name="final_norm")(x)
         hidden = hidden[:, p:]
         logits = jnp.dot(hidden, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
-        logits = logits * (cfg.d_model**-0.5)
         out = (logits, hidden) if return_hidden else logits
         if cache is None:
             return out

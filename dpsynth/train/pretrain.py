@@ -1,0 +1,484 @@
+"""Pretraining the decoder-only LM on a cleaned token corpus (the `dpsynth pretrain` library).
+
+Data: the corpus (token shards written by the tokenize/dedup jobs) is read with
+`dpsynth.tokens.iter_shards` (hashes verified) after checking that its manifest names the
+given tokenizer. Each document becomes `[BOS] doc [EOS]`, cut into blocks of `seq_len`
+tokens; a deterministic `valid_fraction` of blocks (by SHA-256 of (document id, block
+index)) is held out for validation perplexity and never trained on (a document shorter than
+`seq_len` is one block, so small documents are held out whole). The remaining blocks are
+concatenated into one stream and packed into rows of `seq_len` tokens with segment ids, so no
+token attends across documents and positions restart per segment; a target is only trained
+on when it belongs to the same document as its input. Rows are visited in a seeded
+permutation per epoch; the data position is a pure function of the step, so resuming is exact.
+
+Loss: next-token cross-entropy + z-loss `z_loss * log(Z)^2` (1e-4), weight decay 1e-3,
+Adafactor with `min(0.01, 1/sqrt(step))` (the paper's) or AdamW (default for tiny/small).
+
+Outputs in OUT (a `dpsynth.model` directory once training finishes, see
+`dpsynth.train.checkpoint`): manifest.json, config.json, tokenizer.model, variables/,
+plus checkpoints/ (resumable training state), metrics.jsonl and tb/ (TensorBoard events).
+
+The corpus is packed in host memory (fine up to a few hundred million tokens on one host);
+each host of a multi-host run reads the same corpus and feeds its slice of the rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsynth import tokens as tokens_lib
+from dpsynth.models import ModelConfig, Transformer, get_config
+from dpsynth.progress import Progress
+from dpsynth.train import checkpoint as ckpt_lib
+from dpsynth.train import core, lm, optim, sharding
+
+logger = logging.getLogger("dpsynth.pretrain")
+
+# Peak dense bf16 FLOP/s per device for the MFU estimate (vendor figures, no sparsity).
+PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6": 918e12,
+              "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
+
+
+class PretrainError(ValueError):
+    """Bad input to pretraining (says which file/flag and what to do)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainConfig:
+    """Pretraining settings (see `dpsynth pretrain --help` for each flag).
+
+    Attributes:
+      preset: model preset name; `model_overrides` changes single fields of it.
+      seq_len: packed sequence length L (must be <= the model's max_len).
+      batch_size: rows per microbatch; a step sees `batch_size * grad_accum` rows.
+      grad_accum: microbatches accumulated per optimizer step.
+      steps: total optimizer steps.
+      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/small, Adafactor otherwise).
+      learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
+        min(lr, 1/sqrt(step))); None = the optimizer's default (3e-3 / 0.01).
+      warmup_steps: Adam warm-up steps.
+      weight_decay, z_loss: regularizers (1e-3, 1e-4 as in the paper).
+      valid_fraction: fraction of blocks held out for validation perplexity.
+      eval_every, eval_batches: validation cadence and size (batches of `batch_size` rows).
+      checkpoint_every: steps between checkpoints (and one at the end).
+      log_every: steps between metric lines / TensorBoard points.
+      seed: seeds initialization, data order and the step keys.
+      mesh_data, mesh_model: device mesh shape; 1 x 1 = no mesh (single device).
+      peak_tflops: per-device peak for the MFU estimate (default: looked up by device kind).
+      tensorboard: write TensorBoard event files to OUT/tb.
+      progress_interval: seconds between progress lines.
+      eval_at_start: also measure validation perplexity before the first step.
+    """
+
+    preset: str = "tiny"
+    model_overrides: dict = dataclasses.field(default_factory=dict)
+    seq_len: int = 1024
+    batch_size: int = 8
+    grad_accum: int = 1
+    steps: int = 1000
+    optimizer: str = "auto"
+    learning_rate: float | None = None
+    warmup_steps: int = 50
+    weight_decay: float = 1e-3
+    z_loss: float = 1e-4
+    valid_fraction: float = 0.02
+    eval_every: int = 200
+    eval_batches: int = 8
+    checkpoint_every: int = 200
+    log_every: int = 10
+    seed: int = 0
+    mesh_data: int = 1
+    mesh_model: int = 1
+    peak_tflops: float | None = None
+    tensorboard: bool = True
+    progress_interval: float = 5.0
+    eval_at_start: bool = False
+
+    def __post_init__(self):
+        for name in ("seq_len", "batch_size", "grad_accum", "steps", "eval_every", "eval_batches",
+                     "checkpoint_every", "log_every", "mesh_data", "mesh_model"):
+            if getattr(self, name) <= 0:
+                raise PretrainError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.optimizer not in ("auto",) + optim.OPTIMIZERS:
+            raise PretrainError(f"optimizer must be auto|adafactor|adam, got {self.optimizer!r}")
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise PretrainError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.batch_size % self.mesh_data:
+            raise PretrainError(f"batch_size {self.batch_size} must be divisible by the mesh data axis {self.mesh_data}")
+
+    @property
+    def optimizer_name(self) -> str:
+        if self.optimizer != "auto":
+            return self.optimizer
+        return "adam" if self.preset in ("tiny", "small") else "adafactor"
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        """The preset with the overrides and a vocabulary that covers the tokenizer (multiple of 128)."""
+        overrides = dict(self.model_overrides)
+        overrides.setdefault("vocab_size", int(math.ceil(vocab_size / 128) * 128))
+        try:
+            config = get_config(self.preset, **overrides)
+        except (TypeError, ValueError) as e:
+            raise PretrainError(f"model: {e}") from e
+        if config.vocab_size < vocab_size:
+            raise PretrainError(f"model vocab_size {config.vocab_size} < tokenizer vocabulary {vocab_size}")
+        if self.seq_len > config.max_len:
+            raise PretrainError(f"--seq-len {self.seq_len} exceeds the max_len {config.max_len} of preset "
+                                f"{config.preset!r}; use a shorter --seq-len or a preset with a longer max_len")
+        return config
+
+
+# ============================================================================ data
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+    """Packed rows [N, L]: inputs, targets, weights (1 = train on the target), segment ids."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    weights: np.ndarray
+    segment_ids: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def rows(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        n = len(index)
+        return {"inputs": self.inputs[index], "targets": self.targets[index], "weights": self.weights[index],
+                "segment_ids": self.segment_ids[index], "mask": np.ones((n,), np.float32)}
+
+
+def load_documents(corpus_dir: str, tokenizer: tokens_lib.Tokenizer) -> tuple[list[np.ndarray], list[str], dict]:
+    """Reads every document of a token corpus after checking it matches `tokenizer`."""
+    manifest = tokens_lib.read_manifest(corpus_dir)
+    if manifest.get("tokenizer_sha256") != tokenizer.sha256:
+        raise PretrainError(
+            f"{corpus_dir}/manifest.json: the corpus was tokenized with tokenizer sha256 "
+            f"{str(manifest.get('tokenizer_sha256'))[:12]}..., but the given tokenizer is {tokenizer.sha256[:12]}...; "
+            "pass the tokenizer the corpus was made with, or re-run `dpsynth tokenize` with this one")
+    if int(manifest.get("vocab_size", 0)) > tokenizer.vocab_size:
+        raise PretrainError(f"{corpus_dir}: vocab_size {manifest['vocab_size']} exceeds the tokenizer's")
+    docs, ids = [], []
+    for shard in tokens_lib.iter_shards(corpus_dir):
+        for i, meta in enumerate(shard.docs):
+            doc = shard.document(i)
+            if len(doc):
+                docs.append(np.asarray(doc, np.int32))
+                ids.append(str(meta["id"]))
+    if not docs:
+        raise PretrainError(f"{corpus_dir}: the corpus has no non-empty documents")
+    return docs, ids, manifest
+
+
+def _held_out(doc_id: str, block: int, fraction: float) -> bool:
+    digest = hashlib.sha256(f"{doc_id}\x00{block}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
+def _pack(pieces: list[tuple[np.ndarray, int]], seq_len: int) -> PackedRows:
+    """Concatenates (tokens, segment) pieces and cuts rows of `seq_len` inputs (+1 target)."""
+    if not pieces:
+        empty = np.zeros((0, seq_len), np.int32)
+        return PackedRows(empty, empty, empty.astype(np.float32), empty)
+    toks = np.concatenate([p for p, _ in pieces])
+    segs = np.concatenate([np.full(len(p), s, np.int32) for p, s in pieces])
+    n = (len(toks) - 1) // seq_len
+    if n == 0:  # pad a too-short stream to one row
+        pad = seq_len + 1 - len(toks)
+        toks, segs = np.concatenate([toks, np.zeros(pad, np.int32)]), np.concatenate([segs, np.zeros(pad, np.int32)])
+        n = 1
+    x, y = toks[: n * seq_len], toks[1: n * seq_len + 1]
+    sx, sy = segs[: n * seq_len], segs[1: n * seq_len + 1]
+    weights = ((sx == sy) & (sx > 0)).astype(np.float32)
+    return PackedRows(x.reshape(n, seq_len), y.reshape(n, seq_len), weights.reshape(n, seq_len),
+                      sx.reshape(n, seq_len))
+
+
+def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, valid_fraction: float,
+                   ) -> tuple[PackedRows, PackedRows]:
+    """(train, valid) packed rows; see the module docstring for the hold-out and packing rules."""
+    train, valid = [], []
+    segment = 0
+    prev_train = False
+    for doc, doc_id in zip(documents, ids):
+        full = np.concatenate([[tokens_lib.BOS_ID], doc, [tokens_lib.EOS_ID]]).astype(np.int32)
+        prev_train = False
+        for b, start in enumerate(range(0, len(full), seq_len)):
+            piece = full[start: start + seq_len]
+            held = valid_fraction > 0 and _held_out(doc_id, b, valid_fraction)
+            if held:
+                segment += 1
+                valid.append((piece, segment))
+                prev_train = False
+            else:
+                if not prev_train:
+                    segment += 1  # a new training segment (a new document or after a held-out gap)
+                train.append((piece, segment))
+                prev_train = True
+    if valid_fraction > 0 and not valid and len(train) > 1:
+        # Tiny corpora: hold out the last block so validation perplexity always exists.
+        piece, _ = train.pop()
+        segment += 1
+        valid.append((piece, segment))
+    return _pack(train, seq_len), _pack(valid, seq_len)
+
+
+def batch_indices(num_rows: int, row_offset: int, count: int, seed: int) -> np.ndarray:
+    """Rows `row_offset .. row_offset + count` of the endless stream of seeded epoch permutations."""
+    out = []
+    while count > 0:
+        epoch, within = divmod(row_offset, num_rows)
+        perm = np.random.default_rng([seed, epoch]).permutation(num_rows)
+        take = min(count, num_rows - within)
+        out.append(perm[within: within + take])
+        row_offset += take
+        count -= take
+    return np.concatenate(out)
+
+
+# ============================================================================ metrics
+
+
+def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
+    """Vendor peak (dense bf16) FLOP/s for known accelerators; None for CPUs and unknown kinds."""
+    kind = (device or jax.devices()[0]).device_kind
+    for name, flops in PEAK_FLOPS.items():
+        if name.lower() in kind.lower():
+            return flops
+    return None
+
+
+class _Writer:
+    """TensorBoard (tensorboardX) + metrics.jsonl, both append-only (a resume continues them)."""
+
+    def __init__(self, out_dir: str, tensorboard: bool):
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=os.path.join(out_dir, "tb"))
+        self._jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a")
+
+    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        self._jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if v is not None and math.isfinite(v):
+                    self._tb.add_scalar(f"{split}/{k}", v, step)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+# ============================================================================ training
+
+
+def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: str, tokenizer_sha: str,
+          step: int) -> dict[str, Any]:
+    return {"preset": model_config.preset, "model_config": model_config.to_dict(), "seq_len": cfg.seq_len,
+            "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seed": cfg.seed,
+            "valid_fraction": cfg.valid_fraction, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
+            "rows_consumed": step * cfg.batch_size * cfg.grad_accum, "corpus_manifest_sha256": corpus_manifest_sha,
+            "tokenizer_sha256": tokenizer_sha}
+
+
+def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
+    if meta.get("preset") != expected["preset"] or meta.get("model_config") != expected["model_config"]:
+        raise ckpt_lib.CheckpointError(
+            f"{where}: checkpoint is from preset {meta.get('preset')!r} (model {meta.get('model_config')}), this run "
+            f"is preset {expected['preset']!r}; resume with the original --preset/flags or use a new --out")
+    for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "optimizer", "steps",
+                "corpus_manifest_sha256", "tokenizer_sha256"):
+        if meta.get(key) != expected[key]:
+            raise ckpt_lib.CheckpointError(
+                f"{where}: checkpoint has {key}={meta.get(key)!r} but this run has {expected[key]!r}; an exact resume "
+                "needs the same corpus, tokenizer and flags (use a new --out to start over)")
+
+
+def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: PretrainConfig, *,
+                 resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    """Pretrains a model and writes the model directory `out_dir`; returns a summary dict.
+
+    Args:
+      corpus_dir: cleaned token corpus (a `dpsynth.tokens` directory).
+      tokenizer_path: the SentencePiece model the corpus was tokenized with.
+      out_dir: run and model directory.
+      config: the settings.
+      resume: continue from the latest checkpoint in `out_dir/checkpoints` (start fresh if none).
+      stop_after: stop (after checkpointing) once this step is reached, as if killed there;
+        used by tests and by time-sliced jobs; the final model is then not written.
+
+    Raises:
+      PretrainError / tokens.FormatError / checkpoint.CheckpointError on bad input.
+    """
+    cfg = config
+    tokenizer = tokens_lib.Tokenizer.load(tokenizer_path)
+    model_config = cfg.model_config(tokenizer.vocab_size)
+    docs, ids, corpus_manifest = load_documents(corpus_dir, tokenizer)
+    corpus_sha = hashlib.sha256(json.dumps(corpus_manifest, sort_keys=True).encode()).hexdigest()
+    train_rows, valid_rows = pack_documents(docs, ids, cfg.seq_len, cfg.valid_fraction)
+    del docs
+    if train_rows.num_rows < cfg.batch_size:
+        raise PretrainError(f"{corpus_dir}: only {train_rows.num_rows} training rows of {cfg.seq_len} tokens, fewer "
+                            f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
+    os.makedirs(out_dir, exist_ok=True)
+    checkpointer = ckpt_lib.TrainCheckpointer(os.path.join(out_dir, "checkpoints"))
+    if not resume and checkpointer.latest_step() is not None:
+        raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
+                            "pass --resume to continue it, or choose a new --out")
+
+    model = Transformer(model_config)
+    mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
+    optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                     total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
+    loss_fn = lm.make_lm_loss(model, z_loss=cfg.z_loss)
+    fns = core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
+    init_key, step_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    variables = jax.jit(model.init)(init_key, jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32))
+    params, frozen = lm.split_variables(variables, ("params",))
+    state = fns.init_state(params, frozen, rng=step_key, copy=False)
+    expected_meta = _meta(cfg, model_config, corpus_sha, tokenizer.sha256, 0)
+    if resume and checkpointer.latest_step() is not None:
+        meta = checkpointer.read_meta()
+        _check_resume_meta(meta, expected_meta, checkpointer.directory)
+        restored, meta = checkpointer.restore(state)
+        state = fns.place_state(restored)
+        logger.info("resumed from step %d (%d rows consumed)", int(state.step), meta["rows_consumed"])
+    elif resume:
+        logger.info("--resume: no checkpoint in %s, starting fresh", checkpointer.directory)
+
+    eval_fn = jax.jit(lambda p, f, b: loss_fn(p, f, b, None)[1])
+
+    def evaluate() -> dict[str, float]:
+        if valid_rows.num_rows == 0:
+            return {}
+        ce = toks = 0.0
+        n = min(valid_rows.num_rows, cfg.eval_batches * cfg.batch_size)
+        for start in range(0, n, cfg.batch_size):
+            idx = np.arange(start, start + cfg.batch_size) % valid_rows.num_rows
+            batch = valid_rows.rows(idx)
+            batch["mask"][start + np.arange(cfg.batch_size) >= n] = 0.0
+            aux = eval_fn(state.params, state.frozen, fns.shard_batch(batch))
+            mask = batch["mask"]
+            ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
+            toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
+        loss = ce / max(toks, 1.0)
+        return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": toks}
+
+    writer = _Writer(out_dir, cfg.tensorboard)
+    start_step = int(jax.device_get(state.step))
+    flops_per_token = model_config.flops_per_token(cfg.seq_len)
+    peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_device()
+    num_devices = mesh.size if mesh is not None else 1
+    rows_per_step = cfg.batch_size * cfg.grad_accum
+    end_step = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    last: dict[str, float] = {}
+    valid_metrics: dict[str, float] = {}
+    compile_s = None
+    window_t, window_tokens, window = time.perf_counter(), 0.0, None
+    initial_valid = {}
+    if cfg.eval_at_start and start_step == 0:
+        initial_valid = evaluate()
+        if initial_valid:
+            writer.write(0, "valid", initial_valid)
+    with Progress(total=cfg.steps, desc="pretrain", unit="step", interval=cfg.progress_interval) as progress:
+        progress.count = start_step
+        for step in range(start_step, end_step):
+            idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
+            t0 = time.perf_counter()
+            if cfg.grad_accum == 1:
+                state, metrics = fns.train_step(state, fns.shard_batch(train_rows.rows(idx)))
+            else:
+                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size])
+                         for i in range(cfg.grad_accum)]
+                state, metrics = fns.accumulated_step(state, micro)
+            window = core.sum_metrics(window, {k: metrics[k] for k in ("ce_sum", "tokens", "loss_sum", "count")})
+            done = step + 1
+            if compile_s is None:
+                jax.block_until_ready(metrics["loss"])
+                compile_s = time.perf_counter() - t0
+                window_t, window = time.perf_counter(), None  # exclude compilation from rates
+            if done % cfg.log_every == 0 or done == end_step:
+                host = jax.device_get(window) if window is not None else None
+                now = time.perf_counter()
+                if host is not None:
+                    tokens = float(host["tokens"])
+                    tok_s = tokens / max(now - window_t, 1e-9)
+                    loss = float(host["ce_sum"]) / max(tokens, 1.0)
+                    achieved = tok_s * flops_per_token
+                    last = {"loss": float(host["loss_sum"]) / max(float(host["count"]), 1.0), "ce": loss,
+                            "perplexity": float(math.exp(min(loss, 50.0))), "tokens_per_s": tok_s,
+                            "tflops_per_s": achieved / 1e12, "grad_norm": float(metrics["grad_norm"])}
+                    if peak:
+                        last["mfu"] = achieved / (peak * num_devices)
+                    writer.write(done, "train", last)
+                    progress.metrics.update({k: last[k] for k in ("loss", "perplexity", "tokens_per_s")})
+                window_t, window = now, None
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                valid_metrics = evaluate()
+                if valid_metrics:
+                    writer.write(done, "valid", valid_metrics)
+                    progress.metrics["valid_ppl"] = valid_metrics["perplexity"]
+            if done % cfg.checkpoint_every == 0 or done == end_step:
+                checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
+            progress.update(1)
+    writer.close()
+    final_step = int(jax.device_get(state.step))
+    summary = {"out_dir": out_dir, "preset": model_config.preset, "step": final_step, "steps": cfg.steps,
+               "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
+               "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
+               "finished": final_step >= cfg.steps}
+    if final_step >= cfg.steps:
+        variables = jax.device_get(lm.merge_variables(state.params, state.frozen))
+        ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
+            "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
+            "valid_perplexity": valid_metrics.get("perplexity"), "train_tokens": final_step * rows_per_step * cfg.seq_len})
+    checkpointer.close()
+    return summary
+
+
+def final_params(out_dir: str) -> dict:
+    """The variables of a finished pretraining run (its model directory)."""
+    return ckpt_lib.load_model(out_dir).variables
+
+
+def run_pretrain_demo(clean_corpus_dir: str, tokenizer_path: str, out_dir: str, *, preset: str = "tiny",
+                      steps: int = 300, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
+    """The demo's pretraining stage: a few minutes on 2 CPU cores; prints a short summary.
+
+    Resumes when `out_dir` holds an unfinished run, and returns the existing model's summary
+    when it already holds a finished one of the same settings (so `make demo` can be re-run).
+    """
+    config = PretrainConfig(preset=preset, steps=steps, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                            eval_every=steps, checkpoint_every=max(steps // 4, 1), log_every=25, eval_batches=16,
+                            eval_at_start=True, progress_interval=15.0)
+    t0 = time.perf_counter()
+    summary = run_pretrain(clean_corpus_dir, tokenizer_path, out_dir, config, resume=True)
+    elapsed = time.perf_counter() - t0
+    valid, start = summary["valid"], summary.get("initial_valid") or {}
+    train = summary["train"]
+    print(f"pretrain: preset {summary['preset']} ({summary['num_params'] / 1e6:.2f}M params), {summary['step']} steps x "
+          f"{batch_size} x {seq_len} tokens on {summary['train_rows']} packed training rows, {elapsed:.0f}s "
+          f"({train.get('tokens_per_s', float('nan')):.0f} tokens/s)")
+    if valid:
+        before = f"{start['perplexity']:.0f} -> " if start else ""
+        print(f"pretrain: validation perplexity {before}{valid['perplexity']:.1f} on {valid['tokens']:.0f} held-out "
+              f"tokens ({summary['valid_rows']} rows); model written to {out_dir}")
+    summary["elapsed_s"] = elapsed
+    return summary
