@@ -156,16 +156,23 @@ def read_model_info(model_dir: str) -> ModelInfo:
     max_len = model_cfg.get("max_len")
     if not isinstance(max_len, int) or max_len < 2:
         raise GenerateError(f"{config_path}: no valid 'max_len'")
-    sources = [manifest] + ([report] if report else [])
+    # The DP tuner records its label set and `dpsynth.dp.examples.ExampleConfig` (template) in
+    # the manifest (or the privacy report's "training" section); look in both.
+    sources = [manifest] + ([report, report.get("training") or {}] if report else [])
+    for s in list(sources):
+        for key in ("examples", "example_config"):
+            if isinstance(s.get(key), dict):
+                sources.append(s[key])
     found_labels = next((v for v in (_find(s, ("labels", "label_set")) for s in sources) if v), None)
-    template = next((v for v in (_find(s, ("prompt_template", "label_prompt_template")) for s in sources) if v), None)
+    template = next((v for v in (_find(s, ("prompt_template", "label_prompt_template", "template")) for s in sources)
+                     if isinstance(v, str) and v), None)
     bos = next((v for v in (_find(s, ("prompt_bos", "add_bos")) for s in sources) if v is not None), None)
     return ModelInfo(
         model_dir=model_dir,
         fingerprint=digest.hexdigest(),
         max_len=int(max_len),
         labels=tuple(str(l) for l in found_labels) if found_labels else None,
-        prompt_template=str(template or labels_lib.DEFAULT_PROMPT_TEMPLATE),
+        prompt_template=str(template or labels_lib.default_prompt_template()),
         prompt_bos=bool(True if bos is None else bos),
         private=report is not None,
     )
@@ -527,8 +534,62 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
     return splits, records
 
 
+def dp_label_distribution(
+    model_dir: str,
+    label_source: str | None,
+    *,
+    labels: Sequence[str] | None = None,
+    noise_multiplier: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    seed: int | None = None,
+) -> labels_lib.LabelDistribution:
+    """A DP label histogram of D_train (`label_source`) for the model's label set.
+
+    Exactly one of `noise_multiplier` (sigma) or `epsilon` (calibrates sigma for the histogram
+    alone at `delta`, default the model's delta). Its cost is composed into the output's
+    privacy report by `generate` (`dpsynth.dp.report.compose_gaussian`).
+    """
+    from dpsynth.data.readers import read_sensitive
+
+    if not label_source:
+        raise GenerateError("--label-distribution dp-histogram needs --label-source (the D_train file(s))")
+    if (noise_multiplier is None) == (epsilon is None):
+        raise GenerateError("the DP label histogram needs exactly one of --label-noise-multiplier or --label-epsilon")
+    info = read_model_info(model_dir)
+    label_set = labels_lib.check_labels(labels if labels is not None else (info.labels or ()), info.labels, "--labels")
+    if epsilon is not None:
+        if delta is None:
+            delta = _model_delta(model_dir)
+        if delta is None:
+            raise GenerateError(f"{model_dir}: no privacy report to take delta from; pass --label-delta")
+        noise_multiplier = labels_lib.calibrate_histogram_noise(epsilon, delta)
+    data = read_sensitive(label_source)
+    return labels_lib.dp_label_histogram([r["label"] for r in data.records], label_set,
+                                         noise_multiplier=float(noise_multiplier), seed=seed)
+
+
+def _model_delta(model_dir: str) -> float | None:
+    path = os.path.join(model_dir, "privacy_report.json")
+    if not os.path.exists(path):
+        return None
+    return float(_read_json(path)["delta"])
+
+
 def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
-    """Copies the model's privacy report into DIR, or writes a non-private marker."""
+    """Carries the model's privacy report into DIR (composed with a DP label histogram, if
+    one was used), or writes a non-private marker."""
+    dist = plan.config_json["label_distribution"]
+    if private and dist["source"] == "dp_histogram":
+        from dpsynth.dp import report as dp_report
+
+        report = dp_report.load_report(plan.model_dir)
+        report = dp_report.compose_gaussian(
+            report, noise_multiplier=dist["noise_multiplier"], name="label_histogram",
+            detail="generator's label distribution: Gaussian mechanism on the label counts of D_train (sensitivity 1)",
+        )
+        dp_report.write_report(plan.out_dir, report)
+        return
     if private:
         for name in PRIVACY_FILES:
             src = os.path.join(plan.model_dir, name)

@@ -30,8 +30,13 @@ from typing import Any
 
 import numpy as np
 
-# The DP tuner's default label prompt (used only when the model directory records none).
-DEFAULT_PROMPT_TEMPLATE = "{label}: "
+
+
+def default_prompt_template() -> str:
+    """The DP tuner's default label prompt (used only when the model directory records none)."""
+    from dpsynth.dp.examples import DEFAULT_TEMPLATE
+
+    return DEFAULT_TEMPLATE
 
 
 class LabelError(ValueError):
@@ -109,7 +114,9 @@ def calibrate_histogram_noise(epsilon: float, delta: float, accountant: str = "p
     """The smallest sigma for which the histogram release alone is (epsilon, delta)-DP."""
     import dp_accounting
 
-    from dpsynth.dp.accounting import check_delta, check_epsilon, make_accountant
+    from dpsynth.dp.accounting import (
+        MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, check_delta, check_epsilon, make_accountant,
+    )
 
     check_epsilon(epsilon)
     check_delta(delta)
@@ -119,7 +126,7 @@ def calibrate_histogram_noise(epsilon: float, delta: float, accountant: str = "p
             dp_accounting.GaussianDpEvent,
             float(epsilon),
             float(delta),
-            dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+            dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER),
             tol=1e-4,
         )
     )
@@ -189,7 +196,7 @@ def assign_labels(n: int, distribution: LabelDistribution, seed: int) -> list[st
 
 
 def prompt_text(template: str, label: str) -> str:
-    """The label prompt for `label` (the DP tuner's template, e.g. "{label}: ")."""
+    """The label prompt for `label` (the DP tuner's template, e.g. "[{label}] ")."""
     if "{label}" not in template:
         raise LabelError(f"label prompt template {template!r} has no '{{label}}' field")
     return template.replace("{label}", label)

@@ -116,10 +116,12 @@ def write_fake_model_dir(path, *, max_len=24, seed=1, private=True, labels=("gre
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"max_len": max_len, "vocab_size": 12}, f)
     if private:
-        with open(os.path.join(path, "privacy_report.json"), "w") as f:
-            json.dump({"epsilon": 3.0, "delta": 1e-5}, f)
-        with open(os.path.join(path, "privacy_report.md"), "w") as f:
-            f.write("# Privacy report\n\nepsilon = 3\n")
+        from dpsynth.dp.ledger import PrivacyLedger
+        from dpsynth.dp.report import build_report, write_report
+
+        ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0)
+        ledger.record_dpsgd(sampling_probability=0.05, noise_multiplier=1.0, steps=100, clip_norm=1.0, dataset_size=1000)
+        write_report(path, build_report(ledger, training={"mode": "lora"}, contamination_sha256=None))
     return path
 
 

@@ -133,6 +133,14 @@ def test_dp_label_distribution_counts(model_dir, tmp_path):
              loader=load_fake_bundle)
     rows = [json.loads(l) for l in _read(tmp_path / "train.jsonl").decode().splitlines()]
     assert sum(r["label"] == "great" for r in rows) == 30
+    # The histogram's cost is composed into the output's privacy report (the model's is unchanged).
+    model_report = json.loads(_read(os.path.join(model_dir, "privacy_report.json")))
+    out_report = json.loads(_read(tmp_path / "privacy_report.json"))
+    assert [e["mechanism"] for e in out_report["ledger"]["entries"]] == ["dpsgd", "gaussian"]
+    assert out_report["ledger"]["entries"][1]["noise_multiplier"] == 2.0
+    for acc in ("rdp", "pld"):
+        assert out_report["epsilon"][acc] > model_report["epsilon"][acc]
+    assert "label_histogram" in _read(tmp_path / "privacy_report.md").decode()
 
 
 def test_refuses_model_without_privacy_report(tmp_path):
