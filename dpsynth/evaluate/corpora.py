@@ -1,0 +1,154 @@
+"""Reading synthetic corpora (generation output directories) and the real splits, with checks.
+
+A synthetic corpus is a directory with `train.jsonl` and `valid.jsonl` (`text`, `label`),
+optionally `privacy_report.json` (absent: the corpus is marked NON-PRIVATE),
+`generation_report.json` and `generation_config.json`. Rows whose text is empty or not a
+string are dropped and COUNTED (`invalid_rows`, shown in every table); a corpus with no valid
+row in a split is an error. Real splits are read with `dpsynth.data.readers.read_sensitive`; any
+dead-lettered record there is an error naming the file, the record and the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+class CorpusError(ValueError):
+    """A synthetic corpus or real split that cannot be evaluated (names the file and reason)."""
+
+
+@dataclasses.dataclass
+class Corpus:
+    """One synthetic corpus as read from its directory."""
+
+    name: str
+    path: str
+    train: list[dict]
+    valid: list[dict]
+    invalid_rows: int
+    privacy_report: dict | None
+    generation_report: dict | None
+    generation_config: dict | None
+
+    @property
+    def private(self) -> bool:
+        return bool(self.privacy_report) and bool(self.privacy_report.get("private", True))
+
+    def card(self) -> dict[str, Any]:
+        """Flat privacy/contamination/generation facts for the table and the report cards."""
+        pr, gc = self.privacy_report or {}, self.generation_config or {}
+        training = pr.get("training") or {}
+        eps = pr.get("epsilon") or {}
+        accountant = pr.get("accountant")
+        epsilon = eps.get(accountant) if isinstance(eps, dict) and accountant else None
+        if epsilon is None and isinstance(eps, dict):
+            epsilon = next((v for v in eps.values() if v is not None), None)
+        if epsilon is None and not isinstance(eps, dict):
+            epsilon = eps
+        sampler = gc.get("sampler") or {}
+        return {
+            "private": self.private,
+            "epsilon": _num(epsilon) if self.private else float("inf"),
+            "delta": pr.get("delta"),
+            "accountant": accountant,
+            "mode": training.get("mode") or gc.get("mode") or "unknown",
+            "noise_multiplier": training.get("noise_multiplier"),
+            "steps": training.get("steps"),
+            "clip_norm": training.get("clip_norm") or training.get("clipping_norm"),
+            "contamination_sha256": pr.get("contamination_sha256"),
+            "side_channels": "; ".join(str(s.get("name", s)) for s in pr.get("side_channels") or []) or None,
+            "temperature": sampler.get("temperature"),
+            "top_k": sampler.get("top_k"),
+            "num_decodes": sampler.get("num_decodes"),
+            "generator": gc.get("model_dir"),
+        }
+
+
+def _num(x) -> float | None:
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return float("inf") if x.lower() in ("inf", "infinity") else float(x)
+    return float(x)
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CorpusError(f"{path}: unreadable JSON ({e})") from e
+
+
+def read_jsonl_split(path: str) -> tuple[list[dict], int]:
+    """Valid `{"text", "label"}` rows of a JSONL file and the number of invalid rows dropped."""
+    if not os.path.exists(path):
+        raise CorpusError(f"{path}: missing (a synthetic corpus has train.jsonl and valid.jsonl)")
+    rows, invalid = [], 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                invalid += 1
+                continue
+            text, label = (obj.get("text"), obj.get("label")) if isinstance(obj, dict) else (None, None)
+            if not isinstance(text, str) or not text.strip() or label in (None, ""):
+                invalid += 1
+                continue
+            rows.append({"id": str(obj.get("id", f"{os.path.basename(path)}:{n}")), "text": text, "label": str(label)})
+    if not rows:
+        raise CorpusError(f"{path}: no valid row ({invalid} invalid: empty, non-text or unlabeled)")
+    return rows, invalid
+
+
+def read_corpus(path: str, name: str | None = None) -> Corpus:
+    """Reads one synthetic corpus directory."""
+    if not os.path.isdir(path):
+        raise CorpusError(f"{path}: not a directory")
+    train, bad_train = read_jsonl_split(os.path.join(path, "train.jsonl"))
+    valid, bad_valid = read_jsonl_split(os.path.join(path, "valid.jsonl"))
+    return Corpus(
+        name=name or os.path.basename(os.path.normpath(path)), path=os.path.abspath(path), train=train, valid=valid,
+        invalid_rows=bad_train + bad_valid,
+        privacy_report=_read_json(os.path.join(path, "privacy_report.json")),
+        generation_report=_read_json(os.path.join(path, "generation_report.json")),
+        generation_config=_read_json(os.path.join(path, "generation_config.json")))
+
+
+def find_corpora(root: str) -> list[str]:
+    """Every directory under `root` (itself included) holding a `train.jsonl`, sorted."""
+    found = []
+    for dirpath, _, files in os.walk(root):
+        if "train.jsonl" in files:
+            found.append(dirpath)
+    if not found:
+        raise CorpusError(f"{root}: no synthetic corpus (no directory with train.jsonl)")
+    return sorted(found)
+
+
+def read_real(path: str, name: str) -> list[dict]:
+    """A real labeled split (JSONL, CSV, Parquet; see `dpsynth.data.readers`); any bad record is an error."""
+    from dpsynth.data import readers
+
+    try:
+        ds = readers.read_sensitive(path)
+    except readers.InputError as e:
+        raise CorpusError(f"{name}: {e}") from e
+    if ds.dead_letters:
+        d = ds.dead_letters[0]
+        raise CorpusError(f"{name} ({path}): {len(ds.dead_letters)} invalid record(s); first: "
+                          f"{getattr(d, 'file', path)} record {getattr(d, 'record', '?')}: {getattr(d, 'reason', d)}")
+    return [{"id": r["id"], "text": r["text"], "label": str(r["label"])} for r in ds.records]
+
+
+def label_set(records: Sequence[dict]) -> frozenset[str]:
+    return frozenset(str(r["label"]) for r in records)

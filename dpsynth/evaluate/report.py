@@ -1,0 +1,447 @@
+"""Metrics of many synthetic corpora in one table, plus an HTML report with plots.
+
+`evaluate(...)` scores each corpus (`score_corpus`), computes the baselines once (real data,
+epsilon = inf, and DP-on-real at the requested epsilons, `score_baselines`) and writes
+`OUT/metrics.json`, `OUT/metrics.csv` and `OUT/report.html` with PNG plots under `OUT/plots/`:
+accuracy against epsilon per mode and classifier with the DP-on-real line, length histograms,
+bigram frontiers, the rank-correlation scatter, and a privacy / contamination card per corpus.
+
+A corpus that cannot be scored (different label sets, no valid rows, too few examples for the
+MAUVE buckets, ...) gets a row with `status = "error"` and the reason; corpora without a
+privacy report are marked NON-PRIVATE. No metric is ever silently filled in.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import html
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpsynth.evaluate import classifiers as cls_lib
+from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking
+from dpsynth.evaluate import train_classifier as tc
+
+logger = logging.getLogger("dpsynth.evaluate")
+
+METRICS_JSON, METRICS_CSV, REPORT_HTML, PLOTS_DIR = "metrics.json", "metrics.csv", "report.html", "plots"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    """What to compute.
+
+    Attributes:
+      classifiers: downstream classifiers ("wordcnn", "backbone"); empty = none.
+      model_dir: pretrained LM for the backbone classifier and the default MAUVE embedder.
+      embedder: "auto" ("lm:<model_dir>" when model_dir is set, else "hashing"), or a spec for
+        `embed.make_embedder`.
+      mauve: MAUVE settings; mauve_seeds / mauve_subsample: repeats (mean and std).
+      wordcnn: WordCNN sizes; backbone_max_len / pooling / freeze_backbone: backbone settings.
+      sweep: lr x wd grid, repeats and per-run settings (also clip norms for DP-on-real).
+      dp_epsilons: DP-on-real baselines at these epsilons (empty = none).
+      dp_expected_batch_size, dp_epochs: DP-on-real training.
+      real_baseline: train on real train (epsilon = inf) as the upper baseline.
+      perplexity: score the real test set under each corpus's generator (when loadable).
+      length_bins: bins of the character-length histograms.
+    """
+
+    classifiers: tuple[str, ...] = ("wordcnn",)
+    model_dir: str | None = None
+    embedder: str = "auto"
+    mauve: mauve.MauveConfig = mauve.MauveConfig()
+    mauve_seeds: tuple[int, ...] = (0, 1, 2)
+    mauve_subsample: int | None = None
+    wordcnn: cls_lib.WordCNNConfig = cls_lib.WordCNNConfig()
+    backbone_max_len: int = 128
+    pooling: str = "mean"
+    freeze_backbone: bool = False
+    sweep: tc.SweepConfig = tc.SweepConfig()
+    dp_epsilons: tuple[float, ...] = ()
+    dp_expected_batch_size: int = 64
+    dp_epochs: float = 5.0
+    real_baseline: bool = True
+    perplexity: bool = True
+    length_bins: int = 50
+
+    def __post_init__(self):
+        for c in self.classifiers:
+            if c not in tc.CLASSIFIERS:
+                raise ValueError(f"unknown classifier {c!r} (known: {tc.CLASSIFIERS})")
+        if "backbone" in self.classifiers and not self.model_dir:
+            raise ValueError("the backbone classifier needs model_dir")
+        if any(not (e > 0 and math.isfinite(e)) for e in self.dp_epsilons):
+            raise ValueError(f"dp_epsilons must be finite and > 0, got {self.dp_epsilons}")
+
+    def embedder_spec(self) -> str:
+        if self.embedder != "auto":
+            return self.embedder
+        return f"lm:{self.model_dir}" if self.model_dir else "hashing"
+
+    def spec(self, kind: str) -> tc.ClassifierSpec:
+        return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
+                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone)
+
+
+@dataclasses.dataclass
+class RealData:
+    """The real splits (valid optional: the ranking upper bound and DP-on-real selection)."""
+
+    train: list[dict]
+    test: list[dict]
+    valid: list[dict] | None = None
+
+    def labels(self) -> frozenset[str]:
+        return corpora.label_set(self.test)
+
+
+class Scorer:
+    """Heavy state loaded once (embedder, real features, backbone): scores corpora and baselines."""
+
+    def __init__(self, real: RealData, config: EvaluateConfig):
+        self.real, self.config = real, config
+        for name, recs in (("real train", real.train), ("real test", real.test), ("real valid", real.valid)):
+            if recs is not None:
+                tc.check_records(name, recs)
+        sets = {"real test": real.test, "real train": real.train}
+        if real.valid is not None:
+            sets["real valid"] = real.valid
+        tc.check_label_sets(sets)
+        self.embedder = embed.make_embedder(config.embedder_spec())
+        self.real_features = self.embedder.embed([r["text"] for r in real.test])
+        self.backbone = tc.Backbone.load(config.model_dir) if "backbone" in config.classifiers else None
+        self._generators: dict[str, Any] = {}
+
+    # -------------------------------------------------------------------- one corpus
+    def score_corpus(self, path: str) -> tuple[dict, dict]:
+        """(row, plot data) of one corpus; errors become a marked row, never an exception."""
+        row: dict[str, Any] = {"corpus": os.path.basename(os.path.normpath(path)), "path": os.path.abspath(path)}
+        plot: dict[str, Any] = {"corpus": row["corpus"]}
+        try:
+            corpus = corpora.read_corpus(path)
+        except corpora.CorpusError as e:
+            return {**row, "status": "error", "error": str(e), "private": None}, plot
+        row.update(corpus.card())
+        row.update({"n_train": len(corpus.train), "n_valid": len(corpus.valid), "invalid_rows": corpus.invalid_rows,
+                    "contamination_card": "present" if row.get("contamination_sha256") else "missing"})
+        plot["card"] = {k: row.get(k) for k in ("private", "epsilon", "delta", "accountant", "mode", "noise_multiplier",
+                                                 "steps", "clip_norm", "contamination_sha256", "side_channels",
+                                                 "temperature", "top_k", "num_decodes", "invalid_rows")}
+        plot["generation_report"] = _summary(corpus.generation_report)
+        try:
+            synth_labels, real_labels = corpora.label_set(corpus.train + corpus.valid), self.real.labels()
+            if synth_labels != real_labels:
+                raise ValueError(f"label sets differ: synthetic {sorted(synth_labels)} vs real {sorted(real_labels)}")
+            texts = [r["text"] for r in corpus.train]
+            feats = self.embedder.embed(texts)
+            summary = mauve.mauve_repeated(feats, self.real_features, self.config.mauve, self.config.mauve_seeds,
+                                           self.config.mauve_subsample)
+            row.update(summary.as_dict("mauve"))
+            row["embedder"] = self.embedder.name
+            grams = ngrams.compare_texts(texts, [r["text"] for r in self.real.test], self.config.length_bins)
+            row.update(grams.as_dict())
+            plot["lengths"] = (grams.p_lengths.tolist(), grams.q_lengths.tolist(), grams.length_edges.tolist())
+            plot["bigram_curve"] = grams.results["bigram"].curve.tolist()
+            if self.config.perplexity:
+                row.update(self._perplexity(corpus))
+            plot["trials"] = {}
+            for kind in self.config.classifiers:
+                tests = {"real_test": self.real.test, **({"real_valid": self.real.valid} if self.real.valid else {})}
+                res = tc.classify(corpus.train, corpus.valid, tests, self.config.spec(kind), self.config.sweep,
+                                  backbone=self.backbone)
+                row.update(_classifier_columns(kind, res))
+                plot["trials"][kind] = res.trials
+            row["status"] = "ok"
+        except (ValueError, corpora.CorpusError) as e:
+            row.update(status="error", error=str(e))
+            logger.warning("corpus %s: %s", row["corpus"], e)
+        return row, plot
+
+    def _perplexity(self, corpus: corpora.Corpus) -> dict[str, Any]:
+        gen = (corpus.generation_config or {}).get("model_dir")
+        if not gen or not os.path.isdir(gen):
+            return {"perplexity": None, "perplexity_note": "generator not available"}
+        if gen not in self._generators:
+            from dpsynth.evaluate import lm
+
+            self._generators = {gen: lm.LanguageModel.load(gen)}  # keep one generator in memory
+        out = self._generators[gen].perplexity(self.real.test, sorted(self.real.labels()))
+        return {"perplexity": out["perplexity"], "perplexity_tokens": out["target_tokens"]}
+
+    # -------------------------------------------------------------------- baselines
+    def score_baselines(self) -> list[dict]:
+        """Real-data (epsilon = inf) and DP-on-real rows per classifier."""
+        rows = []
+        valid = self.real.valid
+        if valid is None and (self.config.real_baseline or self.config.dp_epsilons):
+            valid = self.real.train[-max(1, len(self.real.train) // 10):]  # documented fallback: last 10% of train
+            train = self.real.train[: len(self.real.train) - len(valid)]
+        else:
+            train = self.real.train
+        for kind in self.config.classifiers:
+            if self.config.real_baseline:
+                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep,
+                                  backbone=self.backbone)
+                rows.append({"baseline": "real", "classifier": kind, "epsilon": float("inf"),
+                             "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
+                             **{f"selected_{k}": v for k, v in res.selected.items()}})
+            for eps in self.config.dp_epsilons:
+                dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
+                                 microbatch_size=min(self.config.dp_expected_batch_size, len(train)),
+                                 epochs=self.config.dp_epochs)
+                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep,
+                                  dp=dp, backbone=self.backbone)
+                rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
+                             "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
+                             **{f"selected_{k}": v for k, v in res.selected.items()}})
+        return rows
+
+
+def _summary(report: dict | None) -> dict | None:
+    if not report:
+        return None
+    return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def _classifier_columns(kind: str, res: tc.SweepResult) -> dict[str, Any]:
+    out = {f"{kind}_accuracy": res.test_mean["real_test"], f"{kind}_accuracy_std": res.test_std["real_test"],
+           f"{kind}_synthetic_valid_accuracy": res.valid_mean, f"{kind}_trials": len(res.trials)}
+    if len(res.trials) >= 2:
+        sv = [t["valid_accuracy"] for t in res.trials]
+        rt = [t["real_test_accuracy"] for t in res.trials]
+        rv = [t["real_valid_accuracy"] for t in res.trials] if "real_valid_accuracy" in res.trials[0] else None
+        study = ranking.ranking_study(sv, rt, rv)
+        out.update({f"{kind}_rank_{k}": v for k, v in study.items() if k != "num_trials"})
+    return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _json_value(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf" if v > 0 else ("-inf" if v < 0 else None)
+    if isinstance(v, (np.floating, np.integer)):
+        return _json_value(v.item())
+    return v
+
+
+def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str) -> tuple[str, str]:
+    """`metrics.json` ({"corpora": rows, "baselines": ...}) and `metrics.csv` (one row per corpus)."""
+    os.makedirs(out_dir, exist_ok=True)
+    jpath, cpath = os.path.join(out_dir, METRICS_JSON), os.path.join(out_dir, METRICS_CSV)
+    clean = lambda r: {k: _json_value(v) for k, v in r.items()}  # noqa: E731
+    with open(jpath, "w", encoding="utf-8") as f:
+        json.dump({"format": "dpsynth.metrics", "format_version": 1, "corpora": [clean(r) for r in rows],
+                   "baselines": [clean(b) for b in baselines]}, f, indent=1, sort_keys=True)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(cpath, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _json_value(r.get(k)) for k in columns})
+    return jpath, cpath
+
+
+def _fig_to_png(fig, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def make_plots(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[dict], out_dir: str,
+               classifiers: Sequence[str]) -> list[tuple[str, str]]:
+    """Writes the PNG plots; returns [(title, relative path)]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pdir = os.path.join(out_dir, PLOTS_DIR)
+    os.makedirs(pdir, exist_ok=True)
+    out = []
+    ok = [r for r in rows if r.get("status") == "ok"]
+    # Accuracy vs epsilon per mode and classifier, with the baselines.
+    for kind in classifiers:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        finite = [r["epsilon"] for r in ok if r.get("epsilon") not in (None,) and math.isfinite(r["epsilon"])]
+        finite += [b["epsilon"] for b in baselines if math.isfinite(b["epsilon"])]
+        inf_x = (max(finite) * 3) if finite else 10.0
+        xs = lambda e: inf_x if (e is None or not math.isfinite(e)) else e  # noqa: E731
+        for mode in sorted({str(r.get("mode")) for r in ok}):
+            pts = sorted((xs(r.get("epsilon")), r.get(f"{kind}_accuracy"), r.get(f"{kind}_accuracy_std") or 0)
+                         for r in ok if str(r.get("mode")) == mode and r.get(f"{kind}_accuracy") is not None)
+            if pts:
+                x, y, s = zip(*pts)
+                ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"synthetic ({mode})")
+        dp = sorted((b["epsilon"], b["accuracy"], b["accuracy_std"]) for b in baselines
+                    if b["classifier"] == kind and b["baseline"] == "dp_on_real")
+        if dp:
+            x, y, s = zip(*dp)
+            ax.errorbar(x, y, yerr=s, marker="s", linestyle="--", color="k", capsize=3, label="DP-on-real")
+        for b in baselines:
+            if b["classifier"] == kind and b["baseline"] == "real":
+                ax.axhline(b["accuracy"], color="g", linestyle=":", label="real data (eps = inf)")
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon (non-private plotted at the right edge)")
+        ax.set_ylabel("real-test accuracy")
+        ax.set_title(f"{kind}: accuracy vs epsilon")
+        ax.legend(fontsize=7)
+        out.append((f"{kind}: accuracy vs epsilon", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"accuracy_{kind}.png")), out_dir)))
+    for i, p in enumerate(plots):
+        if "lengths" in p:
+            pl, ql, edges = p["lengths"]
+            fig, ax = plt.subplots(figsize=(5, 3))
+            ax.hist(ql, bins=edges, alpha=0.5, density=True, label="real test")
+            ax.hist(pl, bins=edges, alpha=0.5, density=True, label="synthetic train")
+            ax.set_xlabel("characters")
+            ax.set_title(f"{p['corpus']}: length")
+            ax.legend(fontsize=7)
+            out.append((f"{p['corpus']}: length histogram", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"length_{i}.png")), out_dir)))
+    curves = [p for p in plots if "bigram_curve" in p]
+    if curves:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for p in curves:
+            c = np.asarray(p["bigram_curve"])
+            ax.plot(c[:, 0], c[:, 1], marker=".", label=p["corpus"])
+        ax.set_xlabel("exp(-c KL(real || R))")
+        ax.set_ylabel("exp(-c KL(synthetic || R))")
+        ax.set_title("bigram divergence frontiers")
+        ax.legend(fontsize=6)
+        out.append(("bigram frontiers", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, "bigram_frontiers.png")), out_dir)))
+    for kind in classifiers:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        any_pts = False
+        for p in plots:
+            trials = (p.get("trials") or {}).get(kind)
+            if trials:
+                ax.scatter([t["valid_accuracy"] for t in trials], [t["real_test_accuracy"] for t in trials], s=12,
+                           label=p["corpus"])
+                any_pts = True
+        ax.set_xlabel("synthetic-valid accuracy")
+        ax.set_ylabel("real-test accuracy")
+        ax.set_title(f"{kind}: ranking of hyperparameter trials")
+        if any_pts:
+            ax.legend(fontsize=6)
+        out.append((f"{kind}: rank-correlation scatter", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"ranking_{kind}.png")), out_dir)))
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.4g}"
+    return html.escape(str(v))
+
+
+SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
+                   "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity")
+
+
+def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[dict], images: Sequence[tuple[str, str]],
+               out_dir: str, classifiers: Sequence[str]) -> str:
+    """The HTML report (images referenced under plots/; each <img> flags itself when loaded)."""
+    cols = list(SUMMARY_COLUMNS) + [c for k in classifiers for c in (f"{k}_accuracy", f"{k}_accuracy_std",
+                                                                       f"{k}_rank_spearman", f"{k}_rank_kendall", f"{k}_rank_rbo")]
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>dpsynth evaluation report</title>",
+             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px}.error{background:#fdd}.nonprivate{background:#ffe9c6}"
+             ".card{display:inline-block;border:1px solid #999;margin:6px;padding:6px;vertical-align:top;font-size:12px}</style>",
+             "</head><body><h1>dpsynth evaluation report</h1>",
+             "<p>P = synthetic train, Q = real test. MAUVE / MAUVE* (KT-smoothed): higher is closer. "
+             "Rows marked <span class='nonprivate'>NON-PRIVATE</span> have no privacy report; rows marked "
+             "<span class='error'>error</span> could not be scored (reason given).</p>",
+             "<h2>Metrics</h2><table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "<th>error</th></tr>"]
+    for r in rows:
+        klass = "error" if r.get("status") != "ok" else ("nonprivate" if not r.get("private") else "")
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if c == "private" and v is False:
+                v = "NON-PRIVATE"
+            cells.append(f"<td>{_fmt(v)}</td>")
+        parts.append(f"<tr class='{klass}'>" + "".join(cells) + f"<td>{_fmt(r.get('error'))}</td></tr>")
+    parts.append("</table>")
+    if baselines:
+        parts.append("<h2>Baselines</h2><table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th></tr>")
+        for b in baselines:
+            parts.append(f"<tr><td>{_fmt(b['baseline'])}</td><td>{_fmt(b['classifier'])}</td><td>{_fmt(b['epsilon'])}</td>"
+                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2>Plots</h2>")
+    for title, rel in images:
+        parts.append(f"<figure><img class='plot' src='{html.escape(rel)}' alt='{html.escape(title)}' "
+                     "onload=\"this.dataset.loaded='1'\" onerror=\"this.dataset.loaded='0'\">"
+                     f"<figcaption>{html.escape(title)}</figcaption></figure>")
+    parts.append("<h2>Privacy and contamination cards</h2>")
+    for p in plots:
+        card = p.get("card")
+        if card is None:
+            continue
+        title = p["corpus"] + ("" if card.get("private") else " (NON-PRIVATE: no privacy report)")
+        parts.append(f"<div class='card'><b>{html.escape(title)}</b><table>")
+        for k, v in card.items():
+            parts.append(f"<tr><td>{html.escape(k)}</td><td>{_fmt(v)}</td></tr>")
+        for k, v in (p.get("generation_report") or {}).items():
+            parts.append(f"<tr><td>generation: {html.escape(k)}</td><td>{_fmt(v)}</td></tr>")
+        parts.append("</table></div>")
+    parts.append("<script>window.addEventListener('load',function(){var im=document.querySelectorAll('img.plot');"
+                 "var ok=0;im.forEach(function(i){if(i.complete&&i.naturalWidth>0)ok++;});"
+                 "document.body.setAttribute('data-plots-total',im.length);document.body.setAttribute('data-plots-loaded',ok);});"
+                 "</script></body></html>")
+    path = os.path.join(out_dir, REPORT_HTML)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+    return path
+
+
+def write_report(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[dict], out_dir: str,
+                 classifiers: Sequence[str]) -> dict[str, str]:
+    """Tables, plots and HTML; returns their paths."""
+    rows = sorted(rows, key=lambda r: r["corpus"])
+    plots = sorted(plots, key=lambda p: p["corpus"])
+    jpath, cpath = write_tables(rows, baselines, out_dir)
+    images = make_plots(rows, plots, baselines, out_dir, classifiers)
+    hpath = write_html(rows, plots, baselines, images, out_dir, classifiers)
+    return {"metrics_json": jpath, "metrics_csv": cpath, "report_html": hpath,
+            "plots": [os.path.join(out_dir, rel) for _, rel in images]}
+
+
+def load_real(real_train: str, real_test: str, real_valid: str | None = None) -> RealData:
+    return RealData(corpora.read_real(real_train, "real train"), corpora.read_real(real_test, "real test"),
+                    corpora.read_real(real_valid, "real valid") if real_valid else None)
+
+
+def evaluate(synthetic_dirs: Sequence[str], real: RealData, out_dir: str, config: EvaluateConfig = EvaluateConfig()
+             ) -> dict[str, Any]:
+    """Scores every corpus in-process and writes the report (the Beam job does the same fanned out).
+
+    Returns {"rows", "baselines", "paths"}.
+    """
+    from dpsynth.progress import Progress
+
+    if not synthetic_dirs:
+        raise ValueError("no synthetic corpus given")
+    scorer = Scorer(real, config)
+    rows, plots = [], []
+    with Progress(total=len(synthetic_dirs), desc="evaluate", unit="corpus", interval=30.0) as progress:
+        for d in synthetic_dirs:
+            row, plot = scorer.score_corpus(d)
+            rows.append(row)
+            plots.append(plot)
+            progress.update(1)
+    baselines = scorer.score_baselines()
+    paths = write_report(rows, plots, baselines, out_dir, config.classifiers)
+    return {"rows": rows, "baselines": baselines, "paths": paths}
