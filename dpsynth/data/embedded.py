@@ -18,6 +18,7 @@ import bz2
 import lzma
 import os
 import struct
+import warnings
 import zlib
 from typing import Any
 
@@ -64,6 +65,12 @@ def read_lazyload(base: str, name: str) -> Any:
     """Reads object `name` from an R lazy-load database `base`.rdx/.rdb, converted by `rdata`."""
     import rdata
 
+    with warnings.catch_warnings():  # rdata warns about R classes it maps (tbl_df) and the .rdx type
+        warnings.simplefilter("ignore", UserWarning)
+        return _read_lazyload(rdata, base, name)
+
+
+def _read_lazyload(rdata, base: str, name: str) -> Any:
     index = rdata.read_rds(base + ".rdx")
     variables = {str(k): v for k, v in index["variables"].items()}
     if name not in variables:
