@@ -1,8 +1,7 @@
 """PTransforms of the dedup job: cut every >= k-token overlap with sensitive data per public shard.
 
 The sensitive index (`dpsynth.dedup.index.SensitiveIndex`) is built once on the driver and
-saved as one file; each worker loads it once in `DoFn.setup()` (copying it to local disk
-first when it lives on a remote filesystem) and runs `dpsynth.dedup.match.dedup_shard` on
+saved as one file (any Beam filesystem); each worker loads it once in `DoFn.setup()` and runs `dpsynth.dedup.match.dedup_shard` on
 one public shard per element. Each DoFn writes its own outputs atomically:
 
 ```
@@ -18,8 +17,6 @@ of the JSONL (and counted). The last step writes the manifests and `contaminatio
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Any
 
 import apache_beam as beam
@@ -33,17 +30,6 @@ NAMESPACE = "dpsynth"
 CLEAN_TOKENS = "clean_tokens"
 CLEAN_TEXT = "clean"
 CONTAMINATION = "contamination.json"
-
-
-def local_copy(path: str) -> str:
-    """`path` itself when local, else a copy in a local temporary file (for remote indexes)."""
-    if "://" not in path:
-        return path
-    fd, local = tempfile.mkstemp(prefix="dpsynth-index-")
-    with os.fdopen(fd, "wb") as out, FileSystems.open(path) as src:
-        while chunk := src.read(1 << 24):
-            out.write(chunk)
-    return local
 
 
 def clean_text(tokenizer, document, ranges) -> str:
@@ -71,7 +57,7 @@ class _DedupShardFn(beam.DoFn):
     def setup(self):
         from dpsynth.dedup.index import SensitiveIndex
 
-        self.index = SensitiveIndex.load(local_copy(self.index_path))
+        self.index = SensitiveIndex.load(self.index_path)  # any Beam filesystem
         self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
 
     def process(self, entry):
@@ -123,10 +109,16 @@ class DedupShards(beam.PTransform):
 class _FinishFn(beam.DoFn):
     """(None, [shard results]) -> report dict; writes the clean manifest and contamination.json."""
 
-    def __init__(self, out_dir: str, vocab_size: int, tokenizer_sha256: str, min_tokens: int,
-                 sensitive: list[dict[str, Any]], public_manifest: dict[str, Any], extra: dict[str, Any]):
-        self.out_dir, self.vocab_size, self.tokenizer_sha256 = out_dir, vocab_size, tokenizer_sha256
-        self.min_tokens, self.sensitive, self.public_manifest, self.extra = min_tokens, sensitive, public_manifest, extra
+    def __init__(self, out_dir: str, index_path: str, vocab_size: int, tokenizer_sha256: str, min_tokens: int,
+                 extra: dict[str, Any]):
+        self.out_dir, self.index_path, self.vocab_size = out_dir, index_path, vocab_size
+        self.tokenizer_sha256, self.min_tokens, self.extra = tokenizer_sha256, min_tokens, extra
+        self.index = None
+
+    def setup(self):
+        from dpsynth.dedup.index import SensitiveIndex
+
+        self.index = SensitiveIndex.load(self.index_path)
 
     def process(self, element):
         from dpsynth.dedup import report as dedup_report
@@ -136,17 +128,12 @@ class _FinishFn(beam.DoFn):
         for _, _, r in results:
             for k, v in r["counts"].items():
                 counts[k] = counts.get(k, 0) + v
+        rep = dedup_report.build_report(self.index, [r[2]["stats"] for r in results], self.min_tokens)
         tok.write_manifest(
             FileSystems.join(self.out_dir, CLEAN_TOKENS), name="clean", shards=[r[2]["entry"] for r in results],
             vocab_size=self.vocab_size, tokenizer_sha256=self.tokenizer_sha256,
-            extra={"kind": "public", "min_tokens": self.min_tokens, "deduped_from": self.public_manifest.get("name"),
-                   "jsonl_documents": counts.get("jsonl_documents", 0),
-                   "documents_emptied": counts.get("documents_emptied", 0), **self.extra},
-        )
-        rep = dedup_report.build_report(
-            [r["stats"] for _, _, r in results], min_tokens=self.min_tokens, sensitive=self.sensitive,
-            public={"name": self.public_manifest.get("name"), "documents": counts.get("documents", 0),
-                    "tokens": counts.get("tokens", 0)},
+            extra={"kind": "public", "min_tokens": self.min_tokens, "contamination_sha256": rep["report_sha256"],
+                   "jsonl_documents": counts.get("jsonl_documents", 0), **self.extra},
         )
         data = json.dumps(rep, indent=2, sort_keys=True).encode("utf-8") + b"\n"
         tok._write_bytes_atomic(FileSystems.join(self.out_dir, CONTAMINATION), data)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -112,20 +111,6 @@ def parse_named(spec: str) -> tuple[str | None, str]:
     return None, spec
 
 
-def _save_index(index, path: str) -> None:
-    """Saves the index to `path`; remote paths go through a local file and `FileSystems`."""
-    if "://" not in path:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        index.save(path)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, "index")
-        index.save(local)
-        with open(local, "rb") as src, FileSystems.create(path) as dst:
-            while chunk := src.read(1 << 24):
-                dst.write(chunk)
-
-
 def dedup(
     public: Sequence[str] | str,
     sensitive: Sequence[str],
@@ -217,14 +202,15 @@ def dedup(
     sens = [s for s in sources if s.kind == "sensitive"]
     index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens], threads=threads)
     index_path = FileSystems.join(out_dir, INDEX_FILE)
-    _save_index(index, index_path)
+    if "://" not in out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    index.save(index_path)
     del index
     t_index = time.monotonic() - t0
 
     # Stage 3: cut overlaps per public shard, in parallel; write the clean corpus and the report.
     t0 = time.monotonic()
     pub = manifests["public"]
-    sensitive_info = [{"name": s.name, "examples": manifests[s.name]["num_documents"]} for s in sens]
 
     def build_dedup(p):
         _ = (
@@ -235,8 +221,8 @@ def dedup(
                 tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
                 min_tokens=min_tokens, threads=threads)
             | "Report" >> bdedup.WriteDedupReport(
-                out_dir=out_dir, vocab_size=tokenizer.vocab_size, tokenizer_sha256=tokenizer.sha256,
-                min_tokens=min_tokens, sensitive=sensitive_info, public_manifest=pub,
+                out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
+                tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
                 extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(dirs["public"], tok.MANIFEST))})
         )
 
@@ -245,7 +231,7 @@ def dedup(
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
         report = json.loads(f.read())
     elapsed = time.monotonic() - start
-    print(dedup_report.summarize(report))
+    print(dedup_report.summary_text(report))
     print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
           f"total {elapsed:.1f}s -> {out_dir}")
     return report

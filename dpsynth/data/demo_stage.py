@@ -93,7 +93,7 @@ def run_contamination_demo(
                         threads=os.cpu_count() or 1, beam_args=beam_args)
     found = set()
     for entry in report.get("sensitive", []):
-        for key in ("contaminated_ids", "ids"):
+        for key in ("shared_example_ids",):
             found.update(str(i) for i in entry.get(key, []))
     hit = [i for i in planted_ids if i in found]
     print(f"demo: {len(hit)} of the {len(planted_ids)} planted reviews were found and cut from the public corpus"

@@ -61,10 +61,24 @@ def reference(public: tok.TokenShard, sensitive: tok.TokenShard, k: int):
     return ranges, hit
 
 
+def longest_shared(public: tok.TokenShard, sensitive: tok.TokenShard) -> int:
+    """The longest token sequence inside one sensitive document that occurs in a public document."""
+    pub = [public.document(j).tolist() for j in range(public.num_documents)]
+    alive = [sensitive.document(j).tolist() for j in range(sensitive.num_documents)]
+    best, length = 0, 1
+    while alive:
+        grams = {tuple(d[i:i + length]) for d in pub for i in range(len(d) - length + 1)}
+        alive = [d for d in alive if any(tuple(d[i:i + length]) in grams for i in range(len(d) - length + 1))]
+        if alive:
+            best = length
+        length += 1
+    return best
+
+
 def _reported_ids(report) -> set:
     found = set()
     for entry in report["sensitive"]:
-        for key in ("contaminated_ids", "ids"):
+        for key in ("shared_example_ids",):
             found.update(entry.get(key, []))
     return found
 
@@ -118,6 +132,11 @@ def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dic
         else:
             assert doc["id"] not in clean
     removed = sum(b - a for r in ranges.values() for a, b in r)
+    assert report["public"]["tokens_removed"] == removed
+    assert report["public"]["documents_touched"] == sum(1 for r in ranges.values() if r)
+    (entry,) = report["sensitive"]
+    assert entry["num_examples"] == sensitive.num_documents
+    assert entry["longest_shared_tokens"] == longest_shared(public, sensitive)
     assert tok.read_manifest(str(out / "clean_tokens"))["num_tokens"] == public.num_tokens - removed
     kept = tok.read_corpus(str(out / "clean_tokens"))
     by_id = {d["id"]: kept.document(i) for i, d in enumerate(kept.docs)}
