@@ -1,0 +1,315 @@
+"""Finding and cutting every >= k token sequence a public shard shares with sensitive data.
+
+Algorithm (exact, linear time per shard): the text
+
+    s_0 #_0 s_1 #_1 ... s_{D-1} #_{D-1} | p_0 $_0 p_1 $_1 ... p_{E-1} $_{E-1}
+
+holds every sensitive document s_d and every public document p_j of the shard, each followed
+by its own separator (`#_d = B + d`, `$_j = B + D + j`, with B above every token id), so no
+common prefix ever extends past a document end. Its suffix array and LCP array are built
+natively; two sweeps over them (`cross_match`) give, for every position, the matching
+statistic ms[i]: the length of the longest prefix of the suffix at i that starts somewhere in
+the other half. A public position i with ms[i] >= k starts a shared sequence of length ms[i]
+(maximal to the right); the union of [i, i + ms[i]) over those positions is exactly the set
+of public tokens covered by some shared sequence of >= k tokens, i.e. overlapping and
+touching matches merged. Those ranges are cut. Symmetrically, ms on the sensitive side gives
+each sensitive document's longest sequence shared with the shard.
+
+Ranges are half-open `[a, b)` token offsets within their public document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from dpsynth.dedup.index import SensitiveIndex
+from dpsynth.dedup.suffix_array import check_threads, cross_match, lcp_array, suffix_array
+from dpsynth.tokens import TokenShard
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIN_TOKENS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """Counts of one public shard (or, merged, of a whole corpus). Ids and counts only.
+
+    Attributes:
+      shards: number of shards merged in.
+      documents, documents_touched, documents_emptied: public documents in total, with at
+        least one cut range, and non-empty ones left empty by the cuts.
+      tokens, tokens_removed: public tokens before cleaning and cut.
+      sensitive_shared: global sensitive document index -> longest sequence (tokens) it
+        shares with the public data, for documents sharing >= min_tokens.
+      dataset_longest: per sensitive dataset (index order), the longest shared sequence of
+        any length.
+    """
+
+    shards: int = 1
+    documents: int = 0
+    documents_touched: int = 0
+    documents_emptied: int = 0
+    tokens: int = 0
+    tokens_removed: int = 0
+    sensitive_shared: dict[int, int] = dataclasses.field(default_factory=dict)
+    dataset_longest: tuple[int, ...] = ()
+
+    def merge(self, other: "ShardStats") -> "ShardStats":
+        """Sums the counts and takes the maximum of the shared lengths."""
+        shared = dict(self.sensitive_shared)
+        for doc, length in other.sensitive_shared.items():
+            shared[doc] = max(shared.get(doc, 0), length)
+        a, b = self.dataset_longest, other.dataset_longest
+        width = max(len(a), len(b))
+        a, b = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+        return ShardStats(
+            shards=self.shards + other.shards,
+            documents=self.documents + other.documents,
+            documents_touched=self.documents_touched + other.documents_touched,
+            documents_emptied=self.documents_emptied + other.documents_emptied,
+            tokens=self.tokens + other.tokens,
+            tokens_removed=self.tokens_removed + other.tokens_removed,
+            sensitive_shared=dict(sorted(shared.items())),
+            dataset_longest=tuple(max(x, y) for x, y in zip(a, b)),
+        )
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["sensitive_shared"] = {str(k): v for k, v in sorted(self.sensitive_shared.items())}
+        d["dataset_longest"] = list(self.dataset_longest)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardStats":
+        d = dict(d)
+        d["sensitive_shared"] = {int(k): int(v) for k, v in d["sensitive_shared"].items()}
+        d["dataset_longest"] = tuple(int(x) for x in d["dataset_longest"])
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """The cleaned shard and what was cut.
+
+    Attributes:
+      cleaned: the shard with every range removed (same name, document order, metadata and
+        token dtype; emptied documents stay, with zero tokens).
+      ranges: per document, the merged half-open [a, b) ranges cut (offsets in the original
+        document), sorted and disjoint, non-touching.
+      pieces: per document, the kept pieces as half-open [a, b) offsets within the CLEANED
+        document (so text can be written with a break between pieces); empty pieces omitted.
+      stats: counts, and the sensitive documents found.
+    """
+
+    cleaned: TokenShard
+    ranges: list[list[tuple[int, int]]]
+    pieces: list[list[tuple[int, int]]]
+    stats: ShardStats
+
+
+def _check_public(shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
+    tokens = np.asarray(shard.tokens)
+    offsets = np.asarray(shard.offsets, dtype=np.int64)
+    where = f"public shard {shard.name!r}"
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"{where}: tokens must be a 1-D integer array")
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > np.iinfo(np.uint32).max):
+        raise ValueError(f"{where}: token ids outside [0, 2**32 - 1]")
+    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != tokens.size:
+        raise ValueError(f"{where}: offsets must start at 0 and end at the token count")
+    if np.any(np.diff(offsets) < 0):
+        raise ValueError(f"{where}: offsets decrease")
+    return tokens, offsets
+
+
+def _with_separators(tokens: np.ndarray, offsets: np.ndarray, first_sep: int) -> np.ndarray:
+    """Tokens (as uint32) with separator first_sep + d inserted after document d."""
+    docs = offsets.size - 1
+    seps = np.arange(first_sep, first_sep + docs, dtype=np.uint32)
+    return np.insert(tokens.astype(np.uint32), offsets[1:], seps)
+
+
+def matching_statistics(
+    index: SensitiveIndex, tokens: np.ndarray, offsets: np.ndarray, threads: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact matching statistics between documents and the sensitive index.
+
+    Args:
+      index: the sensitive index.
+      tokens, offsets: documents as one concatenated token array and int64 offsets (n + 1).
+      threads: threads for the native suffix and LCP arrays.
+
+    Returns:
+      (ms, sensitive_longest): ms[i] (int64, one per token) is the length of the longest
+      prefix of tokens[i:doc_end] that occurs inside some sensitive document;
+      sensitive_longest[d] is the longest sequence sensitive document d shares with the
+      given documents.
+    """
+    num_s, num_p = index.num_documents, offsets.size - 1
+    bound = max(index.token_bound, int(tokens.max()) + 1 if tokens.size else 1)
+    if bound + num_s + num_p > np.iinfo(np.uint32).max:
+        raise ValueError("vocabulary plus document count exceeds the uint32 separator space")
+    s_text = _with_separators(index.tokens, index.offsets, bound)
+    p_text = _with_separators(tokens, offsets, bound + num_s)
+    text = np.concatenate([s_text, p_text])
+    split = s_text.size
+    del s_text, p_text
+    sa = suffix_array(text, threads=threads)
+    lcp = lcp_array(text, sa, threads=threads)
+    ms = cross_match(sa, lcp, split)
+    del sa, lcp, text
+    # Drop separator positions (their ms is 0: a separator occurs once).
+    p_ms = np.delete(ms[split:], offsets[1:] + np.arange(num_p)).astype(np.int64)
+    if num_s:
+        starts = index.offsets[:-1] + np.arange(num_s)
+        s_longest = np.maximum.reduceat(ms[:split], starts).astype(np.int64)
+    else:
+        s_longest = np.zeros(0, np.int64)
+    return p_ms, s_longest
+
+
+def _covered(ms: np.ndarray, min_tokens: int) -> np.ndarray:
+    """Positions inside [i, i + ms[i]) for some i with ms[i] >= min_tokens."""
+    idx = np.arange(ms.size, dtype=np.int64)
+    ends = np.where(ms >= min_tokens, idx + ms, 0)
+    return np.maximum.accumulate(ends) > idx if ms.size else np.zeros(0, bool)
+
+
+def _runs(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Maximal runs of True in `mask`, split at document starts: (doc, start, end) global."""
+    n = mask.size
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    boundary = np.zeros(n + 1, bool)
+    boundary[offsets] = True  # a run may not continue across a document start
+    m = mask.astype(np.int8)
+    prev = np.concatenate([[0], m[:-1]])
+    nxt = np.concatenate([m[1:], [0]])
+    starts = np.flatnonzero(mask & ((prev == 0) | boundary[:-1]))
+    ends = np.flatnonzero(mask & ((nxt == 0) | boundary[1:])) + 1
+    docs = np.searchsorted(offsets, starts, side="right") - 1
+    return docs, starts, ends
+
+
+def _per_doc(num_docs: int, docs: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[list[tuple[int, int]]]:
+    out: list[list[tuple[int, int]]] = [[] for _ in range(num_docs)]
+    for d, x, y in zip(docs.tolist(), a.tolist(), b.tolist()):
+        out[d].append((x, y))
+    return out
+
+
+def dedup_shard(
+    index: SensitiveIndex,
+    shard: TokenShard,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    threads: int = 1,
+) -> ShardResult:
+    """Cuts every token sequence of >= min_tokens that `shard` shares with the index.
+
+    Args:
+      index: all sensitive documents (`SensitiveIndex.build` / `.load`).
+      shard: one public shard; documents are separated by its offsets.
+      min_tokens: k, the shortest shared sequence to cut (>= 1).
+      threads: threads for the native suffix/LCP arrays (identical results for any count).
+
+    Returns:
+      ShardResult with the cleaned shard, the merged [a, b) ranges per document, the kept
+      pieces per cleaned document, and stats (counts and sensitive documents found).
+    """
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, (int, np.integer)) or min_tokens < 1:
+        raise ValueError(f"min_tokens must be a positive integer, got {min_tokens!r}")
+    threads = check_threads(threads)
+    t0 = time.monotonic()
+    tokens, offsets = _check_public(shard)
+    num_docs = offsets.size - 1
+    ms, s_longest = matching_statistics(index, tokens, offsets, threads)
+    cut = _covered(ms, int(min_tokens))
+
+    docs, a, b = _runs(cut, offsets)
+    ranges = _per_doc(num_docs, docs, a - offsets[docs], b - offsets[docs])
+
+    keep = ~cut
+    kept_cum = np.zeros(tokens.size + 1, np.int64)
+    np.cumsum(keep, out=kept_cum[1:])
+    new_offsets = kept_cum[offsets]
+    kdocs, ka, kb = _runs(keep, offsets)
+    base = new_offsets[kdocs]
+    pieces = _per_doc(num_docs, kdocs, kept_cum[ka] - base, kept_cum[kb] - base)
+    cleaned = TokenShard(name=shard.name, tokens=tokens[keep], offsets=new_offsets, docs=list(shard.docs))
+
+    lengths = np.diff(offsets)
+    new_lengths = np.diff(new_offsets)
+    shared = np.flatnonzero(s_longest >= min_tokens)
+    dataset_longest = tuple(
+        int(s_longest[d.first_doc : d.first_doc + d.num_examples].max(initial=0)) for d in index.datasets
+    )
+    stats = ShardStats(
+        shards=1,
+        documents=num_docs,
+        documents_touched=int(np.count_nonzero(new_lengths < lengths)),
+        documents_emptied=int(np.count_nonzero((lengths > 0) & (new_lengths == 0))),
+        tokens=int(tokens.size),
+        tokens_removed=int(np.count_nonzero(cut)),
+        sensitive_shared={int(d): int(s_longest[d]) for d in shared},
+        dataset_longest=dataset_longest,
+    )
+    elapsed = time.monotonic() - t0
+    logger.info(
+        "dedup %s: %d docs, %d tokens, %d removed in %d docs, %d sensitive docs shared; %.3g tokens/s",
+        shard.name, stats.documents, stats.tokens, stats.tokens_removed, stats.documents_touched,
+        len(stats.sensitive_shared), stats.tokens / max(elapsed, 1e-9),
+    )
+    return ShardResult(cleaned=cleaned, ranges=ranges, pieces=pieces, stats=stats)
+
+
+def _as_documents(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    arrays = [np.asarray(d).reshape(-1) for d in docs]
+    for i, arr in enumerate(arrays):
+        if arr.size and (not np.issubdtype(arr.dtype, np.integer) or int(arr.min()) < 0):
+            raise ValueError(f"document {i}: token ids must be non-negative integers")
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    tokens = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+    return tokens, offsets
+
+
+def shared_lengths(index: SensitiveIndex, docs: Sequence[np.ndarray], threads: int = 1) -> np.ndarray:
+    """Per document, the longest token sequence it shares with any sensitive document."""
+    tokens, offsets = _as_documents(docs)
+    ms, _ = matching_statistics(index, tokens, offsets, check_threads(threads))
+    if not len(docs):
+        return np.zeros(0, np.int64)
+    starts = offsets[:-1]
+    longest = np.zeros(len(docs), np.int64)
+    nonempty = np.flatnonzero(np.diff(offsets) > 0)
+    if nonempty.size:
+        longest[nonempty] = np.maximum.reduceat(ms, starts[nonempty])
+    return longest
+
+
+class SharedCount(NamedTuple):
+    """How many documents share a >= min_tokens sequence with sensitive data, and the longest."""
+
+    num_docs_sharing: int
+    longest: int
+
+
+def count_shared(
+    index: SensitiveIndex, docs: Sequence[np.ndarray], min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1
+) -> SharedCount:
+    """Memorisation check for generated documents: one native pass over all of them."""
+    longest = shared_lengths(index, docs, threads)
+    return SharedCount(int(np.count_nonzero(longest >= min_tokens)), int(longest.max(initial=0)))
+
+
+def longest_shared(index: SensitiveIndex, tokens: np.ndarray, threads: int = 1) -> int:
+    """The longest token sequence of `tokens` that occurs in some sensitive document."""
+    return int(shared_lengths(index, [tokens], threads)[0])
