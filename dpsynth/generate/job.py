@@ -436,7 +436,8 @@ class GenerateShardFn(beam.DoFn):
 
     def setup(self):
         self._bundle = self._loader(self._plan.model_dir)
-        self._sampler = Sampler(self._bundle.decoder, self._plan.sampler)
+        vocab = getattr(self._bundle.tokenizer, "vocab_size", None)
+        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab))
 
     def process(self, spec: ShardSpec):
         if shard_complete(self._plan, spec):

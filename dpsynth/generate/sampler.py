@@ -18,6 +18,9 @@ Sampling semantics:
     summed over the generated tokens including the closing EOS) is kept.
   * `max_len`: the total length (prompt + generated tokens) of a row; a row that reaches it
     stops without EOS.
+  * Masking: ids in `banned_ids` (PAD, BOS) and ids >= `vocab_limit` get logit -inf before
+    anything else, so the model is restricted to (and scored as a distribution over) the
+    tokens the tokenizer can decode.
   * EOS: a row stops at its first EOS (the EOS is scored but not part of the returned
     tokens); positions after a row's end hold `pad_id`.
 
@@ -38,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth.tokens import EOS_ID, PAD_ID
+from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1e30
 
@@ -56,6 +59,9 @@ class SamplerConfig:
       prompt_bucket: prompt lengths are padded up to a multiple of this, so prompts of
         similar length share one compiled function.
       eos_id: end-of-sequence id; pad_id: id written after a row's end.
+      vocab_limit: ids >= this are never drawn (a model vocabulary larger than the
+        tokenizer's); None = no limit.
+      banned_ids: ids never drawn (padding and BOS by default).
     """
 
     temperature: float = 1.0
@@ -66,6 +72,8 @@ class SamplerConfig:
     prompt_bucket: int = 16
     eos_id: int = EOS_ID
     pad_id: int = PAD_ID
+    vocab_limit: int | None = None
+    banned_ids: tuple[int, ...] = (PAD_ID, BOS_ID)
 
     def __post_init__(self):
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -78,6 +86,8 @@ class SamplerConfig:
             raise ValueError(f"max_len must be >= 2, got {self.max_len}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.vocab_limit is not None and self.vocab_limit <= self.eos_id:
+            raise ValueError(f"vocab_limit {self.vocab_limit} must exceed eos_id {self.eos_id}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
 
@@ -190,9 +200,15 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         t, _, _, _, done, *_ = state
         return jnp.logical_and(t < gen_len, jnp.logical_not(jnp.all(done)))
 
+    vocab = logits.shape[-1]
+    ids = jnp.arange(vocab)
+    allowed = ids < (cfg.vocab_limit if cfg.vocab_limit is not None else vocab)
+    for banned in cfg.banned_ids:
+        allowed = jnp.logical_and(allowed, ids != banned)
+
     def body(state):
         t, logits, cache, out, done, count, score, finished = state
-        logits = logits.astype(jnp.float32)
+        logits = jnp.where(allowed, logits.astype(jnp.float32), NEG_INF)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(cand_keys)
         nxt = _select_token(logits, step_keys, cfg)
         logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]

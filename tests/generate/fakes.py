@@ -16,7 +16,7 @@ def make_tables(vocab: int = 12, max_len: int = 64, seed: int = 0, eos_logit: fl
     """Random bigram logits `[V, V]` and positional biases `[max_len + 1, V]` (distinct values)."""
     rng = np.random.default_rng(seed)
     table = rng.normal(0.0, 2.0, size=(vocab, vocab)).astype(np.float32)
-    table[:, 0:3] = -8.0  # pad/unk/bos practically never drawn
+    table[:, 0:3] = -1e9  # pad/unk/bos never drawn (pad and bos are masked by the sampler anyway)
     table[:, EOS_ID] = eos_logit
     pos_bias = np.zeros((max_len + 1, vocab), np.float32)
     pos_bias[:, EOS_ID] = np.linspace(0.0, 3.0, max_len + 1)  # EOS grows likelier with position

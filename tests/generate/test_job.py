@@ -173,3 +173,65 @@ def test_refuses_out_dir_of_another_job(model_dir, tmp_path):
         generate(_config(model_dir, tmp_path, num_examples=4, valid_examples=0, seed=99), loader=load_fake_bundle)
     # The same job again is a no-op resume.
     generate(_config(model_dir, tmp_path, num_examples=4, valid_examples=0), loader=load_fake_bundle)
+
+
+# ----------------------------------------------------------------------------- tiny preset, real decoding
+
+WORDS = "good great tasty fresh awful bland stale sweet salty coffee tea bread the a it was is and but not".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised `tiny` model with a privacy report (no training needed)."""
+    import random
+
+    import jax
+    import jax.numpy as jnp
+
+    from dpsynth.models import Transformer, get_config
+    from dpsynth.tokens import train_tokenizer
+    from dpsynth.train.checkpoint import save_model
+    from tests.generate.fakes import write_fake_model_dir
+
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(300)] + ["[great] [other]"] * 10
+    tok = train_tokenizer(texts, vocab_size=320)
+    config = get_config("tiny", max_len=128)
+    variables = Transformer(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+    d = str(tmp_path_factory.mktemp("tiny") / "model")
+    save_model(d, config, {"params": variables["params"]}, tok, extra_manifest={"labels": ["great", "other"]})
+    os.remove(os.path.join(d, "fake_tables.npz")) if os.path.exists(os.path.join(d, "fake_tables.npz")) else None
+    tmp = str(tmp_path_factory.mktemp("report"))
+    write_fake_model_dir(tmp)  # borrow its privacy report (a real dpsynth.dp report)
+    for name in ("privacy_report.json", "privacy_report.md"):
+        os.replace(os.path.join(tmp, name), os.path.join(d, name))
+    return d, tok
+
+
+def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path):
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    from beam_jobs.generate import main, run
+    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
+    from dpsynth.train.checkpoint import load_model
+
+    model_dir, tok = tiny_model_dir
+    argv = ["--model", model_dir, "--num-examples", "10", "--valid-examples", "3", "--out", str(tmp_path / "a"),
+            "--max-len", "40", "--examples-per-shard", "4", "--batch-size", "4", "--temperature", "0.0"]
+    manifest = run(argv, test_pipeline=TestPipeline())
+    assert manifest["private"] and manifest["splits"]["train"]["num_examples"] == 10
+    rows = [json.loads(l) for l in _read(tmp_path / "a" / "train.jsonl").decode().splitlines()]
+    assert len(rows) == 10 and {r["label"] for r in rows} == {"great", "other"}
+    # Greedy texts equal a direct greedy decode of "[BOS] [label] " with the same model.
+    loaded = load_model(model_dir)
+    sampler = Sampler(TransformerDecodeModel(loaded.config),
+                      SamplerConfig(temperature=0.0, max_len=40, batch_size=2, vocab_limit=tok.vocab_size))
+    prompts = [np.concatenate([[2], tok.encode(f"[{l}] ")]).astype(np.int32) for l in ("great", "other")]
+    out = sampler.sample(loaded.variables, prompts, example_keys(seed_to_key_data(0), range(2)))
+    expected = {l: tok.decode(out.tokens[i, : out.lengths[i]].tolist()) for i, l in enumerate(("great", "other"))}
+    assert all(r["text"] == expected[r["label"]] for r in rows)
+    # The shell entry point: a rerun of the same job is a no-op resume; bad input exits with 2.
+    before = _read(tmp_path / "a" / "train.jsonl")
+    assert main(argv) == 0
+    assert _read(tmp_path / "a" / "train.jsonl") == before
+    assert main(["--model", model_dir, "--num-examples", "0", "--out", str(tmp_path / "c")]) == 2
