@@ -1,0 +1,203 @@
+"""Benchmark: our native SA-IS suffix array vs pydivsufsort (libdivsufsort), same token stream.
+
+The stream is real text: the public corpora and labeled sets of ../shared/data tokenized with a
+SentencePiece model trained on the public text (dpsynth.tokens.train_tokenizer), concatenated
+and repeated until it holds --tokens tokens (default 50M). Without ../shared/data a synthetic
+Zipf stream is used instead (and the output says so).
+
+Each run is a fresh subprocess that loads the stream, then sorts it, reporting wall time and
+its peak-RSS growth (VmHWM after the sort minus VmRSS before it, with the peak mark reset via
+/proc/self/clear_refs: the sorter's own memory, output included).
+pydivsufsort sorts bytes, so a uint16 stream is passed as its uint16 array (pydivsufsort turns
+it into 2n big-endian bytes and keeps every other suffix); it runs with OMP_NUM_THREADS=1 and
+with its OpenMP default. Outputs are checked equal (SHA-256 of the suffix array).
+
+    .venv/bin/python bench/suffix_array.py                 # 50M tokens, a few minutes
+    .venv/bin/python bench/suffix_array.py --tokens 5000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+CACHE = os.path.join(ROOT, "runs", "bench")
+
+
+def _texts(pattern_list):
+    for path in pattern_list:
+        if path.endswith(".txt"):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                yield f.read()
+        elif path.endswith(".csv"):
+            with open(path, encoding="utf-8", errors="replace", newline="") as f:
+                for row in csv.DictReader(f):
+                    yield row.get("text") or ""
+        else:  # sst: "<label> <sentence>" per line
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    yield line.split(" ", 1)[-1]
+
+
+def real_stream(vocab_size: int) -> tuple[np.ndarray, str]:
+    """Tokens of ../shared/data (cached under runs/bench), and a description."""
+    public = sorted(glob.glob(os.path.join(DATA, "public", "*", "*.txt")))
+    labeled = sorted(
+        glob.glob(os.path.join(DATA, "ag_news", "test.csv"))
+        + glob.glob(os.path.join(DATA, "yelp", "*.csv"))
+        + glob.glob(os.path.join(DATA, "yelp_sentences", "*.csv"))
+        + glob.glob(os.path.join(DATA, "sst", "stsa.binary.*"))
+    )
+    key = hashlib.sha256(
+        json.dumps([vocab_size] + [(p, os.path.getsize(p)) for p in public + labeled]).encode()
+    ).hexdigest()[:16]
+    cache = os.path.join(CACHE, f"sa_stream_{key}.npy")
+    desc = f"{len(public)} public + {len(labeled)} labeled files of {DATA}, SentencePiece vocab {vocab_size}"
+    if os.path.exists(cache):
+        return np.load(cache), desc
+    sys.path.insert(0, ROOT)
+    from dpsynth.tokens import train_tokenizer
+
+    t0 = time.time()
+    print(f"training a {vocab_size}-piece tokenizer on the public text ...", flush=True)
+    tok = train_tokenizer(_texts(public), vocab_size=vocab_size)
+    print(f"  {time.time() - t0:.0f}s; tokenizing ...", flush=True)
+    parts = [tok.encode(t) for t in _texts(public)]
+    batch: list[str] = []
+    for t in _texts(labeled):
+        batch.append(t)
+        if len(batch) == 4096:
+            parts.extend(tok.encode_batch(batch))
+            batch = []
+    parts.extend(tok.encode_batch(batch))
+    stream = np.concatenate(parts).astype(np.uint16)
+    print(f"  {stream.size} tokens in {time.time() - t0:.0f}s", flush=True)
+    os.makedirs(CACHE, exist_ok=True)
+    np.save(cache, stream)
+    return stream, desc
+
+
+def synthetic_stream(n: int, vocab_size: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return (rng.zipf(1.2, n) % vocab_size).astype(np.uint16)
+
+
+# ----------------------------------------------------------------------------- child runs
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def child(args) -> None:
+    tokens = np.load(args.stream)
+    if args.impl == "ours":
+        sys.path.insert(0, ROOT)
+        from dpsynth.dedup.suffix_array import suffix_array
+
+        suffix_array(tokens[:1000], threads=args.threads)  # load the extension outside the timing
+    else:
+        import pydivsufsort
+
+        pydivsufsort.divsufsort(tokens[:1000])
+    # Reset the peak-RSS mark (VmHWM) to the current RSS, so the growth is the sorter's own.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    if args.impl == "ours":
+        sa = suffix_array(tokens, threads=args.threads)
+    else:
+        sa = pydivsufsort.divsufsort(tokens)
+    elapsed = time.perf_counter() - t0
+    after = _status_kib("VmHWM")
+    digest = hashlib.sha256(np.ascontiguousarray(sa, dtype=np.int64).tobytes()).hexdigest()
+    print(json.dumps({"seconds": elapsed, "peak_rss_growth_bytes": (after - before) * 1024, "sha256": digest}))
+
+
+def run_child(stream_path: str, impl: str, threads: int, omp: str | None) -> dict:
+    env = dict(os.environ)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--stream", stream_path, "--impl", impl,
+           "--threads", str(threads)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=50_000_000, help="stream length (default 50M)")
+    p.add_argument("--vocab-size", type=int, default=16000)
+    p.add_argument("--repeats", type=int, default=1, help="runs per configuration (best time kept)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stream", help=argparse.SUPPRESS)
+    p.add_argument("--impl", help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(args)
+        return 0
+
+    if os.path.isdir(DATA):
+        base, desc = real_stream(args.vocab_size)
+    else:
+        print(f"NOTE: {DATA} is absent: using a synthetic Zipf(1.2) stream instead of real text")
+        base, desc = synthetic_stream(min(args.tokens, 10_000_000), args.vocab_size), "synthetic Zipf"
+    reps = -(-args.tokens // base.size)
+    stream = np.tile(base, reps)[: args.tokens]
+    os.makedirs(CACHE, exist_ok=True)
+    stream_path = os.path.join(CACHE, f"sa_bench_stream_{os.getpid()}.npy")
+    np.save(stream_path, stream)
+    print(f"stream: {stream.size:,} uint16 tokens ({desc}; base {base.size:,} tokens repeated "
+          f"{stream.size / base.size:.1f}x); {os.cpu_count()} CPUs")
+    configs = [
+        ("pydivsufsort, OMP_NUM_THREADS=1", "divsufsort", 1, "1"),
+        ("pydivsufsort, OpenMP default", "divsufsort", 1, None),
+        ("ours, 1 thread", "ours", 1, None),
+        ("ours, 2 threads", "ours", 2, None),
+    ]
+    results = {}
+    try:
+        for label, impl, threads, omp in configs:
+            best = None
+            for _ in range(args.repeats):
+                r = run_child(stream_path, impl, threads, omp)
+                if best is None or r["seconds"] < best["seconds"]:
+                    best = r
+            results[label] = best
+            print(f"  {label:34s} {best['seconds']:8.2f} s  {stream.size / best['seconds'] / 1e6:7.2f} M tokens/s  "
+                  f"peak RSS +{best['peak_rss_growth_bytes'] / 2**20:7.0f} MiB "
+                  f"({best['peak_rss_growth_bytes'] / stream.size:.1f} B/token)", flush=True)
+    finally:
+        os.remove(stream_path)
+    digests = {r["sha256"] for r in results.values()}
+    print(f"suffix arrays identical: {len(digests) == 1}")
+    d1 = results["pydivsufsort, OMP_NUM_THREADS=1"]["seconds"]
+    dd = results["pydivsufsort, OpenMP default"]["seconds"]
+    o1 = results["ours, 1 thread"]["seconds"]
+    o2 = results["ours, 2 threads"]["seconds"]
+    print(f"ratio ours 1 thread  / pydivsufsort 1 thread : {d1 / o1:.2f}x  (target >= 1.0x)")
+    print(f"ratio ours 2 threads / pydivsufsort 1 thread : {d1 / o2:.2f}x  (target >= 1.7x)")
+    print(f"ratio ours 2 threads / pydivsufsort OpenMP   : {dd / o2:.2f}x")
+    print(f"ratio ours 2 threads / ours 1 thread         : {o1 / o2:.2f}x")
+    return 0 if len(digests) == 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
