@@ -45,6 +45,7 @@ def run_contamination_demo(
     num_planted: int = 5,
     min_tokens: int = 50,
     seed: int = 0,
+    num_shards: int = 4,
     beam_args: list[str] | None = None,
 ) -> dict[str, Any]:
     """Runs the demo; returns paths and counts.
@@ -90,7 +91,7 @@ def run_contamination_demo(
     dedup_dir = os.path.join(out_dir, "dedup")
     report = jobs.dedup([planted_dir], [f"fine_food={os.path.join(out_dir, 'sensitive')}"],
                         tokenizer_path=tokenizer_path, out_dir=dedup_dir, min_tokens=min_tokens,
-                        threads=os.cpu_count() or 1, beam_args=beam_args)
+                        num_shards=num_shards, threads=os.cpu_count() or 1, beam_args=beam_args)
     found = set()
     for entry in report.get("sensitive", []):
         for key in ("shared_example_ids",):
