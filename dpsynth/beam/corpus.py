@@ -136,6 +136,7 @@ class _TokenizeFn(beam.DoFn):
 
     def setup(self):
         self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
+        self.dtype = tok.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
 
     def process(self, item):
         kind, key, payload = item
@@ -147,7 +148,7 @@ class _TokenizeFn(beam.DoFn):
         self.tokens.inc(int(ids.size))
         self.bytes.inc(len(payload["text"].encode("utf-8")))
         meta = {k: v for k, v in payload.items() if k != "text"}
-        yield ("doc", key, (meta, ids))
+        yield ("doc", key, (meta, ids.astype(self.dtype)))  # ids < vocab_size: exact
 
 
 class TokenizeDocuments(beam.PTransform):
@@ -158,7 +159,7 @@ class TokenizeDocuments(beam.PTransform):
         self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
 
     def expand(self, items):
-        """PCollection[Item(doc=record)] -> PCollection[Item(doc=(meta, int32 tokens))]."""
+        """PCollection[Item(doc=record)] -> PCollection[Item(doc=(meta, tokens as the stored dtype))]."""
         return items | "Encode" >> beam.ParDo(_TokenizeFn(self.tokenizer_path, self.max_chunk_chars))
 
 
