@@ -404,6 +404,7 @@ class TokenizeCorpus(beam.PTransform):
             items = pbegin | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
         return (
             items
+            | "SpreadDocuments" >> beam.Reshuffle()  # tokenize in parallel even when files are few
             | "Tokenize" >> TokenizeDocuments(self.tokenizer_path, self.max_chunk_chars)
             | "Write" >> WriteTokenCorpus(
                 self.out_dir, name=self.source.name, vocab_size=self.vocab_size,
