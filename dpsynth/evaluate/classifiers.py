@@ -62,7 +62,8 @@ class WordCNN(nn.Module):
     def __call__(self, tokens):
         cfg = self.config
         mask = (tokens != text_lib.PAD)[..., None]
-        x = nn.Embed(self.vocab_size, cfg.embed_dim, name="embed")(tokens)
+        # Padding embeds to exactly zero, so a padded row equals the unpadded one (SAME padding).
+        x = nn.Embed(self.vocab_size, cfg.embed_dim, name="embed")(tokens) * mask
         x = nn.relu(nn.Conv(cfg.filters, (cfg.kernel_size,), padding="SAME", name="conv")(x))
         x = jnp.where(mask, x, -jnp.inf).max(axis=1)
         x = jnp.where(jnp.isfinite(x), x, 0.0)  # an all-padding row pools to zeros

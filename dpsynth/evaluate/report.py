@@ -445,3 +445,82 @@ def evaluate(synthetic_dirs: Sequence[str], real: RealData, out_dir: str, config
     baselines = scorer.score_baselines()
     paths = write_report(rows, plots, baselines, out_dir, config.classifiers)
     return {"rows": rows, "baselines": baselines, "paths": paths}
+
+
+SMALL_CNN = cls_lib.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
+
+
+def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = None, pooling: str = "mean",
+                      embedder: str = "auto", dp_epsilons: Sequence[float] = (), grid: str = "small", repeats: int = 3,
+                      max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500, mauve_seeds: int = 3,
+                      mauve_subsample: int | None = None, perplexity: bool = True,
+                      real_baseline: bool = True) -> EvaluateConfig:
+    """An `EvaluateConfig` from command-line style values (used by the CLI and the demo)."""
+    kinds = () if classifiers.strip() in ("", "none") else tuple(c.strip() for c in classifiers.split(",") if c.strip())
+    lrs, wds = (tc.WIDE_LR_GRID, tc.WIDE_WD_GRID) if grid == "wide" else (tc.SMALL_LR_GRID, tc.SMALL_WD_GRID)
+    return EvaluateConfig(
+        classifiers=kinds, model_dir=model_dir, pooling=pooling, embedder=embedder, dp_epsilons=tuple(dp_epsilons),
+        wordcnn=SMALL_CNN if cnn == "small" else cls_lib.WordCNNConfig(),
+        mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
+        mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
+        sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
+                             train=tc.TrainConfig(max_epochs=max_epochs)))
+
+
+def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
+    """A plain-text table: synthetic vs real vs DP-on-real accuracy, MAUVE, perplexity."""
+    lines = []
+    head = f"{'source':<28} {'eps':>6} " + " ".join(f"{k + ' acc':>16}" for k in classifiers) + f" {'MAUVE':>14} {'MAUVE*':>7} {'ppl':>8}"
+    lines.append(head)
+    lines.append("-" * len(head))
+
+    def acc(mean, std):
+        return f"{mean:.3f}+-{std:.3f}" if mean is not None else "-"
+
+    for r in sorted(result["rows"], key=lambda r: r["corpus"]):
+        eps = r.get("epsilon")
+        eps_s = "-" if eps is None else ("inf" if math.isinf(eps) else f"{eps:g}")
+        name = r["corpus"] + ("" if r.get("private") else " (non-private)")
+        if r.get("status") != "ok":
+            lines.append(f"{name[:28]:<28} {eps_s:>6} ERROR: {r.get('error', '')[:80]}")
+            continue
+        accs = " ".join(f"{acc(r.get(f'{k}_accuracy'), r.get(f'{k}_accuracy_std')):>16}" for k in classifiers)
+        ppl = r.get("perplexity")
+        lines.append(f"{name[:28]:<28} {eps_s:>6} {accs} {r['mauve']:.3f}+-{r['mauve_std']:.3f} {r['mauve_star']:>7.3f} "
+                     f"{(f'{ppl:.2f}' if ppl else '-'):>8}")
+    for b in result["baselines"]:
+        eps_s = "inf" if math.isinf(b["epsilon"]) else f"{b['epsilon']:g}"
+        cells = " ".join(f"{acc(b['accuracy'], b['accuracy_std']) if k == b['classifier'] else '':>16}" for k in classifiers)
+        lines.append(f"{('real data' if b['baseline'] == 'real' else 'DP-on-real'):<28} {eps_s:>6} {cells}")
+    return "\n".join(lines)
+
+
+def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, Sequence[Mapping]], out_dir: str, *,
+                      model_dir: str | None = None, dp_epsilons: Sequence[float] = (3.0,), quick: bool = True) -> dict:
+    """Evaluates the demo's synthetic corpora against the real fine-food splits; prints a summary.
+
+    Args:
+      synthetic_dirs: generation output directories.
+      real_splits: {"train", "valid", "test"} record lists (e.g. `fine_food_splits()`).
+      out_dir: where metrics.json/csv, report.html and plots/ go.
+      model_dir: the pretrained LM (MAUVE features; the generator's perplexity comes from
+        each corpus's generation_config).
+      dp_epsilons: DP-on-real baselines.
+      quick: CPU-sized settings (small WordCNN, 1 repeat, 3 epochs, 2 MAUVE seeds); False = the
+        paper's sizes and 3 repeats.
+
+    Returns:
+      `evaluate`'s result dict (rows, baselines, paths).
+    """
+    real = RealData(list(real_splits["train"]), list(real_splits["test"]),
+                    list(real_splits["valid"]) if real_splits.get("valid") else None)
+    if quick:
+        config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons, repeats=1, max_epochs=3, cnn="small",
+                                   mauve_seeds=2)
+        config = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, clip_norms=(1.0,)))
+    else:
+        config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons)
+    result = evaluate(list(synthetic_dirs), real, out_dir, config)
+    print(f"evaluation report: {result['paths']['report_html']}")
+    print(summary_table(result, config.classifiers))
+    return result

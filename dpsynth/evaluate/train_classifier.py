@@ -460,3 +460,35 @@ def classify(train: Sequence[Mapping], valid: Sequence[Mapping], tests: Mapping[
 
     return run_sweep(Trainer(model), split(train), split(valid), {k: split(v) for k, v in tests.items()}, sweep, dp,
                      progress)
+
+
+def classify_files(train: str, valid: str, test: str, *, out: str | None = None, kind: str = "wordcnn",
+                   model_dir: str | None = None, pooling: str = "mean", cnn: str = "paper",
+                   learning_rates: Sequence[float] | None = None, weight_decays: Sequence[float] | None = None,
+                   repeats: int = 3, max_epochs: int = 10, epsilon: float | None = None, delta: float | None = None,
+                   clip_norms: Sequence[float] = (0.5, 1.0), expected_batch_size: int = 64,
+                   dp_epochs: float = 5.0) -> SweepResult:
+    """`classify` on files (JSONL/CSV/Parquet with text,label); writes the trials to `out` as JSON."""
+    import json as json_lib
+
+    from dpsynth.evaluate import corpora
+
+    recs = {name: corpora.read_real(path, name) for name, path in (("train", train), ("valid", valid), ("test", test))}
+    small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
+    spec = ClassifierSpec(kind=kind, model_dir=model_dir, pooling=pooling,
+                          wordcnn=small if cnn == "small" else classifiers.WordCNNConfig())
+    sweep = SweepConfig(learning_rates=tuple(learning_rates or SMALL_LR_GRID),
+                        weight_decays=tuple(weight_decays or SMALL_WD_GRID), clip_norms=tuple(clip_norms),
+                        repeats=repeats, train=TrainConfig(max_epochs=max_epochs))
+    dp = None
+    if epsilon is not None:
+        n = len(recs["train"])
+        dp = DPConfig(epsilon=epsilon, delta=delta, expected_batch_size=min(expected_batch_size, n),
+                      microbatch_size=min(expected_batch_size, n), epochs=dp_epochs)
+    result = classify(recs["train"], recs["valid"], {"real_test": recs["test"]}, spec, sweep, dp)
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json_lib.dump({"selected": result.selected, "valid_mean": result.valid_mean, "test_mean": result.test_mean,
+                           "test_std": result.test_std, "trials": result.trials,
+                           "dp": dataclasses.asdict(dp) if dp else None}, f, indent=1)
+    return result

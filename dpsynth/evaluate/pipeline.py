@@ -1,0 +1,87 @@
+"""Beam PTransforms of the metric job: one element per synthetic corpus, heavy state in setup.
+
+    corpus dirs --ScoreCorpora--> (row, plot data) --CollectRows--+
+    [baselines] --ScoreBaselines--> baseline rows --CollectBaselines--+--WriteReport--> report paths
+
+Each `ScoreCorpusFn` worker loads the real splits, the embedder (with the real-test features)
+and the backbone once in `setup()`; scoring a corpus is `report.Scorer.score_corpus`. The
+report is written once from the collected rows (`report.write_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import apache_beam as beam
+
+from dpsynth.evaluate import report
+
+NAMESPACE = "dpsynth.evaluate"
+
+
+class _ScorerFn(beam.DoFn):
+    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig):
+        self.real_paths, self.config = real_paths, config
+        self.scorer = None
+
+    def setup(self):
+        self.scorer = report.Scorer(report.load_real(*self.real_paths), self.config)
+
+
+class ScoreCorpusFn(_ScorerFn):
+    """corpus dir -> (row, plot data); counts ok / error corpora."""
+
+    def process(self, path: str):
+        row, plot = self.scorer.score_corpus(path)
+        beam.metrics.Metrics.counter(NAMESPACE, f"corpora_{row.get('status', 'error')}").inc()
+        yield row, plot
+
+
+class ScoreBaselinesFn(_ScorerFn):
+    """(ignored) -> baseline rows (real data and DP-on-real per classifier)."""
+
+    def process(self, _):
+        for row in self.scorer.score_baselines():
+            beam.metrics.Metrics.counter(NAMESPACE, "baselines").inc()
+            yield row
+
+
+class WriteReportFn(beam.DoFn):
+    """[(row, plot)] + [baseline rows] -> paths of metrics.json/csv and report.html."""
+
+    def __init__(self, out_dir: str, classifiers: Sequence[str]):
+        self.out_dir, self.classifiers = out_dir, tuple(classifiers)
+
+    def process(self, scored, baselines):
+        rows = [r for r, _ in scored]
+        plots = [p for _, p in scored]
+        yield report.write_report(rows, plots, baselines, self.out_dir, self.classifiers)
+
+
+class ScoreCorpora(beam.PTransform):
+    """Scores synthetic corpora against the real splits."""
+
+    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig):
+        super().__init__()
+        self.real_paths, self.config = real_paths, config
+
+    def expand(self, dirs):
+        """PCollection[str] (corpus directories) -> PCollection[tuple[dict, dict]] (row, plot data)."""
+        return (dirs
+                | "SpreadCorpora" >> beam.Reshuffle()
+                | "ScoreEachCorpus" >> beam.ParDo(ScoreCorpusFn(self.real_paths, self.config)))
+
+
+def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
+          config: report.EvaluateConfig):
+    """Adds the metric job to pipeline `p`; returns the PCollection holding the report paths dict."""
+    if not synthetic_dirs:
+        raise ValueError("no synthetic corpus given")
+    scored = (p | "ListCorpora" >> beam.Create(sorted(synthetic_dirs))
+              | "ScoreCorpora" >> ScoreCorpora(real_paths, config)
+              | "CollectRows" >> beam.combiners.ToList())
+    baselines = (p | "BaselineTask" >> beam.Create([0])
+                 | "ScoreBaselines" >> beam.ParDo(ScoreBaselinesFn(real_paths, config))
+                 | "CollectBaselines" >> beam.combiners.ToList())
+    return scored | "WriteReport" >> beam.ParDo(WriteReportFn(out_dir, config.classifiers),
+                                                beam.pvalue.AsSingleton(baselines))

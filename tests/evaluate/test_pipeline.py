@@ -1,0 +1,49 @@
+import json
+import os
+
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+
+from beam_jobs import metrics as job
+from tests.evaluate.conftest import make_records
+
+
+def _write(path, rows):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def test_beam_job_scores_every_corpus_and_marks_bad_ones(tmp_path):
+    for s, seed in (("train", 1), ("test", 2)):
+        _write(tmp_path / f"real_{s}.jsonl", make_records(120, seed, prefix=s))
+    root = tmp_path / "corpora"
+    for name, seed in (("a", 3), ("b", 4)):
+        d = root / "sweep" / name
+        d.mkdir(parents=True)
+        _write(d / "train.jsonl", make_records(100, seed))
+        _write(d / "valid.jsonl", make_records(30, seed + 10))
+    bad = root / "sweep" / "empty"
+    bad.mkdir()
+    _write(bad / "train.jsonl", [{"text": " ", "label": "great"}])
+    _write(bad / "valid.jsonl", make_records(5, 1))
+    out = tmp_path / "out"
+    argv = ["--synthetic-root", str(root), "--real-train", str(tmp_path / "real_train.jsonl"), "--real-test",
+            str(tmp_path / "real_test.jsonl"), "--out", str(out), "--classifiers", "none", "--embedder", "hashing:64",
+            "--mauve-seeds", "1", "--no-perplexity"]
+    res = job.run(argv, test_pipeline=BeamTestPipeline())
+    assert res["corpora"] == 3
+    saved = json.loads((out / "metrics.json").read_text())
+    rows = {r["corpus"]: r for r in saved["corpora"]}
+    assert set(rows) == {"a", "b", "empty"}
+    assert rows["a"]["status"] == "ok" and 0 < rows["a"]["mauve"] <= 1 and rows["a"]["private"] is False
+    assert rows["empty"]["status"] == "error" and "no valid row" in rows["empty"]["error"]
+    assert (out / "report.html").exists() and (out / "metrics.csv").exists()
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    _write(tmp_path / "t.jsonl", make_records(10, 1))
+    rc = job.main(["--synthetic", str(tmp_path), "--real-train", str(tmp_path / "missing.jsonl"), "--real-test",
+                   str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "o"), "--classifiers", "none"])
+    assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        job.parser().parse_args(["--out", "x"])
