@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 export PYTHONHASHSEED := 0
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install build data test test-slow test-all demo bench clean help
+.PHONY: install build data chromium test test-slow test-all demo bench clean help
 
 help:
 	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
@@ -42,7 +42,19 @@ $(DATA_DIR)/.fetched:
 	for f in $(DATA_DIR)/debs/*.deb; do dpkg-deb -x "$$f" $(DATA_DIR)/root; done
 	touch $@
 
-test: $(STAMP) data
+# Debian chromium for the headless HTML-report test (tests/evaluate/test_report.py); the test
+# skips with a message where it cannot be installed (no apt-get or no root).
+CHROMIUM_STAMP := $(VENV)/.chromium
+chromium: $(CHROMIUM_STAMP)
+
+$(CHROMIUM_STAMP): | $(STAMP)
+	@if command -v chromium >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y --no-install-recommends chromium; }; \
+	else echo "chromium not installed and apt-get unavailable (or not root): the headless report test will skip"; fi
+	touch $@
+
+test: $(STAMP) data chromium
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
 
 test-slow: $(STAMP) data
