@@ -685,3 +685,61 @@ def _load_tokenizer(model_dir: str):
     from dpsynth.tokens import Tokenizer
 
     return Tokenizer.load(os.path.join(model_dir, "tokenizer.model"))
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def run_generate_demo(
+    model_dir: str,
+    out_dir: str,
+    *,
+    num_examples: int,
+    valid_examples: int = 0,
+    train_path: str | None = None,
+    per_label: int = 2,
+    max_chars: int = 160,
+    beam_args: Sequence[str] = (),
+    **sampling: Any,
+) -> dict[str, Any]:
+    """The demo's generation stage: generate, then print a few examples per label and the report.
+
+    Args:
+      model_dir: the DP-tuned model directory.
+      out_dir: output directory.
+      num_examples, valid_examples: split sizes (the demo uses 1x the real split sizes).
+      train_path: D_train for the memorisation audit (NOT DP; printed as such), or None.
+      per_label: examples printed per label; max_chars: characters printed per example.
+      beam_args: Beam flags; sampling: extra `GenerateConfig` fields (temperature, top_k...).
+
+    Returns:
+      {"manifest": ..., "report": ...} (the output manifest and generation report).
+    """
+    config = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples=num_examples,
+                            valid_examples=valid_examples, **sampling)
+    t0 = time.monotonic()
+    manifest = generate(config, beam_args=beam_args, train_path=train_path)
+    elapsed = time.monotonic() - t0
+    with open(os.path.join(out_dir, REPORT_FILE), encoding="utf-8") as f:
+        report = json.load(f)
+    with open(os.path.join(out_dir, "train.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
+    print(f"== generate: {counts} synthetic examples in {elapsed:.0f}s -> {out_dir} "
+          f"({'DP: privacy report copied' if manifest['private'] else 'NOT PRIVATE'})")
+    for label in report["label_distribution"]["labels"]:
+        shown = [r["text"] for r in rows if r["label"] == label][:per_label]
+        for text in shown:
+            text = " ".join(text.split())
+            print(f"  [{label}] {text[:max_chars]}{'...' if len(text) > max_chars else ''}")
+    for split, s in report["splits"].items():
+        d, lt, lb = s["duplicates"], s["length_tokens"], s["label_balance"]["counts"]
+        print(f"  {split}: duplicates {d['num_duplicates']}/{d['num_examples']} ({100 * d['duplicate_rate']:.1f}%), "
+              f"tokens mean {lt.get('mean', 0):.0f} p50 {lt.get('p50', 0):.0f} max {lt.get('max', 0)}, "
+              f"hit max_len {lt.get('hit_max_len', 0)}, labels {lb}")
+    mem = report["memorisation"]
+    if mem.get("checked"):
+        print(f"  memorisation audit (NOT DP, do not share): longest sequence shared with D_train "
+              f"{mem['longest_shared_tokens']} tokens; {mem['num_sharing_at_least_min']} examples share "
+              f">= {mem['min_shared_tokens']} tokens")
+    return {"manifest": manifest, "report": report}

@@ -1,0 +1,183 @@
+"""Generation speed: the KV-cache sampler against recomputation, and 1 vs 2 Beam workers.
+
+1. Tokens/s of `dpsynth.generate.sampler.Sampler` (prefill + `lax.while_loop` of cached decode
+   steps, one compiled call per batch) against the same model recomputing the whole prefix at
+   every step (a jitted forward pass over the prefix, lengths bucketed to multiples of 32 so
+   it compiles a handful of times; compilation is excluded from both timings). Greedy
+   decoding of `--length` tokens in total, EOS disabled so every row runs to the end; the two
+   outputs are compared token by token as a correctness check. Target: >= 10x at 256 tokens.
+
+2. The whole generation job (`dpsynth.generate.job.generate`) on the FnApiRunner in
+   multi-process mode with 1 vs 2 worker processes, same model and shards. Each process is
+   limited to one XLA CPU thread (`--xla_cpu_multi_thread_eigen=false`) so that "one worker"
+   means one core; without the limit a single process already uses both cores for big
+   matmuls. Job time includes worker start, model load and compilation. Target: >= 1.7x.
+
+    .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
+        [--examples 64] [--skip-workers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def make_model(preset: str, max_len: int):
+    import jax
+    import jax.numpy as jnp
+
+    from dpsynth.models import Transformer, get_config
+
+    config = get_config(preset, max_len=max(max_len, 64))
+    model = Transformer(config)
+    variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+    return config, model, variables
+
+
+def bench_cache_vs_recompute(preset: str, length: int, batch: int, prompt_len: int = 8, repeats: int = 1) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
+
+    config, model, variables = make_model(preset, length)
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(4, config.vocab_size, size=(batch, prompt_len)).astype(np.int32)
+    new_tokens = length - prompt_len
+
+    cfg = SamplerConfig(temperature=0.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1)
+    sampler = Sampler(TransformerDecodeModel(config), cfg)
+    keys = example_keys(seed_to_key_data(0), range(batch))
+    lens = np.full((batch,), prompt_len, np.int32)
+    jax.block_until_ready(sampler.sample_batch(variables, prompts, lens, keys))  # compile
+    t_cache = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(sampler.sample_batch(variables, prompts, lens, keys))
+        t_cache.append(time.perf_counter() - t0)
+    cached_tokens = np.asarray(out[0])[:, :new_tokens]
+
+    forward = jax.jit(lambda v, toks: model.apply(v, toks))
+    bucket = 32
+
+    def recompute():
+        buf = np.zeros((batch, length), np.int32)
+        buf[:, :prompt_len] = prompts
+        for pos in range(prompt_len, length):
+            width = min(length, -(-pos // bucket) * bucket)
+            logits = forward(variables, jnp.asarray(buf[:, :width]))
+            buf[:, pos] = np.asarray(jnp.argmax(logits[:, pos - 1], axis=-1))
+        return buf[:, prompt_len:]
+
+    for width in sorted({min(length, -(-p // bucket) * bucket) for p in range(prompt_len, length)}):
+        jax.block_until_ready(forward(variables, jnp.zeros((batch, width), jnp.int32)))  # compile all buckets
+    t_rec = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rec_tokens = recompute()
+        t_rec.append(time.perf_counter() - t0)
+    generated = batch * new_tokens
+    cache_tps, rec_tps = generated / min(t_cache), generated / min(t_rec)
+    return {
+        "preset": preset, "length": length, "batch": batch, "prompt_len": prompt_len,
+        "kv_cache_tokens_per_s": cache_tps, "recompute_tokens_per_s": rec_tps, "ratio": cache_tps / rec_tps,
+        "greedy_tokens_agree": float(np.mean(cached_tokens == rec_tokens)),
+        "compile_count": sampler.compile_count,
+    }
+
+
+def _save_model_dir(preset: str, max_len: int, path: str) -> None:
+    import random
+
+    from dpsynth.dp.ledger import PrivacyLedger
+    from dpsynth.dp.report import build_report, write_report
+    from dpsynth.tokens import train_tokenizer
+    from dpsynth.train.checkpoint import save_model
+
+    config, _, variables = make_model(preset, max_len)
+    words = "good great tasty fresh awful bland stale sweet salty coffee tea bread the a it was is and but not".split()
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(500)] + ["[great] [other]"] * 10
+    tok = train_tokenizer(texts, vocab_size=min(320, config.vocab_size))
+    save_model(path, config, {"params": variables["params"]}, tok, extra_manifest={"labels": ["great", "other"]})
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0)
+    ledger.record_dpsgd(sampling_probability=0.05, noise_multiplier=1.0, steps=100, clip_norm=1.0, dataset_size=1000)
+    write_report(path, build_report(ledger, training={"mode": "bench"}, contamination_sha256=None))
+
+
+def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int, batch: int) -> float:
+    code = (
+        "import sys,time,logging; sys.path.insert(0, %r)\n"
+        "from dpsynth.generate.job import GenerateConfig, generate\n"
+        "t=time.perf_counter()\n"
+        "generate(GenerateConfig(model_dir=%r, out_dir=%r, num_examples=%d, examples_per_shard=%d, batch_size=%d,"
+        " max_len=%d, temperature=1.0), beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=%d'])\n"
+        "print('SECONDS', time.perf_counter()-t)\n"
+    ) % (REPO, model_dir, out, examples, max(1, examples // 8), batch, length, workers)
+    env = dict(os.environ, XLA_FLAGS=SINGLE_THREAD, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-3000:])
+    return float([l for l in res.stdout.splitlines() if l.startswith("SECONDS")][-1].split()[1])
+
+
+def bench_workers(preset: str, examples: int, length: int, batch: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="dpsynth-bench-gen-")
+    try:
+        model_dir = os.path.join(tmp, "model")
+        _save_model_dir(preset, length, model_dir)
+        times = {}
+        for workers in (1, 2):
+            times[workers] = _job_time(model_dir, os.path.join(tmp, f"out{workers}"), workers, examples, length, batch)
+        same = open(os.path.join(tmp, "out1", "train.jsonl"), "rb").read() == open(
+            os.path.join(tmp, "out2", "train.jsonl"), "rb").read()
+        return {"preset": preset, "examples": examples, "length": length, "batch": batch,
+                "seconds_1_worker": times[1], "seconds_2_workers": times[2], "speedup": times[1] / times[2],
+                "identical_output": same}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--length", type=int, default=256, help="total tokens per row (prompt + generated)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--examples", type=int, default=64, help="examples for the 1-vs-2-worker job")
+    p.add_argument("--worker-preset", default="small")
+    p.add_argument("--worker-length", type=int, default=128)
+    p.add_argument("--skip-workers", action="store_true")
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    args = p.parse_args(argv)
+    results = {}
+    r = bench_cache_vs_recompute(args.preset, args.length, args.batch)
+    results["kv_cache_vs_recompute"] = r
+    print(f"[{r['preset']}, {r['length']} tokens, batch {r['batch']}] KV-cache sampler {r['kv_cache_tokens_per_s']:.0f} tok/s"
+          f" vs recompute {r['recompute_tokens_per_s']:.0f} tok/s: ratio {r['ratio']:.1f}x (target >= 10x);"
+          f" greedy tokens agree {100 * r['greedy_tokens_agree']:.1f}%", flush=True)
+    if not args.skip_workers:
+        w = bench_workers(args.worker_preset, args.examples, args.worker_length, args.batch)
+        results["workers"] = w
+        print(f"[{w['preset']}, {w['examples']} examples x {w['length']} tokens] job 1 worker {w['seconds_1_worker']:.1f}s"
+              f" vs 2 workers {w['seconds_2_workers']:.1f}s: speedup {w['speedup']:.2f}x (target >= 1.7x);"
+              f" identical output: {w['identical_output']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
