@@ -47,7 +47,7 @@ $(DATA_DIR)/.fetched:
 CHROMIUM_STAMP := $(VENV)/.chromium
 chromium: $(CHROMIUM_STAMP)
 
-$(CHROMIUM_STAMP): | $(STAMP)
+$(CHROMIUM_STAMP):
 	@if command -v chromium >/dev/null; then :; \
 	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y --no-install-recommends chromium; }; \
