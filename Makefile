@@ -52,7 +52,7 @@ $(CHROMIUM_STAMP):
 	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y --no-install-recommends chromium; }; \
 	else echo "chromium not installed and apt-get unavailable (or not root): the headless report test will skip"; fi
-	touch $@
+	mkdir -p $(dir $@) && touch $@
 
 test: $(STAMP) data chromium
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
