@@ -12,18 +12,18 @@ namespace dpsynth {
 template <class C, class I>
 void lcp_array(const C* t, const I* sa, I* lcp, int64_t n, int threads) {
   if (n == 0) return;
-  int parts = (threads > 1 && n >= (1 << 16)) ? threads : 1;
+  const int workers = n >= (1 << 16) ? threads : 1;
+  const int64_t grain = grain_for(n, workers, 1 << 18);
   // phi[sa[r]] = sa[r - 1]: the suffix just before p in suffix-array order (-1 for the first).
   std::vector<I> phi(n);
-  parallel_for(parts, parts, [&](int64_t p) {
-    for (int64_t r = n * p / parts, e = n * (p + 1) / parts; r < e; ++r)
-      phi[sa[r]] = r == 0 ? I(-1) : sa[r - 1];
+  parallel_chunks(n, workers, grain, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) phi[sa[r]] = r == 0 ? I(-1) : sa[r - 1];
   });
-  // Permuted LCP in text order, in place: plcp[i + 1] >= plcp[i] - 1, so each range restarts
-  // from 0 and stays linear.
-  parallel_for(parts, parts, [&](int64_t p) {
+  // Permuted LCP in text order, in place: plcp[i + 1] >= plcp[i] - 1, so each chunk restarts
+  // from 0 and the whole stays linear (up to one longest LCP per chunk).
+  parallel_chunks(n, workers, grain, [&](int64_t b, int64_t e, int) {
     int64_t h = 0;
-    for (int64_t i = n * p / parts, e = n * (p + 1) / parts; i < e; ++i) {
+    for (int64_t i = b; i < e; ++i) {
       int64_t j = phi[i];
       if (j < 0) {
         h = 0;
@@ -35,8 +35,8 @@ void lcp_array(const C* t, const I* sa, I* lcp, int64_t n, int threads) {
       if (h > 0) --h;
     }
   });
-  parallel_for(parts, parts, [&](int64_t p) {
-    for (int64_t r = n * p / parts, e = n * (p + 1) / parts; r < e; ++r) lcp[r] = phi[sa[r]];
+  parallel_chunks(n, workers, grain, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) lcp[r] = phi[sa[r]];
   });
 }
 

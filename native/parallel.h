@@ -1,39 +1,52 @@
-// Minimal std::thread helpers shared by the native sources.
+// Minimal std::thread helpers shared by the native sources. Work is handed out in chunks
+// from an atomic counter, so a worker that the OS deschedules delays the others by at most
+// one chunk (the machine may be shared).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
 namespace dpsynth {
 
-// Calls fn(i) for i in [0, count), split into `threads` contiguous ranges run concurrently
-// (the calling thread takes the first range).
+// Calls fn(begin, end, worker) over [0, count) in chunks of `grain` taken dynamically by
+// `threads` workers (the calling thread is worker 0). Runs inline when one chunk suffices.
 template <class Fn>
-void parallel_for(int64_t count, int threads, Fn&& fn) {
-  int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
-  if (parts <= 1) {
-    for (int64_t i = 0; i < count; ++i) fn(i);
+void parallel_chunks(int64_t count, int threads, int64_t grain, Fn&& fn) {
+  grain = std::max<int64_t>(1, grain);
+  if (count <= 0) return;
+  if (threads <= 1 || count <= grain) {
+    fn(int64_t{0}, count, 0);
     return;
   }
+  std::atomic<int64_t> next{0};
+  auto work = [&](int worker) {
+    for (;;) {
+      int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+      if (b >= count) return;
+      fn(b, std::min(count, b + grain), worker);
+    }
+  };
+  int workers = static_cast<int>(std::min<int64_t>(threads, (count + grain - 1) / grain));
   std::vector<std::thread> pool;
-  pool.reserve(parts - 1);
-  for (int p = 1; p < parts; ++p) {
-    pool.emplace_back([&, p] {
-      for (int64_t i = count * p / parts, e = count * (p + 1) / parts; i < e; ++i) fn(i);
-    });
-  }
-  for (int64_t i = 0, e = count / parts; i < e; ++i) fn(i);
+  pool.reserve(workers - 1);
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
+  work(0);
   for (auto& th : pool) th.join();
 }
 
-// Busy-waits until pred() holds, yielding the core after a short spin (so oversubscribed
-// machines still make progress).
+// A grain giving each of `threads` workers several chunks (at least `min_grain` items each).
+inline int64_t grain_for(int64_t count, int threads, int64_t min_grain = 1 << 15) {
+  return std::max<int64_t>(min_grain, count / (8 * std::max(1, threads)) + 1);
+}
+
+// Busy-waits until pred() holds, yielding the core after a short spin.
 template <class Pred>
 void spin_until(Pred&& pred) {
   for (int spins = 0; !pred(); ++spins) {
-    if (spins < 256) {
+    if (spins < 128) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif

@@ -22,6 +22,8 @@ constexpr int64_t kParallelMin = 1 << 16;
 constexpr int64_t kBlock = 1 << 14;
 // Blocks the reader thread may run ahead of the writer.
 constexpr int64_t kRing = 4;
+// Pause instructions the writer waits for a block the reader is still resolving.
+constexpr int kPatience = 1 << 12;
 // Look-ahead of software prefetches, in entries.
 constexpr int64_t kPrefetch = 32;
 
@@ -56,38 +58,40 @@ inline void store_relaxed(I* p, I v) {
 template <class C>
 void classify(const C* t, int64_t n, TypeBits& bits, int threads) {
   if (n == 0) return;
-  int parts = (threads > 1 && n >= kParallelMin) ? threads : 1;
+  // Fixed, word-aligned parts (so the fix-up below is deterministic), taken dynamically.
+  int64_t parts = (threads > 1 && n >= kParallelMin) ? std::min<int64_t>(8 * threads, n / 4096) : 1;
   std::vector<int64_t> bounds(parts + 1);
-  for (int p = 0; p <= parts; ++p) bounds[p] = std::min(n, ((n * p / parts) + 63) / 64 * 64);
+  for (int64_t p = 0; p <= parts; ++p) bounds[p] = std::min(n, ((n * p / parts) + 63) / 64 * 64);
   bounds[parts] = n;
   std::vector<int64_t> run_start(parts, 0);
-  parallel_for(parts, parts, [&](int64_t p) {
-    int64_t a = bounds[p], b = bounds[p + 1];
-    if (a >= b) return;
-    bool next_s;  // type of position i + 1
-    int64_t i = b - 1;
-    if (b == n) {
-      next_s = false;  // the last suffix is L (greater than the empty sentinel)
-      --i;
-    } else {
-      // Provisional: positions equal to t[b] at the end of the chunk copy t[b]'s type later.
-      int64_t r = b - 1;
-      while (r >= a && t[r] == t[b]) --r;
-      run_start[p] = r + 1;
-      i = r;
-      if (i < a) return;
-      next_s = t[i] < t[i + 1];
-      if (next_s) bits.set(i);
-      --i;
-    }
-    for (; i >= a; --i) {
-      bool s = t[i] < t[i + 1] || (t[i] == t[i + 1] && next_s);
-      if (s) bits.set(i);
-      next_s = s;
+  parallel_chunks(parts, threads, 1, [&](int64_t pb, int64_t pe, int) {
+    for (int64_t p = pb; p < pe; ++p) {
+      int64_t a = bounds[p], b = bounds[p + 1];
+      if (a >= b) continue;
+      bool next_s;  // type of position i + 1
+      int64_t i = b - 1;
+      if (b == n) {
+        next_s = false;  // the last suffix is L (greater than the empty sentinel)
+        --i;
+      } else {
+        // Provisional: the trailing run equal to t[b] copies t[b]'s type later.
+        int64_t r = b - 1;
+        while (r >= a && t[r] == t[b]) --r;
+        run_start[p] = r + 1;
+        i = r;
+        if (i < a) continue;
+        next_s = t[i] < t[i + 1];
+        if (next_s) bits.set(i);
+        --i;
+      }
+      for (; i >= a; --i) {
+        bool s = t[i] < t[i + 1] || (t[i] == t[i + 1] && next_s);
+        if (s) bits.set(i);
+        next_s = s;
+      }
     }
   });
-  if (parts == 1) return;
-  for (int p = parts - 2; p >= 0; --p) {
+  for (int64_t p = parts - 2; p >= 0; --p) {
     int64_t b = bounds[p + 1];
     if (bounds[p] >= b) continue;
     if (bits.s(b)) bits.set_range(run_start[p], b);
@@ -98,18 +102,14 @@ void classify(const C* t, int64_t n, TypeBits& bits, int threads) {
 template <class C, class I>
 std::vector<I> bucket_starts(const C* t, int64_t n, int64_t K, int threads) {
   std::vector<I> start(K + 1, 0);
-  int parts = (threads > 1 && n >= kParallelMin && K <= n) ? threads : 1;
-  if (parts == 1) {
-    for (int64_t i = 0; i < n; ++i) ++start[t[i] + 1];
-  } else {
-    std::vector<std::vector<I>> local(parts - 1, std::vector<I>(K + 1, 0));
-    parallel_for(parts, parts, [&](int64_t p) {
-      I* h = p == 0 ? start.data() : local[p - 1].data();
-      for (int64_t i = n * p / parts, e = n * (p + 1) / parts; i < e; ++i) ++h[t[i] + 1];
-    });
-    for (auto& h : local)
-      for (int64_t c = 0; c <= K; ++c) start[c] += h[c];
-  }
+  int workers = (threads > 1 && n >= kParallelMin && K <= n) ? threads : 1;
+  std::vector<std::vector<I>> local(workers - 1, std::vector<I>(K + 1, 0));
+  parallel_chunks(n, workers, grain_for(n, workers), [&](int64_t b, int64_t e, int w) {
+    I* h = w == 0 ? start.data() : local[w - 1].data();
+    for (int64_t i = b; i < e; ++i) ++h[t[i] + 1];
+  });
+  for (auto& h : local)
+    for (int64_t c = 0; c <= K; ++c) start[c] += h[c];
   for (int64_t c = 0; c < K; ++c) start[c + 1] += start[c];
   return start;
 }
@@ -153,11 +153,14 @@ void induce_pass_serial(const C* t, I* sa, int64_t n, const TypeBits& bits, I* p
     for (int64_t i = n - 1; i >= 0; --i) step(i);
 }
 
-// The same pass on two threads. The reader resolves, for each entry of a block, the
-// predecessor and its symbol (random reads of the text and types) into a ring buffer; the
-// writer places them (random writes). Entries still empty when the reader saw them are
-// resolved again by the writer, which alone writes sa; so the result equals the serial pass.
-// Requires every non-empty slot the reader sees to be final for this pass.
+// The same pass on two threads. A reader thread resolves, for each entry of a block, the
+// predecessor and its symbol (the random reads of the text and types) into a ring buffer; the
+// writer (calling thread) places them (the random writes). Blocks are claimed in order from
+// an atomic counter: when the reader has not claimed the writer's next block, the writer
+// claims and processes it itself, so the writer never waits on a descheduled reader. Entries
+// still empty when the reader saw them are resolved again by the writer, which alone writes
+// sa; so the result equals the serial pass. Requires every non-empty slot the reader sees to
+// be final for this pass.
 template <bool kForward, class C, class I>
 void induce_pass_pipelined(const C* t, I* sa, int64_t n, const TypeBits& bits, I* ptr) {
   constexpr I kRecheck = -1;  // slot was empty when read (EMPTY is -1 too)
@@ -165,7 +168,9 @@ void induce_pass_pipelined(const C* t, I* sa, int64_t n, const TypeBits& bits, I
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
   std::vector<I> pred(kRing * kBlock);
   std::vector<C> sym(kRing * kBlock);
-  std::atomic<int64_t> produced{0}, consumed{0};
+  std::atomic<int64_t> claimed{0}, consumed{0};
+  std::vector<std::atomic<int64_t>> ready(kRing);
+  for (auto& r : ready) r.store(-1, std::memory_order_relaxed);
   auto block_range = [&](int64_t k, int64_t& lo, int64_t& hi) {
     if (kForward) {
       lo = k * kBlock;
@@ -176,15 +181,21 @@ void induce_pass_pipelined(const C* t, I* sa, int64_t n, const TypeBits& bits, I
     }
   };
   std::thread reader([&] {
-    for (int64_t k = 0; k < nblocks; ++k) {
-      spin_until([&] { return k - consumed.load(std::memory_order_acquire) < kRing; });
+    for (;;) {
+      int64_t k = claimed.load(std::memory_order_acquire);
+      if (k >= nblocks) return;
+      if (k - consumed.load(std::memory_order_acquire) >= kRing) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (!claimed.compare_exchange_weak(k, k + 1, std::memory_order_acq_rel)) continue;
       int64_t lo, hi;
       block_range(k, lo, hi);
       I* pb = &pred[(k % kRing) * kBlock];
       C* sb = &sym[(k % kRing) * kBlock];
-      for (int64_t i = lo; i < hi; ++i) {
-        int64_t pf = kForward ? i + kPrefetch : (hi - 1) - (i - lo) - kPrefetch;
-        int64_t idx = kForward ? i : (hi - 1) - (i - lo);
+      for (int64_t s = 0, len = hi - lo; s < len; ++s) {
+        int64_t idx = kForward ? lo + s : hi - 1 - s;
+        int64_t pf = kForward ? idx + kPrefetch : idx - kPrefetch;
         if (pf >= 0 && pf < n) {
           I w = load_relaxed(&sa[pf]);
           if (w > 0) {
@@ -203,37 +214,69 @@ void induce_pass_pipelined(const C* t, I* sa, int64_t n, const TypeBits& bits, I
           pb[j] = kSkip;
         }
       }
-      produced.store(k + 1, std::memory_order_release);
+      ready[k % kRing].store(k, std::memory_order_release);
     }
   });
+  auto place = [&](I u, C c) {
+    if (kForward)
+      store_relaxed(&sa[ptr[c]++], u);
+    else
+      store_relaxed(&sa[--ptr[c]], u);
+  };
   for (int64_t k = 0; k < nblocks; ++k) {
-    spin_until([&] { return produced.load(std::memory_order_acquire) > k; });
     int64_t lo, hi;
     block_range(k, lo, hi);
-    const I* pb = &pred[(k % kRing) * kBlock];
-    const C* sb = &sym[(k % kRing) * kBlock];
-    auto place = [&](I u, C c) {
-      if (kForward)
-        store_relaxed(&sa[ptr[c]++], u);
-      else
-        store_relaxed(&sa[--ptr[c]], u);
-    };
     int64_t len = hi - lo;
-    for (int64_t s = 0; s < len; ++s) {
-      int64_t j = kForward ? s : len - 1 - s;
-      int64_t jp = kForward ? s + 8 : len - 1 - s - 8;
-      if (jp >= 0 && jp < len && pb[jp] >= 0) {
-        I dst = kForward ? ptr[sb[jp]] : ptr[sb[jp]] - 1;
-        __builtin_prefetch(&sa[dst], 1);
+    int64_t expect = k;
+    bool direct = claimed.load(std::memory_order_acquire) == k &&
+                  claimed.compare_exchange_strong(expect, k + 1, std::memory_order_acq_rel);
+    if (!direct) {
+      // The reader holds this block: wait briefly, then do it here rather than stall on a
+      // reader the OS has descheduled (its late result for this block is then ignored).
+      for (int spins = 0; ready[k % kRing].load(std::memory_order_acquire) != k; ++spins) {
+        if (spins == kPatience) {
+          direct = true;
+          break;
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
       }
-      int64_t jq = kForward ? s + 24 : len - 1 - s - 24;
-      if (jq >= 0 && jq < len && pb[jq] >= 0) __builtin_prefetch(&ptr[sb[jq]], 1);
-      I u = pb[j];
-      if (u >= 0) {
-        place(u, sb[j]);
-      } else if (u == kRecheck) {
-        I v = sa[lo + j];
+    }
+    if (direct) {
+      // Process this block like the serial pass.
+      for (int64_t s = 0; s < len; ++s) {
+        int64_t idx = kForward ? lo + s : hi - 1 - s;
+        int64_t pf = kForward ? idx + kPrefetch : idx - kPrefetch;
+        if (pf >= 0 && pf < n) {
+          I w = sa[pf];
+          if (w > 0) {
+            __builtin_prefetch(&t[w - 1]);
+            __builtin_prefetch(bits.word_ptr(w - 1));
+          }
+        }
+        I v = sa[idx];
         if (v > 0 && bits.s(v - 1) != kForward) place(v - 1, t[v - 1]);
+      }
+    } else {
+      const I* pb = &pred[(k % kRing) * kBlock];
+      const C* sb = &sym[(k % kRing) * kBlock];
+      for (int64_t s = 0; s < len; ++s) {
+        int64_t j = kForward ? s : len - 1 - s;
+        int64_t jp = kForward ? s + 8 : len - 1 - s - 8;
+        if (jp >= 0 && jp < len && pb[jp] >= 0) {
+          I dst = kForward ? ptr[sb[jp]] : ptr[sb[jp]] - 1;
+          __builtin_prefetch(&sa[dst], 1);
+        }
+        int64_t jq = kForward ? s + 24 : len - 1 - s - 24;
+        if (jq >= 0 && jq < len && pb[jq] >= 0) __builtin_prefetch(&ptr[sb[jq]], 1);
+        I u = pb[j];
+        if (u >= 0) {
+          place(u, sb[j]);
+        } else if (u == kRecheck) {
+          I v = sa[lo + j];
+          if (v > 0 && bits.s(v - 1) != kForward) place(v - 1, t[v - 1]);
+        }
       }
     }
     consumed.store(k + 1, std::memory_order_release);
@@ -255,8 +298,8 @@ void induce(const C* t, I* sa, int64_t n, int64_t K, const TypeBits& bits,
   if (pipelined) {
     // The S pass rewrites every S slot before scanning it; clearing stale seeds first makes
     // every non-empty slot final, as the pipelined pass requires.
-    parallel_for(K, threads, [&](int64_t c) {
-      std::fill(sa + ptr[c], sa + start[c + 1], I(-1));
+    parallel_chunks(K, threads, grain_for(K, threads, 1024), [&](int64_t b, int64_t e, int) {
+      for (int64_t c = b; c < e; ++c) std::fill(sa + ptr[c], sa + start[c + 1], I(-1));
     });
   }
   for (int64_t c = 0; c < K; ++c) ptr[c] = start[c + 1];
@@ -313,10 +356,8 @@ void sais(const C* t, I* sa, int64_t n, int64_t K, int threads) {
   std::fill(sa + m, sa + n, I(-1));
   std::vector<uint8_t> differs(m);
   differs[0] = 1;
-  int parts = (threads > 1 && m >= kParallelMin) ? threads : 1;
-  parallel_for(parts, parts, [&](int64_t p) {
-    for (int64_t i = std::max<int64_t>(1, m * p / parts), e = m * (p + 1) / parts; i < e; ++i)
-      differs[i] = !lms_equal(t, n, bits, sa[i - 1], sa[i]);
+  parallel_chunks(m - 1, m >= kParallelMin ? threads : 1, grain_for(m, threads), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b + 1; i < e + 1; ++i) differs[i] = !lms_equal(t, n, bits, sa[i - 1], sa[i]);
   });
   I name = -1;
   for (int64_t i = 0; i < m; ++i) {
@@ -340,7 +381,9 @@ void sais(const C* t, I* sa, int64_t n, int64_t K, int threads) {
   // of their buckets (right to left, so no unread entry is overwritten) and induce.
   for (int64_t i = 1, j = 0; i < n; ++i)
     if (bits.lms(i)) reduced[j++] = static_cast<I>(i);
-  for (int64_t i = 0; i < m; ++i) sa[i] = reduced[sa[i]];
+  parallel_chunks(m, m >= kParallelMin ? threads : 1, grain_for(m, threads), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) sa[i] = reduced[sa[i]];
+  });
   std::fill(sa + m, sa + n, I(-1));
   {
     std::vector<I> tail(start.begin() + 1, start.end());
