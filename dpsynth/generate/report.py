@@ -80,7 +80,7 @@ def memorisation_stats(
       and a histogram of the per-document longest shared lengths.
     """
     from dpsynth.dedup.index import SensitiveIndex
-    from dpsynth.dedup.match import longest_shared
+    from dpsynth.dedup.match import shared_lengths
     from dpsynth.tokens import TokenShard
 
     offsets = np.zeros(len(train_docs) + 1, np.int64)
@@ -88,7 +88,7 @@ def memorisation_stats(
     flat = np.concatenate([np.asarray(d, np.int32) for d in train_docs]) if train_docs else np.zeros(0, np.int32)
     shard = TokenShard("train", flat, offsets, [{"id": str(i)} for i in range(len(train_docs))])
     index = SensitiveIndex.build([("train", shard)])
-    longest = np.array([int(longest_shared(index, np.asarray(d, np.int32))) if len(d) else 0 for d in synth_docs], np.int64)
+    longest = np.asarray(shared_lengths(index, [np.asarray(d, np.int64) for d in synth_docs]), np.int64)
     return {
         "min_shared_tokens": int(min_tokens),
         "longest_shared_tokens": int(longest.max()) if longest.size else 0,
