@@ -54,3 +54,21 @@ def test_load_tfds_split_on_mock_data(name, features, tmp_path):
 def test_unsupported_tfds_name():
     with pytest.raises(ValueError, match="unsupported"):
         tfds_source.load_tfds("mnist")
+
+
+def test_tokenize_job_reads_tfds(tmp_path):
+    import tensorflow_datasets as tfds
+
+    from beam_jobs import tokenize as tokenize_job
+
+    tokenizer = tok.train_tokenizer(["abc def ghi jkl " * 20] * 5, vocab_size=300)
+    tokenizer.save(str(tmp_path / "t.model"))
+    with tfds.testing.mock_data(num_examples=10):
+        manifest = tokenize_job.run(["--kind", "sensitive", "--input", "tfds:imdb_reviews", "--tfds-data-dir",
+                                     str(tmp_path / "tfds"), "--tokenizer", str(tmp_path / "t.model"),
+                                     "--out", str(tmp_path / "out")])
+    # 9 train + 1 valid + 10 test examples; mock texts may be empty and are then dead-lettered.
+    assert manifest["records_in"] == 20 == manifest["num_documents"] + manifest["dead_lettered"]
+    assert set(manifest["labels"]) <= {"neg", "pos"}
+    ids = {d["id"] for s in tok.iter_shards(str(tmp_path / "out")) for d in s.docs}
+    assert ids <= {f"imdb_reviews/{split}-{i:06d}" for split in ("train", "test") for i in range(10)}
