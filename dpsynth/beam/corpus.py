@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import re
 from collections import Counter
@@ -37,6 +38,7 @@ from dpsynth import tokens as tok
 from dpsynth.data import readers
 from dpsynth.data.text import DEFAULT_MAX_CHUNK_CHARS, encode_document
 
+logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
 DEAD_LETTERS = "dead_letters.jsonl"
 DEFAULT_SHARD_BYTES = 64 << 20
@@ -181,6 +183,8 @@ class _WriteShardFn(beam.DoFn):
         )
         labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
         self.shards.inc()
+        logger.info("tokenize: wrote %s/%s (%d documents, %d tokens)", self.out_dir, entry["name"],
+                    entry["num_documents"], entry["num_tokens"])
         yield ("shard", index, {"entry": entry, "labels": dict(labels)})
 
 

@@ -17,6 +17,8 @@ of the JSONL (and counted). The last step writes the manifests and `contaminatio
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any
 
 import apache_beam as beam
@@ -26,6 +28,7 @@ from apache_beam.metrics import Metrics
 from dpsynth import tokens as tok
 from dpsynth.data.text import complement_ranges
 
+logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
 CLEAN_TOKENS = "clean_tokens"
 CLEAN_TEXT = "clean"
@@ -63,6 +66,7 @@ class _DedupShardFn(beam.DoFn):
     def process(self, entry):
         from dpsynth.dedup.match import dedup_shard
 
+        start = time.monotonic()
         shard = tok.read_shard(self.public_dir, entry, self.dtype)
         result = dedup_shard(self.index, shard, min_tokens=self.min_tokens, threads=self.threads)
         cleaned = result.cleaned
@@ -88,6 +92,10 @@ class _DedupShardFn(beam.DoFn):
         self.c_tokens.inc(shard.num_tokens)
         self.c_removed.inc(removed)
         self.c_shards.inc()
+        elapsed = time.monotonic() - start
+        logger.info("dedup: %s done: %d documents, %d tokens, %d removed from %d documents; %.3g tokens/s",
+                    shard.name, shard.num_documents, shard.num_tokens, removed, touched,
+                    shard.num_tokens / max(elapsed, 1e-9))
         counts = {"documents": shard.num_documents, "documents_touched": touched, "tokens": shard.num_tokens,
                   "tokens_removed": removed, "jsonl_documents": len(lines), "documents_emptied": emptied}
         yield ("shard", shard.name, {"entry": clean_entry, "stats": result.stats, "counts": counts})
