@@ -276,6 +276,8 @@ def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int) -> Iter
     with _open(f.path) as fh:
         for n, raw in enumerate(iter(fh.readline, b""), start=1):
             line = raw.rstrip(b"\r\n")
+            if n == 1 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+                line = line[3:]
             if not line.strip():
                 yield DeadLetter(f.path, n, "empty line")
                 continue
@@ -308,8 +310,8 @@ def _check_columns(f: InputFile, available: Sequence[str], columns: Columns) -> 
 
 def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
     with _open(f.path) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-        reader = csv.reader(text)
+        lines = (line.decode("utf-8", errors="surrogateescape") for line in iter(raw.readline, b""))
+        reader = csv.reader(lines)  # undecodable bytes become lone surrogates -> dead letters
         try:
             header = next(reader)
         except StopIteration:

@@ -27,8 +27,13 @@ def test_formats_give_the_same_records(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet", row_group_size=3)
     with gzip.open(tmp_path / "z.jsonl.gz", "wt", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+    with gzip.open(tmp_path / "c.csv.gz", "wt", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, ["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    (tmp_path / "b.jsonl").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "d.jsonl").read_bytes())  # with a BOM
     got = {}
-    for name in ("d.jsonl", "d.csv", "d.parquet", "z.jsonl.gz"):
+    for name in ("d.jsonl", "d.csv", "d.parquet", "z.jsonl.gz", "c.csv.gz", "b.jsonl"):
         ds = readers.read_sensitive(str(tmp_path / name))
         assert not ds.dead_letters
         got[name] = [(r["text"], r["label"]) for r in ds.records]
