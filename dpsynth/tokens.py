@@ -30,6 +30,7 @@ import io
 import json
 import os
 import random
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -64,8 +65,12 @@ def _read_bytes(path: str) -> bytes:
 
 
 def _write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes `path` via a temporary sibling and a rename (atomic on local disks)."""
-    tmp = path + ".tmp"
+    """Writes `path` via a temporary sibling and a rename (atomic on local disks).
+
+    The temporary name is unique, so duplicate executions of one bundle (runner retries,
+    speculative execution) never write into each other's temporary file.
+    """
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     with FileSystems.create(tmp) as f:
         f.write(data)
     if FileSystems.exists(path):
