@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("public", "sensitive"), default="public", help="sensitive = labeled dataset")
     p.add_argument("--name", default=None, help="corpus name in the manifest (default: input stem)")
     p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
+    p.add_argument("--label-column", default="label", help="'' for unlabeled sensitive text")
     p.add_argument("--num-shards", type=int, default=None, help="default: one per --shard-mb of input")
     p.add_argument("--shard-mb", type=float, default=64.0, help="target input MB per shard")
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES,
@@ -47,7 +47,7 @@ def run(argv=None, test_pipeline=None) -> dict:
         tokenizer_path=args.tokenizer,
         out_dir=args.out,
         text_column=args.text_column,
-        label_column=args.label_column,
+        label_column=args.label_column or None,
         num_shards=args.num_shards,
         shard_bytes=int(args.shard_mb * (1 << 20)),
         max_document_bytes=args.max_document_bytes,

@@ -58,7 +58,7 @@ def tokenize(
     kind: str = "public",
     name: str | None = None,
     text_column: str = "text",
-    label_column: str = "label",
+    label_column: str | None = "label",
     num_shards: int | None = None,
     shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,

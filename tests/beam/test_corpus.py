@@ -106,3 +106,12 @@ def test_shard_of_is_stable():
     assert [corpus.shard_of(f"doc-{i}", 7) for i in range(6)] == [
         int.from_bytes(hashlib.blake2b(f"doc-{i}".encode(), digest_size=8).digest(), "little") % 7 for i in range(6)
     ]
+
+
+def test_unlabeled_sensitive_text(tmp_path, tokenizer_path):
+    (tmp_path / "s.jsonl").write_text(json.dumps({"text": "good food", "label": "great"}) + "\n"
+                                      + json.dumps({"text": "no label here"}) + "\n")
+    manifest = tokenize_job.run(["--input", str(tmp_path / "s.jsonl"), "--kind", "sensitive", "--label-column", "",
+                                 "--tokenizer", tokenizer_path, "--out", str(tmp_path / "out")])
+    assert manifest["num_documents"] == 2 and "labels" not in manifest
+    assert all("label" not in d for s in tok.iter_shards(str(tmp_path / "out")) for d in s.docs)
