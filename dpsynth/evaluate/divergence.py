@@ -66,11 +66,22 @@ def divergence_curve(p: np.ndarray, q: np.ndarray, num_points: int = DEFAULT_NUM
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
     if p.shape != q.shape or p.ndim != 1:
         raise ValueError(f"p and q must be 1-D of the same shape, got {p.shape} and {q.shape}")
+    # On the joint support every mixture r_w > 0 (0 < w < 1), so KL(a || r_w) =
+    # sum a log a - log(r_w) . a: one log of the [m, K] mixtures serves both divergences.
+    support = (p > 0) | (q > 0)
+    ps, qs = p[support], q[support]
     w = mixture_weights(num_points)[:, None]
-    r = w * p[None, :] + (1.0 - w) * q[None, :]
-    points = np.stack([kl_divergence(q[None, :], r), kl_divergence(p[None, :], r)], axis=1)
+    log_r = np.log(w * ps[None, :] + (1.0 - w) * qs[None, :])
+    kl_q = _neg_entropy(qs) - log_r @ qs
+    kl_p = _neg_entropy(ps) - log_r @ ps
+    points = np.maximum(np.stack([kl_q, kl_p], axis=1), 0.0)  # KL >= 0; clamp rounding below zero
     points = np.concatenate([[[0.0, np.inf]], points, [[np.inf, 0.0]]], axis=0)
     return np.exp(-scaling * points)
+
+
+def _neg_entropy(a: np.ndarray) -> float:
+    nz = a[a > 0]
+    return float(np.sum(nz * np.log(nz)))
 
 
 def area_under_curve(curve: np.ndarray) -> float:
