@@ -1,0 +1,586 @@
+"""DP fine-tuning of a pretrained dpsynth LM on the sensitive training set (`dpsynth dp-tune`).
+
+Modes (the trainable subset is a variable collection of `dpsynth.models.Transformer`):
+  * "full": every base parameter ("params");
+  * "prompt": a soft prompt only ("prompt"; uniform [-0.01, 0.01] init, or rows of the
+    vocabulary embedding with `prompt_init="vocab"`);
+  * "lora": LoRA adapters only ("lora"; rank, alpha, targets).
+
+One step (`dpsynth.train.core` + `dpsynth.dp.strategy.DPSGDStrategy`): a Poisson batch
+(`dpsynth.dp.sampling`, expected size B = q N, default 1024), split into padded
+microbatches, per-example Prefix-LM gradients of the trainable subset clipped to C, summed,
+Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma is calibrated
+by `dpsynth.dp.accounting` so that the whole run is (epsilon, delta)-DP; the ledger is saved
+in every checkpoint, checked against the budget before the first step and on every resume,
+and the privacy report is written next to the model. `epsilon = inf` runs the same loop
+without clipping or noise (plain mean gradient): the non-private baseline.
+
+Everything that can be wrong with the input is checked before any compute: unknown labels,
+an empty training set, epsilon <= 0, delta outside (0, 1), an unreachable target; examples
+longer than `max_tokens` are truncated and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpsynth.dp import accounting, report as report_lib, sampling
+from dpsynth.dp.examples import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
+from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
+from dpsynth.dp.strategy import DPSGDStrategy
+
+logger = logging.getLogger("dpsynth.dp.tune")
+
+MODES = ("full", "prompt", "lora")
+TRAINABLE = {"full": ("params",), "prompt": ("prompt",), "lora": ("lora",)}
+OPTIMIZERS = ("adam", "adafactor")
+PROMPT_INITS = ("uniform", "vocab")
+LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
+CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
+
+
+class TuneError(ValueError):
+    """Bad tuning input or configuration (raised before any compute)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuneConfig:
+    """Configuration of one DP tuning run.
+
+    Attributes:
+        mode: "full", "prompt" or "lora".
+        epsilon: target epsilon (math.inf: non-private baseline).
+        delta: target delta; None = 1 / |train|.
+        accountant: accountant the budget is calibrated and enforced with ("rdp" as in the paper, or "pld").
+        batch_size: expected (Poisson) logical batch size B = q N (paper: 1024).
+        microbatch_size: examples per compiled microbatch (padded; memory knob).
+        steps: number of DP-SGD steps; None = ceil(epochs / q).
+        epochs: expected passes over the data (used when steps is None).
+        learning_rate: fixed learning rate.
+        clip_norm: per-example L2 clipping norm C.
+        optimizer: "adam" (default) or "adafactor".
+        lora_rank, lora_alpha, lora_targets: LoRA settings (mode "lora").
+        prompt_length, prompt_init: soft-prompt settings (mode "prompt").
+        template: label prompt ("{label}" is replaced by the label name).
+        max_tokens: maximum tokens per example (BOS + prompt + text + EOS); longer are truncated.
+        full_lm: also train on the label prompt (ablation; default Prefix-LM).
+        z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
+        max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
+        seed: seed of the sampling stream, the adapter init and the noise keys.
+        checkpoint_every: steps between checkpoints (and privacy-report refreshes).
+    """
+
+    mode: str = "lora"
+    epsilon: float = 3.0
+    delta: float | None = None
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
+    batch_size: float = 1024
+    microbatch_size: int = 32
+    steps: int | None = None
+    epochs: float = 10.0
+    learning_rate: float = 3e-3
+    clip_norm: float = 1.0
+    optimizer: str = "adam"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: str = "all"
+    prompt_length: int = 20
+    prompt_init: str = "uniform"
+    template: str = DEFAULT_TEMPLATE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    full_lm: bool = False
+    z_loss: float = 0.0
+    max_batch_size: int | None = None
+    seed: int = 0
+    checkpoint_every: int = 50
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise TuneError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not (math.isinf(self.epsilon) and self.epsilon > 0):
+            try:
+                accounting.check_epsilon(self.epsilon)
+            except accounting.PrivacyConfigError as e:
+                raise TuneError(str(e)) from e
+        if self.delta is not None:
+            try:
+                accounting.check_delta(self.delta)
+            except accounting.PrivacyConfigError as e:
+                raise TuneError(str(e)) from e
+        if self.accountant not in accounting.ACCOUNTANTS:
+            raise TuneError(f"accountant must be one of {accounting.ACCOUNTANTS}, got {self.accountant!r}")
+        if self.max_batch_size is not None and self.accountant != "pld":
+            raise TuneError("a batch-size cap (truncated Poisson sampling) is only analysed by the PLD accountant: "
+                            "pass --accountant pld or drop --max-batch-size")
+        if not self.batch_size > 0:
+            raise TuneError(f"batch_size must be > 0, got {self.batch_size}")
+        if self.microbatch_size < 1:
+            raise TuneError(f"microbatch_size must be >= 1, got {self.microbatch_size}")
+        if self.steps is not None and self.steps < 1:
+            raise TuneError(f"steps must be >= 1, got {self.steps}")
+        if self.steps is None and not self.epochs > 0:
+            raise TuneError(f"epochs must be > 0, got {self.epochs}")
+        if not self.learning_rate > 0 or not self.clip_norm > 0:
+            raise TuneError("learning_rate and clip_norm must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise TuneError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.mode == "lora" and self.lora_rank < 1:
+            raise TuneError(f"lora_rank must be >= 1 in lora mode, got {self.lora_rank}")
+        if self.mode == "prompt" and self.prompt_length < 1:
+            raise TuneError(f"prompt_length must be >= 1 in prompt mode, got {self.prompt_length}")
+        if self.prompt_init not in PROMPT_INITS:
+            raise TuneError(f"prompt_init must be one of {PROMPT_INITS}, got {self.prompt_init!r}")
+        if self.checkpoint_every < 1:
+            raise TuneError("checkpoint_every must be >= 1")
+        ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
+
+    @property
+    def private(self) -> bool:
+        return not math.isinf(self.epsilon)
+
+    def example_config(self) -> ExampleConfig:
+        return ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
+        return d
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything decided before the first step (pure function of config + data sizes)."""
+
+    num_train: int
+    q: float
+    steps: int
+    delta: float
+    noise_multiplier: float
+    expected_batch_size: float
+
+
+def plan_privacy(config: TuneConfig, num_train: int) -> Plan:
+    """q, steps, delta and the calibrated noise multiplier; raises TuneError if unreachable."""
+    if num_train < 1:
+        raise TuneError("empty training set")
+    try:
+        q = accounting.sampling_probability(num_train, config.batch_size)
+        steps = config.steps if config.steps is not None else accounting.steps_for_epochs(config.epochs, q)
+        delta = config.delta if config.delta is not None else 1.0 / num_train
+        accounting.check_delta(delta)
+        sigma = accounting.calibrate_noise_multiplier(
+            config.epsilon, delta, q, steps, config.accountant,
+            dataset_size=num_train, max_batch_size=config.max_batch_size)
+    except accounting.PrivacyConfigError as e:
+        raise TuneError(str(e)) from e
+    return Plan(num_train=num_train, q=q, steps=steps, delta=delta, noise_multiplier=sigma,
+                expected_batch_size=q * num_train)
+
+
+def _dpsgd_entry(config: TuneConfig, plan: Plan, steps: int) -> dict:
+    return {"mechanism": "dpsgd", "name": "dp_tune", "sampling_probability": plan.q,
+            "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+            "dataset_size": plan.num_train, "max_batch_size": config.max_batch_size, "steps": steps}
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What a run produced (numbers only: nothing private but the model itself)."""
+
+    out_dir: str
+    steps: int
+    noise_multiplier: float
+    epsilon: dict[str, float | None]
+    delta: float
+    valid_loss: float
+    train_loss: float
+    truncated_train: int
+    truncated_valid: int
+    report: dict
+    seconds: float
+
+
+# ============================================================================ model plumbing
+
+
+def _tuned_model_config(base_config, config: TuneConfig):
+    base = base_config.base()
+    if config.mode == "lora":
+        return base.replace(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
+    if config.mode == "prompt":
+        return base.replace(prompt_length=config.prompt_length)
+    return base
+
+
+def init_variables(model_config, base_params: dict, config: TuneConfig) -> dict:
+    """Base params from the checkpoint plus freshly initialised adapters of the mode."""
+    from dpsynth.models import Transformer
+
+    variables = {"params": base_params}
+    if config.mode == "full":
+        return variables
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0xADA)
+    shapes = jax.eval_shape(lambda k: Transformer(model_config).init(k, jnp.zeros((1, 4), jnp.int32)), key)
+    coll = TRAINABLE[config.mode][0]
+    init = jax.jit(lambda k: Transformer(model_config).init(k, jnp.zeros((1, 4), jnp.int32))[coll])(key)
+    assert jax.tree.structure(init) == jax.tree.structure(shapes[coll])
+    if config.mode == "prompt" and config.prompt_init == "vocab":
+        ids = jax.random.randint(jax.random.fold_in(key, 1), (config.prompt_length,), 4, model_config.vocab_size)
+        init = {"embedding": jnp.asarray(base_params["embedding"])[ids]}
+    variables[coll] = init
+    return variables
+
+
+def make_optimizer(config: TuneConfig) -> optax.GradientTransformation:
+    if config.optimizer == "adafactor":
+        return optax.adafactor(learning_rate=config.learning_rate)
+    return optax.adam(config.learning_rate)
+
+
+def make_loss_fn(model_config, config: TuneConfig):
+    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`)."""
+    from dpsynth.models import Transformer
+    from dpsynth.train import lm
+
+    return lm.make_lm_loss(Transformer(model_config), z_loss=config.z_loss)
+
+
+def _row_length(enc: EncodedExamples, limit: int) -> int:
+    need = enc.inputs.shape[1]
+    return min(int(math.ceil(need / LENGTH_BUCKET) * LENGTH_BUCKET), limit)
+
+
+def _pad_cols(a: np.ndarray, length: int) -> np.ndarray:
+    if a.shape[1] >= length:
+        return a[:, :length]
+    return np.pad(a, ((0, 0), (0, length - a.shape[1])))
+
+
+def _data_fingerprint(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k]).tobytes())
+    return h.hexdigest()
+
+
+def make_eval_fn(loss_fn):
+    """Jitted masked sum of per-example losses of one batch."""
+    return jax.jit(lambda p, f, b: jnp.sum(loss_fn(p, f, b, jax.random.PRNGKey(0))[0] * b["mask"]))
+
+
+def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_size: int) -> float:
+    """Mean per-example loss over `arrays` (the quantity used for model selection)."""
+    n = next(iter(arrays.values())).shape[0]
+    total = 0.0
+    for lo in range(0, n, batch_size):
+        idx = np.arange(lo, lo + batch_size)
+        idx = np.where(idx < n, idx, -1)
+        total += float(eval_fn(params, frozen, sampling.gather(arrays, idx)))
+    return total / max(n, 1)
+
+
+# ============================================================================ the run
+
+
+def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None) -> list[dict]:
+    channels = [dict(report_lib.LABEL_SET_CHANNEL)]
+    if labels_from_data:
+        channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
+                       "per-label counts are not released); pass the label set explicitly to avoid this"}
+    channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
+                     "sizes of D_train and D_valid are recorded without DP"})
+    channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
+                     f"{config.max_tokens} tokens; the count is recorded without DP"})
+    if selection:
+        channels.append({"name": "validation-based selection", "detail":
+                         f"{selection['trials']} hyperparameter trials ({selection['grid']}) were each trained at the "
+                         f"target (epsilon, delta) on their own; the model with the lowest loss on D_valid was kept. "
+                         "The selection and the reported validation losses are NOT differentially private (the "
+                         "ledger covers one trial)"})
+    else:
+        channels.append({"name": "validation loss", "detail": "the loss on D_valid is computed and recorded without "
+                         "DP (it is not used to select anything in a single run)"})
+    return channels
+
+
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def dp_tune(
+    base_dir: str,
+    train_records: Sequence[dict],
+    valid_records: Sequence[dict],
+    out_dir: str,
+    config: TuneConfig = TuneConfig(),
+    *,
+    labels: Sequence[str] | None = None,
+    contamination_sha256: str | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    selection: dict | None = None,
+    progress_interval: float = 10.0,
+) -> TuneResult:
+    """DP-tunes the model in `base_dir` on `train_records`; writes the tuned model to `out_dir`.
+
+    Args:
+        base_dir: a model directory (`dpsynth.train.checkpoint.save_model` layout).
+        train_records, valid_records: {"id", "text", "label"} records of D_train / D_valid.
+        out_dir: output model directory (adapters only + base pointer for lora/prompt; all
+            params for full) with `privacy_report.json`/`.md`; checkpoints in `out_dir/checkpoints`.
+        config: the run's configuration.
+        labels: the label set (default: the sorted labels of D_train, a side channel).
+        contamination_sha256: SHA-256 of the pretraining corpus's contamination report
+            (default: read from the base manifest when recorded there).
+        resume: continue from the latest checkpoint in `out_dir/checkpoints`.
+        stop_after: stop (after checkpointing) once this step is reached (simulates a kill).
+        selection: recorded in the report when this run is a sweep trial's winner.
+
+    Raises:
+        TuneError: bad input (before any compute). BudgetExceeded: the run (or its
+        continuation) would exceed the budget.
+    """
+    from dpsynth.progress import Progress
+    from dpsynth.train import core, lm
+    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer, load_model, save_model
+
+    t0 = time.monotonic()
+    # ------------------------------------------------------------ checks before any compute
+    if not train_records:
+        raise TuneError("empty training set: nothing to tune on")
+    labels_from_data = labels is None
+    if labels is None:
+        labels = sorted({str(r.get("label")) for r in train_records})
+    labels = [str(l) for l in labels]
+    plan = plan_privacy(config, len(train_records))
+    base = load_model(base_dir)
+    # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
+    # the step functions compile once instead of again when jit outputs come back committed.
+    base_params = jax.device_get(base.variables["params"])
+    model_config = _tuned_model_config(base.config, config)
+    if config.max_tokens - 1 > model_config.max_len:
+        raise TuneError(f"max_tokens {config.max_tokens} needs {config.max_tokens - 1} positions but the model supports "
+                        f"max_len {model_config.max_len}; lower --max-tokens")
+    try:
+        train = encode_examples(train_records, base.tokenizer, labels, config.example_config(), where="D_train")
+        valid = (encode_examples(valid_records, base.tokenizer, labels, config.example_config(), where="D_valid")
+                 if valid_records else None)
+    except ValueError as e:
+        raise TuneError(str(e)) from e
+    if train.truncated:
+        logger.info("D_train: %d of %d examples truncated to %d tokens", train.truncated, len(train), config.max_tokens)
+    length = _row_length(train, config.max_tokens - 1)
+    train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
+    valid_arrays = ({k: _pad_cols(v, _row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
+                    if valid else None)
+    if contamination_sha256 is None:
+        contamination_sha256 = base.manifest.get("contamination_sha256")
+
+    ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
+    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
+    fingerprint = hashlib.sha256(json.dumps(
+        {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
+        sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
+
+    # ------------------------------------------------------------ model, loss, core
+    variables = init_variables(model_config, base_params, config)
+    params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
+    loss_fn = make_loss_fn(model_config, config)
+    strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
+                              expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
+    fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy)
+    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x7E5)
+    state = fns.init_state(params, frozen, rng=rng)
+    sampler = sampling.PoissonSampler(plan.num_train, plan.expected_batch_size, config.microbatch_size,
+                                      seed=config.seed, max_batch_size=config.max_batch_size)
+    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+    try:
+        if resume:
+            if checkpointer.latest_step() is None:
+                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
+            meta = checkpointer.read_meta()
+            if meta.get("format") != CHECKPOINT_FORMAT or meta.get("fingerprint") != fingerprint:
+                raise TuneError(f"{ckpt_dir}: checkpoint was made with another configuration or data; resume with "
+                                "the same flags and files, or use a new --out")
+            state, meta = checkpointer.restore(state)
+            state = fns.place_state(state)
+            ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
+            plan = dataclasses.replace(plan, noise_multiplier=float(meta["noise_multiplier"]))
+            if ledger.steps_recorded != int(state.step):
+                raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
+                                f"{int(state.step)}; the checkpoint is inconsistent")
+            logger.info("resumed at step %d of %d", int(state.step), plan.steps)
+        start = int(state.step)
+        remaining = plan.steps - start
+        if remaining < 0:
+            raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
+        planned = [_dpsgd_entry(config, plan, remaining)] if remaining else []
+        ledger.check_budget(planned)  # refuses to start/continue past the budget
+
+        def save_checkpoint():
+            meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
+                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": config.seed,
+                    "next_step": int(state.step)}
+            checkpointer.save(state, meta)
+
+        # ------------------------------------------------------------ the loop
+        train_loss_sum, train_count = 0.0, 0.0
+        end = plan.steps if stop_after is None else min(plan.steps, stop_after)
+        with Progress(total=end - start, desc=f"dp-tune[{config.mode}]", unit="step",
+                      interval=progress_interval) as progress:
+            for step in range(start, end):
+                mbs = [sampling.gather(train_arrays, m) for m in sampler.microbatches(step)]
+                state, metrics = fns.accumulated_step(state, mbs)
+                ledger.record_dpsgd(steps=1, **{k: v for k, v in _dpsgd_entry(config, plan, 1).items()
+                                                if k not in ("mechanism", "steps")})
+                train_loss_sum += float(metrics["loss_sum"])
+                train_count += float(metrics["count"])
+                progress.update(1, loss=float(metrics["loss"]))
+                if int(state.step) % config.checkpoint_every == 0 or int(state.step) == end:
+                    save_checkpoint()
+    finally:
+        checkpointer.close()
+
+    # ------------------------------------------------------------ outputs
+    valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, valid_arrays, config.microbatch_size)
+                  if valid_arrays is not None else float("nan"))
+    final_vars = jax.device_get(lm.merge_variables(state.params, state.frozen))
+    training = {
+        "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+        "sampling_probability": plan.q, "expected_batch_size": plan.expected_batch_size,
+        "dataset_size": plan.num_train, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+        "epochs": ledger.steps_recorded * plan.q, "optimizer": config.optimizer,
+        "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
+        "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
+        "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
+                if not config.full_lm else "full LM (label prompt trained on; ablation)",
+        "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
+                    else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
+        "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
+        "base_model": os.path.abspath(base_dir), "base_manifest_sha256": hashlib.sha256(
+            open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest(),
+    }
+    rep = report_lib.build_report(
+        ledger, training=training, contamination_sha256=contamination_sha256,
+        side_channels=_side_channels(config, labels_from_data, train.truncated, selection),
+        max_tokens_per_example=config.max_tokens,
+        extra={"selection": selection} if selection else None)
+    finished = ledger.steps_recorded == plan.steps
+    if finished:
+        extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
+                          "dp_tune": {"mode": config.mode, "config": config.to_json(), "steps": ledger.steps_recorded,
+                                      "epsilon": rep["epsilon"], "delta": plan.delta,
+                                      "noise_multiplier": plan.noise_multiplier},
+                          "contamination_sha256": contamination_sha256, "private": rep["private"]}
+        collections = TRAINABLE[config.mode]
+        save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
+                   collections=collections if config.mode != "full" else ("params",),
+                   base_dir=None if config.mode == "full" else base_dir, created_by="dpsynth dp-tune")
+    report_lib.write_report(out_dir, rep)
+    eps = ledger.epsilons()
+    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=plan.noise_multiplier,
+                      epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
+                      train_loss=train_loss_sum / max(train_count, 1.0), truncated_train=train.truncated,
+                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0)
+
+
+def sweep(
+    base_dir: str,
+    train_records: Sequence[dict],
+    valid_records: Sequence[dict],
+    out_dir: str,
+    config: TuneConfig,
+    *,
+    learning_rates: Sequence[float],
+    clip_norms: Sequence[float],
+    **kwargs,
+) -> tuple[TuneResult, list[dict]]:
+    """Grid over learning rate x clipping norm; keeps the trial with the lowest D_valid loss.
+
+    Each trial is a full run at the target (epsilon, delta), accounted on its own (its own
+    ledger, in `out_dir/trials/<i>`). The winner's model directory and report are copied into
+    `out_dir`, and its report records that the selection used D_valid, the grid and every
+    trial's validation loss (a non-DP side channel: the ledger covers one trial).
+    """
+    if not valid_records:
+        raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
+    plan_privacy(config, len(train_records))  # fail fast before any trial
+    trials = []
+    for i, (lr, c) in enumerate((lr, c) for lr in learning_rates for c in clip_norms):
+        trial_config = dataclasses.replace(config, learning_rate=float(lr), clip_norm=float(c))
+        res = dp_tune(base_dir, train_records, valid_records, os.path.join(out_dir, "trials", f"{i:03d}"),
+                      trial_config, **kwargs)
+        trials.append({"trial": i, "learning_rate": float(lr), "clip_norm": float(c), "valid_loss": res.valid_loss,
+                       "epsilon": res.epsilon})
+        logger.info("sweep trial %d: lr=%g C=%g valid_loss=%.4f", i, lr, c, res.valid_loss)
+    best = min(trials, key=lambda t: (math.isnan(t["valid_loss"]), t["valid_loss"]))
+    selection = {"trials": len(trials), "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
+                 "selected_by": "lowest loss on D_valid", "selected": best, "all": trials}
+    src = os.path.join(out_dir, "trials", f"{best['trial']:03d}")
+    for name in os.listdir(src):
+        if name == "checkpoints":
+            continue
+        s, d = os.path.join(src, name), os.path.join(out_dir, name)
+        if os.path.isdir(s):
+            shutil.copytree(s, d, dirs_exist_ok=True)
+        else:
+            shutil.copy2(s, d)
+    rep = report_lib.load_report(out_dir)
+    rep["side_channels"] = [c for c in rep["side_channels"] if c["name"] != "validation loss"]
+    rep["side_channels"].append(_side_channels(config, False, 0, selection)[-1])
+    rep["selection"] = selection
+    report_lib.write_report(out_dir, rep)
+    result = TuneResult(out_dir=out_dir, steps=rep["training"]["steps"], noise_multiplier=rep["training"]["noise_multiplier"],
+                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"], valid_loss=best["valid_loss"],
+                        train_loss=float("nan"), truncated_train=0, truncated_valid=0, report=rep, seconds=0.0)
+    return result, trials
+
+
+def run_dp_tune_demo(
+    base_dir: str,
+    splits: dict[str, list[dict]],
+    out_dir: str,
+    *,
+    mode: str = "lora",
+    epsilon: float = 3.0,
+    batch_size: int = 256,
+    epochs: float = 3.0,
+    max_tokens: int = 128,
+    learning_rate: float = 3e-3,
+    microbatch_size: int = 32,
+    contamination_sha256: str | None = None,
+    print_fn=print,
+) -> dict:
+    """The demo stage: DP-tunes `base_dir` on splits["train"] (valid: splits["valid"]) and prints the report.
+
+    CPU-friendly defaults (expected batch 256, 3 epochs, 128 tokens per example); the
+    guarantee is the same kind as a full run's. Returns a summary dict (numbers only).
+    """
+    config = TuneConfig(mode=mode, epsilon=epsilon, batch_size=batch_size, epochs=epochs, max_tokens=max_tokens,
+                        learning_rate=learning_rate, microbatch_size=microbatch_size, checkpoint_every=1000)
+    res = dp_tune(base_dir, splits["train"], splits.get("valid", []), out_dir, config,
+                  contamination_sha256=contamination_sha256)
+    print_fn(report_lib.render_markdown(res.report))
+    summary = {"out_dir": out_dir, "mode": mode, "steps": res.steps, "noise_multiplier": res.noise_multiplier,
+               "epsilon_rdp": res.epsilon.get("rdp"), "epsilon_pld": res.epsilon.get("pld"), "delta": res.delta,
+               "train_loss": res.train_loss, "valid_loss": res.valid_loss, "truncated": res.truncated_train,
+               "seconds": res.seconds}
+    print_fn(f"dp-tune demo: {mode} at epsilon {epsilon}: {res.steps} steps, sigma {res.noise_multiplier:.3f}, "
+             f"valid loss {res.valid_loss:.3f}, {res.seconds:.0f}s")
+    return summary

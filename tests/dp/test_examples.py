@@ -1,0 +1,62 @@
+"""Prefix-LM rows: prefix gets no loss (and no gradient), per-example normalisation, truncation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpsynth.dp.examples import ExampleConfig, ExampleError, encode_examples, prefix_lm_loss
+from dpsynth.tokens import BOS_ID, EOS_ID
+
+
+class CharTokenizer:
+    """One id per character (ids 10 + ord % 200): lengths are easy to reason about."""
+
+    def encode(self, text):
+        return np.array([10 + ord(c) % 200 for c in text], np.int32)
+
+
+RECORDS = [{"id": "a", "text": "hello", "label": "pos"}, {"id": "b", "text": "xy", "label": "neg"}]
+
+
+def test_layout_and_weights():
+    enc = encode_examples(RECORDS, CharTokenizer(), ["pos", "neg"], ExampleConfig(template="<{label}>"))
+    prefix = len("<pos>") + 1  # BOS + prompt
+    row = np.concatenate([enc.inputs[0][:1], enc.targets[0]])
+    assert row[0] == BOS_ID and row[prefix + 5] == EOS_ID
+    # Targets t >= prefix - 1 predict text/EOS tokens: exactly len(text) + 1 weighted targets.
+    assert enc.weights[0].sum() == 6 and enc.weights[1].sum() == 3
+    assert (enc.weights[0][: prefix - 1] == 0).all() and (enc.weights[0][prefix - 1 : prefix + 5] == 1).all()
+    full = encode_examples(RECORDS, CharTokenizer(), ["pos", "neg"], ExampleConfig(template="<{label}>", full_lm=True))
+    assert full.weights[0].sum() == 6 + len("<pos>")
+
+
+def test_truncation_counted_and_bad_input():
+    long = [{"id": "c", "text": "z" * 100, "label": "pos"}] + RECORDS
+    enc = encode_examples(long, CharTokenizer(), ["pos", "neg"], ExampleConfig(template="[{label}] ", max_tokens=20))
+    assert enc.truncated == 1 and enc.inputs.shape[1] == 19
+    assert EOS_ID not in enc.targets[0]  # a truncated text has no EOS
+    with pytest.raises(ExampleError, match="unknown label 'pos'"):
+        encode_examples(RECORDS, CharTokenizer(), ["neg"], where="train.jsonl")
+    with pytest.raises(ExampleError, match="empty"):
+        encode_examples([], CharTokenizer(), ["neg"])
+    with pytest.raises(ExampleError, match="label"):
+        ExampleConfig(template="no field")
+
+
+def test_per_example_normalisation_and_no_gradient_into_prefix_targets():
+    enc = encode_examples(RECORDS, CharTokenizer(), ["pos", "neg"])
+    t = enc.targets.shape[1]
+    logits = jax.random.normal(jax.random.PRNGKey(0), (2, t, 256))
+    targets, weights = jnp.asarray(enc.targets), jnp.asarray(enc.weights)
+    loss = prefix_lm_loss(logits, targets, weights)
+    logp = jax.nn.log_softmax(logits)
+    nll = -np.take_along_axis(np.asarray(logp), np.asarray(targets)[..., None], -1)[..., 0]
+    for i in range(2):
+        w = np.asarray(weights[i])
+        np.testing.assert_allclose(loss[i], (nll[i] * w).sum() / w.sum(), rtol=1e-5)
+    # Duplicating an example's target tokens' loss does not scale it with length: mean, not sum.
+    g = jax.grad(lambda lg: prefix_lm_loss(lg, targets, weights).sum())(logits)
+    prefix_positions = np.asarray(weights) == 0
+    assert np.all(np.asarray(g)[prefix_positions] == 0)
+    assert np.any(np.asarray(g)[~prefix_positions] != 0)

@@ -1,0 +1,159 @@
+"""DP tuner: sensitivity in every mode, Prefix-LM masking through the model, end-to-end run, resume
+equivalence, budget refusal and bad input before any compute."""
+
+import dataclasses
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dpsynth.dp import clipping, report, tune
+from dpsynth.dp.examples import ExampleConfig, encode_examples
+from dpsynth.dp.ledger import BudgetExceeded
+from dpsynth.models import get_config
+from dpsynth.train import lm
+from dpsynth.train.checkpoint import load_model
+from tests.dp.conftest import make_records
+
+SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
+
+
+def _random_setup(mode, seed):
+    config = tune.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
+    model_config = tune._tuned_model_config(SMALL, config)
+    from dpsynth.models import Transformer
+
+    base = Transformer(SMALL).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"]
+    variables = tune.init_variables(model_config, base, config)
+    # Random (non-zero) adapters so every trainable leaf gets gradient.
+    variables = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), x.shape), variables)
+    params, frozen = lm.split_variables(variables, tune.TRAINABLE[mode])
+    rng = np.random.default_rng(seed)
+    n, t = 5, 12
+    targets = rng.integers(4, 64, (n, t)).astype(np.int32)
+    weights = (rng.random((n, t)) > 0.3).astype(np.float32)
+    batch = {"inputs": rng.integers(4, 64, (n, t)).astype(np.int32), "targets": targets, "weights": weights,
+             "mask": np.ones(n, np.float32)}
+    return tune.make_loss_fn(model_config, config), params, frozen, batch
+
+
+@pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
+def test_sensitivity_of_clipped_sum_in_every_mode(mode):
+    clip_norm = 0.05  # below typical gradient norms, so clipping is active
+    loss_fn, params, frozen, batch = _random_setup(mode, seed=3)
+    key = jax.random.PRNGKey(0)
+    f = jax.jit(lambda b: clipping.clipped_grad_sum(loss_fn, params, frozen, b, key, clip_norm))
+    full, _, norms = f(batch)
+    assert float(jnp.min(norms)) > clip_norm  # clipping is active for every example
+    for drop in range(batch["mask"].shape[0]):
+        neighbour = dict(batch, mask=batch["mask"].copy())
+        neighbour["mask"][drop] = 0.0
+        without, _, _ = f(neighbour)
+        diff = float(optax.global_norm(jax.tree.map(jnp.subtract, full, without)))
+        assert 0 < diff <= clip_norm * (1 + 1e-4)
+
+
+def test_prefix_targets_get_no_gradient_through_the_model():
+    loss_fn, params, frozen, batch = _random_setup("lora", seed=5)
+    changed = dict(batch, targets=np.where(batch["weights"] == 0, (batch["targets"] + 7) % 60 + 4, batch["targets"]))
+    g = jax.jit(jax.grad(lambda p, b: loss_fn(p, frozen, b, None)[0].sum()))
+    for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # Per-example normalisation: the loss of a row is the mean over its weighted targets, so
+    # repeating the row's weighted pattern does not change it (the loss is not a sum).
+    per_example = loss_fn(params, frozen, batch, None)[0]
+    assert per_example.shape == (5,) and np.all(np.asarray(per_example) < 10)
+
+
+# ---------------------------------------------------------------------------------- runs
+
+TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
+BASE_CFG = tune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
+                           checkpoint_every=2, lora_rank=2, learning_rate=1e-2)
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_base, tmp_path_factory):
+    base_dir, _ = tiny_base
+    out = str(tmp_path_factory.mktemp("tune") / "lora")
+    res = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, progress_interval=1e9)
+    return base_dir, out, res
+
+
+def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
+    base_dir, out, res = full_run
+    assert res.steps == 4 and res.epsilon["rdp"] <= 4.0 and res.noise_multiplier > 0
+    rep = report.load_report(out)
+    assert rep["private"] and rep["training"]["mode"] == "lora" and rep["training"]["steps"] == 4
+    assert rep["contamination_sha256"] == "c0" * 32  # read from the base manifest
+    assert rep["delta"] == pytest.approx(1 / len(TRAIN))
+    assert {c["name"] for c in rep["side_channels"]} >= {"label set", "validation loss", "truncation count"}
+    assert os.path.exists(os.path.join(out, "privacy_report.md"))
+    tuned, base = load_model(out), load_model(base_dir)
+    assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
+    for a, b in zip(jax.tree.leaves(tuned.variables["params"]), jax.tree.leaves(base.variables["params"])):
+        np.testing.assert_array_equal(a, b)
+    init = tune.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(tuned.variables["lora"]), jax.tree.leaves(init)))
+    assert math.isfinite(res.valid_loss)
+
+
+def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
+    base_dir, out_full, _ = full_run
+    out = str(tmp_path / "resumed")
+    part = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, stop_after=2, progress_interval=1e9)
+    assert part.steps == 2 and not os.path.exists(os.path.join(out, "manifest.json"))  # no model until done
+    assert report.load_report(out)["training"]["steps"] == 2  # the report follows the checkpoints
+    res = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
+    assert res.steps == 4
+    a, b = load_model(out), load_model(out_full)
+    for x, y in zip(jax.tree.leaves(a.variables["lora"]), jax.tree.leaves(b.variables["lora"])):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    ra, rb = report.load_report(out), report.load_report(out_full)
+    assert ra["ledger"] == rb["ledger"] and ra["epsilon"] == rb["epsilon"]
+    # Continuing past the planned steps would exceed the budget: refused before any step.
+    with pytest.raises(BudgetExceeded, match="budget"):
+        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, steps=8), resume=True)
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(epsilon=0.0), "epsilon"),
+    (dict(epsilon=-2.0), "epsilon"),
+    (dict(delta=1.0), "delta"),
+    (dict(mode="adapter"), "mode"),
+])
+def test_bad_config(change, msg):
+    with pytest.raises(tune.TuneError, match=msg):
+        dataclasses.replace(BASE_CFG, **change)
+
+
+def test_bad_input_fails_before_any_compute(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    out = str(tmp_path / "out")
+    with pytest.raises(tune.TuneError, match="empty"):
+        tune.dp_tune(base_dir, [], VALID, out, BASE_CFG)
+    bad_valid = VALID + [{"id": "z", "text": "x", "label": "meh"}]
+    with pytest.raises(tune.TuneError, match="unknown label 'meh'"):
+        tune.dp_tune(base_dir, TRAIN, bad_valid, out, BASE_CFG)
+    with pytest.raises(tune.TuneError, match="unreachable"):
+        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, epsilon=1e-4, steps=10**6))
+    with pytest.raises(tune.TuneError, match="max_len"):
+        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, max_tokens=1000))
+    assert not os.path.exists(out)
+
+
+def test_cli_reports_errors(tiny_base, tmp_path, capsys):
+    from trainers import dp_tune as cli
+
+    base_dir, _ = tiny_base
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN))
+    rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--epsilon", "0"])
+    assert rc == 2 and "epsilon must be > 0" in capsys.readouterr().err
+    rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--delta", "2"])
+    assert rc == 2 and "delta" in capsys.readouterr().err

@@ -1,0 +1,104 @@
+"""`dpsynth dp-tune`: DP fine-tuning (full | prompt | lora) of a pretrained model on sensitive data.
+
+Example:
+    dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
+        --mode lora --epsilon 3 --out runs/dp_lora
+
+Binds flags to `dpsynth.dp.tune.TuneConfig` and calls `dpsynth.dp.tune.dp_tune` (or `sweep`
+with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
+(CSV, JSONL, Parquet; columns --text-column/--label-column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+
+
+def _float_or_inf(text: str) -> float:
+    return math.inf if text.lower() in ("inf", "infinity") else float(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dpsynth.dp import accounting, tune
+
+    d = tune.TuneConfig()
+    p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="pretrained model directory (dpsynth pretrain output)")
+    p.add_argument("--train", required=True, nargs="+", help="sensitive training file(s)")
+    p.add_argument("--valid", nargs="*", default=[], help="sensitive validation file(s) (loss; sweep selection)")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--mode", choices=tune.MODES, default=d.mode)
+    p.add_argument("--epsilon", type=_float_or_inf, default=d.epsilon, help="target epsilon; 'inf' = non-private")
+    p.add_argument("--delta", type=float, default=None, help="target delta (default 1/|train|)")
+    p.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=d.accountant)
+    p.add_argument("--batch-size", type=float, default=d.batch_size, help="expected Poisson batch size")
+    p.add_argument("--microbatch-size", type=int, default=d.microbatch_size)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, default=None)
+    g.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    p.add_argument("--clip-norm", type=float, default=d.clip_norm)
+    p.add_argument("--optimizer", choices=tune.OPTIMIZERS, default=d.optimizer)
+    p.add_argument("--lora-rank", type=int, default=d.lora_rank)
+    p.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
+    p.add_argument("--lora-targets", choices=("attention", "mlp", "all"), default=d.lora_targets)
+    p.add_argument("--prompt-length", type=int, default=d.prompt_length)
+    p.add_argument("--prompt-init", choices=tune.PROMPT_INITS, default=d.prompt_init)
+    p.add_argument("--template", default=d.template, help="label prompt; {label} is replaced by the label")
+    p.add_argument("--labels", nargs="*", default=None, help="label set (default: read from --train, a side channel)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--full-lm", action="store_true", help="train on the label prompt too (ablation)")
+    p.add_argument("--max-batch-size", type=int, default=None, help="cap on the Poisson batch (needs --accountant pld)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
+    p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dpsynth.data.readers import InputError, read_sensitive
+    from dpsynth.dp import tune
+    from dpsynth.dp.ledger import BudgetExceeded
+    from dpsynth.train.checkpoint import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = tune.TuneConfig(
+            mode=args.mode, epsilon=args.epsilon, delta=args.delta, accountant=args.accountant,
+            batch_size=args.batch_size, microbatch_size=args.microbatch_size, steps=args.steps, epochs=args.epochs,
+            learning_rate=args.learning_rate, clip_norm=args.clip_norm, optimizer=args.optimizer,
+            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
+            prompt_length=args.prompt_length, prompt_init=args.prompt_init, template=args.template,
+            max_tokens=args.max_tokens, full_lm=args.full_lm, max_batch_size=args.max_batch_size, seed=args.seed,
+            checkpoint_every=args.checkpoint_every)
+        train = read_sensitive(args.train, text_column=args.text_column, label_column=args.label_column)
+        valid = (read_sensitive(args.valid, text_column=args.text_column, label_column=args.label_column).records
+                 if args.valid else [])
+        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256)
+        if args.sweep_lr or args.sweep_clip:
+            result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
+                                   learning_rates=args.sweep_lr or [config.learning_rate],
+                                   clip_norms=args.sweep_clip or [config.clip_norm], **kwargs)
+        else:
+            result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume, **kwargs)
+    except (tune.TuneError, InputError, BudgetExceeded, CheckpointError) as e:
+        print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": result.out_dir, "steps": result.steps, "noise_multiplier": result.noise_multiplier,
+                      "epsilon": {k: (str(v) if v is not None and math.isinf(v) else v) for k, v in result.epsilon.items()},
+                      "delta": result.delta, "valid_loss": result.valid_loss}, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
