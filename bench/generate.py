@@ -11,7 +11,10 @@
    multi-process mode with 1 vs 2 worker processes, same model and shards. Each process is
    limited to one XLA CPU thread (`--xla_cpu_multi_thread_eigen=false`) so that "one worker"
    means one core; without the limit a single process already uses both cores for big
-   matmuls. Job time includes worker start, model load and compilation. Target: >= 1.7x.
+   matmuls. Job time includes worker start, model load and compilation (paid once per worker,
+   so small jobs scale worse); the steady-state line times sampling only (after load and
+   compile): one process doing every shard vs two processes each doing half, started
+   together. Target: >= 1.7x.
 
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers]
@@ -133,6 +136,55 @@ def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int
     return float([l for l in res.stdout.splitlines() if l.startswith("SECONDS")][-1].split()[1])
 
 
+_STEADY_WORKER = r"""
+import json, os, sys, time
+sys.path.insert(0, {repo!r})
+from dpsynth.generate.job import GenerateConfig, load_bundle, make_plan, read_model_info, generate_shard
+from dpsynth.generate.sampler import Sampler
+import dataclasses
+rank, world, model_dir, out_dir, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+cfg = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples={examples}, examples_per_shard={per_shard},
+                     batch_size={batch}, max_len={length}, temperature=1.0)
+plan = make_plan(cfg, read_model_info(model_dir))
+os.makedirs(os.path.join(out_dir, "shards"), exist_ok=True)
+bundle = load_bundle(model_dir)
+sampler = Sampler(bundle.decoder, dataclasses.replace(plan.sampler, vocab_limit=bundle.tokenizer.vocab_size))
+generate_shard(plan, bundle, sampler, dataclasses.replace(plan.specs[0], index=10**4 + rank))  # warm-up: compile
+open(os.path.join(barrier, f"ready-{{rank}}"), "w").close()
+while len(os.listdir(barrier)) < world:
+    time.sleep(0.01)
+t0 = time.perf_counter()
+mine = plan.specs[rank::world]
+for spec in mine:
+    generate_shard(plan, bundle, sampler, spec)
+print("RESULT", json.dumps({{"seconds": time.perf_counter() - t0, "examples": sum(s.count for s in mine)}}))
+"""
+
+
+def bench_steady_state(model_dir: str, tmp: str, examples: int, length: int, batch: int) -> dict:
+    """Sampling throughput after load and compile: 1 process doing all shards vs 2 each doing half."""
+    per_shard = max(1, examples // 8)
+    code = _STEADY_WORKER.format(repo=REPO, examples=examples, per_shard=per_shard, batch=batch, length=length)
+    env = dict(os.environ, XLA_FLAGS=SINGLE_THREAD, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    rates = {}
+    for world in (1, 2):
+        barrier = os.path.join(tmp, f"barrier{world}")
+        os.makedirs(barrier)
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(world), model_dir,
+                                   os.path.join(tmp, f"steady{world}"), barrier],
+                                  env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(world)]
+        results = []
+        for proc in procs:
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(err[-3000:])
+            results.append(json.loads([l for l in out.splitlines() if l.startswith("RESULT")][-1][7:]))
+        rates[world] = sum(r["examples"] for r in results) / max(r["seconds"] for r in results)
+    return {"examples_per_s_1_process": rates[1], "examples_per_s_2_processes": rates[2],
+            "steady_speedup": rates[2] / rates[1]}
+
+
 def bench_workers(preset: str, examples: int, length: int, batch: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="dpsynth-bench-gen-")
     try:
@@ -143,9 +195,10 @@ def bench_workers(preset: str, examples: int, length: int, batch: int) -> dict:
             times[workers] = _job_time(model_dir, os.path.join(tmp, f"out{workers}"), workers, examples, length, batch)
         same = open(os.path.join(tmp, "out1", "train.jsonl"), "rb").read() == open(
             os.path.join(tmp, "out2", "train.jsonl"), "rb").read()
+        steady = bench_steady_state(model_dir, tmp, examples, length, batch)
         return {"preset": preset, "examples": examples, "length": length, "batch": batch,
                 "seconds_1_worker": times[1], "seconds_2_workers": times[2], "speedup": times[1] / times[2],
-                "identical_output": same}
+                "identical_output": same, **steady}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -173,6 +226,8 @@ def main(argv=None) -> int:
         print(f"[{w['preset']}, {w['examples']} examples x {w['length']} tokens] job 1 worker {w['seconds_1_worker']:.1f}s"
               f" vs 2 workers {w['seconds_2_workers']:.1f}s: speedup {w['speedup']:.2f}x (target >= 1.7x);"
               f" identical output: {w['identical_output']}", flush=True)
+        print(f"  steady state (after load + compile): 1 process {w['examples_per_s_1_process']:.2f} ex/s vs"
+              f" 2 processes {w['examples_per_s_2_processes']:.2f} ex/s: speedup {w['steady_speedup']:.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
