@@ -23,6 +23,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       format: auto                  # auto | csv | jsonl | parquet
       text_column: text
       label_column: label
+      label_names: {0: negative, 1: positive}   # raw label -> name used in prompts (default: as is)
       max_train: null               # keep the first N rows of each split (smaller scale)
       max_valid: null
       max_test: null
@@ -114,6 +115,7 @@ class SensitiveConfig:
     format: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
+    label_names: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_train: int | None = None
     max_valid: int | None = None
     max_test: int | None = None
@@ -125,6 +127,9 @@ class SensitiveConfig:
             _check(bool(self.train), f"{key}.train", "is required when `embedded: false`")
             _check(bool(self.test), f"{key}.test", "is required when `embedded: false`")
         _choice(self.format, FORMATS, f"{key}.format")
+        for raw, name in self.label_names.items():
+            _check(isinstance(name, str) and bool(name.strip()), f"{key}.label_names.{raw}", f"must be a non-empty string, got {name!r}")
+        _check(len(set(self.label_names.values())) == len(self.label_names), f"{key}.label_names", "names must be distinct")
         for name in ("max_train", "max_valid", "max_test"):
             value = getattr(self, name)
             _check(value is None or value > 0, f"{key}.{name}", f"must be > 0, got {value}")

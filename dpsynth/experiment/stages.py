@@ -54,6 +54,31 @@ def _module(stage: str, name: str, attr: str | None = None):
     return module
 
 
+def make_config(cls: type, kwargs: Mapping[str, Any], where: str):
+    """`cls(**kwargs)` for a library's frozen config dataclass, from plain YAML values.
+
+    Nested mappings become the nested dataclass a field holds by default (e.g. an evaluate
+    `sweep: {repeats: 1}` becomes a `SweepConfig`), lists become tuples. Unknown keys raise
+    ValueError naming `where` and the known keys.
+    """
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in kwargs.items():
+        if key not in fields:
+            raise ValueError(f"{where}.{key}: not an option of {cls.__name__} (known: {', '.join(sorted(fields))})")
+        f = fields[key]
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
+            value = make_config(type(default), value, f"{where}.{key}")
+        elif isinstance(value, list):
+            value = tuple(value)
+        out[key] = value
+    return cls(**out)
+
+
 def _write_json(path: str, value: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2, sort_keys=True, allow_nan=True)
@@ -111,6 +136,13 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
             n_valid = int(round(len(splits["train"]) * VALID_FRACTION))
             splits["valid"] = splits["train"][len(splits["train"]) - n_valid :]
             splits["train"] = splits["train"][: len(splits["train"]) - n_valid]
+    names = {str(k): str(v) for k, v in (config.get("label_names") or {}).items()}
+    if names:
+        for split, records in splits.items():
+            unknown = sorted({r["label"] for r in records} - set(names))
+            if unknown:
+                raise ValueError(f"sensitive.label_names: no name for label(s) {unknown} found in the {split} split")
+            splits[split] = [{**r, "label": names[r["label"]]} for r in records]
     for split in ("train", "valid", "test"):
         limit = config.get(f"max_{split}")
         if limit:
@@ -277,10 +309,14 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
     """
     lib = _module("pretrain", "dpsynth.train.pretrain", "run_pretrain")
     c = ctx.config
-    config = lib.PretrainConfig(
+    options = dict(c.get("options") or {})
+    # The model's vocabulary is exactly the tokenizer's (no padding to a multiple of 128), so
+    # a sampler can never emit an id the tokenizer cannot decode.
+    overrides = {"vocab_size": int(ctx.inputs["tokenizer"].summary["vocab_size"]), **dict(options.pop("model_overrides", {}))}
+    config = make_config(lib.PretrainConfig, dict(
         preset=c["preset"], steps=c["steps"], seq_len=c["seq_len"], batch_size=c["batch_size"],
-        learning_rate=c["learning_rate"], seed=c["seed"], **dict(c.get("options") or {}),
-    )
+        learning_rate=c["learning_rate"], seed=c["seed"], model_overrides=overrides, **options,
+    ), "pretrain.options")
     model_dir = os.path.join(ctx.out_dir, "model")
     summary = lib.run_pretrain(
         ctx.inputs["dedup"].path("clean_tokens"),
@@ -299,7 +335,8 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
         + (f"validation perplexity {ppl:.2f} on held-out public text" if ppl is not None else "no validation split")
     )
     keep = ("preset", "step", "num_params", "train_rows", "valid_rows", "compile_s")
-    return {**{k: summary.get(k) for k in keep}, "valid_perplexity": ppl, "train_loss": train.get("loss")}
+    return {**{k: summary.get(k) for k in keep}, "valid_perplexity": ppl, "train_loss": train.get("loss"),
+            "contamination_sha256": ctx.inputs["dedup"].summary.get("contamination_sha256")}
 
 
 # ----------------------------------------------------------------------------- DP tuning
@@ -323,7 +360,7 @@ def tune_config(config: Mapping[str, Any]):
     if "prompt_length" in config:
         kwargs["prompt_length"] = config["prompt_length"]
     kwargs.update(config.get("options") or {})
-    return lib.TuneConfig(**kwargs)
+    return make_config(lib.TuneConfig, kwargs, "dp_tune.options")
 
 
 def dp_tune(ctx: StageContext) -> dict[str, Any]:
@@ -343,6 +380,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         model_dir,
         config,
         labels=sens.summary.get("labels"),
+        contamination_sha256=ctx.inputs["pretrain"].summary.get("contamination_sha256"),
         resume=ctx.resume,
     )
     ctx.report(report_lib.render_markdown(result.report))
@@ -378,12 +416,12 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     num_train = max(1, int(round(c["multiple"] * sens.summary["num_train"])))
     num_valid = max(1, int(round(c["valid_fraction"] * num_train)))
     sampling = c["sampling"]
-    config = lib.GenerateConfig(
+    config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
         num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
         **dict(c.get("options") or {}),
-    )
+    ), "generate.options")
     train_path = sens.path("data", "train.jsonl") if c.get("audit_memorisation") else None
     lib.generate(config, train_path=train_path)
     with open(os.path.join(ctx.out_dir, lib.REPORT_FILE), encoding="utf-8") as f:
@@ -450,13 +488,13 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
     options = dict(c.get("options") or {})
-    config = lib.EvaluateConfig(
+    config = make_config(lib.EvaluateConfig, dict(
         classifiers=tuple(c["classifiers"]),
         model_dir=ctx.inputs["pretrain"].path("model"),
         dp_epsilons=tuple(epsilons),
         real_baseline=bool(c["baselines"]),
         **options,
-    )
+    ), "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = summary_table(result["rows"], result["baselines"], c["classifiers"])
     ctx.report(table)

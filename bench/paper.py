@@ -1,0 +1,312 @@
+"""Small-scale reproduction of Kurakin et al. 2023's claims, through the experiment runner.
+
+    .venv/bin/python bench/paper.py --quick                       # smoke scale: minutes on 2 cores
+    .venv/bin/python bench/paper.py --jobs 2                      # the small-scale study: hours on 2 cores
+
+Sensitive data: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
+with its last 10% as D_valid, test_polarity.csv as D_test). Public corpus: `../shared/data/public/kjv` plus the embedded Austen novels;
+the dedup stage cuts any >= 50-token overlap with the sensitive data before pretraining.
+
+Several experiment configs run into ONE cache root, so they share the data, tokenizer, dedup
+and pretraining stages (and any identical trial):
+
+1. `main`: LoRA, prompt and full DP tuning at epsilon in {1, 3, 10, inf}, 1x synthetic data,
+   with the real-data and DP-on-real baselines at the same epsilons (WordCNN + backbone).
+2. `full_lm`: LoRA at epsilon 3 with the full-LM loss (the Prefix-LM run is in `main`).
+3. `x3`: LoRA at epsilon 3 with 3x synthetic data (1x is in `main`).
+
+The peers measured in the same run are the real-data classifier and DP-on-real (DP-Adam on
+the real training set at the same epsilon): the script prints and writes the ratio of the
+synthetic-data accuracy to each, plus the Markdown tables (`--out`): accuracy per mode and
+epsilon, Prefix-LM vs full-LM, 1x vs 3x, the hyperparameter-ranking correlations (Spearman,
+Kendall, RBO) at epsilon 1 and 3, MAUVE and the n-gram metrics with their rank agreement with
+accuracy, and which of the paper's directions this run reproduces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+DEFAULT_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+
+# Scale presets. "full" fits a few hours on 2 CPU cores; "quick" is a smoke test (minutes)
+# that exercises every stage and table but whose numbers mean nothing.
+SCALES: dict[str, dict[str, Any]] = {
+    "full": {
+        "sensitive": {"max_train": None, "max_valid": None, "max_test": 2000},
+        "tokenizer": {"vocab_size": 8000},
+        "pretrain": {"preset": "small", "steps": 2000, "seq_len": 256, "batch_size": 16, "learning_rate": 0.003,
+                     "options": {"eval_every": 500, "checkpoint_every": 250}},
+        "dp_tune": {"batch_size": 512, "epochs": 10, "max_tokens": 256, "learning_rates": [0.003], "clip_norms": [1.0]},
+        "generate": {"max_tokens": 256, "batch_size": 64},
+        "evaluate": {"classifiers": ["wordcnn", "backbone"], "options": {"dp_epochs": 5.0}},
+        "modes": ["lora", "prompt", "full"],
+        "epsilons": [1, 3, 10, "inf"],
+    },
+    "quick": {
+        "sensitive": {"max_train": 400, "max_valid": 100, "max_test": 300},
+        "tokenizer": {"vocab_size": 2000, "max_sentences": 50000},
+        "pretrain": {"preset": "tiny", "steps": 40, "seq_len": 64, "batch_size": 8, "learning_rate": 0.003,
+                     "options": {"eval_every": 20}},
+        "dp_tune": {"batch_size": 100, "epochs": 1, "max_tokens": 64, "learning_rates": [0.003], "clip_norms": [1.0]},
+        "generate": {"max_tokens": 48, "batch_size": 32},
+        "evaluate": {"classifiers": ["wordcnn"],
+                     "options": {"dp_epochs": 1.0, "mauve_seeds": [0],
+                                 "sweep": {"learning_rates": [0.003], "weight_decays": [0.0001], "clip_norms": [1.0],
+                                           "repeats": 2, "train": {"max_epochs": 2}}}},
+        "modes": ["lora", "prompt"],
+        "epsilons": [3, "inf"],
+    },
+}
+
+
+def dataset_config(data: str) -> dict[str, Any]:
+    """The `sensitive:` section: Yelp polarity from ../shared/data/yelp."""
+    return {"embedded": False, "train": os.path.join(data, "yelp", "dev_polarity.csv"),
+            "test": os.path.join(data, "yelp", "test_polarity.csv"), "label_column": "label",
+            "label_names": {0: "negative", 1: "positive"}}
+
+
+def experiments(scale: str, data: str) -> dict[str, dict[str, Any]]:
+    """name -> experiment config dict (all share one root, so shared stages run once)."""
+    s = copy.deepcopy(SCALES[scale])
+    sensitive = {**dataset_config(data), **{k: v for k, v in s["sensitive"].items() if v is not None}}
+    base = {
+        "seed": 0,
+        "public": {"embedded": True, "paths": [os.path.join(data, "public", "kjv")]},
+        "sensitive": sensitive,
+        "tokenizer": s["tokenizer"],
+        "dedup": {"min_tokens": 50},
+        "pretrain": s["pretrain"],
+        "dp_tune": {**s["dp_tune"]},
+        "generate": {**s["generate"], "multiples": [1]},
+        "evaluate": s["evaluate"],
+    }
+
+    def variant(name: str, dp: dict, gen: dict | None = None, baselines: bool = True) -> dict:
+        cfg = copy.deepcopy(base)
+        cfg["name"] = f"paper-{scale}-{name}"
+        cfg["dp_tune"].update(dp)
+        cfg["generate"].update(gen or {})
+        cfg["evaluate"] = {**cfg["evaluate"], "baselines": baselines}
+        return cfg
+
+    return {
+        "main": variant("main", {"modes": s["modes"], "epsilons": s["epsilons"]}),
+        "full_lm": variant("full_lm", {"modes": ["lora"], "epsilons": [3], "loss": "full"}, baselines=False),
+        "x3": variant("x3", {"modes": ["lora"], "epsilons": [3]}, {"multiples": [3]}, baselines=False),
+    }
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, (int, float)):
+        return "inf" if v == math.inf else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _eps(v: Any) -> float:
+    if v in ("inf", None):
+        return math.inf
+    return float(v)
+
+
+def load_metrics(report_dir: str) -> dict[str, Any]:
+    with open(os.path.join(report_dir, "metrics.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_name = {r["corpus"]: r for r in metrics.get("corpora", [])}
+    out = []
+    for t in trials:
+        row = dict(by_name.get(t["id"], {"status": "missing"}))
+        row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"])
+        out.append(row)
+    return out
+
+
+def _spearman(a: list[float], b: list[float]) -> float | None:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None and not math.isnan(x) and not math.isnan(y)]
+    if len(pairs) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    return float(spearmanr([p[0] for p in pairs], [p[1] for p in pairs]).statistic)
+
+
+def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: str, command: str) -> tuple[str, list[str]]:
+    """The Markdown results and the printed ratio lines."""
+    main = results["main"]
+    rows, baselines = main["rows"], main["metrics"].get("baselines", [])
+    md = [f"# Small-scale reproduction ({scale} scale)", "", f"Command: `{command}`", ""]
+    if scale == "quick":
+        md += ["**Smoke scale**: tiny model, a few steps, a few hundred examples. These numbers only show that",
+               "every stage and table works end to end; they say nothing about the paper's claims.", ""]
+    ratios: list[str] = []
+
+    def acc(row, k):
+        v = row.get(f"{k}_accuracy")
+        return None if v is None else float(v)
+
+    def base(kind, which, eps):
+        for b in baselines:
+            if b.get("baseline") == which and b.get("classifier") == kind and _eps(b.get("epsilon")) == eps:
+                return float(b["accuracy"])
+        return None
+
+    # 1. Accuracy per mode and epsilon, beside real data and DP-on-real.
+    epsilons = sorted({r["epsilon"] for r in rows})
+    modes = sorted({r["mode"] for r in rows}, key=["lora", "prompt", "full"].index)
+    md += ["## 1. Downstream accuracy on the real test set", ""]
+    for k in classifiers:
+        md += [f"**{k}**", "", "| data | " + " | ".join(f"eps={_f(e, 0)}" for e in epsilons) + " |",
+               "|---|" + "---|" * len(epsilons)]
+        for m in modes:
+            cells = []
+            for e in epsilons:
+                r = next((r for r in rows if r["mode"] == m and r["epsilon"] == e), None)
+                cells.append(_f(acc(r, k)) if r else "-")
+            md.append(f"| synthetic, {m} | " + " | ".join(cells) + " |")
+        md.append("| DP-on-real | " + " | ".join(_f(base(k, "dp_on_real", e)) if e != math.inf else "-" for e in epsilons) + " |")
+        md.append("| real data | " + " | ".join(_f(base(k, "real", math.inf)) if e == math.inf else "-" for e in epsilons) + " |")
+        md.append("")
+        for e in epsilons:
+            dp = base(k, "dp_on_real", e) if e != math.inf else base(k, "real", math.inf)
+            for m in modes:
+                r = next((r for r in rows if r["mode"] == m and r["epsilon"] == e), None)
+                a = acc(r, k) if r else None
+                if a is not None and dp:
+                    peer = "DP-on-real" if e != math.inf else "real data"
+                    ratios.append(f"{k} eps={_f(e, 0)} {m}: synthetic {a:.3f} vs {peer} {dp:.3f} -> ratio {a / dp:.3f}")
+
+    # 2. Prefix-LM vs full-LM; 3. 1x vs 3x.
+    def lora3(rs, multiple=1):
+        return next((r for r in rs if r["mode"] == "lora" and r["epsilon"] == 3 and float(r["multiple"]) == multiple), None)
+
+    md += ["## 2. Prefix-LM against full-LM loss (LoRA, epsilon 3)", "", "| loss | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |", "|---|" + "---|" * (len(classifiers) + 2)]
+    for label, res in (("Prefix-LM", main), ("full-LM", results.get("full_lm"))):
+        r = lora3(res["rows"]) if res else None
+        vl = res["valid_loss"].get(r["trial"]) if (res and r) else None
+        md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} | {_f(vl)} |")
+    md += ["", "## 3. 1x against 3x synthetic data (LoRA, epsilon 3)", "", "| size | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE |", "|---|" + "---|" * (len(classifiers) + 1)]
+    for label, res, mult in (("1x", main, 1), ("3x", results.get("x3"), 3)):
+        r = lora3(res["rows"], mult) if res else None
+        md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
+
+    # 4. Ranking correlation.
+    md += ["", "## 4. Hyperparameter-ranking correlation (synthetic valid -> real test)", "",
+           "| trial | classifier | Spearman | Kendall | RBO | upper bound Spearman (real valid) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["epsilon"] not in (1.0, 3.0):
+            continue
+        for k in classifiers:
+            md.append(f"| {r['trial']} | {k} | {_f(r.get(f'{k}_rank_spearman'))} | {_f(r.get(f'{k}_rank_kendall'))} | "
+                      f"{_f(r.get(f'{k}_rank_rbo'))} | {_f(r.get(f'{k}_rank_upper_spearman'))} |")
+
+    # 5. Proxy metrics and whether they rank runs as accuracy does.
+    proxies = ["mauve", "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity"]
+    md += ["", "## 5. Proxy metrics", "", "| trial | " + " | ".join(proxies) + " |", "|---|" + "---|" * len(proxies)]
+    for r in rows:
+        md.append(f"| {r['trial']} | " + " | ".join(_f(r.get(p)) for p in proxies) + " |")
+    md += ["", "Spearman correlation of each proxy with accuracy across the runs (higher = ranks runs as accuracy does;"
+           " for perplexity lower is better, so a good proxy correlates negatively):", ""]
+    for k in classifiers:
+        accs = [acc(r, k) for r in rows]
+        cells = [f"{p} {_f(_spearman([r.get(p) for r in rows], accs))}" for p in proxies]
+        md.append(f"- {k}: " + ", ".join(cells))
+
+    # Directions.
+    md += ["", "## Does the small scale reproduce the paper's direction?", ""]
+    for k in classifiers:
+        for e in epsilons:
+            if e == math.inf:
+                continue
+            by_mode = {m: acc(next((r for r in rows if r["mode"] == m and r["epsilon"] == e), {}), k) for m in modes}
+            if all(by_mode.get(m) is not None for m in ("lora", "prompt", "full")):
+                holds = by_mode["lora"] >= by_mode["prompt"] > by_mode["full"]
+                md.append(f"- {k}, eps={_f(e, 0)}: LoRA >= prompt > full under DP: {'yes' if holds else 'NO'} "
+                          f"({', '.join(f'{m} {_f(v)}' for m, v in by_mode.items())})")
+            dp = base(k, "dp_on_real", e)
+            best = max((v for v in by_mode.values() if v is not None), default=None)
+            if k == "wordcnn" and dp is not None and best is not None:
+                md.append(f"- wordcnn, eps={_f(e, 0)}: best synthetic {best:.3f} vs DP-on-real {dp:.3f}: "
+                          f"synthetic beats DP-on-real: {'yes' if best > dp else 'NO'}")
+    if scale == "quick":
+        md += ["", "(smoke scale: a 'yes' or 'NO' here is not evidence either way)"]
+    return "\n".join(md) + "\n", ratios
+
+
+def run(args) -> int:
+    from dpsynth.experiment.config import from_dict
+    from dpsynth.experiment.runner import report_result, run_experiment
+
+    if not os.path.isdir(args.data):
+        print(f"paper: {args.data} not found (the real datasets of ../shared/data are needed)", file=sys.stderr)
+        return 2
+    scale = "quick" if args.quick else "full"
+    configs = experiments(scale, args.data)
+    root = args.root or os.path.join("runs", f"paper-{scale}")
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    for name, data in configs.items():
+        if args.only and name not in args.only:
+            continue
+        cfg = from_dict(data)
+        print(f"\n##### paper: experiment '{name}' ({len(cfg.dp_tune.modes) * len(cfg.dp_tune.epsilons)} DP runs)", flush=True)
+        result = run_experiment(cfg, root=root, jobs=args.jobs)
+        code = report_result(result)
+        if code:
+            return code
+        trials = [t.params() for t in result.plan.trials]
+        valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
+        metrics = load_metrics(result.report_dir)
+        results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
+                         "report": result.report_dir}
+    if "main" not in results:
+        print("paper: the tables need the 'main' experiment", file=sys.stderr)
+        return 2
+    classifiers = list(configs["main"]["evaluate"]["classifiers"])
+    command = "python bench/paper.py " + " ".join(sys.argv[1:])
+    md, ratios = render(results, classifiers, scale, command)
+    md += f"\nWall time: {time.monotonic() - t0:.0f}s on {os.cpu_count()} CPU cores. Reports: " + ", ".join(
+        f"{n}: {r['report']}" for n, r in results.items()) + "\n"
+    out = args.out or os.path.join(root, "results.md")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(md)
+    print("\n" + md)
+    print("ratios against the peers measured in the same run:")
+    for line in ratios:
+        print("  " + line)
+    print(f"results: {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke scale (minutes; numbers are meaningless)")
+    p.add_argument("--data", default=DEFAULT_DATA, help="the shared data directory (default ../shared/data)")
+    p.add_argument("--root", default=None, help="experiment cache root (default runs/paper-<scale>)")
+    p.add_argument("--out", default=None, help="Markdown results file (default ROOT/results.md)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
+    p.add_argument("--only", nargs="+", choices=("main", "full_lm", "x3"), help="run only these experiments")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

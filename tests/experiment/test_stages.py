@@ -1,0 +1,138 @@
+"""The real stage adapters that run in seconds (data, public corpus, tokenizer) and helpers."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from dpsynth.experiment import stages
+from dpsynth.experiment.cache import StageUnavailable
+from dpsynth.experiment.config import from_dict
+from dpsynth.experiment.plan import build_plan
+from dpsynth.experiment.runner import run_plan
+
+REVIEW = "this is a long review of a product that I bought " * 12  # > PLANT_MIN_WORDS words
+
+
+def write_csv(path, rows):
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+
+
+@pytest.fixture
+def files(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    write_csv(d / "train.csv", [(f"{REVIEW} number {i}", i % 2) for i in range(20)])
+    write_csv(d / "test.csv", [(f"test text {i}", i % 2) for i in range(6)])
+    pub = d / "public"
+    pub.mkdir()
+    for i in range(3):
+        (pub / f"doc{i}.txt").write_text(("Public prose line %d about the weather and the sea.\n\n" % i) * 40)
+    return d
+
+
+def sens_config(files, **kw):
+    base = {"embedded": False, "train": str(files / "train.csv"), "test": str(files / "test.csv")}
+    return from_dict({"sensitive": {**base, **kw}, "public": {"embedded": False, "paths": [str(files / "public")]}})
+
+
+def test_sensitive_splits_valid_tail_label_names_and_limits(files):
+    cfg = sens_config(files, label_names={0: "negative", 1: "positive"}, max_test=4)
+    node = build_plan(cfg, "/tmp/unused").node("sensitive")
+    splits, dead = stages.load_sensitive_splits(node.config)
+    assert [len(splits[s]) for s in ("train", "valid", "test")] == [18, 2, 4]
+    assert splits["valid"][0]["text"].endswith("number 18")  # the last 10% of train, in order
+    assert {r["label"] for r in splits["train"]} == {"negative", "positive"}
+    assert dead == [] and stages.count_train(node.config) == 18
+
+
+def test_sensitive_errors(files):
+    node = build_plan(sens_config(files, label_names={0: "negative"}), "/tmp/unused").node("sensitive")
+    with pytest.raises(ValueError, match=r"label_names: no name for label\(s\) \['1'\]"):
+        stages.load_sensitive_splits(node.config)
+    node = build_plan(sens_config(files, format="jsonl"), "/tmp/unused").node("sensitive")
+    with pytest.raises(ValueError, match="sensitive.format is 'jsonl' but the file is csv"):
+        stages.load_sensitive_splits(node.config)
+
+
+def test_plant_documents():
+    docs = [{"id": f"d{i}", "text": "para one\n\npara two\n\npara three"} for i in range(4)]
+    cands = [{"id": f"s{i}", "text": f"{REVIEW} {i}"} for i in range(5)] + [{"id": "short", "text": "too short"}]
+    new, ids = stages.plant_documents(docs, cands, 3, seed=1)
+    assert len(ids) == 3 and "short" not in ids and len(set(ids)) == 3
+    joined = "\n".join(d["text"] for d in new)
+    for i in ids:
+        assert f"{REVIEW} {i[1:]}" in joined
+    assert docs[0]["text"] == "para one\n\npara two\n\npara three"  # input untouched
+    assert stages.plant_documents(docs, cands, 3, seed=1) == (new, ids)  # deterministic
+    with pytest.raises(ValueError, match="only 5 sensitive training texts"):
+        stages.plant_documents(docs, cands, 6, seed=1)
+
+
+def test_data_public_tokenizer_stages_through_the_runner(files, tmp_path, capsys):
+    cfg = sens_config(files).replace(public={"plant": 2}, tokenizer={"vocab_size": 400, "max_sentences": 1000})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    result = run_plan(plan, until="tokenizer")
+    assert result.ok, result.failed
+    sens, pub, tok = (result.outputs[k] for k in ("sensitive", "public", "tokenizer"))
+    assert sens.summary["num_train"] == 18 and sens.summary["labels"] == ["0", "1"]
+    with open(pub.path("corpus", "public.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    assert len(docs) == 3 and len(pub.summary["planted_ids"]) == 2
+    planted_train = {r["id"]: r["text"] for r in map(json.loads, open(sens.path("data", "train.jsonl")))}
+    for i in pub.summary["planted_ids"]:
+        assert any(planted_train[i] in d["text"] for d in docs)
+    from dpsynth.tokens import Tokenizer
+
+    assert Tokenizer.load(tok.path("tokenizer.model")).sha256 == tok.summary["sha256"]
+    out = capsys.readouterr().out
+    assert "DEMO: planted 2 sensitive training reviews" in out
+    assert REVIEW.strip() not in out  # private text never printed
+    # A new vocabulary size reruns only the tokenizer.
+    again = run_plan(build_plan(cfg.replace(tokenizer={"vocab_size": 390}), str(tmp_path / "run")), until="tokenizer")
+    assert again.ran == ["tokenizer"]
+
+
+def test_make_config_builds_nested_dataclasses():
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        a: int = 1
+        b: tuple = ()
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        x: float = 0.0
+        inner: Inner = Inner()
+
+    got = stages.make_config(Outer, {"x": 2.0, "inner": {"b": [1, 2]}}, "evaluate.options")
+    assert got == Outer(x=2.0, inner=Inner(a=1, b=(1, 2)))
+    with pytest.raises(ValueError, match=r"evaluate.options.inner.c: not an option of Inner"):
+        stages.make_config(Outer, {"inner": {"c": 1}}, "evaluate.options")
+
+
+def test_missing_library_is_stage_unavailable():
+    with pytest.raises(StageUnavailable, match="stage 'x' is not available: module dpsynth.no_such_module does not exist"):
+        stages._module("x", "dpsynth.no_such_module")
+    with pytest.raises(StageUnavailable, match="dpsynth.tokens.no_such_function does not exist"):
+        stages._module("x", "dpsynth.tokens", "no_such_function")
+
+
+def test_summary_table_lists_trials_and_baselines():
+    rows = [{"corpus": "lora-eps3", "mode": "lora", "epsilon": 3.0, "wordcnn_accuracy": 0.8, "wordcnn_accuracy_std": 0.01,
+             "mauve": 0.5, "perplexity": 40.0, "status": "ok"},
+            {"corpus": "bad", "status": "error", "error": "label sets differ"}]
+    baselines = [{"baseline": "real", "classifier": "wordcnn", "epsilon": float("inf"), "accuracy": 0.9, "accuracy_std": 0.0},
+                 {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.7, "accuracy_std": 0.02}]
+    table = stages.summary_table(rows, baselines, ["wordcnn"])
+    lines = table.splitlines()
+    assert len(lines) == 2 + 2 + 2
+    assert "| synthetic lora-eps3 | lora | 3.00 | 0.800 ± 0.010 | 0.500 | 40.0 | ok |" in lines
+    assert "error: label sets differ" in table
+    assert "| real data | - | inf | 0.900 ± 0.000 | - | - | ok |" in lines
+    assert "| DP-on-real | - | 3.00 | 0.700 ± 0.020 | - | - | ok |" in lines
