@@ -378,6 +378,9 @@ def prepare_out_dir(plan: GenerationPlan) -> None:
     elif os.path.isdir(os.path.join(out, SHARD_DIR)) and os.listdir(os.path.join(out, SHARD_DIR)):
         raise GenerateError(f"{out}: has shards but no {CONFIG_FILE}; choose another --out or delete the directory")
     os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
+    for name in os.listdir(os.path.join(out, SHARD_DIR)):  # partial writes of a killed run
+        if ".tmp-" in name:
+            os.remove(os.path.join(out, SHARD_DIR, name))
     if not os.path.exists(cfg_path):
         _write_json(cfg_path, plan.config_json)
 

@@ -153,3 +153,17 @@ class FailOnShard:
     def _check(self, spec):
         if spec.name == self.name:
             raise InjectedFault(f"injected failure on {spec.name}")
+
+
+class SlowFake:
+    """A loader whose bundle sleeps `seconds` before each shard (to kill a job midway)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, model_dir):
+        import time
+
+        bundle = load_fake_bundle(model_dir)
+        bundle.on_shard = lambda spec: time.sleep(self.seconds)
+        return bundle
