@@ -55,6 +55,22 @@ def reason_category(reason: str) -> str:
     return re.sub(r"\d+", "N", reason)
 
 
+def remove_stale_shards(directory: str, keep: set[str]) -> int:
+    """Deletes `shard-*` files in a job-owned output directory whose shard is not in `keep`.
+
+    A rerun with fewer shards would otherwise leave old shards next to the new ones (readers
+    follow the manifest, but globbing readers of `clean/*.jsonl` would not). Returns the count.
+    """
+    try:
+        found = [m.path for m in FileSystems.match([FileSystems.join(directory, "shard-*")])[0].metadata_list]
+    except Exception:  # nothing there yet
+        return 0
+    stale = [p for p in found if p.rsplit("/", 1)[-1].split(".", 1)[0] not in keep]
+    if stale:
+        FileSystems.delete(stale)
+    return len(stale)
+
+
 # ----------------------------------------------------------------------------- reading
 
 
@@ -261,6 +277,7 @@ class _WriteManifestFn(beam.DoFn):
         )
         if labels:
             extra["labels"] = dict(sorted(labels.items()))
+        remove_stale_shards(self.out_dir, {e["name"] for e in entries})
         yield tok.write_manifest(
             self.out_dir, name=self.name, shards=entries, vocab_size=self.vocab_size,
             tokenizer_sha256=self.tokenizer_sha256, extra=extra,

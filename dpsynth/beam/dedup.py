@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dpsynth import tokens as tok
+from dpsynth.beam.corpus import remove_stale_shards
 from dpsynth.data.text import complement_ranges
 
 logger = logging.getLogger("dpsynth")
@@ -137,6 +138,9 @@ class _FinishFn(beam.DoFn):
             for k, v in r["counts"].items():
                 counts[k] = counts.get(k, 0) + v
         rep = dedup_report.build_report(self.index, [r[2]["stats"] for r in results], self.min_tokens)
+        names = {r[1] for r in results}
+        for sub in (CLEAN_TOKENS, CLEAN_TEXT):
+            remove_stale_shards(FileSystems.join(self.out_dir, sub), names)
         tok.write_manifest(
             FileSystems.join(self.out_dir, CLEAN_TOKENS), name="clean", shards=[r[2]["entry"] for r in results],
             vocab_size=self.vocab_size, tokenizer_sha256=self.tokenizer_sha256,

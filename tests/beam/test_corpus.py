@@ -66,6 +66,11 @@ def test_tokenize_is_byte_identical_across_reruns_and_runner_modes(tmp_path, tok
     tokenize_job.run(args + ["--out", str(tmp_path / "b"), "--direct_running_mode=multi_processing",
                              "--direct_num_workers=2"])
     assert _tree_digest(tmp_path / "b") == first
+    # A rerun with fewer shards leaves no stale shard files behind.
+    manifest = tokenize_job.run(args[:-1] + ["1", "--out", str(tmp_path / "a")])
+    assert sorted(p.name for p in (tmp_path / "a").glob("shard-*")) == [
+        f"shard-00000{s}" for s in (".docs.jsonl", ".offsets", ".tokens")]
+    assert len(manifest["shards"]) == 1
 
 
 def test_dead_letters_are_counted_and_written(tmp_path, tokenizer_path):
