@@ -292,3 +292,20 @@ def test_killed_process_then_rerun_equals_uninterrupted(reference_run, model_dir
     generate(_config(model_dir, out), loader=load_fake_bundle)
     for name in ("train.jsonl", "valid.jsonl", "manifest.json", "generation_report.json"):
         assert _read(out / name) == _read(ref / name), name
+
+
+def test_dp_label_distribution_from_training_file(model_dir, tmp_path):
+    from dpsynth.generate.job import dp_label_distribution
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"t{i}", "label": "great" if i < 90 else "other"}) + "\n"
+                             for i in range(100)))
+    dist = dp_label_distribution(model_dir, str(train), noise_multiplier=0.5, seed=0)
+    assert dist.source == "dp_histogram" and dist.labels == ("great", "other")
+    assert abs(dist.noisy_counts[0] - 90) < 3 and abs(dist.noisy_counts[1] - 10) < 3
+    with pytest.raises(GenerateError, match="label-source"):
+        dp_label_distribution(model_dir, None, noise_multiplier=1.0)
+    with pytest.raises(GenerateError, match="exactly one"):
+        dp_label_distribution(model_dir, str(train))
+    with pytest.raises(ValueError, match="unknown label"):
+        dp_label_distribution(model_dir, str(train), labels=("great", "nope"), noise_multiplier=1.0)
