@@ -126,3 +126,8 @@ def write_report(directory: str, report: dict) -> str:
     with FileSystems.create(path) as f:
         f.write(data)
     return path
+
+
+def summarize(report: dict) -> str:
+    """Alias of `summary_text` (the name the experiment runner calls)."""
+    return summary_text(report)
