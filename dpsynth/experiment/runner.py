@@ -281,14 +281,20 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
     unreachable target).
     """
     rows = []
+    memo: dict[str, dict[str, Any]] = {}  # trials differing only in mode/lr/C share one calibration
     for node in plan.nodes:
         if node.stage != "dp_tune":
             continue
         c = node.config
+        key = json.dumps({k: v for k, v in c.items() if k not in ("mode", "learning_rate", "clip_norm", "lora_rank", "prompt_length")},
+                         sort_keys=True, default=str)
         row: dict[str, Any] = {"dp_tune": node.key, "mode": c["mode"], "epsilon": float(c["epsilon"])}
         rows.append(row)
         if num_train is None:
             row["note"] = "|train| unknown"
+            continue
+        if key in memo:
+            row.update(memo[key])
             continue
         try:
             try:
@@ -310,6 +316,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             row["note"] = f"accountant not available ({e})"
         except ValueError as e:
             row["note"] = str(e)
+        memo[key] = {k: v for k, v in row.items() if k not in ("dp_tune", "mode")}
     return rows
 
 

@@ -168,7 +168,7 @@ def test_until_stops_after_a_stage(env):
 
 def test_dry_run_prints_plan_cache_status_and_budgets(env, capsys):
     path = env["tmp"] / "exp.yaml"
-    data = {**env["data"], "out": env["root"]}
+    data = {**env["data"], "out": env["root"], "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [3]}}
     path.write_text(yaml.safe_dump(data))
     assert runner.main([str(path), "--dry-run"]) == 0
     text = capsys.readouterr().out
@@ -189,10 +189,11 @@ def test_dry_run_prints_plan_cache_status_and_budgets(env, capsys):
 
 def test_dry_run_budget_matches_the_accountant(env):
     accounting = pytest.importorskip("dpsynth.dp.accounting")
-    cfg = from_dict({**env["data"], "dp_tune": {"modes": ["lora"], "epsilons": [3, "inf"], "batch_size": 50, "epochs": 2}})
+    cfg = from_dict({**env["data"], "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [3, "inf"], "batch_size": 50, "epochs": 2}})
     plan = runner.build_plan(cfg, env["root"])
     rows = runner.privacy_budgets(plan, cfg, num_train=1000)
-    assert [r["epsilon"] for r in rows] == [3.0, float("inf")]
+    assert [(r["mode"], r["epsilon"]) for r in rows] == [("lora", 3.0), ("lora", float("inf")), ("prompt", 3.0), ("prompt", float("inf"))]
+    assert rows[2]["noise_multiplier"] == rows[0]["noise_multiplier"]  # same budget, one calibration
     q, steps = 0.05, 40
     assert rows[0]["q"] == q and rows[0]["steps"] == steps and rows[0]["delta"] == 1e-3
     sigma = rows[0]["noise_multiplier"]
