@@ -23,8 +23,9 @@ import numpy as np
 
 # Largest length that still uses int32 indices (the native code reserves -1 and -2).
 INT32_MAX_LENGTH = 2**31 - 2
-# Alphabets up to this many symbols (or up to the text length) are used as they are.
-DENSE_ALPHABET_LIMIT = 1 << 24
+# Alphabets up to this many symbols (or up to twice the text length) are used as they are;
+# larger ones are mapped to dense ranks first (the native code keeps ~3 counters per symbol).
+DENSE_ALPHABET_LIMIT = 1 << 17
 
 _SUPPORTED = (np.dtype(np.uint16), np.dtype(np.uint32))
 
@@ -79,7 +80,7 @@ def _dense(tokens: np.ndarray) -> tuple[np.ndarray, int]:
     if n == 0:
         return tokens, 1
     alphabet = int(tokens.max()) + 1
-    if alphabet <= max(DENSE_ALPHABET_LIMIT, n):
+    if alphabet <= max(DENSE_ALPHABET_LIMIT, 2 * n):
         return tokens, alphabet
     uniq, ranks = np.unique(tokens, return_inverse=True)
     return ranks.astype(np.uint32).reshape(-1), int(uniq.size)

@@ -65,7 +65,8 @@ def test_tiny_lengths(n):
 
 
 @pytest.mark.parametrize(
-    "dtype,largest", [(np.uint16, 65535), (np.uint32, 2**32 - 1), (np.uint32, 2**20 + 7)]
+    "dtype,largest",
+    [(np.uint16, 65535), (np.uint32, 100_000), (np.uint32, 2**32 - 1), (np.uint32, 2**20 + 7)],
 )
 def test_largest_token_ids(dtype, largest):
     rng = np.random.default_rng(largest % 97)
