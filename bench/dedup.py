@@ -4,8 +4,10 @@ Ours: the `dpsynth dedup` Beam job (`dpsynth.beam.jobs.dedup`: tokenize public +
 build the suffix-array index, cut every >= k-token overlap per public shard, write the clean
 corpus and the report) on the local runner.
 Peer ("naive n-gram hash"): the same tokenization in-process, then a Python set of the hashes
-of every k-gram of every sensitive document, a scan of every public k-gram, and the same cut.
-Both must remove exactly the same tokens (checked).
+of every k-gram of every sensitive document, a scan of every public k-gram, the same cut and
+the same clean text (kept pieces decoded, joined by newlines), kept in memory (no files).
+Both must remove exactly the same tokens (checked). The peer is single-process; ours runs on
+any Beam runner (add e.g. `--direct_running_mode=multi_processing --direct_num_workers=2`).
 
 Data: `../shared/data/public` (Austen + KJV) as the public corpus, the labeled sets under
 `../shared/data` (AG News test, Yelp polarity dev/test) as sensitive datasets, with
@@ -63,12 +65,12 @@ def naive_dedup(public_docs, sensitive_docs, tokenizer, k):
         for i in range(len(lst) - k + 1):
             if hash(tuple(lst[i:i + k])) in grams:
                 covered[i:i + k] = True
+        runs = np.flatnonzero(np.diff(np.concatenate([[0], covered.astype(np.int8), [0]])))
         if covered.any():
             touched += 1
             removed += int(covered.sum())
-            runs = np.flatnonzero(np.diff(np.concatenate([[0], covered.astype(np.int8), [0]])))
-            pieces = complement_ranges(len(lst), list(zip(runs[::2], runs[1::2])))
-            _ = [tokenizer.decode(d[a:b]) for a, b in pieces]  # the clean text, as ours writes it
+        pieces = complement_ranges(len(lst), list(zip(runs[::2], runs[1::2])))
+        _ = "\n".join(tokenizer.decode(d[a:b]) for a, b in pieces)  # the clean text, as ours writes it
     times["dedup"] = time.monotonic() - t
     return removed, touched, times
 
