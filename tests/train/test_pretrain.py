@@ -1,0 +1,113 @@
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from dpsynth import tokens
+from dpsynth.train import checkpoint, pretrain
+
+SMALL = dict(preset="tiny", model_overrides={"num_layers": 1, "d_ff": 64}, seq_len=32, batch_size=4, steps=6,
+             eval_every=3, checkpoint_every=2, log_every=2, eval_batches=2, tensorboard=False, progress_interval=1e9)
+
+
+def test_packing_keeps_documents_apart():
+    docs = [np.arange(10, 10 + n, dtype=np.int32) for n in (5, 40, 3, 70)]
+    ids = [f"d{i}" for i in range(4)]
+    train, valid = pretrain.pack_documents(docs, ids, seq_len=16, valid_fraction=0.0)
+    assert valid.num_rows == 0
+    total = sum(len(d) + 2 for d in docs)
+    assert train.num_rows == (total - 1) // 16
+    # A target is trained on iff it continues the same document as its input.
+    seg = train.segment_ids.reshape(-1)
+    np.testing.assert_array_equal(train.weights.reshape(-1)[:-1].astype(bool), seg[:-1] == seg[1:])
+    flat_in, flat_w = train.inputs.reshape(-1), train.weights.reshape(-1)
+    # EOS is never followed by a trained target (the next document's BOS).
+    assert not np.any(flat_w[flat_in == tokens.EOS_ID])
+    np.testing.assert_array_equal(train.targets.reshape(-1)[:-1], flat_in[1:])
+
+
+def test_hold_out_is_deterministic_and_disjoint():
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(4, 50, int(rng.integers(5, 60))).astype(np.int32) for _ in range(200)]
+    ids = [f"doc{i}" for i in range(200)]
+    t1, v1 = pretrain.pack_documents(docs, ids, 16, 0.1)
+    t2, v2 = pretrain.pack_documents(docs, ids, 16, 0.1)
+    np.testing.assert_array_equal(v1.inputs, v2.inputs)
+    assert 0 < v1.num_rows < 0.3 * t1.num_rows
+    held = {(i, b) for i in ids for b in range(8) if pretrain._held_out(i, b, 0.1)}
+    assert 0.05 < len(held) / (200 * 8) < 0.15
+
+
+def test_batch_indices_are_epoch_permutations():
+    idx = pretrain.batch_indices(10, 0, 25, seed=1)
+    assert sorted(idx[:10]) == list(range(10)) and sorted(idx[10:20]) == list(range(10))
+    np.testing.assert_array_equal(pretrain.batch_indices(10, 7, 5, seed=1), idx[7:12])
+
+
+def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
+    corpus, tok_path, _ = tiny_corpus
+    cfg = pretrain.PretrainConfig(**SMALL, eval_at_start=True)
+    full = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "full"), cfg)
+    assert full["finished"] and full["valid"]["perplexity"] < full["initial_valid"]["perplexity"]
+    lines = [json.loads(x) for x in open(tmp_path / "full" / "metrics.jsonl")]
+    assert {x["split"] for x in lines} == {"train", "valid"}
+    # Killed after step 3 (checkpoint at step 2 + the stop), then resumed to the end.
+    part = str(tmp_path / "part")
+    first = pretrain.run_pretrain(corpus, tok_path, part, cfg, stop_after=3)
+    assert not first["finished"] and not os.path.exists(os.path.join(part, "manifest.json"))
+    with pytest.raises(pretrain.PretrainError, match="--resume"):
+        pretrain.run_pretrain(corpus, tok_path, part, cfg)
+    pretrain.run_pretrain(corpus, tok_path, part, cfg, resume=True)
+    a, b = checkpoint.load_model(str(tmp_path / "full")), checkpoint.load_model(part)
+    for x, y in zip(jax.tree.leaves(a.variables), jax.tree.leaves(b.variables)):
+        np.testing.assert_array_equal(x, y)
+    assert a.manifest["steps"] == 6 and a.config.preset == "tiny"
+    # Resuming with another preset / other flags is refused with a clear message.
+    with pytest.raises(checkpoint.CheckpointError, match="preset"):
+        pretrain.run_pretrain(corpus, tok_path, part, pretrain.PretrainConfig(
+            **{**SMALL, "model_overrides": {"num_layers": 2, "d_ff": 64}}), resume=True)
+    with pytest.raises(checkpoint.CheckpointError, match="seq_len"):
+        pretrain.run_pretrain(corpus, tok_path, part, pretrain.PretrainConfig(**{**SMALL, "seq_len": 16}),
+                              resume=True)
+
+
+def test_bad_input_errors(tiny_corpus, tmp_path):
+    corpus, tok_path, tok = tiny_corpus
+    cfg = pretrain.PretrainConfig(**SMALL)
+    out = str(tmp_path / "out")
+    with pytest.raises(pretrain.PretrainError, match="max_len"):
+        pretrain.run_pretrain(corpus, tok_path, out, pretrain.PretrainConfig(**{**SMALL, "seq_len": 4096}))
+    other_tok = tokens.train_tokenizer(["completely different words here"] * 20, vocab_size=280)
+    other_path = str(tmp_path / "other.model")
+    other_tok.save(other_path)
+    with pytest.raises(pretrain.PretrainError, match="tokenized with tokenizer"):
+        pretrain.run_pretrain(corpus, other_path, out, cfg)
+    broken = str(tmp_path / "broken")
+    shutil.copytree(corpus, broken)
+    with open(os.path.join(broken, "shard-00001.tokens"), "r+b") as f:
+        f.write(b"\xff\xff")
+    with pytest.raises(tokens.FormatError, match="shard-00001.tokens.*SHA-256"):
+        pretrain.run_pretrain(broken, tok_path, out, cfg)
+    os.remove(os.path.join(broken, "shard-00000.offsets"))
+    with pytest.raises(tokens.FormatError, match="shard-00000.offsets.*missing"):
+        pretrain.run_pretrain(broken, tok_path, out, cfg)
+    manifest = json.load(open(os.path.join(broken, "manifest.json")))
+    manifest["format_version"] = 7
+    json.dump(manifest, open(os.path.join(broken, "manifest.json"), "w"))
+    with pytest.raises(tokens.FormatError, match="format_version 7"):
+        pretrain.run_pretrain(broken, tok_path, out, cfg)
+    with pytest.raises(pretrain.PretrainError, match="batch_size"):
+        pretrain.PretrainConfig(**{**SMALL, "batch_size": 3, "mesh_data": 2})
+    with pytest.raises(pretrain.PretrainError, match="fewer than --batch-size"):
+        pretrain.run_pretrain(corpus, tok_path, out, pretrain.PretrainConfig(**{**SMALL, "batch_size": 4096}))
+
+
+def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, _ = tiny_corpus
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--seq-len", "9999"])
+    assert rc == 2 and "max_len" in capsys.readouterr().err
