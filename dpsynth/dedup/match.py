@@ -147,7 +147,7 @@ def matching_statistics(
       threads: threads for the native suffix and LCP arrays.
 
     Returns:
-      (ms, sensitive_longest): ms[i] (int64, one per token) is the length of the longest
+      (ms, sensitive_longest): ms[i] (int32 or int64, one per token) is the length of the longest
       prefix of tokens[i:doc_end] that occurs inside some sensitive document;
       sensitive_longest[d] is the longest sequence sensitive document d shares with the
       given documents.
@@ -166,7 +166,7 @@ def matching_statistics(
     ms = cross_match(sa, lcp, split)
     del sa, lcp, text
     # Drop separator positions (their ms is 0: a separator occurs once).
-    p_ms = np.delete(ms[split:], offsets[1:] + np.arange(num_p)).astype(np.int64)
+    p_ms = np.delete(ms[split:], offsets[1:] + np.arange(num_p))  # int32 below 2**31 tokens
     if num_s:
         starts = index.offsets[:-1] + np.arange(num_s)
         s_longest = np.maximum.reduceat(ms[:split], starts).astype(np.int64)
@@ -177,9 +177,12 @@ def matching_statistics(
 
 def _covered(ms: np.ndarray, min_tokens: int) -> np.ndarray:
     """Positions inside [i, i + ms[i]) for some i with ms[i] >= min_tokens."""
-    idx = np.arange(ms.size, dtype=np.int64)
+    if not ms.size:
+        return np.zeros(0, bool)
+    idx = np.arange(ms.size, dtype=ms.dtype)  # i + ms[i] <= ms.size: no overflow
     ends = np.where(ms >= min_tokens, idx + ms, 0)
-    return np.maximum.accumulate(ends) > idx if ms.size else np.zeros(0, bool)
+    np.maximum.accumulate(ends, out=ends)
+    return ends > idx
 
 
 def _runs(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
