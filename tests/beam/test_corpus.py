@@ -15,6 +15,7 @@ from dpsynth import tokens as tok
 from dpsynth.beam import corpus
 from dpsynth.beam.options import make_pipeline_options
 from dpsynth.data import readers
+from dpsynth.data.text import encode_document
 
 from .conftest import make_text
 
@@ -120,3 +121,17 @@ def test_unlabeled_sensitive_text(tmp_path, tokenizer_path):
                                  "--tokenizer", tokenizer_path, "--out", str(tmp_path / "out")])
     assert manifest["num_documents"] == 2 and "labels" not in manifest
     assert all("label" not in d for s in tok.iter_shards(str(tmp_path / "out")) for d in s.docs)
+
+
+@pytest.mark.slow
+def test_one_100mb_document_is_tokenized_in_bounded_chunks(tmp_path, tokenizer_path):
+    rng = random.Random(5)
+    block = make_text(rng, 2000) + "\n"
+    text = block * ((100 << 20) // len(block) + 1)
+    (tmp_path / "big.txt").write_text(text)
+    manifest = tokenize_job.run(["--input", str(tmp_path / "big.txt"), "--tokenizer", tokenizer_path,
+                                 "--out", str(tmp_path / "out")])
+    assert manifest["num_documents"] == 1 and manifest["dead_lettered"] == 0
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    (shard,) = list(tok.iter_shards(str(tmp_path / "out")))
+    np.testing.assert_array_equal(shard.document(0), encode_document(tokenizer, text))
