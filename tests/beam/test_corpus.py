@@ -135,3 +135,23 @@ def test_one_100mb_document_is_tokenized_in_bounded_chunks(tmp_path, tokenizer_p
     tokenizer = tok.Tokenizer.load(tokenizer_path)
     (shard,) = list(tok.iter_shards(str(tmp_path / "out")))
     np.testing.assert_array_equal(shard.document(0), encode_document(tokenizer, text))
+
+
+def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
+    from apache_beam.metrics.metric import MetricsFilter
+
+    texts = _write_public(tmp_path / "in", seed=3)
+    (tmp_path / "in" / "bad.jsonl").write_bytes(b"\xff\n")
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    source = corpus.plan_source(str(tmp_path / "in"), kind="public")
+    p = beam.Pipeline(options=make_pipeline_options())
+    _ = p | corpus.TokenizeCorpus(source, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
+                                  tokenizer_sha256=tokenizer.sha256, out_dir=str(tmp_path / "out"), num_shards=2)
+    result = p.run()
+    result.wait_until_finish()
+    counters = {r.key.metric.name: r.committed for r in result.metrics().query(MetricsFilter())["counters"]}
+    manifest = tok.read_manifest(str(tmp_path / "out"))
+    assert counters["documents_tokenized"] == len(texts) == manifest["num_documents"]
+    assert counters["dead_letters"] == 1 == manifest["dead_lettered"]
+    assert counters["tokens"] == manifest["num_tokens"]
+    assert counters["shards_written"] == len(manifest["shards"])
