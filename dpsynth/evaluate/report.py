@@ -164,6 +164,9 @@ class Scorer:
         except (ValueError, corpora.CorpusError) as e:
             row.update(status="error", error=str(e))
             logger.warning("corpus %s: %s", row["corpus"], e)
+        except Exception as e:  # noqa: BLE001 - one broken corpus must not sink a batch of many
+            row.update(status="error", error=f"{type(e).__name__}: {e}")
+            logger.exception("corpus %s failed", row["corpus"])
         return row, plot
 
     def _perplexity(self, corpus: corpora.Corpus) -> dict[str, Any]:

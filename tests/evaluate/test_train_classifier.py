@@ -47,3 +47,20 @@ def test_bad_input_is_rejected_with_names():
         tc.DPConfig(epsilon=math.inf)
     with pytest.raises(ValueError, match="model_dir"):
         tc.ClassifierSpec(kind="backbone")
+
+
+def test_classify_entry_point_writes_trials(tmp_path, capsys):
+    import json
+
+    from trainers import classify
+
+    for name, seed in (("train", 1), ("valid", 2), ("test", 3)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_records(60, seed)))
+    out = tmp_path / "result.json"
+    rc = classify.main(["--train", str(tmp_path / "train.jsonl"), "--valid", str(tmp_path / "valid.jsonl"), "--test",
+                        str(tmp_path / "test.jsonl"), "--cnn", "small", "--learning-rates", "0.01", "--repeats", "1",
+                        "--max-epochs", "1", "--out", str(out)])
+    assert rc == 0
+    saved = json.loads(out.read_text())
+    assert len(saved["trials"]) == 1 and 0 <= saved["test_mean"]["real_test"] <= 1 and saved["dp"] is None
+    assert classify.main(["--train", str(tmp_path / "nope.jsonl"), "--valid", "x", "--test", "y", "--out", str(out)]) == 2
