@@ -35,8 +35,9 @@ from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
 STAGES = ("sensitive", "public", "tokenizer", "dedup", "pretrain", "dp_tune", "generate", "evaluate")
 STAGE_VERSIONS = {s: 1 for s in STAGES}
-# Stages whose library resumes from a partial output directory (their own checkpoints).
-RESUMABLE = frozenset({"pretrain"})
+# Stages whose library resumes from a partial output directory: pretraining and DP tuning
+# from their checkpoints (the DP ledger included), generation by regenerating missing shards.
+RESUMABLE = frozenset({"pretrain", "dp_tune", "generate"})
 # Files larger than this are fingerprinted by (size, mtime) instead of their contents.
 CONTENT_HASH_LIMIT = 256 << 20
 HASH_PREFIX = 16  # hex digits of the hash used in directory names

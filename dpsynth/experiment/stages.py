@@ -258,7 +258,7 @@ def _contaminated_ids(report: Mapping[str, Any]) -> set[str]:
     """Ids of sensitive examples that the contamination report lists as found."""
     found: set[str] = set()
     for entry in report.get("sensitive", []):
-        for key in ("contaminated_ids", "ids"):
+        for key in ("shared_example_ids",):
             if key in entry:
                 found.update(str(i) for i in entry[key])
     return found
@@ -278,7 +278,13 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     )
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
     planted = list(ctx.inputs["public"].summary.get("planted_ids", []))
-    summary: dict[str, Any] = {"contamination_sha256": _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))}
+    sha = report.get("report_sha256") or _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
+    summary: dict[str, Any] = {
+        "contamination_sha256": sha,
+        "tokens_removed": report.get("public", {}).get("tokens_removed"),
+        "documents_touched": report.get("public", {}).get("documents_touched"),
+        "sensitive_examples_shared": sum(e.get("num_examples_shared", 0) for e in report.get("sensitive", [])),
+    }
     if planted:
         found = _contaminated_ids(report)
         hit = [i for i in planted if i in found]
@@ -373,6 +379,12 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
     model_dir = os.path.join(ctx.out_dir, "model")
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    resume = ctx.resume and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+    if ctx.resume and not resume and os.path.isdir(model_dir):
+        import shutil
+
+        shutil.rmtree(model_dir)  # killed before its first checkpoint: nothing to resume
     result = lib.dp_tune(
         ctx.inputs["pretrain"].path("model"),
         _read_jsonl(sens.path("data", "train.jsonl")),
@@ -381,7 +393,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         config,
         labels=sens.summary.get("labels"),
         contamination_sha256=ctx.inputs["pretrain"].summary.get("contamination_sha256"),
-        resume=ctx.resume,
+        resume=resume,
     )
     ctx.report(report_lib.render_markdown(result.report))
     eps = dict(result.epsilon)
