@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -13,6 +14,9 @@ namespace dpsynth {
 
 // Calls fn(begin, end, worker) over [0, count) in chunks of `grain` taken dynamically by
 // `threads` workers (the calling thread is worker 0). Runs inline when one chunk suffices.
+// Returns when every chunk is done; helper threads are detached, so a helper the OS has not
+// yet scheduled when the work runs out costs nothing (it finds no chunk and exits, touching
+// only the shared counters it co-owns).
 template <class Fn>
 void parallel_chunks(int64_t count, int threads, int64_t grain, Fn&& fn) {
   grain = std::max<int64_t>(1, grain);
@@ -21,20 +25,24 @@ void parallel_chunks(int64_t count, int threads, int64_t grain, Fn&& fn) {
     fn(int64_t{0}, count, 0);
     return;
   }
-  std::atomic<int64_t> next{0};
-  auto work = [&](int worker) {
+  struct Counters {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto counters = std::make_shared<Counters>();
+  auto* f = &fn;  // dereferenced only for claimed chunks, which all finish before we return
+  auto work = [counters, f, count, grain](int worker) {
     for (;;) {
-      int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+      int64_t b = counters->next.fetch_add(grain, std::memory_order_relaxed);
       if (b >= count) return;
-      fn(b, std::min(count, b + grain), worker);
+      int64_t e = std::min(count, b + grain);
+      (*f)(b, e, worker);
+      counters->done.fetch_add(e - b, std::memory_order_release);
     }
   };
   int workers = static_cast<int>(std::min<int64_t>(threads, (count + grain - 1) / grain));
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
+  for (int w = 1; w < workers; ++w) std::thread(work, w).detach();
   work(0);
-  for (auto& th : pool) th.join();
+  spin_until([&] { return counters->done.load(std::memory_order_acquire) == count; });
 }
 
 // A grain giving each of `threads` workers several chunks (at least `min_grain` items each).

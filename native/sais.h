@@ -1,10 +1,11 @@
 // Suffix arrays over integer alphabets by induced sorting (SA-IS, Nong, Zhang & Chan 2009).
 //
 // Linear time and space; 16- or 32-bit tokens; 32- or 64-bit indices. With threads >= 2 the
-// type classification, bucket counting and LMS-substring naming run on several threads, and
-// every induced-sorting pass (the bulk of the work) is pipelined over two threads: a reader
-// thread resolves the next block's predecessor symbols (the random reads of the text) while
-// the writer thread places the current block. Results are identical for every thread count.
+// linear helper passes (type classification, bucket counting, LMS-substring naming, LMS
+// listing, rank mapping, slot clearing) run on several threads in dynamically handed-out
+// chunks; the induced-sorting passes are sequential (a two-thread pipeline of them was
+// measured slower on a shared 2-CPU machine and removed). Results are identical for every
+// thread count.
 #pragma once
 
 #include <cstdint>
