@@ -37,3 +37,15 @@ def tiny_base(tmp_path_factory):
     save_model(base_dir, config, {"params": variables["params"]}, tok,
                extra_manifest={"contamination_sha256": "c0" * 32})
     return base_dir, tok
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache(tmp_path_factory):
+    """Reuses identical compiled steps across the tuner runs of one session (resume tests rerun
+    the same computation three times); restored afterwards so other test areas are unaffected."""
+    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    yield
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
