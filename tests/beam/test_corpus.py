@@ -103,8 +103,8 @@ def test_read_documents_ptransform_keys(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x y"}\n\n{"text": "z"}\n')
     files = readers.resolve_inputs(str(tmp_path))
     with beam.Pipeline(options=make_pipeline_options()) as p:
-        items = p | corpus.ReadDocuments(files, readers.Columns.public())
-        assert_that(items | beam.Map(lambda it: (it[0], it[1])),
+        batches = p | corpus.ReadDocuments(files, readers.Columns.public())
+        assert_that(batches | beam.FlatMap(lambda b: [(it[0], it[1]) for it in b]),
                     equal_to([("doc", (0, 1)), ("dead", (0, 2)), ("doc", (0, 3))]))
 
 
@@ -155,3 +155,10 @@ def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
     assert counters["dead_letters"] == 1 == manifest["dead_lettered"]
     assert counters["tokens"] == manifest["num_tokens"]
     assert counters["shards_written"] == len(manifest["shards"])
+
+
+def test_batch_items_limits():
+    items = [("doc", (0, i), {"text": "x" * 10}) for i in range(10)] + [("dead", (0, 10), {})]
+    batches = list(corpus.batch_items(items, max_records=4, max_bytes=1000))
+    assert [len(b) for b in batches] == [4, 4, 3] and [it for b in batches for it in b] == items
+    assert [len(b) for b in corpus.batch_items(items, max_records=100, max_bytes=25)] == [3, 3, 3, 2]
