@@ -438,8 +438,10 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
             if done % cfg.checkpoint_every == 0 or done == end_step:
                 checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
             progress.update(1)
-    writer.close()
     final_step = int(jax.device_get(state.step))
+    if final_step >= cfg.steps and not valid_metrics:  # re-run of a finished run: report its validation
+        valid_metrics = evaluate()
+    writer.close()
     summary = {"out_dir": out_dir, "preset": model_config.preset, "step": final_step, "steps": cfg.steps,
                "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
                "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
@@ -459,7 +461,7 @@ def final_params(out_dir: str) -> dict:
 
 
 def run_pretrain_demo(clean_corpus_dir: str, tokenizer_path: str, out_dir: str, *, preset: str = "tiny",
-                      steps: int = 300, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
+                      steps: int = 200, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
     """The demo's pretraining stage: a few minutes on 2 CPU cores; prints a short summary.
 
     Resumes when `out_dir` holds an unfinished run, and returns the existing model's summary
