@@ -197,7 +197,7 @@ class GenerateConfig:
       examples_per_shard: examples per output shard (the unit of work and of resume).
       labels: labels to generate (a subset of the model's; None = all of them).
       label_distribution: None = uniform over `labels`; else e.g. a DP label histogram.
-      formats: output formats in addition to nothing else: "jsonl", "parquet", "tfrecord".
+      formats: output formats: "jsonl" (always) plus optionally "parquet", "tfrecord".
       allow_non_private: accept a model directory without a privacy report (the output is
         then marked non-private).
     """
