@@ -46,7 +46,17 @@ DEMO_CONFIG: dict[str, Any] = {
         "max_tokens": 128,
     },
     "generate": {"samplings": [{"temperature": 1.0, "top_k": 0, "num_decodes": 1}], "multiples": [1], "max_tokens": 128},
-    "evaluate": {"classifiers": ["wordcnn"], "baselines": True},
+    # CPU-sized evaluation (the evaluate library's demo sizes): a small WordCNN, 1 repeat,
+    # 3 epochs, one clipping norm for DP-on-real, 2 MAUVE seeds.
+    "evaluate": {
+        "classifiers": ["wordcnn"],
+        "baselines": True,
+        "options": {
+            "wordcnn": {"vocab_words": 10000, "embed_dim": 64, "filters": 64, "hidden": 64, "max_len": 128},
+            "sweep": {"repeats": 1, "clip_norms": [1.0], "train": {"max_epochs": 3}},
+            "mauve_seeds": [0, 1],
+        },
+    },
 }
 
 BANNERS = {

@@ -186,21 +186,18 @@ def plant_documents(
     """Copies `n` long candidate texts into public documents at paragraph boundaries.
 
     For the demo only: it contaminates the public corpus ON PURPOSE, so the dedup stage
-    can be seen to find and cut the planted reviews. Returns (new documents, planted ids).
+    can be seen to find and cut the planted reviews. Candidates of >= PLANT_MIN_WORDS words
+    are sampled with `seed`; the insertion is the data library's
+    (`dpsynth.data.demo_stage.plant`). Returns (new documents, planted ids).
     """
+    from dpsynth.data.demo_stage import plant
+
     rng = random.Random(seed)
     long_enough = [c for c in candidates if len(c["text"].split()) >= PLANT_MIN_WORDS]
     if len(long_enough) < n:
         raise ValueError(f"public.plant: only {len(long_enough)} sensitive training texts have >= {PLANT_MIN_WORDS} words; asked for {n}")
-    chosen = rng.sample(long_enough, n)
-    docs = [dict(d) for d in documents]
-    for c in chosen:
-        doc = docs[rng.randrange(len(docs))]
-        paragraphs = doc["text"].split("\n\n")
-        at = rng.randrange(len(paragraphs) + 1)
-        paragraphs.insert(at, c["text"])
-        doc["text"] = "\n\n".join(paragraphs)
-    return docs, [c["id"] for c in chosen]
+    chosen = sorted(rng.sample(long_enough, n), key=lambda c: c["id"])
+    return plant(documents, chosen, seed), [c["id"] for c in chosen]
 
 
 def public_corpus(ctx: StageContext) -> dict[str, Any]:
@@ -487,7 +484,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     Each trial's corpus is linked as `corpora/<trial id>` (relative links to the generate
     stage directories) so the report's rows carry readable names.
     """
-    lib = _module("evaluate", "dpsynth.evaluate.report", "evaluate")
+    lib = _module("evaluate", "dpsynth.evaluate.report", "summary_table")
     c = ctx.config
     sens = ctx.inputs["sensitive"]
     links = os.path.join(ctx.out_dir, "corpora")
@@ -508,42 +505,10 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         **options,
     ), "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
-    table = summary_table(result["rows"], result["baselines"], c["classifiers"])
-    ctx.report(table)
+    table = lib.summary_table(result, config.classifiers)
+    ctx.report("evaluation summary (accuracy on the real test set):\n" + table)
+    ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
     return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
-
-
-def _f(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if v != v:
-            return "nan"
-        return "inf" if v == float("inf") else f"{v:.{digits}f}"
-    return str(v)
-
-
-def summary_table(rows: Sequence[Mapping[str, Any]], baselines: Sequence[Mapping[str, Any]], classifiers: Sequence[str]) -> str:
-    """Markdown: one line per synthetic corpus and per baseline (accuracy on the real test set)."""
-    head = ["data", "mode", "epsilon"] + [f"{k} acc" for k in classifiers] + ["MAUVE", "perplexity", "status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [f"synthetic {r.get('corpus')}", str(r.get("mode", "-")), _f(r.get("epsilon"), 2)]
-        for k in classifiers:
-            acc, std = r.get(f"{k}_accuracy"), r.get(f"{k}_accuracy_std")
-            cells.append(_f(acc) + (f" ± {_f(std)}" if std is not None else ""))
-        cells += [_f(r.get("mauve")), _f(r.get("perplexity"), 1), str(r.get("status", "-"))
-                  + (f": {r.get('error')}" if r.get("status") == "error" else "")]
-        lines.append("| " + " | ".join(cells) + " |")
-    for b in baselines:
-        name = "real data" if b.get("baseline") == "real" else "DP-on-real"
-        cells = [name, "-", _f(b.get("epsilon"), 2)]
-        for k in classifiers:
-            cells.append(_f(b.get("accuracy")) + (f" ± {_f(b.get('accuracy_std'))}" if b.get("accuracy_std") is not None else "")
-                         if b.get("classifier") == k else "-")
-        cells += ["-", "-", "ok"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 REGISTRY = {

@@ -121,18 +121,3 @@ def test_missing_library_is_stage_unavailable():
         stages._module("x", "dpsynth.no_such_module")
     with pytest.raises(StageUnavailable, match="dpsynth.tokens.no_such_function does not exist"):
         stages._module("x", "dpsynth.tokens", "no_such_function")
-
-
-def test_summary_table_lists_trials_and_baselines():
-    rows = [{"corpus": "lora-eps3", "mode": "lora", "epsilon": 3.0, "wordcnn_accuracy": 0.8, "wordcnn_accuracy_std": 0.01,
-             "mauve": 0.5, "perplexity": 40.0, "status": "ok"},
-            {"corpus": "bad", "status": "error", "error": "label sets differ"}]
-    baselines = [{"baseline": "real", "classifier": "wordcnn", "epsilon": float("inf"), "accuracy": 0.9, "accuracy_std": 0.0},
-                 {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.7, "accuracy_std": 0.02}]
-    table = stages.summary_table(rows, baselines, ["wordcnn"])
-    lines = table.splitlines()
-    assert len(lines) == 2 + 2 + 2
-    assert "| synthetic lora-eps3 | lora | 3.00 | 0.800 ± 0.010 | 0.500 | 40.0 | ok |" in lines
-    assert "error: label sets differ" in table
-    assert "| real data | - | inf | 0.900 ± 0.000 | - | - | ok |" in lines
-    assert "| DP-on-real | - | 3.00 | 0.700 ± 0.020 | - | - | ok |" in lines
