@@ -350,8 +350,12 @@ class SweepResult:
 def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, Split], sweep: SweepConfig,
               dp: DPConfig | None = None, progress: Callable[[], None] | None = None) -> SweepResult:
     """Every (lr, wd[, clip]) x repeat; selects by mean validation accuracy over repeats."""
+    from dpsynth.progress import Progress
+
     clips = sweep.clip_norms if dp is not None else (None,)
     trials = []
+    total = len(sweep.learning_rates) * len(sweep.weight_decays) * len(clips) * sweep.repeats
+    bar = Progress(total=total, desc="dp classifier sweep" if dp else "classifier sweep", unit="trial", interval=30.0)
     for lr in sweep.learning_rates:
         for wd in sweep.weight_decays:
             for clip in clips:
@@ -366,8 +370,10 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
                            "noise_multiplier": r.noise_multiplier}
                     row.update({f"{k}_accuracy": v for k, v in r.test_accuracy.items()})
                     trials.append(row)
+                    bar.update(1, valid_accuracy=r.valid_accuracy)
                     if progress is not None:
                         progress()
+    bar.close()
     groups: dict[tuple, list[dict]] = {}
     for t in trials:
         groups.setdefault((t["learning_rate"], t["weight_decay"], t["clip_norm"]), []).append(t)
