@@ -99,7 +99,8 @@ class ModelInfo:
       labels: the label set the model was tuned on (None if not recorded).
       prompt_template: the label prompt template ("{label}" marks the label).
       prompt_bos: whether prompts start with BOS (as in the tuner's examples).
-      private: whether the directory has a privacy report.
+      private: whether the directory has a privacy report that does not say "private": false.
+      has_report: whether it has a privacy report at all.
     """
 
     model_dir: str
@@ -109,6 +110,7 @@ class ModelInfo:
     prompt_template: str
     prompt_bos: bool
     private: bool
+    has_report: bool = False
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -174,7 +176,8 @@ def read_model_info(model_dir: str) -> ModelInfo:
         labels=tuple(str(l) for l in found_labels) if found_labels else None,
         prompt_template=str(template or labels_lib.default_prompt_template()),
         prompt_bos=bool(True if bos is None else bos),
-        private=report is not None,
+        private=report is not None and report.get("private") is not False,
+        has_report=report is not None,
     )
 
 
@@ -280,8 +283,9 @@ class GenerationPlan:
 def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     """Validates the job against the model and creates every shard spec up front."""
     if not info.private and not config.allow_non_private:
+        why = "its privacy report says it is NOT private" if info.has_report else "no privacy_report.json"
         raise GenerateError(
-            f"{info.model_dir}: no privacy_report.json, so this model is not known to be DP; "
+            f"{info.model_dir}: {why}, so this model is not known to be DP; "
             "use a DP-tuned model directory, or pass --allow-non-private (the output is then marked non-private)"
         )
     max_len = config.max_len or min(DEFAULT_MAX_LEN, info.max_len)
@@ -594,7 +598,7 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
         )
         dp_report.write_report(plan.out_dir, report)
         return
-    if private:
+    if private or os.path.exists(os.path.join(plan.model_dir, PRIVACY_FILES[0])):  # a non-private report says so
         for name in PRIVACY_FILES:
             src = os.path.join(plan.model_dir, name)
             if os.path.exists(src):
