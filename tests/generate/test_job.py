@@ -152,6 +152,14 @@ def test_refuses_model_without_privacy_report(tmp_path):
     assert manifest["private"] is False
     marker = json.loads(_read(tmp_path / "o2" / "privacy_report.json"))
     assert marker["private"] is False
+    # A report that says the model is not private (epsilon = inf) is refused the same way.
+    model2 = write_fake_model_dir(str(tmp_path / "m2"))
+    report = json.loads(_read(os.path.join(model2, "privacy_report.json")))
+    report["private"] = False
+    with open(os.path.join(model2, "privacy_report.json"), "w") as f:
+        json.dump(report, f)
+    with pytest.raises(GenerateError, match="NOT private"):
+        generate(_config(model2, tmp_path / "o3"), loader=load_fake_bundle)
 
 
 def test_bad_input_errors(model_dir, tmp_path):
