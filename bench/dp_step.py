@@ -1,0 +1,130 @@
+"""Benchmark: one DP-SGD microbatch step vs the non-private step of the same mode.
+
+Peer: the same training core, loss, model, trainable subset and microbatch with
+`dpsynth.train.core.MeanGradient` (no per-example gradients, no clipping, no noise). For each
+mode (full, prompt, lora) on the `small` preset it measures
+
+  * time per microbatch of `accumulate_step` (forward + backward [+ per-example clipping]),
+  * time of `apply_step` (finalize [+ noise] + Adam),
+  * a logical step (default expected batch 1024 = ceil(1024 / microbatch) accumulates + one
+    apply; the ratio compared with the targets),
+  * peak temporary memory of the compiled accumulate step (XLA's memory analysis),
+
+and prints DP / non-private ratios. Targets (issue 4): LoRA and prompt <= 1.5x, full <= 3x.
+
+    .venv/bin/python bench/dp_step.py                      # small preset, B=8, T=128
+    .venv/bin/python bench/dp_step.py --preset tiny --microbatch 16 --seq 64 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from dpsynth.dp import tune  # noqa: E402
+from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
+from dpsynth.models import Transformer, get_config  # noqa: E402
+from dpsynth.train import core, lm  # noqa: E402
+
+
+def _batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    weights = np.ones((b, t), np.float32)
+    weights[:, :4] = 0.0  # a label-prompt prefix
+    return {"inputs": rng.integers(4, vocab, (b, t)).astype(np.int32),
+            "targets": rng.integers(4, vocab, (b, t)).astype(np.int32),
+            "weights": weights, "mask": np.ones((b,), np.float32)}
+
+
+def _block(tree):
+    jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
+
+
+def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int) -> dict:
+    config = tune.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
+    base_cfg = get_config(preset, max_len=max(t, 64))
+    model_cfg = tune._tuned_model_config(base_cfg, config)
+    base = Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    variables = tune.init_variables(model_cfg, jax.device_get(base), config)
+    params, frozen = lm.split_variables(variables, tune.TRAINABLE[mode])
+    loss_fn = tune.make_loss_fn(model_cfg, config)
+    strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(b))
+                if strategy_name == "dp" else core.MeanGradient())
+    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
+    state = fns.init_state(params, frozen, rng=0)
+    batch = fns.shard_batch(_batch(base_cfg.vocab_size, b, t))
+    acc = fns.init_accumulator(state)
+    t0 = time.perf_counter()
+    acc2, _ = fns.accumulate_step(state, acc, batch)
+    state2, _ = fns.apply_step(state, acc2)
+    _block(state2)
+    compile_s = time.perf_counter() - t0
+    acc_times, apply_times = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        acc2, _ = fns.accumulate_step(state, acc, batch)
+        _block(acc2)
+        acc_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s2, _ = fns.apply_step(state, acc2)
+        _block(s2)
+        apply_times.append(time.perf_counter() - t0)
+    lowered = jax.jit(fns._accumulate).lower(state, acc, batch).compile()
+    mem = lowered.memory_analysis()
+    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+    trainable = sum(x.size for x in jax.tree.leaves(params))
+    return {"mode": mode, "strategy": strategy_name, "accumulate_s": float(np.median(acc_times)),
+            "apply_s": float(np.median(apply_times)), "compile_s": compile_s,
+            "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--microbatch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["lora", "prompt", "full"])
+    p.add_argument("--logical-batch", type=int, default=1024,
+                   help="expected logical batch: a step is ceil(logical/microbatch) accumulates + one apply")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    print(f"dp_step: preset={args.preset} microbatch={args.microbatch} seq={args.seq} reps={args.reps} "
+          f"devices={jax.devices()[0].platform}x{len(jax.devices())}")
+    rows = []
+    targets = {"lora": 1.5, "prompt": 1.5, "full": 3.0}
+    for mode in args.modes:
+        np_row = measure(mode, "nonprivate", args.preset, args.microbatch, args.seq, args.reps)
+        dp_row = measure(mode, "dp", args.preset, args.microbatch, args.seq, args.reps)
+        k = -(-args.logical_batch // args.microbatch)  # microbatches per logical step
+        step_np = k * np_row["accumulate_s"] + np_row["apply_s"]
+        step_dp = k * dp_row["accumulate_s"] + dp_row["apply_s"]
+        ratio_acc = dp_row["accumulate_s"] / np_row["accumulate_s"]
+        ratio_step = step_dp / step_np
+        mem_ratio = (dp_row["temp_bytes"] / np_row["temp_bytes"]) if np_row["temp_bytes"] and dp_row["temp_bytes"] else None
+        rows.append({"mode": mode, "nonprivate": np_row, "dp": dp_row, "ratio_accumulate": ratio_acc,
+                     "ratio_step": ratio_step, "ratio_temp_memory": mem_ratio, "target": targets.get(mode)})
+        print(f"{mode:>6}: trainable {dp_row['trainable_params']:,} | accumulate DP {dp_row['accumulate_s'] * 1e3:.1f} ms "
+              f"vs non-private {np_row['accumulate_s'] * 1e3:.1f} ms -> {ratio_acc:.2f}x | logical step ({k} mb + apply) "
+              f"{ratio_step:.2f}x | temp memory {dp_row['temp_bytes'] / 2**20 if dp_row['temp_bytes'] else float('nan'):.1f} "
+              f"vs {np_row['temp_bytes'] / 2**20 if np_row['temp_bytes'] else float('nan'):.1f} MiB"
+              f"{f' -> {mem_ratio:.2f}x' if mem_ratio else ''} | target <= {targets.get(mode)}x: "
+              f"{'MET' if ratio_step <= targets.get(mode, 1e9) else 'MISSED'}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
