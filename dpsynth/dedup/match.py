@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +36,8 @@ from dpsynth.tokens import TokenShard
 logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_TOKENS = 50
+# Smallest document set that matching_statistics splits over threads.
+SPLIT_MIN_TOKENS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,15 +139,27 @@ def _with_separators(tokens: np.ndarray, offsets: np.ndarray, first_sep: int) ->
     return np.insert(tokens.astype(np.uint32), offsets[1:], seps)
 
 
+def _split_documents(offsets: np.ndarray, parts: int) -> list[int]:
+    """Document boundaries cutting the tokens into `parts` groups of about equal size."""
+    targets = offsets[-1] * np.arange(1, parts) / parts
+    cuts = np.searchsorted(offsets, targets)
+    return sorted(set([0, *cuts.tolist(), offsets.size - 1]))
+
+
 def matching_statistics(
     index: SensitiveIndex, tokens: np.ndarray, offsets: np.ndarray, threads: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact matching statistics between documents and the sensitive index.
 
+    With threads >= 2 and documents much larger than the index, the documents are split at
+    document boundaries into `threads` groups matched concurrently (each group with the
+    whole index, in its own native suffix array; no match crosses a document, so the result
+    is identical). Otherwise one suffix array is built with `threads` native threads.
+
     Args:
       index: the sensitive index.
       tokens, offsets: documents as one concatenated token array and int64 offsets (n + 1).
-      threads: threads for the native suffix and LCP arrays.
+      threads: threads to use.
 
     Returns:
       (ms, sensitive_longest): ms[i] (int32 or int64, one per token) is the length of the longest
@@ -152,6 +167,23 @@ def matching_statistics(
       sensitive_longest[d] is the longest sequence sensitive document d shares with the
       given documents.
     """
+    threads = check_threads(threads)
+    if threads > 1 and tokens.size >= SPLIT_MIN_TOKENS and tokens.size >= 4 * index.num_tokens:
+        cuts = _split_documents(offsets, threads)
+        if len(cuts) > 2:
+            groups = [(offsets[a : b + 1] - offsets[a], offsets[a], offsets[b]) for a, b in zip(cuts, cuts[1:])]
+            with ThreadPoolExecutor(len(groups)) as pool:  # the native calls release the GIL
+                results = list(pool.map(
+                    lambda g: _matching_statistics(index, tokens[g[1] : g[2]], g[0], 1), groups
+                ))
+            ms = np.concatenate([r[0] for r in results])
+            return ms, np.max(np.stack([r[1] for r in results]), axis=0)
+    return _matching_statistics(index, tokens, offsets, threads)
+
+
+def _matching_statistics(
+    index: SensitiveIndex, tokens: np.ndarray, offsets: np.ndarray, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
     num_s, num_p = index.num_documents, offsets.size - 1
     bound = max(index.token_bound, int(tokens.max()) + 1 if tokens.size else 1)
     if bound + num_s + num_p > np.iinfo(np.uint32).max:
@@ -221,7 +253,9 @@ def dedup_shard(
       index: all sensitive documents (`SensitiveIndex.build` / `.load`).
       shard: one public shard; documents are separated by its offsets.
       min_tokens: k, the shortest shared sequence to cut (>= 1).
-      threads: threads for the native suffix/LCP arrays (identical results for any count).
+      threads: threads (identical results for any count): the shard's documents are split
+        into `threads` groups matched concurrently when the shard is much larger than the
+        index (see `matching_statistics`).
 
     Returns:
       ShardResult with the cleaned shard, the merged [a, b) ranges per document, the kept

@@ -251,3 +251,28 @@ def test_stats_roundtrip_and_merge():
     assert m.sensitive_shared == {2: 70, 5: 51} and m.dataset_longest == (70, 3)
     assert m.tokens_removed == 57 and m.shards == 2
     assert ShardStats.from_dict(m.to_dict()) == m
+
+
+def test_document_groups_on_threads_equal_one_pass(monkeypatch):
+    from dpsynth.dedup import match
+
+    monkeypatch.setattr(match, "SPLIT_MIN_TOKENS", 1)
+    rng = np.random.default_rng(11)
+    sens = [list(rng.integers(0, 20, 30)) for _ in range(4)]
+    pub = [list(rng.integers(0, 20, int(rng.integers(0, 120)))) for _ in range(40)]
+    for j in range(0, 40, 3):
+        s = sens[j % 4]
+        pub[j][5:5] = s[2:20]
+    index = SensitiveIndex.build([("s", make_shard("s", sens))])
+    shard = make_shard("p", pub)
+    one = dedup_shard(index, shard, min_tokens=6, threads=1)
+    assert shard.num_tokens >= 4 * index.num_tokens
+    assert len(match._split_documents(shard.offsets, 3)) == 4
+    for threads in (2, 3):
+        many = dedup_shard(index, shard, min_tokens=6, threads=threads)
+        assert many.ranges == one.ranges and many.pieces == one.pieces and many.stats == one.stats
+        np.testing.assert_array_equal(many.cleaned.tokens, one.cleaned.tokens)
+    assert one.stats.tokens_removed > 0
+    np.testing.assert_array_equal(
+        shared_lengths(index, [np.array(d) for d in pub], threads=3), shared_lengths(index, [np.array(d) for d in pub])
+    )
