@@ -506,7 +506,8 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     ), "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
-    ctx.report("evaluation summary (accuracy on the real test set):\n" + table)
+    ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
+    print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
     return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
 
