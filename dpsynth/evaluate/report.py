@@ -49,7 +49,9 @@ class EvaluateConfig:
       wordcnn: WordCNN sizes; backbone_max_len / pooling / freeze_backbone: backbone settings.
       sweep: lr x wd grid, repeats and per-run settings (also clip norms for DP-on-real).
       dp_epsilons: DP-on-real baselines at these epsilons (empty = none).
-      dp_expected_batch_size, dp_epochs: DP-on-real training.
+      dp_expected_batch_size, dp_epochs: DP-on-real training; dp_microbatch_size: examples per
+        per-example-gradient microbatch (memory: one gradient per example, e.g. 11.5M floats
+        each for the paper's WordCNN).
       real_baseline: train on real train (epsilon = inf) as the upper baseline.
       perplexity: score the real test set under each corpus's generator (when loadable).
       length_bins: bins of the character-length histograms.
@@ -69,6 +71,7 @@ class EvaluateConfig:
     dp_epsilons: tuple[float, ...] = ()
     dp_expected_batch_size: int = 64
     dp_epochs: float = 5.0
+    dp_microbatch_size: int = 16
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50
@@ -199,7 +202,7 @@ class Scorer:
                              **{f"selected_{k}": v for k, v in res.selected.items()}})
             for eps in self.config.dp_epsilons:
                 dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
-                                 microbatch_size=min(self.config.dp_expected_batch_size, len(train)),
+                                 microbatch_size=min(self.config.dp_microbatch_size, len(train)),
                                  epochs=self.config.dp_epochs)
                 res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep,
                                   dp=dp, backbone=self.backbone)

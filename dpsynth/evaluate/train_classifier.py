@@ -82,7 +82,7 @@ class DPConfig:
     clip_norm: float = 1.0
     expected_batch_size: int = 64
     epochs: float = 5.0
-    microbatch_size: int = 64
+    microbatch_size: int = 16
     accountant: str = "rdp"
 
     def __post_init__(self):
@@ -490,7 +490,7 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
     if epsilon is not None:
         n = len(recs["train"])
         dp = DPConfig(epsilon=epsilon, delta=delta, expected_batch_size=min(expected_batch_size, n),
-                      microbatch_size=min(expected_batch_size, n), epochs=dp_epochs)
+                      microbatch_size=min(16, n), epochs=dp_epochs)
     result = classify(recs["train"], recs["valid"], {"real_test": recs["test"]}, spec, sweep, dp)
     if out:
         with open(out, "w", encoding="utf-8") as f:
