@@ -321,8 +321,9 @@ class Tokenizer:
         return [np.asarray(ids, dtype=np.int32) for ids in self._sp.encode(list(texts))]
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = [int(i) for i in ids if int(i) not in (PAD_ID, BOS_ID, EOS_ID)]
-        return self._sp.decode(ids)
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
+        arr = arr[(arr != PAD_ID) & (arr != BOS_ID) & (arr != EOS_ID)]  # vectorized: corpora decode fast
+        return self._sp.decode(arr.tolist())
 
     def __getstate__(self):
         return {"model_proto": self.model_proto}
