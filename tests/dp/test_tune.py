@@ -157,3 +157,29 @@ def test_cli_reports_errors(tiny_base, tmp_path, capsys):
     assert rc == 2 and "epsilon must be > 0" in capsys.readouterr().err
     rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--delta", "2"])
     assert rc == 2 and "delta" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sweep_selects_by_valid_loss_and_reports_it(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, mode="prompt", prompt_length=4, steps=3)
+    result, trials = tune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "sweep"), cfg,
+                                learning_rates=[1e-3, 3e-2], clip_norms=[0.5])
+    assert len(trials) == 2
+    best = min(trials, key=lambda t: t["valid_loss"])
+    rep = report.load_report(str(tmp_path / "sweep"))
+    assert rep["selection"]["selected"] == best and rep["training"]["learning_rate"] == best["learning_rate"]
+    assert any(c["name"] == "validation-based selection" for c in rep["side_channels"])
+    for t in trials:  # each trial accounted on its own, at the target
+        assert t["epsilon"]["rdp"] <= cfg.epsilon
+    assert load_model(str(tmp_path / "sweep")).manifest["collections"] == ["prompt"]
+
+
+@pytest.mark.slow
+def test_demo_function_on_embedded_style_splits(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    lines = []
+    summary = tune.run_dp_tune_demo(base_dir, {"train": TRAIN, "valid": VALID}, str(tmp_path / "demo"),
+                                    batch_size=24, epochs=1.0, max_tokens=32, print_fn=lines.append)
+    assert summary["epsilon_rdp"] <= 3.0 and summary["steps"] == 5
+    assert "Privacy report" in lines[0]
