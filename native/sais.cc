@@ -5,9 +5,6 @@
 #include "sais.h"
 
 #include <algorithm>
-#include <cstring>
-#include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
