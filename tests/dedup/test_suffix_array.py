@@ -91,6 +91,7 @@ def test_multithread_equals_single_thread_on_large_inputs():
         sa3 = suffix_array(t, threads=3)
         np.testing.assert_array_equal(sa1, sa2)
         np.testing.assert_array_equal(sa1, sa3)
+        np.testing.assert_array_equal(sa1, suffix_array(t, threads=2, index_dtype_override=np.int64))
         assert np.array_equal(np.sort(sa1), np.arange(t.size))
         # Sortedness via the LCP: the first differing token increases between neighbours.
         lcp = lcp_array(t, sa1, threads=2)
