@@ -124,9 +124,12 @@ class PretrainConfig:
         return "adam" if self.preset in ("tiny", "small") else "adafactor"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        """The preset with the overrides and a vocabulary that covers the tokenizer (multiple of 128)."""
+        """The preset with the overrides; vocab_size defaults to the tokenizer's exactly.
+
+        (Not padded: a sampler must never emit an id the tokenizer cannot decode.)
+        """
         overrides = dict(self.model_overrides)
-        overrides.setdefault("vocab_size", int(math.ceil(vocab_size / 128) * 128))
+        overrides.setdefault("vocab_size", int(vocab_size))
         try:
             config = get_config(self.preset, **overrides)
         except (TypeError, ValueError) as e:

@@ -134,7 +134,7 @@ def test_sharded_mesh_equals_single_device():
 
 
 def test_trainable_subset_only_changes():
-    config = get_config("tiny", vocab_size=64, max_len=64, lora_rank=2, prompt_length=2)
+    config = get_config("tiny", vocab_size=64, max_len=64, lora_rank=2, prompt_length=2, num_layers=1)
     model = Transformer(config)
     _, _, batch = _lm_setup()
     variables = jax.jit(model.init)(jax.random.PRNGKey(1), batch["inputs"])
