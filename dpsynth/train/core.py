@@ -157,15 +157,15 @@ class TrainFunctions:
         if copy:
             params, frozen = jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, frozen)
         if self.mesh is not None:
-            params = jax.device_put(params, sharding_lib.param_shardings(params, self.mesh, self.rules))
-            frozen = jax.device_put(frozen, sharding_lib.param_shardings(frozen, self.mesh, self.rules))
+            params = sharding_lib.put(params, sharding_lib.param_shardings(params, self.mesh, self.rules))
+            frozen = sharding_lib.put(frozen, sharding_lib.param_shardings(frozen, self.mesh, self.rules))
             rep = sharding_lib.replicated(self.mesh)
         else:
             params, frozen = jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, frozen)
             rep = None
         if opt_state is None:
             opt_state = jax.jit(self.optimizer.init)(params)
-        put = (lambda x: jax.device_put(x, rep)) if rep is not None else jnp.asarray
+        put = (lambda x: sharding_lib.put(x, rep)) if rep is not None else jnp.asarray
         state = TrainState(step=put(jnp.asarray(step, jnp.int32)), params=params, frozen=frozen,
                            opt_state=opt_state, rng=put(as_key(rng)))
         if self.mesh is not None:
@@ -181,7 +181,7 @@ class TrainFunctions:
 
         def one(x):
             sh = getattr(x, "sharding", None)
-            return x if sh is not None and set(sh.device_set) == mesh_devices else jax.device_put(x, rep)
+            return x if sh is not None and set(sh.device_set) == mesh_devices else sharding_lib.put(x, rep)
 
         return jax.tree.map(one, tree)
 
@@ -191,13 +191,16 @@ class TrainFunctions:
             return jax.tree.map(jnp.asarray, state)
         if self._state_sharding is None:
             self.init_state(state.params, state.frozen, rng=state.rng)
-        return jax.device_put(state, self._state_sharding)
+        return sharding_lib.put(state, self._state_sharding)
 
     def shard_batch(self, batch: dict) -> dict:
-        """Puts a host batch on the devices (split over `data` under a mesh)."""
+        """Puts a host batch on the devices (split over `data` under a mesh).
+
+        Multi-host: every process passes the same global batch; each keeps its own slices.
+        """
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
-        return jax.device_put(batch, sharding_lib.batch_sharding(self.mesh))
+        return sharding_lib.put(batch, sharding_lib.batch_sharding(self.mesh))
 
     # ---------------------------------------------------------------- pure step bodies
     def _accumulate(self, state: TrainState, acc: dict, batch: dict):

@@ -433,13 +433,19 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                     writer.write(done, "train", last)
                     progress.metrics.update({k: last[k] for k in ("loss", "perplexity", "tokens_per_s")})
                 window_t, window = now, None
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                valid_metrics = evaluate()
-                if valid_metrics:
-                    writer.write(done, "valid", valid_metrics)
-                    progress.metrics["valid_ppl"] = valid_metrics["perplexity"]
-            if done % cfg.checkpoint_every == 0 or done == end_step:
-                checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
+            do_eval = done % cfg.eval_every == 0 or done == cfg.steps
+            do_save = done % cfg.checkpoint_every == 0 or done == end_step
+            if do_eval or do_save:  # kept out of the tokens/s window
+                jax.block_until_ready(state.params)
+                t_side = time.perf_counter()
+                if do_eval:
+                    valid_metrics = evaluate()
+                    if valid_metrics:
+                        writer.write(done, "valid", valid_metrics)
+                        progress.metrics["valid_ppl"] = valid_metrics["perplexity"]
+                if do_save:
+                    checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
+                window_t += time.perf_counter() - t_side
             progress.update(1)
     final_step = int(jax.device_get(state.step))
     if final_step >= cfg.steps and not valid_metrics:  # re-run of a finished run: report its validation
@@ -450,7 +456,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
                "finished": final_step >= cfg.steps}
     if final_step >= cfg.steps:
-        variables = jax.device_get(lm.merge_variables(state.params, state.frozen))
+        variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
         ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
             "valid_perplexity": valid_metrics.get("perplexity"), "train_tokens": final_step * rows_per_step * cfg.seq_len})

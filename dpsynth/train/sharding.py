@@ -105,6 +105,32 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def put(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put`, also across processes: each process supplies its addressable slices of
+    the (identical on every process) global values. `shardings` is a tree or one sharding."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    if isinstance(shardings, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: shardings, tree)
+
+    def one(x, sh):
+        if isinstance(x, jax.Array) and x.is_fully_addressable is False:
+            return jax.device_put(x, sh)
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sh, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def gather(tree: Any) -> Any:
+    """Host (numpy) copies of possibly multi-process sharded arrays (all-gathered when needed)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

@@ -50,8 +50,10 @@ def test_batch_indices_are_epoch_permutations():
 def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
     corpus, tok_path, _ = tiny_corpus
     cfg = pretrain.PretrainConfig(**SMALL, eval_at_start=True)
-    full = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "full"), cfg)
+    full = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "full"),
+                                 pretrain.PretrainConfig(**{**SMALL, "tensorboard": True}, eval_at_start=True))
     assert full["finished"] and full["valid"]["perplexity"] < full["initial_valid"]["perplexity"]
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "full" / "tb"))
     lines = [json.loads(x) for x in open(tmp_path / "full" / "metrics.jsonl")]
     assert {x["split"] for x in lines} == {"train", "valid"}
     # Killed after step 3 (checkpoint at step 2 + the stop), then resumed to the end.
