@@ -398,6 +398,30 @@ def dp_tune(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
 
+    base_manifest_sha256 = hashlib.sha256(open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest()
+
+    def build_run_report(valid_loss: float | None) -> dict:
+        """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
+        training = {
+            "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+            "sampling_probability": plan.q, "expected_batch_size": plan.expected_batch_size,
+            "dataset_size": plan.num_train, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+            "epochs": ledger.steps_recorded * plan.q, "optimizer": config.optimizer,
+            "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
+            "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
+            "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
+                    if not config.full_lm else "full LM (label prompt trained on; ablation)",
+            "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
+                        else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
+            "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
+            "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
+        }
+        return report_lib.build_report(
+            ledger, training=training, contamination_sha256=contamination_sha256,
+            side_channels=_side_channels(config, labels_from_data, train.truncated, selection),
+            max_tokens_per_example=config.max_tokens,
+            extra={"selection": selection} if selection else None)
+
     # ------------------------------------------------------------ model, loss, core
     variables = init_variables(model_config, base_params, config)
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
@@ -438,6 +462,7 @@ def dp_tune(
                     "noise_multiplier": plan.noise_multiplier, "sampling_seed": config.seed,
                     "next_step": int(state.step)}
             checkpointer.save(state, meta)
+            report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints
 
         # ------------------------------------------------------------ the loop
         train_loss_sum, train_count = 0.0, 0.0
@@ -461,26 +486,7 @@ def dp_tune(
     valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, valid_arrays, config.microbatch_size)
                   if valid_arrays is not None else float("nan"))
     final_vars = jax.device_get(lm.merge_variables(state.params, state.frozen))
-    training = {
-        "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
-        "sampling_probability": plan.q, "expected_batch_size": plan.expected_batch_size,
-        "dataset_size": plan.num_train, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-        "epochs": ledger.steps_recorded * plan.q, "optimizer": config.optimizer,
-        "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
-        "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
-        "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
-                if not config.full_lm else "full LM (label prompt trained on; ablation)",
-        "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
-                    else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-        "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
-        "base_model": os.path.abspath(base_dir), "base_manifest_sha256": hashlib.sha256(
-            open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest(),
-    }
-    rep = report_lib.build_report(
-        ledger, training=training, contamination_sha256=contamination_sha256,
-        side_channels=_side_channels(config, labels_from_data, train.truncated, selection),
-        max_tokens_per_example=config.max_tokens,
-        extra={"selection": selection} if selection else None)
+    rep = build_run_report(valid_loss)
     finished = ledger.steps_recorded == plan.steps
     if finished:
         extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
