@@ -1,0 +1,9 @@
+"""The one training core and what builds on it.
+
+- `core`: TrainState, GradientStrategy, MeanGradient, make_train_functions (compiled steps).
+- `sharding`: meshes, logical-axis rules, multi-host placement.
+- `lm`: variable-collection splits and the next-token loss with z-loss.
+- `optim`: Adafactor (rsqrt schedule) and AdamW.
+- `checkpoint`: resumable training state and the `dpsynth.model` directory.
+- `pretrain`: the pretraining loop behind `dpsynth pretrain`.
+"""
