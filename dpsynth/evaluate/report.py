@@ -512,8 +512,8 @@ def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, S
       model_dir: the pretrained LM (MAUVE features; the generator's perplexity comes from
         each corpus's generation_config).
       dp_epsilons: DP-on-real baselines.
-      quick: CPU-sized settings (small WordCNN, 1 repeat, 3 epochs, 2 MAUVE seeds); False = the
-        paper's sizes and 3 repeats.
+      quick: CPU-sized settings (small WordCNN, 1 repeat, 3 epochs, 2 MAUVE seeds, DP-on-real for
+        one expected epoch with one clipping norm); False = the paper's sizes and 3 repeats.
 
     Returns:
       `evaluate`'s result dict (rows, baselines, paths).
@@ -523,7 +523,7 @@ def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, S
     if quick:
         config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons, repeats=1, max_epochs=3, cnn="small",
                                    mauve_seeds=2)
-        config = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, clip_norms=(1.0,)))
+        config = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, clip_norms=(1.0,)), dp_epochs=1.0)
     else:
         config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons)
     result = evaluate(list(synthetic_dirs), real, out_dir, config)
