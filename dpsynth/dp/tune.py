@@ -565,18 +565,18 @@ def run_dp_tune_demo(
     *,
     mode: str = "lora",
     epsilon: float = 3.0,
-    batch_size: int = 256,
-    epochs: float = 3.0,
-    max_tokens: int = 128,
-    learning_rate: float = 3e-3,
+    batch_size: int = 128,
+    epochs: float = 1.0,
+    max_tokens: int = 96,
+    learning_rate: float = 1e-2,
     microbatch_size: int = 32,
     contamination_sha256: str | None = None,
     print_fn=print,
 ) -> dict:
     """The demo stage: DP-tunes `base_dir` on splits["train"] (valid: splits["valid"]) and prints the report.
 
-    CPU-friendly defaults (expected batch 256, 3 epochs, 128 tokens per example); the
-    guarantee is the same kind as a full run's. Returns a summary dict (numbers only).
+    CPU-friendly defaults (expected batch 128, 1 epoch, 96 tokens per example: about 30 steps
+    on the 3,600 fine-food reviews); the guarantee is the same kind as a full run's. Returns a summary dict (numbers only).
     """
     config = TuneConfig(mode=mode, epsilon=epsilon, batch_size=batch_size, epochs=epochs, max_tokens=max_tokens,
                         learning_rate=learning_rate, microbatch_size=microbatch_size, checkpoint_every=1000)
