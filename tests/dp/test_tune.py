@@ -64,10 +64,17 @@ def test_prefix_targets_get_no_gradient_through_the_model():
     g = jax.jit(jax.grad(lambda p, b: loss_fn(p, frozen, b, None)[0].sum()))
     for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-    # Per-example normalisation: the loss of a row is the mean over its weighted targets, so
-    # repeating the row's weighted pattern does not change it (the loss is not a sum).
-    per_example = loss_fn(params, frozen, batch, None)[0]
-    assert per_example.shape == (5,) and np.all(np.asarray(per_example) < 10)
+    # Per-example normalisation: each row's loss is the mean over its weighted target tokens,
+    # computed independently from the model's logits (dpsynth.dp.examples.prefix_lm_loss).
+    from dpsynth.dp.examples import prefix_lm_loss
+    from dpsynth.models import Transformer
+
+    model_config = tune._tuned_model_config(SMALL, tune.TuneConfig(mode="lora", lora_rank=2))
+    logits = Transformer(model_config).apply(lm.merge_variables(params, frozen), batch["inputs"])
+    expected = prefix_lm_loss(logits, batch["targets"], batch["weights"])
+    np.testing.assert_allclose(loss_fn(params, frozen, batch, None)[0], expected, rtol=1e-5)
+    doubled = dict(batch, weights=batch["weights"] * 2.0)  # scaling the weights leaves a mean unchanged
+    np.testing.assert_allclose(loss_fn(params, frozen, doubled, None)[0], expected, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------- runs
