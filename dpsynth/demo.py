@@ -47,7 +47,7 @@ DEMO_CONFIG: dict[str, Any] = {
     },
     "generate": {"samplings": [{"temperature": 1.0, "top_k": 0, "num_decodes": 1}], "multiples": [1], "max_tokens": 128},
     # CPU-sized evaluation (the evaluate library's demo sizes): a small WordCNN, 1 repeat,
-    # 3 epochs, one clipping norm for DP-on-real, 2 MAUVE seeds.
+    # 3 epochs, 2 MAUVE seeds; DP-on-real with one clipping norm, expected batch 128, 2 epochs.
     "evaluate": {
         "classifiers": ["wordcnn"],
         "baselines": True,
@@ -55,6 +55,8 @@ DEMO_CONFIG: dict[str, Any] = {
             "wordcnn": {"vocab_words": 10000, "embed_dim": 64, "filters": 64, "hidden": 64, "max_len": 128},
             "sweep": {"repeats": 1, "clip_norms": [1.0], "train": {"max_epochs": 3}},
             "mauve_seeds": [0, 1],
+            "dp_expected_batch_size": 128,
+            "dp_epochs": 2.0,
         },
     },
 }
