@@ -4,7 +4,7 @@ Presets (`get_config(name, **overrides)`):
 
 | preset | d_model | layers | heads x head_dim | d_ff | vocab | max_len | params (tied) |
 |--------|---------|--------|------------------|------|-------|---------|---------------|
-| tiny   | 64      | 2      | 4 x 16           | 128  | 512   | 256     | ~0.1M         |
+| tiny   | 64      | 2      | 4 x 16           | 128  | 512   | 1024    | ~0.1M         |
 | small  | 256     | 4      | 4 x 64           | 768  | 8192  | 1024    | ~5.5M         |
 | 1b     | 2048    | 16     | 16 x 128         | 8192 | 32000 | 2048    | ~1.14B        |
 | 8b     | 4096    | 32     | 32 x 128         | 16384| 32000 | 2048    | ~8.72B        |
@@ -154,7 +154,7 @@ class ModelConfig:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, head_dim=16, d_ff=128, max_len=256),
+    "tiny": dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, head_dim=16, d_ff=128, max_len=1024),
     "small": dict(vocab_size=8192, d_model=256, num_layers=4, num_heads=4, head_dim=64, d_ff=768, max_len=1024),
     "1b": dict(vocab_size=32000, d_model=2048, num_layers=16, num_heads=16, head_dim=128, d_ff=8192, max_len=2048,
                dtype="bfloat16", remat=True),
