@@ -425,11 +425,13 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     num_train = max(1, int(round(c["multiple"] * sens.summary["num_train"])))
     num_valid = max(1, int(round(c["valid_fraction"] * num_train)))
     sampling = c["sampling"]
+    # The epsilon = inf baseline trial is non-private on purpose: its output is marked so.
+    non_private = float(ctx.inputs["model"].summary.get("target_epsilon", 0.0)) == float("inf")
     config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
         num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
-        **dict(c.get("options") or {}),
+        allow_non_private=non_private, **dict(c.get("options") or {}),
     ), "generate.options")
     train_path = sens.path("data", "train.jsonl") if c.get("audit_memorisation") else None
     lib.generate(config, train_path=train_path)
