@@ -400,8 +400,8 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         initial_valid = evaluate()
         if initial_valid:
             writer.write(0, "valid", initial_valid)
-    with Progress(total=cfg.steps, desc="pretrain", unit="step", interval=cfg.progress_interval) as progress:
-        progress.count = start_step
+    desc = "pretrain" if start_step == 0 else f"pretrain (resumed at step {start_step})"
+    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval) as progress:
         for step in range(start_step, end_step):
             idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
             t0 = time.perf_counter()
