@@ -190,3 +190,18 @@ def test_demo_function_on_embedded_style_splits(tiny_base, tmp_path):
                                     batch_size=24, epochs=1.0, max_tokens=32, print_fn=lines.append)
     assert summary["epsilon_rdp"] <= 3.0 and summary["steps"] == 5
     assert "Privacy report" in lines[0]
+
+
+def test_prompt_initialisations():
+    from dpsynth.models import Transformer
+
+    base = Transformer(SMALL).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    uni = tune.TuneConfig(mode="prompt", prompt_length=5)
+    v = tune.init_variables(tune._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
+    assert v.shape == (5, SMALL.d_model) and float(jnp.max(jnp.abs(v))) <= 0.01 and float(jnp.std(v)) > 0.003
+    voc = dataclasses.replace(uni, prompt_init="vocab")
+    w = np.asarray(tune.init_variables(tune._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
+    table = np.asarray(base["embedding"])
+    for row in w:  # every prompt vector is a (non-special) vocabulary embedding
+        matches = np.where(np.all(table == row, axis=1))[0]
+        assert matches.size >= 1 and matches[0] >= 4
