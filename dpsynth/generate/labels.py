@@ -4,9 +4,9 @@ Two label distributions:
   * uniform over the label set (default): uses nothing from the private data, so it costs no
     privacy;
   * proportional to a DP label histogram: the Gaussian mechanism on the per-label counts of
-    D_train. Its cost is a `GaussianDpEvent` that must be composed with the tuning ledger
-    (`histogram_event`, `dpsynth.dp.accounting.epsilons_of_events`); the raw counts are never
-    used or stored.
+    D_train, implemented in `dpsynth.dp.histogram` (only `dpsynth.dp` adds noise). Its cost
+    is a `GaussianDpEvent` that must be composed with the tuning ledger; the raw counts are
+    never used or stored.
 
 Formal guarantee (DP label histogram): under add-or-remove-one adjacency, one example changes
 exactly one label count by 1, so the count vector has L2 sensitivity 1. Releasing
@@ -102,34 +102,20 @@ def check_labels(requested: Sequence[str], known: Sequence[str] | None, where: s
 
 
 def histogram_event(noise_multiplier: float):
-    """The `DpEvent` of one release of the label histogram with noise multiplier sigma."""
-    import dp_accounting
+    """The `DpEvent` of one release of the label histogram (see `dpsynth.dp.histogram`)."""
+    from dpsynth.dp import histogram
 
-    if not noise_multiplier > 0:
-        raise LabelError(f"the label histogram's noise multiplier must be > 0, got {noise_multiplier}")
-    return dp_accounting.GaussianDpEvent(float(noise_multiplier))
+    try:
+        return histogram.histogram_event(noise_multiplier)
+    except ValueError as e:
+        raise LabelError(str(e)) from e
 
 
 def calibrate_histogram_noise(epsilon: float, delta: float, accountant: str = "pld") -> float:
     """The smallest sigma for which the histogram release alone is (epsilon, delta)-DP."""
-    import dp_accounting
+    from dpsynth.dp import histogram
 
-    from dpsynth.dp.accounting import (
-        MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, check_delta, check_epsilon, make_accountant,
-    )
-
-    check_epsilon(epsilon)
-    check_delta(delta)
-    return float(
-        dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant),
-            dp_accounting.GaussianDpEvent,
-            float(epsilon),
-            float(delta),
-            dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER),
-            tol=1e-4,
-        )
-    )
+    return histogram.calibrate_histogram_noise(epsilon, delta, accountant)
 
 
 def dp_label_histogram(
@@ -141,6 +127,9 @@ def dp_label_histogram(
 ) -> LabelDistribution:
     """A label distribution from the Gaussian mechanism on the label counts of D_train.
 
+    The noise is added by `dpsynth.dp.histogram.noisy_label_counts` (only `dpsynth.dp` adds
+    noise); this function only post-processes the released counts into weights.
+
     Args:
       example_labels: the label of every training example (private; only counted).
       labels: the label set (an example with another label is an error).
@@ -151,17 +140,13 @@ def dp_label_histogram(
       A `LabelDistribution` with source "dp_histogram"; if every noisy count is <= 0 the
       weights are uniform (post-processing).
     """
+    from dpsynth.dp import histogram
+
     labels = tuple(str(l) for l in labels)
-    counts = Counter(str(l) for l in example_labels)
-    unknown = sorted(set(counts) - set(labels))
-    if unknown:
-        raise LabelError(f"training data has label(s) {unknown} outside the label set {list(labels)}")
-    if not noise_multiplier > 0:
-        raise LabelError(f"the label histogram's noise multiplier must be > 0, got {noise_multiplier}")
-    rng = np.random.default_rng(seed)
-    raw = np.array([counts.get(l, 0) for l in labels], np.float64)
-    noisy = np.maximum(raw + rng.normal(0.0, float(noise_multiplier), size=raw.shape), 0.0)
-    del raw, counts
+    try:
+        noisy = histogram.noisy_label_counts(example_labels, labels, noise_multiplier=noise_multiplier, seed=seed)
+    except ValueError as e:
+        raise LabelError(str(e)) from e
     total = noisy.sum()
     weights = noisy / total if total > 0 else np.full(len(labels), 1.0 / len(labels))
     return LabelDistribution(
