@@ -234,10 +234,9 @@ def init_variables(model_config, base_params: dict, config: TuneConfig) -> dict:
     if config.mode == "full":
         return variables
     key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0xADA)
-    shapes = jax.eval_shape(lambda k: Transformer(model_config).init(k, jnp.zeros((1, 4), jnp.int32)), key)
     coll = TRAINABLE[config.mode][0]
+    # Only the adapter collection is returned, so XLA drops the base-parameter initialisers.
     init = jax.jit(lambda k: Transformer(model_config).init(k, jnp.zeros((1, 4), jnp.int32))[coll])(key)
-    assert jax.tree.structure(init) == jax.tree.structure(shapes[coll])
     if config.mode == "prompt" and config.prompt_init == "vocab":
         ids = jax.random.randint(jax.random.fold_in(key, 1), (config.prompt_length,), 4, model_config.vocab_size)
         init = {"embedding": jnp.asarray(base_params["embedding"])[ids]}
