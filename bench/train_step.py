@@ -55,7 +55,16 @@ def _time(fn, n):
     return (time.perf_counter() - t) / n
 
 
-def bench_preset(preset, seq_len, batch_size, steps, optimizer):
+def _interleaved(fns: dict, steps: int, rounds: int) -> dict:
+    """Median per-step time of each variant over `rounds` alternating rounds (fair under load)."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            times[k].append(_time(f, steps))
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def bench_preset(preset, seq_len, batch_size, steps, optimizer, rounds=3):
     config = get_config(preset, max_len=max(seq_len, get_config(preset).max_len))
     model = Transformer(config)
     batch = _batch(config, batch_size, seq_len)
@@ -80,7 +89,7 @@ def bench_preset(preset, seq_len, batch_size, steps, optimizer):
         jax.block_until_ready(m["loss"])
 
     ours()  # compile through the cached path
-    out["ours"] = {"compile_s": compile_s, "step_s": _time(ours, steps), "mem_mib": _memory(compiled)}
+    out["ours"] = {"compile_s": compile_s, "mem_mib": _memory(compiled)}
 
     # ---- peer: separately jitted grad and update, no donation
     def mean_loss(p, b):
@@ -110,8 +119,9 @@ def bench_preset(preset, seq_len, batch_size, steps, optimizer):
 
     peer()
     mem = [_memory(c_grad), _memory(c_upd)]
-    out["peer"] = {"compile_s": peer_compile, "step_s": _time(peer, steps),
-                   "mem_mib": None if None in mem else max(mem)}
+    out["peer"] = {"compile_s": peer_compile, "mem_mib": None if None in mem else max(mem)}
+    for name, step_s in _interleaved({"ours": ours, "peer": peer}, steps, rounds).items():
+        out[name]["step_s"] = step_s
     flops = config.flops_per_token(seq_len) * tokens
     peak = peak_flops_per_device()
     for name in ("ours", "peer"):
@@ -127,7 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=None, help="comma list (default: tiny,small; + 1b,8b on accelerators)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per variant")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per variant and round")
+    p.add_argument("--rounds", type=int, default=3, help="alternating timing rounds (median reported)")
     p.add_argument("--optimizer", default="adam", choices=("adam", "adafactor"), help="(1b/8b always use adafactor)")
     args = p.parse_args(argv)
     accel = jax.default_backend() != "cpu"
@@ -141,7 +152,7 @@ def main(argv=None) -> int:
     for preset in presets:
         # Adam state for 8b (2 x 35 GB f32) plus params and grads does not fit one 141 GB chip.
         opt_name = "adafactor" if preset in ("1b", "8b") else args.optimizer
-        config, out = bench_preset(preset, args.seq_len, args.batch_size, args.steps, opt_name)
+        config, out = bench_preset(preset, args.seq_len, args.batch_size, args.steps, opt_name, args.rounds)
         for name, r in out.items():
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] else "n/a"
             mem = f"{r['mem_mib']:.1f}" if r["mem_mib"] is not None else "n/a"
