@@ -55,7 +55,7 @@ class Corpus:
             "epsilon": _num(epsilon) if self.private else float("inf"),
             "delta": pr.get("delta"),
             "accountant": accountant,
-            "mode": training.get("mode") or gc.get("mode") or "unknown",
+            "mode": training.get("mode") or gc.get("mode") or ("unknown" if self.private else "non-private"),
             "noise_multiplier": training.get("noise_multiplier"),
             "steps": training.get("steps"),
             "clip_norm": training.get("clip_norm") or training.get("clipping_norm"),
