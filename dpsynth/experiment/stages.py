@@ -13,11 +13,11 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 | sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` |
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
 | tokenizer  | `tokenizer.model`                                                          |
-| dedup      | the dedup job's output: `clean/` token shards + JSONL, `contamination.json` |
-| pretrain   | `checkpoint/` (the checkpoint-directory layout of `dpsynth.train.checkpoint`) |
-| dp_tune    | `model/` (tuned checkpoint + `privacy_report.json`/`.md`)                  |
+| dedup      | the dedup job's output: `clean/` (JSONL), `clean_tokens/`, `contamination.json` |
+| pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
+| dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
-| evaluate   | the batch report (`metrics.json`, `metrics.csv`, `report.html`)             |
+| evaluate   | the batch report (`metrics.json`, `metrics.csv`, `report.html`, `plots/`), `corpora/` links |
 """
 
 from __future__ import annotations
