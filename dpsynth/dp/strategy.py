@@ -5,7 +5,10 @@ One DP-SGD step over a Poisson batch B_t (possibly split into padded microbatche
     g_t = ( sum_{i in B_t} clip_C(grad l_i(params)) + N(0, sigma^2 C^2 I) ) / (q N)
 
 * `accumulate` adds the clipped per-example gradients of one microbatch
-  (`dpsynth.dp.clipping.clipped_grad_sum`; padding rows contribute exactly zero);
+  (`dpsynth.dp.clipping.clipped_grad_sum`; padding rows contribute exactly zero). With an
+  `embedding` declaration (`dpsynth.dp.sparse.EmbeddingSpec`) the loss must be a
+  `dpsynth.dp.sparse.EmbeddedLoss` and the same clipped sum is computed without per-example
+  copies of the embedding table's gradient (`clipped_grad_sum_sparse_embedding`);
 * `finalize` adds Gaussian noise once per step with `jax_privacy.noise_addition`'s
   `gaussian_privatizer` (standard deviation sigma * C), keyed by `fold_in(key, NOISE_STREAM)`
   where `key` is the core's finalize key of the step (`fold_in(fold_in(rng, step), 1)`): it is
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax_privacy import noise_addition
 
-from dpsynth.dp import clipping
+from dpsynth.dp import clipping, sparse
 
 # Tag folded into the finalize key so the noise stream is disjoint from any other use of it.
 NOISE_STREAM = 0x401_5E
@@ -45,11 +48,14 @@ class DPSGDStrategy:
         clip_norm: C, the L2 bound on each example's gradient (> 0).
         noise_multiplier: sigma; noise std is sigma * C (0 = no noise, non-private).
         expected_batch_size: q * N, the divisor of the noisy sum (> 0).
+        embedding: optional sparse input-embedding declaration; when set, `accumulate` expects
+            a `sparse.EmbeddedLoss` with this spec and uses the exact sparse clipping path.
     """
 
     clip_norm: float
     noise_multiplier: float
     expected_batch_size: float
+    embedding: sparse.EmbeddingSpec | None = None
 
     def __post_init__(self):
         if not self.clip_norm > 0:
@@ -74,7 +80,14 @@ class DPSGDStrategy:
         non-private monitoring values: they go to local logs only, never into a release.
         """
         mask = batch["mask"].astype(jnp.float32)
-        grads, losses, norms = clipping.clipped_grad_sum(loss_fn, params, frozen, batch, key, self.clip_norm)
+        if self.embedding is None:
+            grads, losses, norms = clipping.clipped_grad_sum(loss_fn, params, frozen, batch, key, self.clip_norm)
+        else:
+            if not isinstance(loss_fn, sparse.EmbeddedLoss) or loss_fn.spec != self.embedding:
+                raise TypeError("DPSGDStrategy(embedding=spec) needs loss_fn = sparse.EmbeddedLoss(spec, ...) "
+                                f"with the same spec, got {type(loss_fn).__name__}")
+            grads, losses, norms = sparse.clipped_grad_sum_sparse_embedding(
+                loss_fn, params, frozen, batch, key, self.clip_norm)
         count = jnp.sum(mask)
         acc = {"grad_sum": jax.tree.map(jnp.add, acc["grad_sum"], grads), "count": acc["count"] + count}
         metrics = {"loss_sum": jnp.sum(losses * mask), "count": count,
