@@ -59,11 +59,15 @@ class WordCNN(nn.Module):
     config: WordCNNConfig = WordCNNConfig()
 
     @nn.compact
-    def __call__(self, tokens):
+    def __call__(self, tokens, embedded=None):
+        """`embedded` [B, T, D], if given, replaces the lookup `embed(tokens)` (the DP sparse
+        path differentiates with respect to it; the table is then not needed in params)."""
         cfg = self.config
         mask = (tokens != text_lib.PAD)[..., None]
+        if embedded is None:
+            embedded = nn.Embed(self.vocab_size, cfg.embed_dim, name="embed")(tokens)
         # Padding embeds to exactly zero, so a padded row equals the unpadded one (SAME padding).
-        x = nn.Embed(self.vocab_size, cfg.embed_dim, name="embed")(tokens) * mask
+        x = embedded * mask
         x = nn.relu(nn.Conv(cfg.filters, (cfg.kernel_size,), padding="SAME", name="conv")(x))
         x = jnp.where(mask, x, -jnp.inf).max(axis=1)
         x = jnp.where(jnp.isfinite(x), x, 0.0)  # an all-padding row pools to zeros
