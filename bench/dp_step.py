@@ -15,6 +15,12 @@ and prints DP / non-private ratios. Targets (issue 4): LoRA and prompt <= 1.5x, 
 
     .venv/bin/python bench/dp_step.py                      # small preset, B=8, T=128
     .venv/bin/python bench/dp_step.py --preset tiny --microbatch 16 --seq 64 --reps 5
+
+`--wordcnn` instead measures the downstream WordCNN's DP accumulate step (paper sizes by
+default: vocab 30k, 384-d embeddings, seq 128): the sparse-embedding clipping path
+(`dpsynth.dp.sparse`) against its peer, the dense vmap(grad) path, plus the non-private step.
+
+    .venv/bin/python bench/dp_step.py --wordcnn --microbatch 16
 """
 
 from __future__ import annotations
@@ -91,6 +97,61 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
             "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable)}
 
 
+def measure_wordcnn(strategy_name: str, vocab: int, dim: int, b: int, t: int, reps: int) -> dict:
+    """One WordCNN accumulate step: "sparse" / "dense" DP clipping or "nonprivate"."""
+    from dpsynth.evaluate import classifiers
+    from dpsynth.evaluate import train_classifier as tc
+
+    cfg = classifiers.WordCNNConfig(vocab_words=vocab - 2, embed_dim=dim, max_len=t)
+    module = classifiers.WordCNN(vocab, 2, cfg)
+    params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, t), jnp.int32))["params"]
+    model = tc.Model(module, params, {}, None, "wordcnn", embedding_path=("embed", "embedding"))
+    trainer = tc.Trainer(model)
+    if strategy_name == "nonprivate":
+        strategy, loss_fn = core.MeanGradient(), tc._loss_fn(model)
+    else:
+        dp = tc.DPConfig(epsilon=1.0, clip_norm=1.0, sparse_embedding=strategy_name == "sparse")
+        strategy = trainer.dp_strategy(dp, 1.0, float(b))
+        loss_fn = tc._embedded_loss(model, strategy.embedding) if strategy.embedding else tc._loss_fn(model)
+    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
+    state = fns.init_state(params, {}, rng=0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(2, vocab, (b, t)).astype(np.int32)
+    x[:, t // 2:] = 0  # half padding, as in short reviews
+    batch = fns.shard_batch({"x": x, "y": rng.integers(0, 2, b).astype(np.int32), "mask": np.ones(b, np.float32)})
+    acc = fns.init_accumulator(state)
+    t0 = time.perf_counter()
+    _block(fns.accumulate_step(state, acc, batch))
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _block(fns.accumulate_step(state, acc, batch))
+        times.append(time.perf_counter() - t0)
+    mem = jax.jit(fns._accumulate).lower(state, acc, batch).compile().memory_analysis()
+    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+    return {"strategy": strategy_name, "accumulate_s": float(np.median(times)), "compile_s": compile_s,
+            "temp_bytes": int(temp) if temp is not None else None}
+
+
+def main_wordcnn(args) -> int:
+    print(f"dp_step wordcnn: vocab={args.vocab} dim={args.embed_dim} microbatch={args.microbatch} seq={args.seq} "
+          f"reps={args.reps} devices={jax.devices()[0].platform}x{len(jax.devices())}")
+    rows = {name: measure_wordcnn(name, args.vocab, args.embed_dim, args.microbatch, args.seq, args.reps)
+            for name in ("nonprivate", "sparse", "dense")}
+    for name, r in rows.items():
+        print(f"{name:>10}: accumulate {r['accumulate_s'] * 1e3:.1f} ms (compile {r['compile_s']:.1f} s) | temp memory "
+              f"{r['temp_bytes'] / 2**20 if r['temp_bytes'] else float('nan'):.1f} MiB", flush=True)
+    d, s, n = rows["dense"], rows["sparse"], rows["nonprivate"]
+    print(f"dense / sparse accumulate: {d['accumulate_s'] / s['accumulate_s']:.2f}x | sparse / non-private: "
+          f"{s['accumulate_s'] / n['accumulate_s']:.2f}x | dense / sparse temp memory: "
+          f"{d['temp_bytes'] / s['temp_bytes'] if d['temp_bytes'] and s['temp_bytes'] else float('nan'):.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
@@ -101,7 +162,12 @@ def main(argv=None) -> int:
     p.add_argument("--logical-batch", type=int, default=1024,
                    help="expected logical batch: a step is ceil(logical/microbatch) accumulates + one apply")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--wordcnn", action="store_true", help="WordCNN: sparse vs dense embedding clipping")
+    p.add_argument("--vocab", type=int, default=30_002, help="--wordcnn: vocabulary (30k words + PAD/OOV)")
+    p.add_argument("--embed-dim", type=int, default=384, help="--wordcnn: embedding width")
     args = p.parse_args(argv)
+    if args.wordcnn:
+        return main_wordcnn(args)
     print(f"dp_step: preset={args.preset} microbatch={args.microbatch} seq={args.seq} reps={args.reps} "
           f"devices={jax.devices()[0].platform}x{len(jax.devices())}")
     rows = []

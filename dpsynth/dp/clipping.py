@@ -22,7 +22,8 @@ trainable array. For a sparse input embedding an example touches only its own ro
 norm could be computed from those rows; our Transformer ties the input embedding to the
 output layer, whose gradient is dense (the softmax touches every row), so that trick does not
 apply here and full mode pays B x |params| memory per microbatch: keep full-mode
-microbatches small (the tuner defaults to 8). See docs/dp.md for measured costs.
+microbatches small (the tuner defaults to 8). A model with an untied input embedding (the
+downstream WordCNN) uses that trick: `dpsynth.dp.sparse`. See docs/dp.md for measured costs.
 """
 
 from __future__ import annotations
