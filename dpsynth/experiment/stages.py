@@ -352,8 +352,7 @@ def tune_config(config: Mapping[str, Any]):
         mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
         accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
         clip_norm=config["clip_norm"], max_tokens=config["max_tokens"], full_lm=config["loss"] == "full",
-        seed=config["seed"],
-    )
+    )  # no seed: the tuner draws a secret one (dpsynth.dp.seeds); `options: {seed: N}` fixes it
     if config.get("steps") is not None:
         kwargs["steps"] = config["steps"]
     else:
