@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
     p.add_argument("--full-lm", action="store_true", help="train on the label prompt too (ablation)")
     p.add_argument("--max-batch-size", type=int, default=None, help="cap on the Poisson batch (needs --accountant pld)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "
+                        "default: a secret seed from the OS entropy pool, kept in the private checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")

@@ -43,7 +43,7 @@ def step_generator(seed: int, step: int) -> np.random.Generator:
     """The dedicated sampling generator of one step: a pure function of (seed, step)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    return np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, SAMPLING_STREAM, int(step)]))
+    return np.random.default_rng(np.random.SeedSequence([int(seed) % (1 << 64), SAMPLING_STREAM, int(step)]))
 
 
 def poisson_batch(

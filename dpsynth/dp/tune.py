@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsynth.dp import accounting, report as report_lib, sampling
+from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.examples import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
 from dpsynth.dp.strategy import DPSGDStrategy
@@ -80,7 +80,10 @@ class TuneConfig:
         full_lm: also train on the label prompt (ablation; default Prefix-LM).
         z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
         max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
-        seed: seed of the sampling stream, the adapter init and the noise keys.
+        seed: seed of the sampling stream and the noise keys. None (default) draws a secret
+            64-bit seed from the OS entropy pool (`dpsynth.dp.seeds`), kept only in the
+            private checkpoint; an explicit seed makes the noise reproducible by whoever knows
+            it (tests, debugging) and is flagged in the privacy report.
         checkpoint_every: steps between checkpoints (and privacy-report refreshes).
     """
 
@@ -105,7 +108,7 @@ class TuneConfig:
     full_lm: bool = False
     z_loss: float = 0.0
     max_batch_size: int | None = None
-    seed: int = 0
+    seed: int | None = None
     checkpoint_every: int = 50
 
     def __post_init__(self):
@@ -233,7 +236,9 @@ def init_variables(model_config, base_params: dict, config: TuneConfig) -> dict:
     variables = {"params": base_params}
     if config.mode == "full":
         return variables
-    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0xADA)
+    # Adapter initialisation is data-independent and public: a fixed key, separate from the
+    # (secret) sampling/noise seed, so runs that differ only in that seed start identically.
+    key = jax.random.fold_in(jax.random.PRNGKey(0), 0xADA)
     coll = TRAINABLE[config.mode][0]
     # Only the adapter collection is returned, so XLA drops the base-parameter initialisers.
     init = jax.jit(lambda k: Transformer(model_config).init(k, jnp.zeros((1, 4), jnp.int32))[coll])(key)
@@ -314,6 +319,10 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
     else:
         channels.append({"name": "validation loss", "detail": "the loss on D_valid is computed and recorded without "
                          "DP (it is not used to select anything in a single run)"})
+    if config.seed is not None and config.private:
+        channels.append({"name": "fixed seed", "detail": f"the run used the user-supplied seed {config.seed} for its "
+                         "Poisson sampling and noise: anyone who knows it can regenerate the noise, which voids the "
+                         "guarantee. Use the default (a secret seed from the OS entropy pool) for any release"})
     return channels
 
 
@@ -428,11 +437,17 @@ def dp_tune(
     strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
                               expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy)
-    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), 0x7E5)
+    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+    # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
+    # a resumed run continues with the seed stored in its (private) checkpoint.
+    if resume and checkpointer.latest_step() is not None and "sampling_seed" in checkpointer.read_meta():
+        run_seed = int(checkpointer.read_meta()["sampling_seed"])
+    else:
+        run_seed = config.seed if config.seed is not None else seeds.secret_seed()
+    rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
     state = fns.init_state(params, frozen, rng=rng)
     sampler = sampling.PoissonSampler(plan.num_train, plan.expected_batch_size, config.microbatch_size,
-                                      seed=config.seed, max_batch_size=config.max_batch_size)
-    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+                                      seed=run_seed, max_batch_size=config.max_batch_size)
     try:
         if resume:
             if checkpointer.latest_step() is None:
@@ -458,7 +473,7 @@ def dp_tune(
 
         def save_checkpoint():
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
-                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": config.seed,
+                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": run_seed,
                     "next_step": int(state.step)}
             checkpointer.save(state, meta)
             report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints

@@ -17,7 +17,7 @@ from dpsynth.dp.examples import ExampleConfig, encode_examples
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
 from dpsynth.train import lm
-from dpsynth.train.checkpoint import load_model
+from dpsynth.train.checkpoint import TrainCheckpointer, load_model
 from tests.dp.conftest import make_records
 
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
@@ -111,13 +111,17 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
 
 
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
-    base_dir, out_full, _ = full_run
+    base_dir, _, _ = full_run
     out = str(tmp_path / "resumed")
     part = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, stop_after=2, progress_interval=1e9)
     assert part.steps == 2 and not os.path.exists(os.path.join(out, "manifest.json"))  # no model until done
     assert report.load_report(out)["training"]["steps"] == 2  # the report follows the checkpoints
+    # The (secret) seed lives only in the private checkpoint; the resumed run must continue with it.
+    seed = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()["sampling_seed"]
     res = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
+    out_full = str(tmp_path / "uninterrupted")
+    tune.dp_tune(base_dir, TRAIN, VALID, out_full, dataclasses.replace(BASE_CFG, seed=seed), progress_interval=1e9)
     a, b = load_model(out), load_model(out_full)
     for x, y in zip(jax.tree.leaves(a.variables["lora"]), jax.tree.leaves(b.variables["lora"])):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
@@ -205,3 +209,22 @@ def test_prompt_initialisations():
     for row in w:  # every prompt vector is a (non-special) vocabulary embedding
         matches = np.where(np.all(table == row, axis=1))[0]
         assert matches.size >= 1 and matches[0] >= 4
+
+
+def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
+    """Without --seed the noise/sampling seed comes from OS entropy: runs differ, and the seed
+    appears nowhere in the released report or manifest; a fixed seed is flagged."""
+    base_dir, out_a, _ = full_run
+    out_b = str(tmp_path / "again")
+    tune.dp_tune(base_dir, TRAIN, VALID, out_b, BASE_CFG, progress_interval=1e9)
+    la, lb = load_model(out_a).variables["lora"], load_model(out_b).variables["lora"]
+    assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(la), jax.tree.leaves(lb)))
+    seed = TrainCheckpointer(os.path.join(out_b, "checkpoints")).read_meta()["sampling_seed"]
+    assert seed.bit_length() > 32  # 64-bit entropy (fails with probability 2^-32)
+    for name in ("privacy_report.json", "privacy_report.md", "manifest.json"):
+        with open(os.path.join(out_b, name)) as f:
+            assert str(seed) not in f.read()
+    assert "fixed seed" not in {c["name"] for c in report.load_report(out_b)["side_channels"]}
+    out_c = str(tmp_path / "fixed")
+    tune.dp_tune(base_dir, TRAIN, VALID, out_c, dataclasses.replace(BASE_CFG, seed=7), progress_interval=1e9)
+    assert "fixed seed" in {c["name"] for c in report.load_report(out_c)["side_channels"]}

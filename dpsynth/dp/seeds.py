@@ -1,0 +1,33 @@
+"""Secret seeds for the DP randomness (Poisson sampling and Gaussian noise).
+
+DP-SGD's guarantee holds over the randomness of the sampling and the noise: whoever knows
+the seed can regenerate the noise, subtract it from the released updates and undo the
+guarantee. So the tuner draws its seed from the operating system's entropy pool by default
+(`secret_seed`, 64 bits), keeps it only in the private training checkpoint (for an exact
+resume), and never writes it into the privacy report or the model manifest. A seed given
+by the user (tests, debugging) makes the run reproducible by anyone who knows it, and the
+privacy report says so as a side channel.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+SEED_BITS = 64
+
+
+def secret_seed() -> int:
+    """A fresh 64-bit seed from the OS entropy pool (`secrets`)."""
+    return secrets.randbits(SEED_BITS)
+
+
+def jax_key(seed: int) -> np.ndarray:
+    """A raw JAX PRNG key (uint32[2]) holding all 64 bits of `seed`.
+
+    `jax.random.PRNGKey(seed)` keeps only 32 bits of a Python int when 64-bit mode is off;
+    this keeps both halves, so a 64-bit secret seed gives 64 bits of key.
+    """
+    seed = int(seed) % (1 << SEED_BITS)
+    return np.asarray([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32)
