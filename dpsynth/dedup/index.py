@@ -42,10 +42,11 @@ class DatasetInfo:
     first_doc: int
 
 
-def _validate_shard(name: str, shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
+def check_token_arrays(shard: TokenShard, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """A shard's (tokens, int64 offsets), checked: 1-D integer ids in [0, 2**32), offsets a
+    non-decreasing partition of the tokens. Errors name `where`."""
     tokens = np.asarray(shard.tokens)
     offsets = np.asarray(shard.offsets, dtype=np.int64)
-    where = f"sensitive dataset {name!r}, shard {shard.name!r}"
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"{where}: tokens must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > np.iinfo(np.uint32).max):
@@ -54,6 +55,12 @@ def _validate_shard(name: str, shard: TokenShard) -> tuple[np.ndarray, np.ndarra
         raise ValueError(f"{where}: offsets must start at 0 and end at the token count")
     if np.any(np.diff(offsets) < 0):
         raise ValueError(f"{where}: offsets decrease")
+    return tokens, offsets
+
+
+def _validate_shard(name: str, shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
+    where = f"sensitive dataset {name!r}, shard {shard.name!r}"
+    tokens, offsets = check_token_arrays(shard, where)
     if len(shard.docs) != offsets.size - 1:
         raise ValueError(f"{where}: {offsets.size - 1} documents but {len(shard.docs)} metadata rows")
     for i, doc in enumerate(shard.docs):

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dpsynth.dedup.index import SensitiveIndex
+from dpsynth.dedup.index import SensitiveIndex, check_token_arrays
 from dpsynth.dedup.suffix_array import check_threads, cross_match, lcp_array, suffix_array
 from dpsynth.tokens import TokenShard
 
@@ -118,18 +118,7 @@ class ShardResult:
 
 
 def _check_public(shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
-    tokens = np.asarray(shard.tokens)
-    offsets = np.asarray(shard.offsets, dtype=np.int64)
-    where = f"public shard {shard.name!r}"
-    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"{where}: tokens must be a 1-D integer array")
-    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > np.iinfo(np.uint32).max):
-        raise ValueError(f"{where}: token ids outside [0, 2**32 - 1]")
-    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != tokens.size:
-        raise ValueError(f"{where}: offsets must start at 0 and end at the token count")
-    if np.any(np.diff(offsets) < 0):
-        raise ValueError(f"{where}: offsets decrease")
-    return tokens, offsets
+    return check_token_arrays(shard, f"public shard {shard.name!r}")
 
 
 def _with_separators(tokens: np.ndarray, offsets: np.ndarray, first_sep: int) -> np.ndarray:
