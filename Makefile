@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 export PYTHONHASHSEED := 0
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install build data chromium test test-slow test-all demo bench clean help
+.PHONY: install build data chromium test test-slow test-all demo bench bench-paper clean help
 
 help:
 	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
@@ -66,8 +66,14 @@ test-all: $(STAMP) data
 demo: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m dpsynth.demo --data-dir $(DATA_DIR) --out $(DEMO_DIR)
 
-bench: $(STAMP)
-	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+# Every benchmark at its default (minutes) size; the paper reproduction at smoke scale.
+bench: $(STAMP) data
+	@set -e; for b in bench/*.py; do echo "== $$b"; \
+	  if [ "$$b" = bench/paper.py ]; then $(PY) $$b --quick; else $(PY) $$b; fi; done
+
+# The small-scale reproduction of the paper (hours on 2 cores; needs ../shared/data).
+bench-paper: $(STAMP) data
+	$(PY) bench/paper.py --jobs 2
 
 clean:
 	rm -rf build *.egg-info dpsynth/_native*.so runs
