@@ -36,6 +36,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       epsilons: [3]                 # > 0, or .inf / inf for the non-private baseline
       delta: null                   # default 1 / |train|
       learning_rates: [0.001]
+      mode_learning_rates: {}       # per-mode lr axis, e.g. {full: [0.001], prompt: [0.03]}
       clip_norms: [1.0]
       batch_size: 64                # expected (Poisson) batch size
       epochs: 1.0                   # or steps: N
@@ -178,12 +179,17 @@ class PretrainConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPTuneConfig:
-    """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes."""
+    """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes.
+
+    `mode_learning_rates` replaces the `learning_rates` axis for the modes it names (the
+    modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
+    """
 
     modes: tuple[str, ...] = ("lora",)
     epsilons: tuple[float, ...] = (3.0,)
     delta: float | None = None
     learning_rates: tuple[float, ...] = (1e-3,)
+    mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norms: tuple[float, ...] = (1.0,)
     batch_size: int = 64
     epochs: float | None = 1.0
@@ -207,6 +213,18 @@ class DPTuneConfig:
         _nonempty(self.learning_rates, f"{key}.learning_rates")
         for i, lr in enumerate(self.learning_rates):
             _check(lr > 0, f"{key}.learning_rates[{i}]", f"must be > 0, got {lr}")
+        for mode, lrs in self.mode_learning_rates.items():
+            sub = f"{key}.mode_learning_rates.{mode}"
+            _choice(mode, MODES, sub)
+            _check(mode in self.modes, sub, f"names a mode that is not in {key}.modes")
+            values = lrs if isinstance(lrs, (list, tuple)) else [lrs]
+            _nonempty(tuple(values), sub)
+            for i, lr in enumerate(values):
+                try:
+                    ok = not isinstance(lr, bool) and 0 < float(lr) < math.inf  # YAML 1.1 reads 1e-3 as a string
+                except (TypeError, ValueError):
+                    ok = False
+                _check(ok, f"{sub}[{i}]", f"must be a number > 0, got {lr!r}")
         _nonempty(self.clip_norms, f"{key}.clip_norms")
         for i, c in enumerate(self.clip_norms):
             _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
@@ -222,6 +240,13 @@ class DPTuneConfig:
         _check(self.lora_rank >= 1, f"{key}.lora_rank", f"must be >= 1, got {self.lora_rank}")
         _check(self.prompt_length >= 1, f"{key}.prompt_length", f"must be >= 1, got {self.prompt_length}")
         _choice(self.accountant, ACCOUNTANTS, f"{key}.accountant")
+
+    def learning_rates_for(self, mode: str) -> tuple[float, ...]:
+        """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`)."""
+        if mode not in self.mode_learning_rates:
+            return self.learning_rates
+        lrs = self.mode_learning_rates[mode]
+        return tuple(float(x) for x in (lrs if isinstance(lrs, (list, tuple)) else [lrs]))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -242,13 +242,13 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     # -- the grid
     dp = to_dict(config.dp_tune)
-    shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "clip_norms", "lora_rank", "prompt_length")}
+    shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in gen.items() if k not in ("samplings", "multiples")}
     trials: list[Trial] = []
     for mode in config.dp_tune.modes:
         for eps in config.dp_tune.epsilons:
-            for lr in config.dp_tune.learning_rates:
+            for lr in config.dp_tune.learning_rates_for(mode):
                 for clip in config.dp_tune.clip_norms:
                     tune_id = f"{mode}-eps{fmt_num(eps)}-lr{fmt_num(lr)}-C{fmt_num(clip)}"
                     tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "learning_rate": lr, "clip_norm": clip, "seed": seed}

@@ -117,3 +117,16 @@ def test_fingerprint_is_content_based(tmp_path):
     f.write_text("hellO")
     assert fingerprint_paths([str(tmp_path)]) != first
     assert fingerprint_paths([str(tmp_path / "missing")]) != fingerprint_paths([str(tmp_path / "missing2")])
+
+
+def test_mode_learning_rates_replace_the_axis_of_their_mode_only(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    cfg = grid_config(data_files, dp_tune={"learning_rates": [0.001], "mode_learning_rates": {"prompt": [0.03, "1e-1"]}})
+    new = build_plan(cfg, str(tmp_path / "run"))
+    lrs = {(t.mode, t.learning_rate) for t in new.trials}
+    assert lrs == {("lora", 0.001), ("prompt", 0.03), ("prompt", 0.1)}
+    assert len(new.trials) == 2 * 3 * 3  # (1 lora lr + 2 prompt lrs) x 2 epsilons x 3 multiples
+    # The LoRA trials and the shared stages keep their hashes: only prompt nodes and evaluate change.
+    old = {n.key: n.hash for n in base.nodes}
+    changed = {n.key for n in new.nodes if old.get(n.key) != n.hash}
+    assert changed and all(k.startswith(("dp_tune[prompt", "generate[prompt")) or k == "evaluate" for k in changed)
