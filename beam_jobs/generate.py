@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per compiled sampler call")
     p.add_argument("--examples-per-shard", type=int, default=256, help="unit of work and of resume")
+    p.add_argument("--cores-per-worker", type=int, default=0,
+                   help="pin each worker process to this many cores of its machine (0: no pinning)")
     p.add_argument("--labels", default=None, help="comma-separated labels (default: the model's label set)")
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",
                    help="uniform (no privacy cost) or a DP label histogram of --label-source")
@@ -66,6 +68,7 @@ def run(argv=None, test_pipeline=None) -> dict:
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, num_decodes=args.num_decodes,
         max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
         labels=labels, label_distribution=distribution, formats=formats, allow_non_private=args.allow_non_private,
+        cores_per_worker=args.cores_per_worker,
     )
     return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, train_path=args.train,
                     min_shared_tokens=args.min_shared_tokens)

@@ -8,13 +8,16 @@
    outputs are compared token by token as a correctness check. Target: >= 10x at 256 tokens.
 
 2. The whole generation job (`dpsynth.generate.job.generate`) on the FnApiRunner in
-   multi-process mode with 1 vs 2 worker processes, same model and shards. Each process is
-   limited to one XLA CPU thread (`--xla_cpu_multi_thread_eigen=false`) so that "one worker"
-   means one core; without the limit a single process already uses both cores for big
-   matmuls. Job time includes worker start, model load and compilation (paid once per worker,
-   so small jobs scale worse); the steady-state line times sampling only (after load and
+   multi-process mode with 1 vs 2 worker processes, same model and shards, twice:
+   - pinned (`cores_per_worker=1`): each worker pins itself to a core of its own before XLA
+     starts, so "one worker" means one core: the fan-out's scaling with workers;
+   - unpinned: each worker's XLA thread pools span every core, so one worker already uses
+     both cores of a 2-core machine for part of its work, and two oversubscribe them.
+   Job time includes worker start, model load and compilation (paid once per worker, so
+   small jobs scale worse); the steady-state lines time sampling only (after load and
    compile): one process doing every shard vs two processes each doing half, started
-   together. Target: >= 1.7x.
+   together. The ratio printed for each is against the 1-worker run of the same kind, plus
+   pinned 2 workers against the unpinned single worker. Target: >= 1.7x.
 
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers]
@@ -33,7 +36,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 def make_model(preset: str, max_len: int):
@@ -120,16 +122,18 @@ def _save_model_dir(preset: str, max_len: int, path: str) -> None:
     write_report(path, build_report(ledger, training={"mode": "bench"}, contamination_sha256=None))
 
 
-def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int, batch: int) -> float:
+def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int, batch: int, pinned: bool,
+              lock_dir: str) -> float:
     code = (
         "import sys,time,logging; sys.path.insert(0, %r)\n"
         "from dpsynth.generate.job import GenerateConfig, generate\n"
         "t=time.perf_counter()\n"
         "generate(GenerateConfig(model_dir=%r, out_dir=%r, num_examples=%d, examples_per_shard=%d, batch_size=%d,"
-        " max_len=%d, temperature=1.0), beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=%d'])\n"
+        " max_len=%d, temperature=1.0, cores_per_worker=%d),"
+        " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=%d'])\n"
         "print('SECONDS', time.perf_counter()-t)\n"
-    ) % (REPO, model_dir, out, examples, max(1, examples // 8), batch, length, workers)
-    env = dict(os.environ, XLA_FLAGS=SINGLE_THREAD, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    ) % (REPO, model_dir, out, examples, max(1, examples // 8), batch, length, int(pinned), workers)
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", TMPDIR=lock_dir)
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-3000:])
@@ -143,6 +147,8 @@ from dpsynth.generate.job import GenerateConfig, load_bundle, make_plan, read_mo
 from dpsynth.generate.sampler import Sampler
 import dataclasses
 rank, world, model_dir, out_dir, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+if sys.argv[6] == "1":  # one core per process, before XLA starts
+    os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank]])
 cfg = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples={examples}, examples_per_shard={per_shard},
                      batch_size={batch}, max_len={length}, temperature=1.0)
 plan = make_plan(cfg, read_model_info(model_dir))
@@ -161,17 +167,18 @@ print("RESULT", json.dumps({{"seconds": time.perf_counter() - t0, "examples": su
 """
 
 
-def bench_steady_state(model_dir: str, tmp: str, examples: int, length: int, batch: int) -> dict:
+def bench_steady_state(model_dir: str, tmp: str, examples: int, length: int, batch: int, pinned: bool) -> dict:
     """Sampling throughput after load and compile: 1 process doing all shards vs 2 each doing half."""
     per_shard = max(1, examples // 8)
     code = _STEADY_WORKER.format(repo=REPO, examples=examples, per_shard=per_shard, batch=batch, length=length)
-    env = dict(os.environ, XLA_FLAGS=SINGLE_THREAD, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
     rates = {}
+    kind = "pinned" if pinned else "unpinned"
     for world in (1, 2):
-        barrier = os.path.join(tmp, f"barrier{world}")
+        barrier = os.path.join(tmp, f"barrier-{kind}{world}")
         os.makedirs(barrier)
         procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(world), model_dir,
-                                   os.path.join(tmp, f"steady{world}"), barrier],
+                                   os.path.join(tmp, f"steady-{kind}{world}"), barrier, str(int(pinned))],
                                   env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in range(world)]
         results = []
@@ -190,15 +197,22 @@ def bench_workers(preset: str, examples: int, length: int, batch: int) -> dict:
     try:
         model_dir = os.path.join(tmp, "model")
         _save_model_dir(preset, length, model_dir)
-        times = {}
-        for workers in (1, 2):
-            times[workers] = _job_time(model_dir, os.path.join(tmp, f"out{workers}"), workers, examples, length, batch)
-        same = open(os.path.join(tmp, "out1", "train.jsonl"), "rb").read() == open(
-            os.path.join(tmp, "out2", "train.jsonl"), "rb").read()
-        steady = bench_steady_state(model_dir, tmp, examples, length, batch)
-        return {"preset": preset, "examples": examples, "length": length, "batch": batch,
-                "seconds_1_worker": times[1], "seconds_2_workers": times[2], "speedup": times[1] / times[2],
-                "identical_output": same, **steady}
+        out: dict = {"preset": preset, "examples": examples, "length": length, "batch": batch}
+        outputs = []
+        for kind in ("pinned", "unpinned"):
+            times = {}
+            for workers in (1, 2):
+                lock_dir = os.path.join(tmp, f"locks-{kind}{workers}")  # fresh core claims per job
+                os.makedirs(lock_dir)
+                path = os.path.join(tmp, f"out-{kind}{workers}")
+                times[workers] = _job_time(model_dir, path, workers, examples, length, batch, kind == "pinned", lock_dir)
+                outputs.append(open(os.path.join(path, "train.jsonl"), "rb").read())
+            steady = bench_steady_state(model_dir, tmp, examples, length, batch, kind == "pinned")
+            out[kind] = {"seconds_1_worker": times[1], "seconds_2_workers": times[2], "speedup": times[1] / times[2],
+                         **steady}
+        out["pinned_2_vs_unpinned_1"] = out["unpinned"]["seconds_1_worker"] / out["pinned"]["seconds_2_workers"]
+        out["identical_output"] = all(o == outputs[0] for o in outputs)
+        return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -223,11 +237,15 @@ def main(argv=None) -> int:
     if not args.skip_workers:
         w = bench_workers(args.worker_preset, args.examples, args.worker_length, args.batch)
         results["workers"] = w
-        print(f"[{w['preset']}, {w['examples']} examples x {w['length']} tokens] job 1 worker {w['seconds_1_worker']:.1f}s"
-              f" vs 2 workers {w['seconds_2_workers']:.1f}s: speedup {w['speedup']:.2f}x (target >= 1.7x);"
-              f" identical output: {w['identical_output']}", flush=True)
-        print(f"  steady state (after load + compile): 1 process {w['examples_per_s_1_process']:.2f} ex/s vs"
-              f" 2 processes {w['examples_per_s_2_processes']:.2f} ex/s: speedup {w['steady_speedup']:.2f}x", flush=True)
+        print(f"[{w['preset']}, {w['examples']} examples x {w['length']} tokens, identical output in all 4 jobs:"
+              f" {w['identical_output']}]", flush=True)
+        for kind in ("pinned", "unpinned"):
+            k = w[kind]
+            print(f"  {kind:8s} job: 1 worker {k['seconds_1_worker']:.1f}s vs 2 workers {k['seconds_2_workers']:.1f}s:"
+                  f" speedup {k['speedup']:.2f}x (target >= 1.7x); steady state 1 process"
+                  f" {k['examples_per_s_1_process']:.2f} ex/s vs 2 processes {k['examples_per_s_2_processes']:.2f} ex/s:"
+                  f" {k['steady_speedup']:.2f}x", flush=True)
+        print(f"  pinned 2 workers vs unpinned 1 worker (whole job): {w['pinned_2_vs_unpinned_1']:.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -203,6 +203,10 @@ class GenerateConfig:
       formats: output formats: "jsonl" (always) plus optionally "parquet", "tfrecord".
       allow_non_private: accept a model directory without a privacy report (the output is
         then marked non-private).
+      cores_per_worker: 0 = workers use every core they see; N = each worker process pins
+        itself to N cores no other worker on its machine holds (`dpsynth.beam.affinity`),
+        for several workers per machine (`--direct_num_workers`, `--sdk_worker_parallelism`).
+        Does not change the output.
     """
 
     model_dir: str
@@ -220,6 +224,7 @@ class GenerateConfig:
     label_distribution: labels_lib.LabelDistribution | None = None
     formats: tuple[str, ...] = ("jsonl",)
     allow_non_private: bool = False
+    cores_per_worker: int = 0
 
     def __post_init__(self):
         if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
@@ -228,6 +233,8 @@ class GenerateConfig:
             raise GenerateError(f"--valid-examples must be an integer >= 0, got {self.valid_examples}")
         if self.examples_per_shard < 1:
             raise GenerateError(f"--examples-per-shard must be >= 1, got {self.examples_per_shard}")
+        if self.cores_per_worker < 0:
+            raise GenerateError(f"--cores-per-worker must be >= 0, got {self.cores_per_worker}")
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or "jsonl" not in self.formats:
             raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
@@ -275,6 +282,7 @@ class GenerationPlan:
     specs: tuple[ShardSpec, ...]
     config_json: dict[str, Any]
     config_hash: str
+    cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
 
     def shard_path(self, spec: ShardSpec) -> str:
         return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
@@ -335,6 +343,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     return GenerationPlan(
         model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
         prompt_bos=info.prompt_bos, specs=tuple(specs), config_json=config_json, config_hash=config_hash,
+        cores_per_worker=config.cores_per_worker,
     )
 
 
@@ -442,6 +451,10 @@ class GenerateShardFn(beam.DoFn):
         self._examples = beam.metrics.Metrics.counter("generate", "examples")
 
     def setup(self):
+        if self._plan.cores_per_worker:  # before the model load starts XLA's thread pools
+            from dpsynth.beam.affinity import claim_cores
+
+            claim_cores(self._plan.cores_per_worker)
         self._bundle = self._loader(self._plan.model_dir)
         vocab = getattr(self._bundle.tokenizer, "vocab_size", None)
         self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab))

@@ -89,10 +89,11 @@ def test_label_prompts_respected_under_greedy(model_dir, tmp_path):
     assert manifest["splits"]["train"]["num_examples"] == 37
 
 
-def test_same_bytes_with_two_worker_processes(reference_run, model_dir, tmp_path):
+@pytest.mark.parametrize("cores_per_worker", [0, 1])
+def test_same_bytes_with_two_worker_processes(reference_run, model_dir, tmp_path, cores_per_worker):
     ref, _ = reference_run
     generate(
-        _config(model_dir, tmp_path),
+        _config(model_dir, tmp_path, cores_per_worker=cores_per_worker),  # 1: each worker pins itself
         loader=load_fake_bundle,
         beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
     )
@@ -167,6 +168,8 @@ def test_bad_input_errors(model_dir, tmp_path):
         _config(model_dir, tmp_path, num_examples=0)
     with pytest.raises(GenerateError, match="num-examples"):
         _config(model_dir, tmp_path, num_examples=-3)
+    with pytest.raises(GenerateError, match="cores-per-worker"):
+        _config(model_dir, tmp_path, cores_per_worker=-1)
     with pytest.raises(ValueError, match="unknown label"):
         generate(_config(model_dir, tmp_path, labels=("great", "bogus")), loader=load_fake_bundle)
     with pytest.raises(GenerateError, match="max_len"):
