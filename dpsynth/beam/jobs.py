@@ -200,7 +200,7 @@ def dedup(
     # Stage 2: the sensitive index, built once here and broadcast as one file.
     t0 = time.monotonic()
     sens = [s for s in sources if s.kind == "sensitive"]
-    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens], threads=threads)
+    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens])
     index_path = FileSystems.join(out_dir, INDEX_FILE)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -108,18 +108,17 @@ class SensitiveIndex:
         raise IndexError(f"document {doc} is outside the index ({self.num_documents} documents)")
 
     @classmethod
-    def build(cls, datasets: Sequence[tuple[str, TokenShard]], threads: int = 1) -> "SensitiveIndex":
+    def build(cls, datasets: Sequence[tuple[str, TokenShard]]) -> "SensitiveIndex":
         """Collects the sensitive datasets into one index.
 
         Args:
           datasets: (dataset name, shard) pairs; several shards of one dataset may be given
             under the same name (they are appended in order). Documents need string "id"s.
-          threads: accepted for symmetry with `dedup_shard`; building is a linear copy.
 
         Returns:
           The index. Its `sha256` identifies the exact token content and ids.
         """
-        del threads  # a concatenation; sorting happens per public shard in dedup_shard
+        # A linear concatenation: the suffix sort happens per public shard in `dedup_shard`.
         order: list[str] = []
         parts: dict[str, list[tuple[np.ndarray, np.ndarray, list]]] = {}
         for name, shard in datasets:
