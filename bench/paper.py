@@ -51,9 +51,12 @@ _SMALL_EVAL = {
         "mauve_seeds": [0, 1],
         "wordcnn": {"vocab_words": 10000, "embed_dim": 64, "filters": 64, "hidden": 64, "max_len": 128},
         "backbone_max_len": 128,
-        # 3 x 2 grid: the hyperparameter-ranking correlation needs more than two settings.
-        "sweep": {"learning_rates": [0.001, 0.003, 0.01], "weight_decays": [0.0001, 0.01], "clip_norms": [1.0],
+        # 4 x 2 WordCNN grid: the hyperparameter-ranking correlation needs more than two settings.
+        "sweep": {"learning_rates": [0.001, 0.003, 0.01, 0.03], "weight_decays": [0.0001, 0.01], "clip_norms": [1.0],
                   "repeats": 1, "train": {"max_epochs": 3}},
+        # Fine-tuning the LM backbone costs ~50x a WordCNN run on CPU: 3 learning rates, 2 epochs.
+        "backbone_sweep": {"learning_rates": [0.0003, 0.001, 0.003], "weight_decays": [0.0001], "clip_norms": [1.0],
+                           "repeats": 1, "train": {"max_epochs": 2}},
         "dp_expected_batch_size": 128,
         "dp_epochs": 2.0,
     },

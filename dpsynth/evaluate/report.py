@@ -48,6 +48,8 @@ class EvaluateConfig:
       mauve: MAUVE settings; mauve_seeds / mauve_subsample: repeats (mean and std).
       wordcnn: WordCNN sizes; backbone_max_len / pooling / freeze_backbone: backbone settings.
       sweep: lr x wd grid, repeats and per-run settings (also clip norms for DP-on-real).
+      backbone_sweep: the backbone classifier's own sweep (None = `sweep`): fine-tuning the
+        LM costs far more per run than a WordCNN, so it may want a smaller grid.
       dp_epsilons: DP-on-real baselines at these epsilons (empty = none).
       dp_expected_batch_size, dp_epochs: DP-on-real training; dp_microbatch_size: examples per
         per-example-gradient microbatch (memory: one gradient per example, e.g. 11.5M floats
@@ -68,6 +70,7 @@ class EvaluateConfig:
     pooling: str = "mean"
     freeze_backbone: bool = False
     sweep: tc.SweepConfig = tc.SweepConfig()
+    backbone_sweep: tc.SweepConfig | None = None
     dp_epsilons: tuple[float, ...] = ()
     dp_expected_batch_size: int = 64
     dp_epochs: float = 5.0
@@ -89,6 +92,10 @@ class EvaluateConfig:
         if self.embedder != "auto":
             return self.embedder
         return f"lm:{self.model_dir}" if self.model_dir else "hashing"
+
+    def sweep_for(self, kind: str) -> tc.SweepConfig:
+        """The sweep of classifier `kind`."""
+        return self.backbone_sweep if kind == "backbone" and self.backbone_sweep is not None else self.sweep
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
@@ -159,7 +166,7 @@ class Scorer:
             plot["trials"] = {}
             for kind in self.config.classifiers:
                 tests = {"real_test": self.real.test, **({"real_valid": self.real.valid} if self.real.valid else {})}
-                res = tc.classify(corpus.train, corpus.valid, tests, self.config.spec(kind), self.config.sweep,
+                res = tc.classify(corpus.train, corpus.valid, tests, self.config.spec(kind), self.config.sweep_for(kind),
                                   backbone=self.backbone)
                 row.update(_classifier_columns(kind, res))
                 plot["trials"][kind] = res.trials
@@ -195,7 +202,7 @@ class Scorer:
             train = self.real.train
         for kind in self.config.classifiers:
             if self.config.real_baseline:
-                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep,
+                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   backbone=self.backbone)
                 rows.append({"baseline": "real", "classifier": kind, "epsilon": float("inf"),
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
@@ -204,7 +211,7 @@ class Scorer:
                 dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
                                  microbatch_size=min(self.config.dp_microbatch_size, len(train)),
                                  epochs=self.config.dp_epochs)
-                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep,
+                res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],

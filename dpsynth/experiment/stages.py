@@ -62,8 +62,11 @@ def make_config(cls: type, kwargs: Mapping[str, Any], where: str):
     ValueError naming `where` and the known keys.
     """
     import dataclasses
+    import types
+    import typing
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     out = {}
     for key, value in kwargs.items():
         if key not in fields:
@@ -71,8 +74,11 @@ def make_config(cls: type, kwargs: Mapping[str, Any], where: str):
         f = fields[key]
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
-            value = make_config(type(default), value, f"{where}.{key}")
+        target = type(default) if dataclasses.is_dataclass(default) else None
+        if target is None and typing.get_origin(hints[key]) in (typing.Union, types.UnionType):
+            target = next((a for a in typing.get_args(hints[key]) if dataclasses.is_dataclass(a)), None)  # `X | None`
+        if isinstance(value, Mapping) and target is not None:
+            value = make_config(target, value, f"{where}.{key}")
         elif isinstance(value, list):
             value = tuple(value)
         out[key] = value
