@@ -54,6 +54,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       max_tokens: 128
       batch_size: 32
       audit_memorisation: true      # longest overlap with D_train (an owner's audit, NOT DP)
+      label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
+      label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report)
       options: {}
     evaluate:
       classifiers: [wordcnn]        # wordcnn | backbone
@@ -79,6 +81,7 @@ MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
 ACCOUNTANTS = ("rdp", "pld")
 FORMATS = ("auto", "csv", "jsonl", "parquet")
+LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
 CLASSIFIERS = ("wordcnn", "backbone")
 
 
@@ -277,9 +280,19 @@ class GenerateConfig:
     max_tokens: int = 128
     batch_size: int = 32
     audit_memorisation: bool = True
+    label_distribution: str = "uniform"
+    label_noise_multiplier: float | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
+        _choice(self.label_distribution, LABEL_DISTRIBUTIONS, f"{key}.label_distribution")
+        if self.label_distribution == "dp_histogram":
+            _check(self.label_noise_multiplier is not None and self.label_noise_multiplier > 0,
+                   f"{key}.label_noise_multiplier", "must be > 0 with `label_distribution: dp_histogram` "
+                   f"(sigma of the Gaussian mechanism on the label counts), got {self.label_noise_multiplier}")
+        else:
+            _check(self.label_noise_multiplier is None, f"{key}.label_noise_multiplier",
+                   "only applies to `label_distribution: dp_histogram`")
         _nonempty(self.samplings, f"{key}.samplings")
         for i, s in enumerate(self.samplings):
             s.validate(f"{key}.samplings[{i}]")

@@ -245,6 +245,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in gen.items() if k not in ("samplings", "multiples")}
+    if gen["label_distribution"] == "uniform":  # the default stays out of the hash: caches made before it existed hold
+        del shared_gen["label_distribution"], shared_gen["label_noise_multiplier"]
     trials: list[Trial] = []
     for mode in config.dp_tune.modes:
         for eps in config.dp_tune.epsilons:

@@ -348,6 +348,10 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
             else:
                 sigma = row.get("note", "?")
             lines.append(f"  {row['dp_tune'].ljust(width)}  {eps:>7}  {delta:>9}  {q:>8}  {steps:>6}  {sigma}")
+        if config.generate.label_distribution == "dp_histogram":
+            lines.append(f"  plus, per generation run, a DP label histogram of D_train (Gaussian, sigma "
+                         f"{config.generate.label_noise_multiplier:g}, sensitivity 1), composed into its privacy report: "
+                         "the synthetic data's epsilon is above the DP-tuning target")
     return "\n".join(lines)
 
 

@@ -418,6 +418,28 @@ EXAMPLES_PER_LABEL = 2
 EXAMPLE_CHARS = 300
 
 
+LABEL_DISTRIBUTION_FILE = "label_distribution.json"
+
+
+def _dp_label_distribution(ctx: StageContext, lib, noise_multiplier: float):
+    """The DP label histogram of D_train, drawn once per stage instance.
+
+    The draw is saved in the work directory, so a resumed stage reuses it (the job's config
+    hash includes the distribution) instead of releasing a second noisy histogram.
+    """
+    from dpsynth.generate.labels import LabelDistribution
+
+    path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        return LabelDistribution(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+    dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"), ctx.inputs["sensitive"].path("data", "train.jsonl"),
+                                     noise_multiplier=float(noise_multiplier))
+    _write_json(path, dist.to_json())
+    return dist
+
+
 def generate(ctx: StageContext) -> dict[str, Any]:
     """Generates the synthetic train/valid splits (`dpsynth.generate.job.generate`).
 
@@ -432,11 +454,14 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     sampling = c["sampling"]
     # The epsilon = inf baseline trial is non-private on purpose: its output is marked so.
     non_private = float(ctx.inputs["model"].summary.get("target_epsilon", 0.0)) == float("inf")
+    distribution = None
+    if c.get("label_distribution", "uniform") == "dp_histogram":
+        distribution = _dp_label_distribution(ctx, lib, c["label_noise_multiplier"])
     config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
         num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
-        allow_non_private=non_private, **dict(c.get("options") or {}),
+        allow_non_private=non_private, label_distribution=distribution, **dict(c.get("options") or {}),
     ), "generate.options")
     train_path = sens.path("data", "train.jsonl") if c.get("audit_memorisation") else None
     lib.generate(config, train_path=train_path)

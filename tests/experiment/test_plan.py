@@ -130,3 +130,12 @@ def test_mode_learning_rates_replace_the_axis_of_their_mode_only(data_files, tmp
     old = {n.key: n.hash for n in base.nodes}
     changed = {n.key for n in new.nodes if old.get(n.key) != n.hash}
     assert changed and all(k.startswith(("dp_tune[prompt", "generate[prompt")) or k == "evaluate" for k in changed)
+
+
+def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    assert all("label_distribution" not in n.config for n in base.nodes)  # the default stays out of the hashes
+    hist = build_plan(grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 10}),
+                      str(tmp_path / "run"))
+    assert _changed(base, hist) == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
+    assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")

@@ -189,6 +189,14 @@ def test_dry_run_prints_plan_cache_status_and_budgets(env, capsys):
     assert "|train| = 1000, cached data stage" in text
 
 
+def test_dry_run_says_a_dp_label_histogram_adds_to_the_budget(env):
+    cfg = from_dict({**env["data"], "generate": {"label_distribution": "dp_histogram", "label_noise_multiplier": 8}})
+    text = runner.describe_plan(runner.build_plan(cfg, env["root"]), cfg)
+    assert "DP label histogram of D_train (Gaussian, sigma 8" in text
+    plain = from_dict(env["data"])
+    assert "label histogram" not in runner.describe_plan(runner.build_plan(plain, env["root"]), plain)
+
+
 def test_dry_run_budget_matches_the_accountant(env):
     accounting = pytest.importorskip("dpsynth.dp.accounting")
     cfg = from_dict({**env["data"], "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [3, "inf"], "batch_size": 50, "epochs": 2}})

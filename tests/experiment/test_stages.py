@@ -131,3 +131,27 @@ def test_missing_library_is_stage_unavailable():
         stages._module("x", "dpsynth.no_such_module")
     with pytest.raises(StageUnavailable, match="dpsynth.tokens.no_such_function does not exist"):
         stages._module("x", "dpsynth.tokens", "no_such_function")
+
+
+def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
+    from dpsynth.experiment.cache import StageContext, StageOutput
+    from dpsynth.generate.labels import dp_label_histogram
+
+    calls = []
+
+    class FakeLib:
+        @staticmethod
+        def dp_label_distribution(model_dir, label_source, *, noise_multiplier):
+            calls.append((model_dir, label_source, noise_multiplier))
+            return dp_label_histogram(["a"] * 30 + ["b"] * 10, ["a", "b"], noise_multiplier=noise_multiplier)
+
+    def out(key):
+        return StageOutput(key=key, stage=key, hash="0" * 64, dir=str(tmp_path / key), summary={}, seconds=0.0, cached=True)
+
+    ctx = StageContext(key="generate[x]", stage="generate", hash="1" * 64, config={}, out_dir=str(tmp_path / "work"),
+                       inputs={"model": out("model"), "sensitive": out("sensitive")})
+    (tmp_path / "work").mkdir()
+    first = stages._dp_label_distribution(ctx, FakeLib, 2.0)
+    again = stages._dp_label_distribution(ctx, FakeLib, 2.0)  # a resumed stage: the saved draw, no second release
+    assert first == again and first.source == "dp_histogram" and len(calls) == 1
+    assert calls[0] == (str(tmp_path / "model" / "model"), str(tmp_path / "sensitive" / "data" / "train.jsonl"), 2.0)
