@@ -335,6 +335,7 @@ def run(args) -> int:
     configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
     results: dict[str, dict[str, Any]] = {}
+    stage_times: dict[str, float] = {}  # stage directory -> seconds (shared stages once)
     t0 = time.monotonic()
     for name, data in configs.items():
         if args.only and name not in args.only:
@@ -349,6 +350,7 @@ def run(args) -> int:
                   for t in result.plan.trials]
         valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
+        stage_times.update({o.dir: o.seconds for o in result.outputs.values()})
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
                          "report": os.path.realpath(result.report_dir),
                          "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
@@ -358,7 +360,9 @@ def run(args) -> int:
     classifiers = list(configs["main"]["evaluate"]["classifiers"])
     command = "python bench/paper.py " + " ".join(sys.argv[1:])
     md, ratios = render(results, classifiers, scale, command)
-    md += f"\nWall time: {time.monotonic() - t0:.0f}s on {os.cpu_count()} CPU cores. Reports: " + ", ".join(
+    stage_seconds = sum(stage_times.values())
+    md += (f"\nWall time of this command: {time.monotonic() - t0:.0f}s on {os.cpu_count()} CPU cores; the stages it used"
+           f" recorded {stage_seconds / 60:.0f} stage-minutes when they ran (cached stages keep their original time). Reports: ") + ", ".join(
         f"{n}: {r['report']}" for n, r in results.items()) + "\n"
     out = args.out or os.path.join(root, "results.md")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
