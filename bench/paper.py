@@ -18,6 +18,8 @@ and pretraining stages (and any identical trial):
 4. `prior`: LoRA at epsilon 3 with labels drawn from a DP histogram of D_train (Gaussian,
    sigma 10) instead of uniformly: the real class prior, at a small extra privacy cost
    (composed into the corpus's privacy report and shown in the table).
+5. `prompt_lr`: prompt tuning at epsilon 3 with a 10x larger learning rate than `main`'s (is
+   a weak soft prompt a matter of step size?).
 
 The peers measured in the same run are the real-data classifier and DP-on-real (DP-Adam on
 the real training set at the same epsilon): the script prints and writes the ratio of the
@@ -146,6 +148,9 @@ def experiments(scale: str, data: str) -> dict[str, dict[str, Any]]:
         "x3": variant("x3", {"modes": ["lora"], "epsilons": [3]}, {"multiples": [3]}, baselines=False),
         "prior": variant("prior", {"modes": ["lora"], "epsilons": [3]},
                          {"label_distribution": "dp_histogram", "label_noise_multiplier": 10.0}, baselines=False),
+        "prompt_lr": variant("prompt_lr", {"modes": ["prompt"], "epsilons": [3],
+                                           "mode_learning_rates": {"prompt": [10 * s["dp_tune"].get("mode_learning_rates", {}).get(
+                                               "prompt", s["dp_tune"]["learning_rates"])[0]]}}, baselines=False),
     }
 
 
@@ -187,6 +192,7 @@ def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> lis
     for t in trials:
         row = dict(by_name.get(t["id"], {"status": "missing"}))
         row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"],
+                   learning_rate=t["learning_rate"],
                    reported_epsilon=t.get("reported_epsilon"))
         out.append(row)
     return out
@@ -280,6 +286,17 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         r = lora3(res["rows"]) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
                   + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
+
+    md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
+           "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
+           "|---|" + "---|" * (len(classifiers) + 2)]
+    for res in (main, results.get("prompt_lr")):
+        r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
+        if r is None:
+            md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
+            continue
+        md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
+                  + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
 
     # 4. Ranking correlation.
     md += ["", "## 4. Hyperparameter-ranking correlation (synthetic valid -> real test)", "",
@@ -384,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=None, help="experiment cache root (default runs/paper-<scale>)")
     p.add_argument("--out", default=None, help="Markdown results file (default ROOT/results.md)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
-    p.add_argument("--only", nargs="+", choices=("main", "full_lm", "x3", "prior"), help="run only these experiments")
+    p.add_argument("--only", nargs="+", choices=("main", "full_lm", "x3", "prior", "prompt_lr"), help="run only these experiments")
     return run(p.parse_args(argv))
 
 
