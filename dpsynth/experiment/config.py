@@ -220,8 +220,8 @@ class DPTuneConfig:
             sub = f"{key}.mode_learning_rates.{mode}"
             _choice(mode, MODES, sub)
             _check(mode in self.modes, sub, f"names a mode that is not in {key}.modes")
-            values = lrs if isinstance(lrs, (list, tuple)) else [lrs]
-            _nonempty(tuple(values), sub)
+            values = _listed(lrs)
+            _nonempty(values, sub)
             for i, lr in enumerate(values):
                 try:
                     ok = not isinstance(lr, bool) and 0 < float(lr) < math.inf  # YAML 1.1 reads 1e-3 as a string
@@ -248,8 +248,7 @@ class DPTuneConfig:
         """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`)."""
         if mode not in self.mode_learning_rates:
             return self.learning_rates
-        lrs = self.mode_learning_rates[mode]
-        return tuple(float(x) for x in (lrs if isinstance(lrs, (list, tuple)) else [lrs]))
+        return tuple(float(x) for x in _listed(self.mode_learning_rates[mode]))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -470,6 +469,11 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
     _check(value in choices, key, f"must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _listed(value: Any) -> tuple:
+    """A YAML list as a tuple; a scalar stands for a one-element list."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
 def _nonempty(values: tuple, key: str) -> None:

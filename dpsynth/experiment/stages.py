@@ -433,7 +433,7 @@ def _dp_label_distribution(ctx: StageContext, lib, noise_multiplier: float):
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
-        return LabelDistribution(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+        return LabelDistribution.from_json(saved)
     dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"), ctx.inputs["sensitive"].path("data", "train.jsonl"),
                                      noise_multiplier=float(noise_multiplier))
     _write_json(path, dist.to_json())

@@ -80,6 +80,11 @@ class LabelDistribution:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "LabelDistribution":
+        """The inverse of `to_json` (JSON lists back to tuples); validates like the constructor."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
 
 def uniform(labels: Sequence[str]) -> LabelDistribution:
     """Uniform over `labels` (no privacy cost)."""

@@ -1,5 +1,7 @@
 """Label assignment, the DP label histogram and its calibration."""
 
+import json
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -71,3 +73,12 @@ def test_check_labels_and_templates():
         L.prompt_text("no field", "great")
     with pytest.raises(L.LabelError, match="sum to 1"):
         L.LabelDistribution(labels=("a", "b"), weights=(0.5, 0.6))
+
+
+def test_json_round_trip_and_validation():
+    from dpsynth.generate.labels import LabelDistribution, LabelError, dp_label_histogram
+
+    dist = dp_label_histogram(["a"] * 30 + ["b"] * 10, ["a", "b"], noise_multiplier=2.0, seed=0)
+    assert LabelDistribution.from_json(json.loads(json.dumps(dist.to_json()))) == dist
+    with pytest.raises(LabelError, match="sum to 1"):
+        LabelDistribution.from_json({**dist.to_json(), "weights": [0.9, 0.9]})
