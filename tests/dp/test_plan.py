@@ -1,0 +1,69 @@
+"""dpsynth.dp.plan: the one privacy plan, against dp-accounting directly."""
+
+import math
+
+import dp_accounting
+import pytest
+
+from dpsynth.dp import accounting
+from dpsynth.dp.plan import PrivacyPlan, plan_privacy
+
+
+def _rdp_epsilon(q, steps, sigma, delta):
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
+    return acc.get_epsilon(delta)
+
+
+def test_epochs_steps_delta_and_calibration_meet_target():
+    plan = plan_privacy(dataset_size=1000, expected_batch_size=50, epochs=2, epsilon=3.0)
+    assert plan.sampling_probability == pytest.approx(0.05)
+    assert plan.steps == 40 and plan.delta == pytest.approx(1e-3)
+    eps = _rdp_epsilon(0.05, 40, plan.noise_multiplier, 1e-3)
+    assert eps <= 3.0 + 1e-6
+    # Calibrated tightly: 1% less noise exceeds the target.
+    assert _rdp_epsilon(0.05, 40, plan.noise_multiplier * 0.99, 1e-3) > 3.0
+
+
+def test_compositions_cover_k_runs_together():
+    k = 4
+    plan = plan_privacy(dataset_size=1000, expected_batch_size=50, steps=30, epsilon=2.0, compositions=k)
+    one = plan_privacy(dataset_size=1000, expected_batch_size=50, steps=30, epsilon=2.0)
+    assert plan.noise_multiplier > one.noise_multiplier
+    # k independent runs composed with dp-accounting meet the target.
+    acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    for _ in range(k):
+        acc.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), 30))
+    assert acc.get_epsilon(plan.delta) <= 2.0 + 1e-6
+
+
+def test_given_sigma_and_nonprivate():
+    plan = plan_privacy(dataset_size=500, expected_batch_size=25, steps=10, noise_multiplier=1.5, delta=1e-5)
+    assert plan.target_epsilon == pytest.approx(_rdp_epsilon(0.05, 10, 1.5, 1e-5))
+    inf = plan_privacy(dataset_size=500, expected_batch_size=25, steps=10, epsilon=math.inf)
+    assert inf.noise_multiplier == 0.0 and not inf.private
+    assert inf.epsilons()["rdp"] == math.inf
+
+
+def test_differences_name_each_field_and_json_round_trip():
+    a = plan_privacy(dataset_size=120, expected_batch_size=24, steps=8, epsilon=4.0)
+    b = plan_privacy(dataset_size=120, expected_batch_size=24, steps=3, epsilon=4.0)
+    diff = {name: (x, y) for name, x, y in a.differences(b)}
+    assert set(diff) == {"steps", "noise_multiplier"}
+    assert diff["steps"] == (8, 3)
+    assert PrivacyPlan.from_json(a.to_json()) == a
+    assert a.differences(PrivacyPlan.from_json(a.to_json())) == []
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dataset_size=10, expected_batch_size=20, steps=1, epsilon=1.0), "exceeds the dataset size"),
+    (dict(dataset_size=10, expected_batch_size=2, epsilon=1.0), "steps or epochs"),
+    (dict(dataset_size=10, expected_batch_size=2, steps=1), "exactly one"),
+    (dict(dataset_size=10, expected_batch_size=2, steps=1, epsilon=1.0, compositions=0), "compositions"),
+    (dict(dataset_size=10, expected_batch_size=2, steps=1, epsilon=1.0, max_batch_size=3), "PLD"),
+])
+def test_bad_input(kwargs, match):
+    with pytest.raises(accounting.PrivacyConfigError, match=match):
+        plan_privacy(**kwargs)
