@@ -12,9 +12,9 @@ Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode=mult
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from dpsynth import logs
 from dpsynth.generate.job import GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
 
@@ -78,7 +78,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     try:
         manifest = run(argv)
     except (GenerateError, LabelError) as e:
