@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import sys
+
+from dpsynth import logs
 
 
 def _float_or_inf(text: str) -> float:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpsynth.train.checkpoint import CheckpointError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     try:
         config = tune.TuneConfig(
             mode=args.mode, epsilon=args.epsilon, delta=args.delta, accountant=args.accountant,
