@@ -9,7 +9,10 @@ Examples:
 
 With `--noise-multiplier` it prints epsilon from the RDP and PLD accountants; with
 `--epsilon` it prints the calibrated noise multiplier (for `--accountant`, default RDP) and
-the epsilon both accountants give for it. Delta defaults to 1 / (number of units).
+the epsilon both accountants give for it. Delta defaults to 1 / (number of units: examples, or
+users) (the paper's choice, weak: see docs/dp.md); the output says which delta was used and
+where it came from. Every number comes from the privacy plan (`dpsynth.dp.plan.plan_privacy`),
+as in the tuner.
 
 `--privacy-unit user --num-users U`: user-level DP (`dpsynth.dp.users`): Poisson sampling over
 U users, B expected users per step, adjacency add-or-remove one user. `--mechanism bandmf
@@ -27,6 +30,9 @@ import sys
 
 from dpsynth.dp import accounting
 from dpsynth.dp.plan import MECHANISMS, PRIVACY_UNITS, plan_privacy
+
+DEFAULT_DELTA_SOURCE = "default 1/N (the paper's choice; weak, see docs/dp.md: prefer --delta well below 1/N)"
+USER_DELTA_SOURCE = "default 1/|users| (weak, see docs/dp.md: prefer --delta well below 1/|users|)"
 
 
 def example_dpsgd_epsilon_per_user(*, dataset_size: int, batch_size: int, steps: int, noise_multiplier: float,
@@ -99,8 +105,10 @@ def compute(
         "batch_size": float(batch_size),
         "sampling_probability": plan.sampling_probability,
         "steps": plan.steps,
-        "epochs": plan.epochs,
+        "epochs": float(epochs) if epochs is not None else plan.epochs,
         "delta": plan.delta,
+        "delta_source": "given" if delta is not None else (USER_DELTA_SOURCE if privacy_unit == "user"
+                                                           else DEFAULT_DELTA_SOURCE),
         "adjacency": "add-or-remove one user (all of their examples)" if user else "add-or-remove one example",
         "sampling": ("cyclic Poisson sampling" if plan.bands > 1 else "Poisson sampling") + (" over users" if user else ""),
         "mechanism": plan.mechanism,
@@ -111,7 +119,7 @@ def compute(
         if max_examples_per_user is not None:
             result["max_examples_per_user"] = int(max_examples_per_user)
     if epsilon is not None:
-        result.update(target_epsilon=float(epsilon), calibrated_with=accountant)
+        result.update(target_epsilon=plan.target_epsilon, calibrated_with=accountant)
     eps = plan.epsilons()
     result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
     if not user and max_examples_per_user is not None:
@@ -133,7 +141,7 @@ def _format(result: dict) -> str:
         f"expected batch B    {result['batch_size']:g} {what}  ({result['sampling']}, q = {q_of} = "
         f"{result['sampling_probability']:.6g})",
         f"steps T             {result['steps']}  ({result['epochs']:.4g} epochs)",
-        f"delta               {result['delta']:.4g}",
+        f"delta               {result['delta']:.4g}  ({result['delta_source']})",
     ]
     if "target_epsilon" in result:
         lines.append(f"target epsilon      {result['target_epsilon']:g}  (calibrated with {result['calibrated_with'].upper()})")
