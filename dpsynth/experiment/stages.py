@@ -375,8 +375,8 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 
 
 def tune_config(config: Mapping[str, Any]):
-    """The `dpsynth.dp.tune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
-    lib = _module("dp_tune", "dpsynth.dp.tune", "TuneConfig")
+    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
+    lib = _module("dp_tune", "dpsynth.train.finetune", "TuneConfig")
     kwargs: dict[str, Any] = dict(
         mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
         accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
@@ -395,11 +395,11 @@ def tune_config(config: Mapping[str, Any]):
 
 
 def dp_tune(ctx: StageContext) -> dict[str, Any]:
-    """DP fine-tuning of the pretrained LM on D_train (`dpsynth.dp.tune.dp_tune`).
+    """DP fine-tuning of the pretrained LM on D_train (`dpsynth.train.finetune.dp_tune`).
 
     Resumable: the tuner resumes from its checkpoint (ledger included, nothing double-counted).
     """
-    lib = _module("dp_tune", "dpsynth.dp.tune", "dp_tune")
+    lib = _module("dp_tune", "dpsynth.train.finetune", "dp_tune")
     report_lib = _module("dp_tune", "dpsynth.dp.report", "render_markdown")
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]

@@ -162,7 +162,7 @@ def read_model_info(model_dir: str) -> ModelInfo:
     max_len = model_cfg.get("max_len")
     if not isinstance(max_len, int) or max_len < 2:
         raise GenerateError(f"{config_path}: no valid 'max_len'")
-    # The DP tuner records its label set and `dpsynth.dp.examples.ExampleConfig` (template) in
+    # The DP tuner records its label set and `dpsynth.train.prompts.ExampleConfig` (template) in
     # the manifest (or the privacy report's "training" section); look in both.
     sources = [manifest] + ([report, report.get("training") or {}] if report else [])
     for s in list(sources):
