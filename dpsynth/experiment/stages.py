@@ -15,8 +15,8 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 |------------|----------------------------------------------------------------------------|
 | sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` |
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
-| tokenizer  | `tokenizer.model`                                                          |
-| dedup      | the dedup job's output: `clean/` (JSONL), `clean_tokens/`, `contamination.json` |
+| dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
+| tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
 | pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
@@ -244,18 +244,19 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 
 
 def tokenizer(ctx: StageContext) -> dict[str, Any]:
-    """SentencePiece on the PUBLIC corpus only (`dpsynth.data.tokenizer_training`)."""
-    training = _module("tokenizer", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
-    tok = training.train_public_tokenizer(
-        [ctx.inputs["public"].path("corpus")],
+    """The RELEASED tokenizer: SentencePiece on the deduplicated public corpus only, and that
+    corpus re-tokenized with it (`dpsynth.beam.jobs.release_tokenizer`)."""
+    jobs = _module("tokenizer", "dpsynth.beam.jobs", "release_tokenizer")
+    out = jobs.release_tokenizer(
+        [ctx.inputs["dedup"].path("clean")],
         vocab_size=ctx.config["vocab_size"],
-        out=os.path.join(ctx.out_dir, "tokenizer.model"),
+        out_dir=ctx.out_dir,
         max_sentences=ctx.config["max_sentences"],
         seed=ctx.config["seed"],
     )
-    ctx.report(f"tokenizer: {tok.vocab_size} pieces, sha256 {tok.sha256[:12]}")
-    return {"vocab_size": tok.vocab_size, "sha256": tok.sha256}
-
+    ctx.report(f"tokenizer: {out['vocab_size']} pieces from the deduplicated public corpus only, sha256 "
+               f"{out['sha256'][:12]}; clean corpus re-tokenized: {out['manifest']['num_tokens']} tokens")
+    return {"vocab_size": out["vocab_size"], "sha256": out["sha256"], "num_tokens": out["manifest"]["num_tokens"]}
 
 
 # ----------------------------------------------------------------------------- dedup
@@ -271,18 +272,36 @@ def _contaminated_ids(report: Mapping[str, Any]) -> set[str]:
     return found
 
 
+DEDUP_TOKENIZER = "dedup_tokenizer.model"  # the temporary tokenizer, in the dedup stage's private state
+
+
 def dedup(ctx: StageContext) -> dict[str, Any]:
-    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`)."""
+    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`).
+
+    Tokenizes with a temporary tokenizer trained on the uncleaned public corpus (the planted
+    or otherwise overlapping sensitive text included): it serves this stage only and is kept
+    in its private state, never released; the `tokenizer` stage trains the released one on
+    `clean/`. The job's `clean_tokens/` (in the temporary tokenizer's ids) is removed.
+    """
+    import shutil
+
     jobs = _module("dedup", "dpsynth.beam.jobs", "dedup")
     report_lib = _module("dedup", "dpsynth.dedup.report", "summarize")
+    training = _module("dedup", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
+    tok = ctx.config["tokenizer"]
+    temporary = ctx.private_path(DEDUP_TOKENIZER)
+    training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
+                                    max_sentences=tok["max_sentences"], seed=tok["seed"])
+    os.chmod(temporary, 0o600)
     report = jobs.dedup(
         [ctx.inputs["public"].path("corpus")],
         [f"sensitive={ctx.inputs['sensitive'].path('data')}"],
-        tokenizer_path=ctx.inputs["tokenizer"].path("tokenizer.model"),
+        tokenizer_path=temporary,
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
         threads=os.cpu_count() or 1,
     )
+    shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
     planted = list(ctx.inputs["public"].summary.get("planted_ids", []))
     sha = report.get("report_sha256") or _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
@@ -332,7 +351,7 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
     ), "pretrain.options")
     model_dir = os.path.join(ctx.out_dir, "model")
     summary = lib.run_pretrain(
-        ctx.inputs["dedup"].path("clean_tokens"),
+        ctx.inputs["tokenizer"].path("clean_tokens"),  # the clean corpus in the released tokenizer's ids
         ctx.inputs["tokenizer"].path("tokenizer.model"),
         model_dir,
         config,
