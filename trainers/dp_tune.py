@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
+    p.add_argument("--privacy-unit", choices=("example", "user"), default=d.privacy_unit,
+                   help="unit of privacy: one example (default) or one user (needs --user-column and "
+                        "--max-examples-per-user; delta then defaults to 1/|users|, --batch-size counts users)")
+    p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
+    p.add_argument("--max-examples-per-user", type=int, default=d.max_examples_per_user,
+                   help="K: at most K rows per user are kept (chosen with the secret seed)")
+    p.add_argument("--mechanism", choices=("dpsgd", "bandmf"), default=d.mechanism,
+                   help="dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)")
+    p.add_argument("--bands", type=int, default=d.bands, help="BandMF bands (= sampling cycle length)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     return p
@@ -84,8 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
             prompt_length=args.prompt_length, prompt_init=args.prompt_init, template=args.template,
             max_tokens=args.max_tokens, full_lm=args.full_lm, max_batch_size=args.max_batch_size, seed=args.seed,
-            checkpoint_every=args.checkpoint_every)
-        train = read_sensitive(args.train, text_column=args.text_column, label_column=args.label_column)
+            checkpoint_every=args.checkpoint_every, privacy_unit=args.privacy_unit,
+            max_examples_per_user=args.max_examples_per_user, mechanism=args.mechanism, bands=args.bands)
+        if args.privacy_unit == "user" and not args.user_column:
+            raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
+        if args.user_column and args.privacy_unit != "user":
+            raise tune.TuneError("--user-column is used with --privacy-unit user")
+        train = read_sensitive(args.train, text_column=args.text_column, label_column=args.label_column,
+                               user_column=args.user_column)
         valid = (read_sensitive(args.valid, text_column=args.text_column, label_column=args.label_column).records
                  if args.valid else [])
         kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256)

@@ -96,11 +96,20 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ recording
     def record_dpsgd(self, *, sampling_probability: float, noise_multiplier: float, steps: int, clip_norm: float,
-                     dataset_size: int, max_batch_size: int | None = None, name: str = "dp_tune") -> None:
-        """Records `steps` DP-SGD steps (merged into the last entry when parameters match)."""
-        entry = {"mechanism": "dpsgd", "name": name, "sampling_probability": float(sampling_probability),
+                     dataset_size: int, max_batch_size: int | None = None, name: str = "dp_tune",
+                     mechanism: str = "dpsgd", bands: int | None = None, strategy_sha256: str | None = None,
+                     unit: str = "example") -> None:
+        """Records `steps` DP-SGD (or BandMF: `mechanism`, `bands`, `strategy_sha256`) steps, merged into
+        the last entry when parameters match; `unit="user"` marks user-level steps."""
+        entry = {"mechanism": mechanism, "name": name, "sampling_probability": float(sampling_probability),
                  "noise_multiplier": float(noise_multiplier), "clip_norm": float(clip_norm),
                  "dataset_size": int(dataset_size), "max_batch_size": max_batch_size, "steps": int(steps)}
+        if mechanism == "bandmf":
+            entry.update(bands=bands, strategy_sha256=strategy_sha256)
+        elif bands is not None or strategy_sha256 is not None:
+            raise ValueError("bands/strategy_sha256 belong to mechanism 'bandmf'")
+        if unit != "example":
+            entry["unit"] = unit
         self.record_steps(entry)
 
     def record_steps(self, entry: dict) -> None:

@@ -15,6 +15,13 @@ in every checkpoint, checked against the budget before the first step and on eve
 and the privacy report is written next to the model. `epsilon = inf` runs the same loop
 without clipping or noise (plain mean gradient): the non-private baseline.
 
+Privacy unit and mechanism (`dpsynth.dp.mechanism`): `privacy_unit="user"` groups rows by
+their "user" field (read with a user column), keeps at most `max_examples_per_user` rows per
+user (chosen with the secret seed), samples users and clips each user's mean gradient
+(`dpsynth.dp.users`); `mechanism="bandmf"` with `bands` adds banded correlated noise with
+cyclic Poisson sampling (`dpsynth.dp.bandmf`), whose noise state is part of the checkpointed
+training state, so a resumed run ends with the parameters of an uninterrupted one.
+
 Everything that can be wrong with the input is checked before any compute: unknown labels,
 an empty training set, epsilon <= 0, delta outside (0, 1), an unreachable target; examples
 longer than `max_tokens` are truncated and counted.
@@ -40,9 +47,10 @@ import optax
 
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
+from dpsynth.dp.mechanism import build_run_mechanism, count_users
+from dpsynth.dp.users import UserColumnError
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
-from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 
 logger = logging.getLogger("dpsynth.train.finetune")
@@ -87,6 +95,11 @@ class TuneConfig:
             private checkpoint; an explicit seed makes the noise reproducible by whoever knows
             it (tests, debugging) and is flagged in the privacy report.
         checkpoint_every: steps between checkpoints (and privacy-report refreshes).
+        privacy_unit: "example" (default) or "user" (records need a "user" field; delta then
+            defaults to 1 / |users| and the batch size counts users).
+        max_examples_per_user: K, the contribution bound (user level; required there).
+        mechanism: "dpsgd" (default) or "bandmf" (banded correlated noise, cyclic Poisson).
+        bands: BandMF bands b (required with "bandmf").
     """
 
     mode: str = "lora"
@@ -112,6 +125,10 @@ class TuneConfig:
     max_batch_size: int | None = None
     seed: int | None = None
     checkpoint_every: int = 50
+    privacy_unit: str = "example"
+    max_examples_per_user: int | None = None
+    mechanism: str = "dpsgd"
+    bands: int | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -151,6 +168,18 @@ class TuneConfig:
             raise TuneError(f"prompt_init must be one of {PROMPT_INITS}, got {self.prompt_init!r}")
         if self.checkpoint_every < 1:
             raise TuneError("checkpoint_every must be >= 1")
+        if self.privacy_unit not in ("example", "user"):
+            raise TuneError(f"privacy_unit must be 'example' or 'user', got {self.privacy_unit!r}")
+        if self.privacy_unit == "user" and (self.max_examples_per_user is None or self.max_examples_per_user < 1):
+            raise TuneError("privacy_unit 'user' needs max_examples_per_user >= 1 (--max-examples-per-user K)")
+        if self.mechanism not in ("dpsgd", "bandmf"):
+            raise TuneError(f"mechanism must be 'dpsgd' or 'bandmf', got {self.mechanism!r}")
+        if self.mechanism == "bandmf" and (self.bands is None or self.bands < 1):
+            raise TuneError("mechanism 'bandmf' needs bands >= 1 (--bands B)")
+        if self.mechanism == "dpsgd" and self.bands is not None:
+            raise TuneError("bands are a BandMF setting: pass mechanism 'bandmf' (--mechanism bandmf)")
+        if self.mechanism == "bandmf" and self.max_batch_size is not None:
+            raise TuneError("a batch-size cap is not supported with BandMF")
         ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
 
     @property
@@ -166,18 +195,26 @@ class TuneConfig:
         return d
 
 
-def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1) -> PrivacyPlan:
+def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_users: int | None = None) -> PrivacyPlan:
     """The run's privacy plan (`dpsynth.dp.plan.plan_privacy`); raises TuneError if unreachable.
 
     `compositions = k`: one of k sweep trials, calibrated so that all k together meet the target.
+    At user level `num_users` (the distinct users of D_train) is the plan's dataset size. A
+    non-private run (epsilon inf) is planned at example level with DP-SGD: it has no unit.
     """
     if num_train < 1:
         raise TuneError("empty training set")
+    user = config.private and config.privacy_unit == "user"
+    if user and not num_users:
+        raise TuneError("a user-level plan needs the number of users of D_train")
     try:
-        return _plan_privacy(dataset_size=num_train, expected_batch_size=config.batch_size, steps=config.steps,
-                             epochs=config.epochs, epsilon=config.epsilon, delta=config.delta,
+        return _plan_privacy(dataset_size=num_users if user else num_train, expected_batch_size=config.batch_size,
+                             steps=config.steps, epochs=config.epochs, epsilon=config.epsilon, delta=config.delta,
                              accountant=config.accountant, max_batch_size=config.max_batch_size,
-                             compositions=compositions)
+                             compositions=compositions,
+                             mechanism=config.mechanism if config.private else "dpsgd",
+                             bands=config.bands if config.private else None,
+                             privacy_unit="user" if user else "example")
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
 
@@ -308,6 +345,27 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
     return channels
 
 
+def user_ids(config: TuneConfig, records: Sequence[dict], where: str = "D_train") -> list[str] | None:
+    """The records' user ids at user level (None otherwise); TuneError naming a record without one."""
+    if not (config.private and config.privacy_unit == "user"):
+        return None
+    out = []
+    for i, r in enumerate(records):
+        u = r.get("user")
+        if u is None or not str(u).strip():
+            raise TuneError(f"{where} record {r.get('id', i + 1)}: no user id; user-level DP needs the data read "
+                            "with its user column (--user-column)")
+        out.append(str(u))
+    return out
+
+
+def plan_for_records(config: TuneConfig, records: Sequence[dict], *, compositions: int = 1) -> PrivacyPlan:
+    """`plan_run` for D_train's records (counts the users at user level)."""
+    ids = user_ids(config, records)
+    return plan_run(config, len(records), compositions=compositions,
+                    num_users=count_users(ids) if ids is not None else None)
+
+
 def _read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
@@ -358,7 +416,8 @@ def dp_tune(
     if labels is None:
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
-    plan = plan_run(config, len(train_records))
+    train_users = user_ids(config, train_records)
+    plan = plan_for_records(config, train_records)
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -396,7 +455,7 @@ def dp_tune(
             "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-            "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
+            "epochs": ledger.steps_recorded * plan.expected_batch_size / plan.dataset_size, "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
@@ -406,19 +465,19 @@ def dp_tune(
             "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
+        if mech is not None:
+            training.update(mech.training_fields())
         return report_lib.build_report(
             ledger, training=training, contamination_sha256=contamination_sha256,
-            side_channels=_side_channels(config, labels_from_data, train.truncated, selection),
+            side_channels=_side_channels(config, labels_from_data, train.truncated, selection)
+            + (mech.side_channels() if mech is not None else []),
             max_tokens_per_example=config.max_tokens,
-            extra={"selection": selection} if selection else None)
+            extra={"selection": selection} if selection else None, **(mech.report_kwargs() if mech else {}))
 
     # ------------------------------------------------------------ model, loss, core
     variables = init_variables(model_config, base_params, config)
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
     loss_fn = make_loss_fn(model_config, config)
-    strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
-                              expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
-    fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy)
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
@@ -426,10 +485,29 @@ def dp_tune(
         run_seed = int(checkpointer.read_meta()["sampling_seed"])
     else:
         run_seed = config.seed if config.seed is not None else seeds.secret_seed()
+    # The mechanism (strategy + batches) of the plan: user grouping and bounding, and the cyclic
+    # sampler's groups, are functions of the secret seed, so a resume rebuilds the same ones.
+    mech = None
+    if config.private:
+        try:
+            mech = build_run_mechanism(plan, clip_norm=config.clip_norm, microbatch_size=config.microbatch_size,
+                                       seed=run_seed, num_rows=len(train_records), user_ids=train_users,
+                                       max_examples_per_user=config.max_examples_per_user)
+        except (UserColumnError, ValueError) as e:
+            checkpointer.close()
+            raise TuneError(str(e)) from e
+        strategy = mech.strategy
+    else:
+        strategy = core.MeanGradient()
+    fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy)
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
     state = fns.init_state(params, frozen, rng=rng)
     sampler = sampling.PoissonSampler(plan.dataset_size, plan.expected_batch_size, config.microbatch_size,
-                                      seed=run_seed, max_batch_size=config.max_batch_size)
+                                      seed=run_seed, max_batch_size=config.max_batch_size) if mech is None else None
+
+    def entry(steps: int) -> dict:
+        return (mech.ledger_entry(steps) if mech is not None
+                else plan.ledger_entry(steps=steps, clip_norm=config.clip_norm))
     try:
         if resume:
             if checkpointer.latest_step() is None:
@@ -450,7 +528,7 @@ def dp_tune(
         remaining = plan.steps - start
         if remaining < 0:
             raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
-        planned = [plan.ledger_entry(steps=remaining, clip_norm=config.clip_norm)] if remaining else []
+        planned = [entry(remaining)] if remaining else []
         ledger.check_budget(planned)  # refuses to start/continue past the budget
 
         def save_checkpoint():
@@ -466,10 +544,10 @@ def dp_tune(
         with Progress(total=end - start, desc=f"dp-tune[{config.mode}]", unit="step",
                       interval=progress_interval) as progress:
             for step in range(start, end):
-                mbs = [sampling.gather(train_arrays, m) for m in sampler.microbatches(step)]
+                mbs = (mech.microbatches(train_arrays, step) if mech is not None
+                       else [sampling.gather(train_arrays, m) for m in sampler.microbatches(step)])
                 state, metrics = fns.accumulated_step(state, mbs)
-                ledger.record_dpsgd(steps=1, **{k: v for k, v in plan.ledger_entry(steps=1, clip_norm=config.clip_norm).items()
-                                                if k not in ("mechanism", "steps")})
+                ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k != "steps"})
                 train_loss_sum += float(metrics["loss_sum"])
                 train_count += float(metrics["count"])
                 progress.update(1, loss=float(metrics["loss"]))
@@ -522,7 +600,7 @@ def sweep(
     """
     if not valid_records:
         raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    plan_run(config, len(train_records))  # fail fast before any trial
+    plan_for_records(config, train_records)  # fail fast before any trial
     trials = []
     for i, (lr, c) in enumerate((lr, c) for lr in learning_rates for c in clip_norms):
         trial_config = dataclasses.replace(config, learning_rate=float(lr), clip_norm=float(c))

@@ -1,0 +1,175 @@
+"""The DP mechanism of one training run: strategy, batches and ledger entries, chosen by the plan.
+
+A trainer asks this module for everything that depends on the privacy unit and the mechanism,
+so it never builds a strategy or a sampler by hand:
+
+    plan = plan_privacy(..., privacy_unit="user", mechanism="bandmf", bands=4)
+    mech = build_run_mechanism(plan, clip_norm=C, microbatch_size=32, seed=secret_seed,
+                               num_rows=len(rows), user_ids=[r["user"] for r in rows], max_examples_per_user=8)
+    fns = core.make_train_functions(loss_fn, optimizer, mech.strategy)
+    for step in range(T):
+        state, _ = fns.accumulated_step(state, mech.microbatches(arrays, step))
+        ledger.record_steps(mech.ledger_entry(1))
+
+| privacy unit | mechanism | units sampled | strategy | sampler |
+|---|---|---|---|---|
+| example | dpsgd | rows | `DPSGDStrategy` | `sampling.PoissonSampler` |
+| example | bandmf | rows | `bandmf.BandMFStrategy` | `bandmf.CyclicPoissonSampler` |
+| user | dpsgd | users | `UserDPSGDStrategy` | `users.UserBatches` over a Poisson sampler of users |
+| user | bandmf | users | `BandMFStrategy(per_user=True)` | `users.UserBatches` over a cyclic sampler of users |
+
+Formal guarantee: the combination executes exactly the mechanism `plan` accounts (see the
+modules in the table); a user-level plan must have `dataset_size` = the number of distinct users.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpsynth.dp import report as report_lib
+from dpsynth.dp import sampling, users
+from dpsynth.dp.plan import PrivacyPlan
+from dpsynth.dp.strategy import DPSGDStrategy, UserDPSGDStrategy
+
+
+def count_users(user_ids: Sequence) -> int:
+    """The number of distinct users (ids compared as strings); raises on a missing id."""
+    for i, u in enumerate(user_ids):
+        if u is None or (isinstance(u, str) and not u.strip()):
+            raise users.UserColumnError(f"row {i}: missing or empty user id")
+    return len({str(u) for u in user_ids})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMechanism:
+    """What a training run executes for its plan (see the module docstring).
+
+    Attributes:
+        plan: the privacy plan.
+        clip_norm: C.
+        strategy: the training core's gradient strategy.
+        batches: `.microbatches(step)` -> index arrays (1-D rows, or [users, W] slot matrices).
+        groups: the bounded user groups (user level), else None.
+        coefs: BandMF strategy coefficients, else None.
+        strategy_sha256: BandMF strategy hash, else None.
+    """
+
+    plan: PrivacyPlan
+    clip_norm: float
+    strategy: Any
+    batches: Any
+    groups: users.UserGroups | None = None
+    coefs: tuple[float, ...] | None = None
+    strategy_sha256: str | None = None
+
+    @property
+    def per_user(self) -> bool:
+        return self.plan.privacy_unit == "user"
+
+    def microbatches(self, examples: dict[str, np.ndarray], step: int) -> list[dict[str, np.ndarray]]:
+        """The host microbatches of `step` (padded, fixed shapes)."""
+        gather = users.gather_users if self.per_user else sampling.gather
+        return [gather(examples, m) for m in self.batches.microbatches(step)]
+
+    def ledger_entry(self, steps: int, name: str = "dp_tune") -> dict[str, Any]:
+        return self.plan.ledger_entry(steps=steps, clip_norm=self.clip_norm, name=name,
+                                      strategy_sha256=self.strategy_sha256)
+
+    def report_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `report.build_report` for this mechanism."""
+        mech = {"name": self.plan.mechanism}
+        if self.plan.mechanism == "bandmf":
+            mech.update(bands=self.plan.bands, strategy_sha256=self.strategy_sha256)
+        return {"privacy_unit": self.plan.privacy_unit, "mechanism": mech,
+                "max_examples_per_user": self.groups.max_examples_per_user if self.groups else None}
+
+    def training_fields(self) -> dict[str, Any]:
+        """Fields of the report's `training` section that describe the mechanism."""
+        out: dict[str, Any] = {"mechanism": self.plan.mechanism, "privacy_unit": self.plan.privacy_unit}
+        if self.plan.mechanism == "bandmf":
+            out.update(bands=self.plan.bands, strategy_sha256=self.strategy_sha256,
+                       sampling=report_lib.CYCLIC_SAMPLING_METHOD + (" (units: users)" if self.per_user else ""))
+        elif self.per_user:
+            out["sampling"] = report_lib.USER_SAMPLING_METHOD
+        if self.per_user:
+            out.update(num_users=self.groups.num_users, max_examples_per_user=self.groups.max_examples_per_user,
+                       gradient="per-user mean gradient clipped to C + noise / expected users")
+        return out
+
+    def side_channels(self) -> list[dict[str, str]]:
+        """Non-DP releases this mechanism adds to the report."""
+        if not self.per_user:
+            return []
+        return [{"name": "contribution bounding", "detail":
+                 f"at most {self.groups.max_examples_per_user} rows per user were kept (chosen with the secret seed); "
+                 f"{self.groups.rows_dropped} rows were dropped: that count is recorded without DP"},
+                {"name": "number of users", "detail": "|users| sets q and delta = 1/|users| by default; it is recorded "
+                 "without DP"}]
+
+
+def build_run_mechanism(
+    plan: PrivacyPlan,
+    *,
+    clip_norm: float,
+    microbatch_size: int,
+    seed: int,
+    num_rows: int,
+    user_ids: Sequence | None = None,
+    max_examples_per_user: int | None = None,
+    strategy_cache_dir: str | None = None,
+) -> RunMechanism:
+    """The strategy and batches of a run of `plan` over `num_rows` training rows.
+
+    User level (`plan.privacy_unit == "user"`) needs `user_ids` (one per row) and
+    `max_examples_per_user`; user microbatches hold floor(microbatch_size / W) users of W
+    row slots each, so a compiled microbatch stays about `microbatch_size` rows.
+
+    Raises:
+        users.UserColumnError: missing user ids, or a user count other than the plan's.
+        ValueError: a plan that cannot be executed (e.g. bad bands).
+    """
+    from dpsynth.dp import bandmf  # JAX-heavy; imported only by trainers
+
+    coefs = sha = None
+    if plan.mechanism == "bandmf":
+        coefs = tuple(float(c) for c in bandmf.optimized_coefs(plan.steps, plan.bands, directory=strategy_cache_dir))
+        sha = bandmf.strategy_sha256(plan.steps, plan.bands, coefs)
+    common = dict(clip_norm=clip_norm, noise_multiplier=plan.noise_multiplier,
+                  expected_batch_size=plan.expected_batch_size)
+    if plan.privacy_unit == "user":
+        if user_ids is None or len(user_ids) != num_rows:
+            raise users.UserColumnError("user-level DP needs one user id per training row (read the data with its "
+                                        "user column)")
+        if max_examples_per_user is None:
+            raise users.UserColumnError("user-level DP needs max_examples_per_user (the contribution bound K)")
+        groups = users.group_by_user(user_ids, max_examples_per_user, seed)
+        if groups.num_users != plan.dataset_size:
+            raise users.UserColumnError(f"the plan is for {plan.dataset_size} users but the data has "
+                                        f"{groups.num_users}")
+        per_mb = max(1, int(microbatch_size) // groups.slots.shape[1])
+        if plan.mechanism == "bandmf":
+            unit_sampler = bandmf.CyclicPoissonSampler(groups.num_users, plan.expected_batch_size, plan.bands,
+                                                       per_mb, seed)
+            strategy = bandmf.BandMFStrategy(**common, coefs=coefs, steps=plan.steps, per_user=True)
+        else:
+            unit_sampler = sampling.PoissonSampler(groups.num_users, plan.expected_batch_size, per_mb, seed=seed,
+                                                   max_batch_size=plan.max_batch_size)
+            strategy = UserDPSGDStrategy(**common)
+        return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=strategy,
+                            batches=users.UserBatches(groups, unit_sampler, per_mb), groups=groups, coefs=coefs,
+                            strategy_sha256=sha)
+    if num_rows != plan.dataset_size:
+        raise ValueError(f"the plan is for {plan.dataset_size} examples but the data has {num_rows}")
+    if plan.mechanism == "bandmf":
+        batches = bandmf.CyclicPoissonSampler(num_rows, plan.expected_batch_size, plan.bands, microbatch_size, seed)
+        strategy = bandmf.BandMFStrategy(**common, coefs=coefs, steps=plan.steps)
+    else:
+        batches = sampling.PoissonSampler(num_rows, plan.expected_batch_size, microbatch_size, seed=seed,
+                                          max_batch_size=plan.max_batch_size)
+        strategy = DPSGDStrategy(**common)
+    return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=strategy, batches=batches, coefs=coefs,
+                        strategy_sha256=sha)
