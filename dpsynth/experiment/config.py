@@ -23,6 +23,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       format: auto                  # auto | csv | jsonl | parquet
       text_column: text
       label_column: label
+      user_column: null             # the user id field (for dp_tune.privacy_unit: user)
       label_names: {0: negative, 1: positive}   # raw label -> name used in prompts (default: as is)
       max_train: null               # keep the first N rows of each split (smaller scale)
       max_valid: null
@@ -46,6 +47,10 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       lora_rank: 8
       prompt_length: 16
       accountant: rdp               # rdp | pld
+      privacy_unit: example         # example | user (needs sensitive.user_column, max_examples_per_user)
+      max_examples_per_user: null   # K: rows kept per user (user level); delta then defaults to 1/|users|
+      mechanism: dpsgd              # dpsgd | bandmf (banded correlated noise; needs bands)
+      bands: null
       options: {}
     generate:
       samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]
@@ -119,6 +124,7 @@ class SensitiveConfig:
     format: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
+    user_column: str | None = None  # the user id of each row (dp_tune.privacy_unit: user)
     label_names: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_train: int | None = None
     max_valid: int | None = None
@@ -127,6 +133,8 @@ class SensitiveConfig:
     def validate(self, key: str) -> None:
         if self.embedded and (self.train or self.valid or self.test):
             raise ConfigError(f"{key}: give either `embedded: true` or file paths (train/valid/test), not both")
+        if self.embedded and self.user_column:
+            raise ConfigError(f"{key}.user_column: the embedded reviews have no user column; give your own files")
         if not self.embedded:
             _check(bool(self.train), f"{key}.train", "is required when `embedded: false`")
             _check(bool(self.test), f"{key}.test", "is required when `embedded: false`")
@@ -186,6 +194,8 @@ class DPTuneConfig:
 
     `mode_learning_rates` replaces the `learning_rates` axis for the modes it names (the
     modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
+    `privacy_unit: user` (with `max_examples_per_user` and `sensitive.user_column`) makes the
+    unit of privacy a person; `mechanism: bandmf` with `bands` uses BandMF correlated noise.
     """
 
     modes: tuple[str, ...] = ("lora",)
@@ -202,9 +212,22 @@ class DPTuneConfig:
     lora_rank: int = 8
     prompt_length: int = 16
     accountant: str = "rdp"
+    privacy_unit: str = "example"
+    max_examples_per_user: int | None = None
+    mechanism: str = "dpsgd"
+    bands: int | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
+        _choice(self.privacy_unit, ("example", "user"), f"{key}.privacy_unit")
+        _choice(self.mechanism, ("dpsgd", "bandmf"), f"{key}.mechanism")
+        if self.privacy_unit == "user":
+            _check(self.max_examples_per_user is not None and self.max_examples_per_user >= 1,
+                   f"{key}.max_examples_per_user", "must be >= 1 with privacy_unit: user")
+        if self.mechanism == "bandmf":
+            _check(self.bands is not None and self.bands >= 1, f"{key}.bands", "must be >= 1 with mechanism: bandmf")
+        else:
+            _check(self.bands is None, f"{key}.bands", "is a BandMF setting (mechanism: bandmf)")
         _nonempty(self.modes, f"{key}.modes")
         for i, mode in enumerate(self.modes):
             _choice(mode, MODES, f"{key}.modes[{i}]")
@@ -341,6 +364,8 @@ class ExperimentConfig:
                 value.validate(f.name)
         if self.public.plant and not self.sensitive.embedded and not self.sensitive.train:
             raise ConfigError("public.plant: needs a sensitive training set to plant from")
+        if self.dp_tune.privacy_unit == "user" and not self.sensitive.user_column:
+            raise ConfigError("dp_tune.privacy_unit: user needs sensitive.user_column (the field holding the user id)")
 
     def replace(self, **sections: Any) -> "ExperimentConfig":
         """A copy with some keys changed, validated: `cfg.replace(pretrain={"steps": 10})`."""

@@ -228,6 +228,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     seed = config.seed
     # -- data
     sens = to_dict(config.sensitive)
+    if sens["user_column"] is None:  # the default stays out of the hash (caches made before it existed hold)
+        del sens["user_column"]
     for split in ("train", "valid", "test"):
         if sens[split]:
             sens[split] = resolve_path(sens[split])
@@ -258,6 +260,10 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     # -- the grid
     dp = to_dict(config.dp_tune)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
+    for k, default in (("privacy_unit", "example"), ("max_examples_per_user", None), ("mechanism", "dpsgd"),
+                       ("bands", None)):
+        if shared_dp[k] == default:  # defaults stay out of the hash: caches made before they existed hold
+            del shared_dp[k]
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in gen.items() if k not in ("samplings", "multiples")}
     if gen["label_distribution"] == "uniform":  # the default stays out of the hash: caches made before it existed hold

@@ -272,6 +272,20 @@ def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
         return None, f"unknown ({type(e).__name__}: {e})"
 
 
+def train_users(plan: Plan) -> int | None:
+    """The distinct users of D_train (user-level runs): from the cached data stage, else counted."""
+    node = plan.node("sensitive")
+    out = cache.cached_output(plan.root, node)
+    if out is not None and "num_train_users" in out.summary:
+        return int(out.summary["num_train_users"])
+    try:
+        from dpsynth.experiment import stages
+
+        return stages.count_train_users(node.config)
+    except Exception:  # the data may be absent at planning time
+        return None
+
+
 def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
     """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
 
@@ -299,7 +313,13 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             from dpsynth.experiment import stages
             from dpsynth.train import finetune
 
-            p = finetune.plan_run(stages.tune_config(c), num_train)
+            tc = stages.tune_config(c)
+            num_users = None
+            if tc.private and tc.privacy_unit == "user":
+                num_users = train_users(plan)
+                if num_users is None:
+                    raise ValueError("the number of users of D_train is unknown")
+            p = finetune.plan_run(tc, num_train, num_users=num_users)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
                        accountant=p.accountant)
         except (ImportError, StageUnavailable) as e:
@@ -325,8 +345,11 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
     lines.append(f"  {n_cached} cached, {len(plan.nodes) - n_cached} to run")
     if budgets:
         num_train, how = train_size(plan, config)
+        user = config.dp_tune.privacy_unit == "user"
         lines += ["", f"privacy budget per DP-tuning run (|train| = {num_train if num_train is not None else '?'}, {how}; "
-                      f"delta = {'1/|train|' if config.dp_tune.delta is None else config.dp_tune.delta}; add-or-remove adjacency):"]
+                      f"delta = {('1/|users|' if user else '1/|train|') if config.dp_tune.delta is None else config.dp_tune.delta}; "
+                      f"add-or-remove one {'user' if user else 'example'}"
+                      + (f", BandMF {config.dp_tune.bands} bands" if config.dp_tune.mechanism == "bandmf" else "") + "):"]
         lines.append(f"  {'dp_tune'.ljust(width)}  {'epsilon':>7}  {'delta':>9}  {'q':>8}  {'steps':>6}  noise multiplier")
         for row in privacy_budgets(plan, config, num_train):
             eps = fmt_num(row["epsilon"])

@@ -122,7 +122,8 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
 
     Embedded: the fine-food reviews (`dpsynth.data.embedded`). Files: read with
     `dpsynth.data.readers.read_sensitive`; without a valid file, the last 10% of train is
-    valid. `max_*` keep the first N records of each split.
+    valid. `max_*` keep the first N records of each split. With `user_column` the train
+    records carry "user" (the only split trained on at user level).
     """
     dead: list[Any] = []
     if config["embedded"]:
@@ -139,9 +140,11 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
                 for f in readers.resolve_inputs(path):
                     if f.format != config["format"]:
                         raise readers.InputError(f"{f.path}: sensitive.format is {config['format']!r} but the file is {f.format}")
-            ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"])
+            ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"],
+                                        user_column=config.get("user_column") if split == "train" else None)
             dead.extend(ds.dead_letters)
-            splits[split] = [{"id": r["id"], "text": r["text"], "label": str(r["label"])} for r in ds.records]
+            splits[split] = [{"id": r["id"], "text": r["text"], "label": str(r["label"]),
+                              **({"user": r["user"]} if "user" in r else {})} for r in ds.records]
         if "valid" not in splits:
             n_valid = int(round(len(splits["train"]) * VALID_FRACTION))
             splits["valid"] = splits["train"][len(splits["train"]) - n_valid :]
@@ -166,6 +169,14 @@ def count_train(config: Mapping[str, Any]) -> int:
     return len(splits["train"])
 
 
+def count_train_users(config: Mapping[str, Any]) -> int | None:
+    """The distinct users of D_train (None without a user column; reads the data; dry runs)."""
+    if not config.get("user_column"):
+        return None
+    splits, _ = load_sensitive_splits(config)
+    return len({r["user"] for r in splits["train"]})
+
+
 def sensitive_data(ctx: StageContext) -> dict[str, Any]:
     """Reads the sensitive dataset once into `train/valid/test.jsonl` (the stages' one copy)."""
     from dpsynth.data import readers
@@ -182,6 +193,8 @@ def sensitive_data(ctx: StageContext) -> dict[str, Any]:
         raise readers.InputError(f"sensitive: labels {unknown} appear in valid/test but not in train")
     summary = {f"num_{s}": len(r) for s, r in splits.items()}
     summary.update(labels=labels, dead_lettered=len(dead))
+    if ctx.config.get("user_column"):
+        summary["num_train_users"] = len({r["user"] for r in splits["train"]})
     source = "embedded fine-food reviews" if ctx.config["embedded"] else "files"
     ctx.report(
         f"sensitive data ({source}): train {summary['num_train']} / valid {summary['num_valid']} / "
@@ -390,6 +403,9 @@ def tune_config(config: Mapping[str, Any]):
         kwargs["lora_rank"] = config["lora_rank"]
     if "prompt_length" in config:
         kwargs["prompt_length"] = config["prompt_length"]
+    for key in ("privacy_unit", "max_examples_per_user", "mechanism", "bands"):  # absent = the tuner's default
+        if key in config:
+            kwargs[key] = config[key]
     kwargs.update(config.get("options") or {})
     return make_config(lib.TuneConfig, kwargs, "dp_tune.options")
 

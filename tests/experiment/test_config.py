@@ -64,6 +64,12 @@ def test_full_config_parses_types():
         ({"sensitive": {"format": "xml"}}, "sensitive.format: must be one of"),
         ({"evaluate": {"classifiers": ["bert"]}}, "evaluate.classifiers[0]: must be one of wordcnn, backbone"),
         ({"seed": None}, "seed: must not be null"),
+        ({"dp_tune": {"privacy_unit": "person"}}, "dp_tune.privacy_unit: must be one of example, user"),
+        ({"dp_tune": {"privacy_unit": "user"}}, "dp_tune.max_examples_per_user: must be >= 1"),
+        ({"dp_tune": {"privacy_unit": "user", "max_examples_per_user": 4}}, "dp_tune.privacy_unit: user needs sensitive.user_column"),
+        ({"dp_tune": {"mechanism": "bandmf"}}, "dp_tune.bands: must be >= 1"),
+        ({"dp_tune": {"bands": 4}}, "dp_tune.bands: is a BandMF setting"),
+        ({"sensitive": {"user_column": "author"}}, "sensitive.user_column: the embedded reviews have no user column"),
         ({"bogus": 1}, "bogus: unknown key"),
     ],
 )

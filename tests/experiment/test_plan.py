@@ -139,3 +139,23 @@ def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_pa
                       str(tmp_path / "run"))
     assert _changed(base, hist) == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
     assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")
+
+
+def test_user_level_and_bandmf_settings_enter_only_when_set(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    for key in ("privacy_unit", "max_examples_per_user", "mechanism", "bands", "user_column"):
+        assert all(key not in n.config for n in base.nodes)  # defaults stay out of the hashes
+    (data_files / "train.csv").write_text("text,label,author\na,x,u1\nb,y,u1\n")
+    user = build_plan(grid_config(data_files, sensitive={"user_column": "author"},
+                                  dp_tune={"privacy_unit": "user", "max_examples_per_user": 4, "mechanism": "bandmf",
+                                           "bands": 2}), str(tmp_path / "run"))
+    tunes = [n for n in user.nodes if n.stage == "dp_tune"]
+    assert all(n.config["privacy_unit"] == "user" and n.config["bands"] == 2 for n in tunes)
+    assert user.node("sensitive").config["user_column"] == "author"
+    from dpsynth.experiment import stages
+
+    tc = stages.tune_config(tunes[0].config)
+    assert (tc.privacy_unit, tc.max_examples_per_user, tc.mechanism, tc.bands) == ("user", 4, "bandmf", 2)
+    splits, _ = stages.load_sensitive_splits(user.node("sensitive").config)
+    assert [r["user"] for r in splits["train"]] == ["u1"] * len(splits["train"])
+    assert stages.count_train_users(user.node("sensitive").config) == 1

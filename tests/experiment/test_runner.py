@@ -227,3 +227,22 @@ def test_experiment_json_lists_trials(env):
         record = json.load(f)
     assert record["config"] == json.loads(json.dumps(to_dict(cfg)))
     assert [t["id"] for t in record["trials"]] == [t.id for t in result.plan.trials]
+
+
+def test_dry_run_budget_at_user_level_counts_users(env, tmp_path):
+    pytest.importorskip("dpsynth.dp.accounting")
+    from dpsynth.dp.plan import plan_privacy
+
+    train = tmp_path / "users.csv"
+    train.write_text("text,label,author\n" + "".join(f"review {i},{'xy'[i % 2]},u{i % 40}\n" for i in range(200)))
+    test = tmp_path / "test.csv"
+    test.write_text("text,label\nc,x\nd,y\n")
+    cfg = from_dict({**env["data"], "sensitive": {"embedded": False, "train": str(train), "test": str(test),
+                                                  "user_column": "author"},
+                     "dp_tune": {"epsilons": [3], "batch_size": 5, "steps": 20, "epochs": None, "privacy_unit": "user",
+                                 "max_examples_per_user": 4}})
+    plan = runner.build_plan(cfg, env["root"])
+    [row] = runner.privacy_budgets(plan, cfg, num_train=180)
+    ref = plan_privacy(dataset_size=40, expected_batch_size=5, steps=20, epsilon=3.0, privacy_unit="user")
+    assert row["delta"] == 1 / 40 and row["q"] == 5 / 40 and row["noise_multiplier"] == ref.noise_multiplier
+    assert "add-or-remove one user" in runner.describe_plan(plan, cfg)
