@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+DATA = os.environ.get("DPSYNTH_SHARED_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data"))
 CACHE = os.path.join(ROOT, "runs", "bench")
 
 
