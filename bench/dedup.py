@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -205,11 +206,43 @@ def main(argv=None) -> int:
 STAGES = re.compile(r"dedup: stages tokenize ([0-9.]+)s, index ([0-9.]+)s, dedup ([0-9.]+)s")
 
 
-def _usage() -> dict:
-    """CPU seconds and peak RSS of this process and of its (waited-for) child processes."""
+def _usage(worker_peaks: dict[int, int]) -> dict:
+    """CPU seconds of this process and its (waited-for) child processes; peak RSS of this
+    process and of its largest Beam worker process (VmHWM, polled: a forked child's ru_maxrss
+    starts at its parent's RSS, so RUSAGE_CHILDREN cannot tell a worker's own peak)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-            "peak_rss_mb": me.ru_maxrss / 1024, "peak_child_rss_mb": kids.ru_maxrss / 1024}
+            "peak_rss_mb": me.ru_maxrss / 1024, "peak_child_rss_mb": max(worker_peaks.values(), default=0) / 1024,
+            "workers_seen": len(worker_peaks)}
+
+
+def _watch_descendants(stop: threading.Event, peaks: dict[int, int]) -> None:
+    """Records the VmHWM (KiB) of every descendant process of this one until `stop` is set."""
+    me = os.getpid()
+    while not stop.wait(0.25):
+        parent = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    pass
+        mine, grew = {me}, True
+        while grew:
+            new = {pid for pid, pp in parent.items() if pp in mine and pid not in mine}
+            mine |= new
+            grew = bool(new)
+        for pid in mine - {me}:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sdk_worker" not in f.read():  # Beam's worker processes only
+                        continue
+                with open(f"/proc/{pid}/status") as f:
+                    hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+                peaks[pid] = max(peaks.get(pid, 0), hwm)
+            except (OSError, StopIteration, ValueError):
+                pass
 
 
 def child(args, beam_args) -> int:
@@ -218,6 +251,10 @@ def child(args, beam_args) -> int:
         inputs = json.load(f)
     t = time.monotonic()
     out: dict = {}
+    peaks: dict[int, int] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_descendants, args=(stop, peaks), daemon=True)
+    watcher.start()
     if args.child == "ours":
         report = jobs.dedup(inputs["public"], inputs["sensitive"], tokenizer_path=inputs["tokenizer"],
                             out_dir=os.path.join(args.workdir, f"out-{os.getpid()}"), min_tokens=args.min_tokens,
@@ -245,7 +282,10 @@ def child(args, beam_args) -> int:
         t0 = time.monotonic()
         ids = sp.encode(texts)
         out.update(read_s=read_s, encode_s=time.monotonic() - t0, tokens=sum(len(x) for x in ids))
-    out.update(wall_s=time.monotonic() - t, **_usage())
+    out.update(wall_s=time.monotonic() - t)
+    stop.set()
+    watcher.join()
+    out.update(_usage(peaks))
     print("RESULT " + json.dumps(out))
     return 0
 

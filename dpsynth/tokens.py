@@ -341,7 +341,7 @@ class Tokenizer:
         self.__init__(state["model_proto"])
 
 
-# Default bound of the tokenizer-training sample: SentencePiece's trainer needs roughly 20-30
+# Default bound of the tokenizer-training sample: SentencePiece's trainer needs about 12-25
 # bytes of memory per sampled byte (measured in docs/data.md), so 32 MiB of lines stays near
 # 1 GB whatever the corpus size.
 DEFAULT_SAMPLE_BYTES = 32 << 20
@@ -409,7 +409,7 @@ def train_tokenizer(
 
     The sample (`sample_lines`) holds at most `max_sample_bytes` UTF-8 bytes and
     `max_sentences` lines (None: no line bound), so training memory follows the sample, not
-    the corpus (about 20-30 bytes per sampled byte, docs/data.md).
+    the corpus (about 12-25 bytes per sampled byte, docs/data.md).
 
     A tokenizer trained on sensitive text can leak it through its vocabulary, so callers must
     pass public text only; `dpsynth tokenizer train` only accepts public corpora.

@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, metavar="MODEL", help="where to write the .model file")
     t.add_argument("--text-column", default="text", help="text field of .jsonl/.parquet inputs")
     t.add_argument("--max-sample-mb", type=float, default=tok.DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
-                   help="sample at most this many MiB of lines (memory is ~20-30x this, docs/data.md)")
+                   help="sample at most this many MiB of lines (peak ~0.3 GB + ~25x this, docs/data.md)")
     t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     t.add_argument("--seed", type=int, default=0)
