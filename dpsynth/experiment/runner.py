@@ -91,7 +91,8 @@ def write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
         "stages": {n.key: {"stage": n.stage, "hash": n.hash, "dir": os.path.relpath(plan.stage_dir(n), plan.root)} for n in plan.nodes},
         "trials": [
             {**t.params(), "dp_tune": os.path.relpath(plan.stage_dir(t.dp_tune), plan.root),
-             "generate": os.path.relpath(plan.stage_dir(t.generate), plan.root)}
+             "generate": os.path.relpath(plan.stage_dir(t.generate), plan.root),
+             **({"labels": os.path.relpath(plan.stage_dir(t.labels), plan.root)} if t.labels else {})}
             for t in plan.trials
         ],
     }
@@ -320,7 +321,8 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
     for node in plan.nodes:
         done = cache.cached_output(plan.root, node) is not None
         n_cached += done
-        inputs = ", ".join(node.input_keys()) if node.stage != "evaluate" else f"{len(node.input_keys()) - 2} synthetic sets, sensitive, pretrain"
+        inputs = (", ".join(node.input_keys()) if node.stage != "evaluate" else
+                  f"{len(node.inputs['synthetic'])} synthetic sets, sensitive, pretrain, their models")
         lines.append(f"  {node.key.ljust(width)}  {node.hash[:12]}  {'cached ' if done else 'to run '}  {inputs}")
     lines.append(f"  {n_cached} cached, {len(plan.nodes) - n_cached} to run")
     if budgets:
