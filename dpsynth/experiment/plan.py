@@ -300,7 +300,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     eval_cfg = {
         **to_dict(config.evaluate),
         "seed": seed,
-        "trials": [t.params() for t in trials],
+        "trials": [{**t.params(), "dp_tune": t.dp_tune, "labels": t.labels} for t in trials],  # what each corpus is made of
         "dp_tune": shared_dp,  # DP-on-real baselines use the same batch/epochs/delta/accountant
     }
     models = tuple(dict.fromkeys(t.dp_tune for t in trials))

@@ -586,8 +586,18 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
+    # What publishing the whole root costs: every release about D_train, composed from the ledgers.
+    from dpsynth.experiment import privacy as root_privacy
+
+    root = root_privacy.completed_releases(
+        eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
+        baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train))
+    root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
+    root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
+    ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
-    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
+    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
+            "root_epsilon": root.to_json()["root"]}
 
 
 REGISTRY = {
