@@ -341,6 +341,34 @@ class Tokenizer:
         self.__init__(state["model_proto"])
 
 
+def _sentences(text: str, max_bytes: int) -> Iterator[str]:
+    """The non-empty lines of `text`, lines above `max_bytes` UTF-8 bytes split at whitespace.
+
+    SentencePiece silently drops sentences longer than its `max_sentence_length`; a document
+    whose line breaks were lost (the dedup job's clean text is decoded token pieces, in which
+    newlines became spaces) would otherwise contribute nothing.
+    """
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if len(line.encode("utf-8")) <= max_bytes:
+            yield line
+            continue
+        chunk: list[str] = []
+        size = 0
+        for word in line.split():
+            n = len(word.encode("utf-8")) + 1
+            if chunk and size + n > max_bytes // 2:
+                yield " ".join(chunk)
+                chunk, size = [], 0
+            if n <= max_bytes:  # a single "word" longer than the limit cannot be a sentence
+                chunk.append(word)
+                size += n
+        if chunk:
+            yield " ".join(chunk)
+
+
 # Default bound of the tokenizer-training sample: SentencePiece's trainer needs about 12-25
 # bytes of memory per sampled byte (measured in docs/data.md), so 32 MiB of lines stays near
 # 1 GB whatever the corpus size.
@@ -358,7 +386,7 @@ def sample_lines(
     lines exceed `max_bytes` (or `max_lines`). Memory is therefore bounded by the sample,
     whatever the corpus size and whatever a line is (a sentence or a whole review), and the
     choice does not depend on line length. Lines are stripped; lines longer than
-    `max_line_bytes` are skipped (SentencePiece would drop them).
+    `max_line_bytes` are split at whitespace (`_sentences`; SentencePiece would drop them).
 
     Returns:
       The sampled lines in corpus order.
@@ -373,8 +401,8 @@ def sample_lines(
     threshold = 2.0  # every priority in [0, 1) is below it until the first eviction
     order = 0
     for text in texts:
-        for line in text.splitlines():
-            line = line.strip()
+        lines = _sentences(text, max_line_bytes) if max_line_bytes else (x.strip() for x in text.splitlines())
+        for line in lines:
             if not line:
                 continue
             priority = rng.random()
@@ -382,8 +410,6 @@ def sample_lines(
             if priority >= threshold:
                 continue
             size = len(line.encode("utf-8"))
-            if max_line_bytes is not None and size > max_line_bytes:
-                continue
             heapq.heappush(heap, (-priority, order, line, size))
             total += size
             while heap and (total > max_bytes or (max_lines is not None and len(heap) > max_lines)):
@@ -419,7 +445,7 @@ def train_tokenizer(
     sample = sample_lines(texts, max_bytes=max_sample_bytes, max_lines=max_sentences,
                           max_line_bytes=max_sentence_length, seed=seed)
     if not sample:
-        raise ValueError(f"tokenizer training: the corpus has no non-empty lines of at most {max_sentence_length} bytes")
+        raise ValueError("tokenizer training: the corpus has no non-empty lines")
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sample),

@@ -125,3 +125,15 @@ def test_sample_lines_memory_follows_the_sample_not_the_corpus():
     tracemalloc.stop()
     assert sum(len(s) for s in sample) <= 1 << 18
     assert peak < 1 << 20  # the 256 KiB sample with per-line overhead, not 8 MB
+
+
+def test_train_tokenizer_uses_lines_longer_than_sentencepiece_accepts():
+    from dpsynth.tokens import _sentences, train_tokenizer
+
+    words = [f"w{i % 50}" for i in range(3000)]
+    line = " ".join(words)  # ~11 KB on one line: SentencePiece alone would drop it (max 8192 bytes)
+    chunks = list(_sentences(line + "\n\n short line \n", 8192))
+    assert chunks[-1] == "short line" and " ".join(chunks[:-1]) == line
+    assert all(len(c.encode()) <= 8192 for c in chunks)
+    tok = train_tokenizer([line], vocab_size=400)  # used to fail: no sentence left
+    assert tok.decode(tok.encode("w1 w2 w3")) == "w1 w2 w3"
