@@ -165,16 +165,21 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
         base_manifest = _read_manifest(base_dir)
         base = {"path": base_dir, "manifest_sha256": _sha256_file(os.path.join(base_dir, MANIFEST)),
                 "preset": base_manifest.get("preset")}
-    ckpt = ocp.StandardCheckpointer()
+    ckpt = ocp.StandardCheckpointer()  # multi-host: every process takes part, Orbax coordinates the writes
     ckpt.save(os.path.join(directory, VARIABLES), {c: variables[c] for c in collections}, force=True)
     ckpt.wait_until_finished()
-    tokenizer.save(os.path.join(directory, TOKENIZER))
-    _write_json(os.path.join(directory, CONFIG), config.to_dict())
     manifest = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "preset": config.preset,
                 "collections": list(collections), "base": base, "created_by": created_by,
                 "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
     manifest.update(extra_manifest or {})
-    _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    if jax.process_index() == 0:  # the small files: one writer
+        tokenizer.save(os.path.join(directory, TOKENIZER))
+        _write_json(os.path.join(directory, CONFIG), config.to_dict())
+        _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"dpsynth save_model {directory}")
     return manifest
 
 
