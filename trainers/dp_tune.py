@@ -4,7 +4,7 @@ Example:
     dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
         --mode lora --epsilon 3 --out runs/dp_lora
 
-Binds flags to `dpsynth.dp.tune.TuneConfig` and calls `dpsynth.dp.tune.dp_tune` (or `sweep`
+Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
 with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column).
 """
@@ -24,7 +24,8 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, tune
+    from dpsynth.dp import accounting
+    from dpsynth.train import finetune as tune
 
     d = tune.TuneConfig()
     p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.data.readers import InputError, read_sensitive
-    from dpsynth.dp import tune
+    from dpsynth.train import finetune as tune
     from dpsynth.dp.ledger import BudgetExceeded
     from dpsynth.train.checkpoint import CheckpointError
 

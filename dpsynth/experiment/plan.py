@@ -121,6 +121,14 @@ def stage_dir(root: str, node: StageNode) -> str:
     return os.path.join(root, "stages", node.stage, node.hash[:HASH_PREFIX])
 
 
+PRIVATE_DIR = "private"  # ROOT/private: owner-only state that is never published
+
+
+def private_dir(root: str, node: StageNode) -> str:
+    """The owner-only state of a stage instance: `ROOT/private/<stage>/<hash16>`."""
+    return os.path.join(root, PRIVATE_DIR, node.stage, node.hash[:HASH_PREFIX])
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON for hashing (sorted keys, floats by repr, inf as `Infinity`)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True, default=str)
