@@ -57,7 +57,7 @@ def _env(devices: int) -> dict[str, str]:
 
 
 def run(target: str, num_processes: int = 2, devices: int = 4, kwargs: dict[str, Any] | None = None,
-        timeout: float = 300.0, initialize: bool = True) -> list[dict[str, Any]]:
+        timeout: float = 300.0, initialize: bool = True, with_stderr: bool = False) -> list[dict[str, Any]]:
     """Runs `target(**kwargs)` in `num_processes` processes; returns their results by process id.
 
     Args:
@@ -69,6 +69,7 @@ def run(target: str, num_processes: int = 2, devices: int = 4, kwargs: dict[str,
       initialize: start `jax.distributed` before calling the target (through
         `dpsynth.train.sharding.initialize_distributed`); with False the target does it itself
         and gets `coordinator_address`, `num_processes` and `process_id` as extra kwargs.
+      with_stderr: add each process's whole stderr (and stdout) to its result as "stderr".
 
     Raises:
       MultiprocessError: a process exited non-zero, returned nothing, or the timeout passed.
@@ -110,11 +111,12 @@ def run(target: str, num_processes: int = 2, devices: int = 4, kwargs: dict[str,
                     except ProcessLookupError:
                         pass
                     p.wait()
-        tails = []
-        for i, err in enumerate(errs):
+        texts = []
+        for err in errs:
             err.seek(0)
-            tails.append(err.read()[-STDERR_TAIL:])
+            texts.append(err.read())
             err.close()
+        tails = [t[-STDERR_TAIL:] for t in texts]
         if failed is not None:
             detail = "\n".join(f"--- process {i} (status {p.returncode}):\n{t}" for i, (p, t) in
                                enumerate(zip(procs, tails)))
@@ -125,6 +127,8 @@ def run(target: str, num_processes: int = 2, devices: int = 4, kwargs: dict[str,
                 raise MultiprocessError(f"{target}: process {i} returned no result\n{tails[i]}")
             with open(out) as f:
                 results.append(json.load(f))
+            if with_stderr:
+                results[-1]["stderr"] = texts[i]
         return results
 
 

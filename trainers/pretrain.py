@@ -23,7 +23,7 @@ import sys
 from dpsynth import logs
 from dpsynth.models.config import PRESETS
 from dpsynth.train import pretrain
-from dpsynth.train.sharding import initialize_distributed
+from trainers import distributed
 
 
 def _override(text: str) -> tuple[str, object]:
@@ -69,12 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT")
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                    help="checkpoint and stop at this step (time-sliced jobs); resume later with --resume")
-    p.add_argument("--distributed", action="store_true",
-                   help="multi-host: join the other processes first (jax.distributed.initialize)")
-    p.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
-                   help="with --distributed: process 0's address (default: auto-detected on TPU VMs, SLURM, Open MPI)")
-    p.add_argument("--num-processes", type=int, default=None, metavar="N", help="with --distributed: process count")
-    p.add_argument("--process-id", type=int, default=None, metavar="I", help="with --distributed: this process, 0..N-1")
+    distributed.add_flags(p)
     return p
 
 
@@ -82,11 +77,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s")
     try:
-        if args.distributed:
-            initialize_distributed(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
-                                   process_id=args.process_id)
-        elif (args.coordinator_address, args.num_processes, args.process_id) != (None, None, None):
-            raise ValueError("--coordinator-address/--num-processes/--process-id need --distributed")
+        distributed.start(args)
         config = pretrain.PretrainConfig(
             preset=args.preset, model_overrides=dict(args.overrides), seq_len=args.seq_len,
             batch_size=args.batch_size, grad_accum=args.grad_accum, steps=args.steps, optimizer=args.optimizer,

@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 
 from dpsynth.models.config import ModelConfig
 from dpsynth.tokens import Tokenizer
+from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
 MODEL_FORMAT = "dpsynth.model"
@@ -176,10 +177,7 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
         tokenizer.save(os.path.join(directory, TOKENIZER))
         _write_json(os.path.join(directory, CONFIG), config.to_dict())
         _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(f"dpsynth save_model {directory}")
+    sharding.sync(f"dpsynth save_model {directory}")  # the others return once the directory is complete
     return manifest
 
 
@@ -233,7 +231,12 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
             raise CheckpointError(f"{directory}: base model shape differs from this model's config")
         variables.update({c: v for c, v in loaded_base.variables.items() if c not in manifest["collections"]})
     try:
-        restored = ocp.StandardCheckpointer().restore(os.path.join(directory, VARIABLES))
+        ckpt, path = ocp.StandardCheckpointer(), os.path.join(directory, VARIABLES)
+        if jax.process_count() > 1:  # host arrays: a model saved on another topology loads on any
+            metadata = ckpt.metadata(path).item_metadata
+            restored = ckpt.restore(path, jax.tree.map(lambda m: np.empty(m.shape, m.dtype), metadata))
+        else:
+            restored = ckpt.restore(path)
     except Exception as e:  # Orbax raises a variety of errors on damaged trees
         raise CheckpointError(f"{directory}/{VARIABLES}: cannot be read ({type(e).__name__}: {e})") from e
     variables.update(restored)

@@ -171,6 +171,14 @@ def gather(tree: Any) -> Any:
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def sync(name: str) -> None:
+    """A barrier of every process (nothing on one process); `name` must match across them."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

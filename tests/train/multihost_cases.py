@@ -50,3 +50,40 @@ def pretrain_cli_case(argv: list[str], coordinator_address: str, num_processes: 
                           "--num-processes", str(num_processes), "--process-id", str(process_id)])
     return {"rc": rc, "process": jax.process_index(), "processes": jax.process_count(),
             "devices": jax.device_count()}
+
+
+def finetune_case(base_dir: str, out: str, modes: list[str], config: dict, train: list[dict], valid: list[dict],
+                  mesh: list[int], resume: bool = False, stop_after: int | None = None) -> dict:
+    """`finetune.dp_tune` in each mode (into out/<mode>), recording per process how often it wrote
+    the privacy report and a hash of every Poisson microbatch it drew (never the indices)."""
+    import hashlib
+
+    from dpsynth.dp import report, sampling
+    from dpsynth.train import finetune
+
+    writes = {"n": 0}
+    batches: list[str] = []
+    real_write, real_microbatches = report.write_report, sampling.PoissonSampler.microbatches
+
+    def counting_write(*args, **kwargs):
+        writes["n"] += 1
+        return real_write(*args, **kwargs)
+
+    def hashing_microbatches(self, step):
+        mbs = real_microbatches(self, step)
+        batches.append(hashlib.sha256(b"".join(np.asarray(m, np.int64).tobytes() for m in mbs)).hexdigest())
+        return mbs
+
+    report.write_report, sampling.PoissonSampler.microbatches = counting_write, hashing_microbatches
+    out_modes = {}
+    try:
+        for mode in modes:
+            writes["n"], batches[:] = 0, []
+            res = finetune.dp_tune(base_dir, train, valid, f"{out}/{mode}",
+                                   finetune.TuneConfig(**{**config, "mode": mode}), mesh=tuple(mesh), resume=resume,
+                                   stop_after=stop_after, progress_interval=1e9)
+            out_modes[mode] = {"steps": res.steps, "train_loss": res.train_loss, "valid_loss": res.valid_loss,
+                               "epsilon": res.epsilon, "report_writes": writes["n"], "batches": list(batches)}
+    finally:
+        report.write_report, sampling.PoissonSampler.microbatches = real_write, real_microbatches
+    return {"process": jax.process_index(), "processes": jax.process_count(), "modes": out_modes}

@@ -113,6 +113,11 @@ def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
     corpus, tok_path, _ = tiny_corpus
     rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--seq-len", "9999"])
     assert rc == 2 and "max_len" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--num-processes", "2"])
+    assert rc == 2 and "need --distributed" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--distributed",
+                   "--process-id", "1"])
+    assert rc == 2 and "all of --coordinator-address, --num-processes and --process-id" in capsys.readouterr().err
 
 
 def _losses(out: str) -> dict[int, float]:
