@@ -185,7 +185,7 @@ def test_cli_reports_errors(tiny_base, tmp_path, capsys):
                    "--coordinator-address", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"])
     assert rc == 2 and "--process-id 2 must be in [0, --num-processes 2)" in capsys.readouterr().err
     rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--mesh-data", "3",
-                   "--microbatch-size", "16"])
+                   "--microbatch-size", "16", "--batch-size", "24", "--steps", "2"])
     assert rc == 2 and "divisible by the mesh data axis 3" in capsys.readouterr().err
 
 
