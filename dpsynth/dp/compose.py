@@ -55,9 +55,14 @@ class Release:
 
     @property
     def private(self) -> bool:
-        return not any(e["mechanism"] == "nonprivate" or (e["mechanism"] in ("dpsgd", "gaussian")
+        return not any(e["mechanism"] == "nonprivate" or (e["mechanism"] in ("dpsgd", "bandmf", "gaussian")
                                                             and float(e["noise_multiplier"]) == 0.0)
                        for e in self.entries)
+
+    @property
+    def unit(self) -> str:
+        """"user" when its DP-SGD/BandMF entries are user-level, else "example"."""
+        return "user" if any(e.get("unit") == "user" for e in self.entries) else "example"
 
 
 def nonprivate(name: str, kind: str, dataset: str = "D_train") -> Release:
@@ -103,9 +108,14 @@ def compose(releases: Sequence[Release], delta: float, dataset: str = "D_train")
 
     Raises:
         accounting.PrivacyConfigError: a bad delta.
+        ValueError: user-level and example-level releases mixed (no common unit of privacy).
     """
     delta = accounting.check_delta(delta)
     mine = [r for r in releases if r.dataset == dataset]
+    units = {r.unit for r in mine if r.private}
+    if len(units) > 1:  # an example-level guarantee does not compose into a user-level one (nor the reverse)
+        raise ValueError(f"{dataset}: releases with user-level and example-level guarantees cannot be composed "
+                         f"into one epsilon: {', '.join(f'{r.name} ({r.unit})' for r in mine if r.private)}")
     dp = [r for r in mine if r.private]
     dp_entries = [dict(e) for r in dp for e in r.entries]
     eps_dp = PrivacyLedger(delta=delta, target_epsilon=math.inf, entries=dp_entries).epsilons()

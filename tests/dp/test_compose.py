@@ -58,3 +58,10 @@ def test_a_nonprivate_release_makes_the_whole_non_private_but_is_named():
     assert got.nonprivate == ("inf", "real") and got.releases == 3  # D_other is another dataset
     assert got.epsilon_dp_releases["rdp"] == pytest.approx(dp.epsilons(DELTA)["rdp"])
     assert got.to_json()["epsilon"] == {"rdp": "inf", "pld": "inf"}
+
+
+def test_user_and_example_level_releases_are_not_composed_into_one_number():
+    user = Release("u", "dp_tune", ({**_dpsgd(0.01, 1.0, 10), "unit": "user"},))
+    with pytest.raises(ValueError, match="user-level and example-level"):
+        compose([user, Release("h", "label_histogram", (_gauss(5.0),))], DELTA)
+    assert compose([user], DELTA).dp_releases == 1
