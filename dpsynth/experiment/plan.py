@@ -215,6 +215,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     seed = config.seed
     # -- data
     sens = to_dict(config.sensitive)
+    if not sens["split"]:
+        del sens["split"]  # the default split: keep the hashes (and caches) of configs that predate it
     for split in ("train", "valid", "test"):
         if sens[split]:
             sens[split] = resolve_path(sens[split])
