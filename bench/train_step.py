@@ -68,12 +68,23 @@ def _time(fn, n):
     return (time.perf_counter() - t) / n
 
 
+CPU_S: dict = {}  # variant -> median process CPU seconds per step (all threads), see _interleaved
+
+
 def _interleaved(fns: dict, steps: int, rounds: int) -> dict:
-    """Median per-step time of each variant over `rounds` alternating rounds (fair under load)."""
+    """Median per-step time of each variant over `rounds` alternating rounds (fair under load).
+
+    Also records the process CPU time per step (`CPU_S`): on a shared machine the wall time
+    depends on the other jobs, the CPU seconds a step consumes much less so.
+    """
     times = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
+            c = time.process_time()
             times[k].append(_time(f, steps))
+            cpu[k].append((time.process_time() - c) / steps)
+    CPU_S.update({k: float(np.median(v)) for k, v in cpu.items()})
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
@@ -249,6 +260,9 @@ def main(argv=None) -> int:
               + (f", step memory x{out['ours']['mem_mib'] / out['peer']['mem_mib']:.2f}"
                  if out["ours"]["mem_mib"] and out["peer"]["mem_mib"] else ""))
         ours = out["ours"]["tflops"] * 1e12
+        tok_cpu = args.batch_size * args.seq_len / CPU_S["ours"]
+        print(f"{preset:8} CPU time: {CPU_S['ours']:.2f} CPU-s per step = {tok_cpu:.0f} tokens per CPU-second "
+              f"(wall {out['ours']['step_s']:.2f} s: {CPU_S['ours'] / out['ours']['step_s']:.2f} cores busy on average)")
         print(f"{preset:8} roofline: plain matmul [{args.batch_size * args.seq_len}x{config.d_model}]x[{config.d_model}x"
               f"{config.vocab_size}] {roof / 1e9:.1f} GFLOP/s; step achieved {ours / 1e9:.1f} GFLOP/s -> ratio "
               f"{ours / roof:.3f}; {config.flops_per_token(args.seq_len) / 1e6:.1f} MFLOP/token, "
