@@ -67,11 +67,12 @@ def epsilon_axis(values) -> tuple[dict[float, int], list[str]]:
 
 def clipped_edges(p: Sequence[float], q: Sequence[float], bins: int,
                   percentile: float = LENGTH_CLIP_PERCENTILE) -> tuple[np.ndarray, float]:
-    """Histogram edges over [0, the `percentile` of both samples]; returns (edges, the clip value)."""
+    """Histogram edges over [the shortest text, the `percentile` of both samples]; returns (edges, the clip value)."""
     both = np.concatenate([np.asarray(p, float), np.asarray(q, float)])
     hi = float(np.percentile(both, percentile)) if both.size else 1.0
-    hi = max(hi, 1.0)
-    return np.linspace(0.0, hi, bins + 1), hi
+    lo = float(both.min()) if both.size else 0.0
+    hi = max(hi, lo + 1.0)
+    return np.linspace(lo, hi, bins + 1), hi
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
