@@ -31,7 +31,9 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
                                     #   holdout (tail|hash), valid_fraction, test_fraction, seed,
                                     #   subsample (first|hash: which rows max_* keep)
     tokenizer: {vocab_size: 8000, max_sentences: 200000}
-    dedup: {min_tokens: 50}
+    dedup: {min_tokens: 50,
+            also_against: {}}       # name -> a `sensitive:` section: more sensitive sets to cut from the
+                                    #   public corpus; experiments listing the same sets share dedup and pretraining
     pretrain: {preset: tiny, steps: 300, seq_len: 128, batch_size: 16, learning_rate: 0.001,
                options: {}}         # options: extra keyword arguments of the pretrain library
     dp_tune:
@@ -170,9 +172,18 @@ class DedupConfig:
     """Removal of >= min_tokens sequences shared with the sensitive data."""
 
     min_tokens: int = 50
+    also_against: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         _check(self.min_tokens >= 1, f"{key}.min_tokens", f"must be >= 1, got {self.min_tokens}")
+        for name, section in self.also_against.items():
+            _check(bool(name) and "=" not in name and "/" not in name, f"{key}.also_against.{name}",
+                   "names a dataset: non-empty, without '=' or '/'")
+            self.sensitive_config(name).validate(f"{key}.also_against.{name}")
+
+    def sensitive_config(self, name: str) -> "SensitiveConfig":
+        """The `SensitiveConfig` of one `also_against` entry."""
+        return _build(SensitiveConfig, self.also_against[name], f"dedup.also_against.{name}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -273,9 +273,13 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`)."""
     jobs = _module("dedup", "dpsynth.beam.jobs", "dedup")
     report_lib = _module("dedup", "dpsynth.dedup.report", "summarize")
+    if "sensitive_sets" in ctx.inputs:  # dedup.also_against: every listed set, by name
+        sensitive = [f"{name}={out.path('data')}" for name, out in zip(ctx.config["sets"], ctx.inputs["sensitive_sets"])]
+    else:
+        sensitive = [f"sensitive={ctx.inputs['sensitive'].path('data')}"]
     report = jobs.dedup(
         [ctx.inputs["public"].path("corpus")],
-        [f"sensitive={ctx.inputs['sensitive'].path('data')}"],
+        sensitive,
         tokenizer_path=ctx.inputs["tokenizer"].path("tokenizer.model"),
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],

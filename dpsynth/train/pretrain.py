@@ -70,7 +70,7 @@ class PretrainConfig:
       batch_size: rows per microbatch; a step sees `batch_size * grad_accum` rows.
       grad_accum: microbatches accumulated per optimizer step.
       steps: total optimizer steps.
-      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/small, Adafactor otherwise).
+      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/cpu/small, Adafactor otherwise).
       learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
         min(lr, 1/sqrt(step))); None = the optimizer's default (3e-3 / 0.01).
       warmup_steps: Adam warm-up steps.
@@ -136,7 +136,7 @@ class PretrainConfig:
     def optimizer_name(self) -> str:
         if self.optimizer != "auto":
             return self.optimizer
-        return "adam" if self.preset in ("tiny", "small") else "adafactor"
+        return "adam" if self.preset in ("tiny", "cpu", "small") else "adafactor"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The preset with the overrides; vocab_size defaults to the tokenizer's exactly.
