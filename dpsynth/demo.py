@@ -151,7 +151,20 @@ def run_demo(
             print("evaluation summary (accuracy on the real test set):")
             print(evaluated.summary.get("table", ""))
         print(f"report: {os.path.join(plan.root, 'report')} ({report_dir})")
+        print("\n" + _plain_summary(report_dir, result.outputs["sensitive"].path("data", "test.jsonl")))
     return 0
+
+
+def _plain_summary(report_dir: str, test_path: str) -> str:
+    import json
+
+    from dpsynth.evaluate.report import plain_summary
+
+    with open(os.path.join(report_dir, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    with open(test_path, encoding="utf-8") as f:
+        labels = [json.loads(line)["label"] for line in f if line.strip()]
+    return plain_summary(metrics, labels)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -574,6 +574,66 @@ def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classifier: str = "wordcnn") -> str:
+    """How useful each synthetic corpus is, in measured numbers a user can act on.
+
+    For each corpus: its classifier's real-test accuracy beside the majority-class rate of the
+    real test set, the real-data and DP-on-real classifiers at the same epsilon, and the share of
+    the real-data gain over the majority rate that the synthetic data recovers. Only numbers
+    from `metrics` (a `metrics.json`) and the test labels' counts; no real text.
+    """
+    from collections import Counter
+
+    counts = Counter(str(l) for l in test_labels)
+    if not counts:
+        return "no test labels: cannot compare with the majority class"
+    top, n_top = max(sorted(counts.items()), key=lambda kv: kv[1])
+    majority = n_top / sum(counts.values())
+    baselines = metrics.get("baselines") or []
+
+    def base(which, eps=None):
+        for b in baselines:
+            if b.get("baseline") == which and b.get("classifier") == classifier and (
+                    eps is None or _as_float(b.get("epsilon")) == eps):
+                return float(b["accuracy"])
+        return None
+
+    real = base("real")
+    lines = [f"How good is the synthetic data? ({classifier} trained on it, accuracy on {sum(counts.values())} real test "
+             f"examples)", f"  always answering the majority class '{top}': {majority:.3f}"]
+    if real is not None:
+        lines.append(f"  trained on the real training data (no privacy): {real:.3f}")
+    for row in metrics.get("corpora") or []:
+        acc = row.get(f"{classifier}_accuracy")
+        if row.get("status") != "ok" or acc is None:
+            lines.append(f"  {row.get('corpus')}: not scored ({row.get('error', row.get('status'))})")
+            continue
+        acc = float(acc)
+        eps = nominal_epsilon({k: _as_float(row.get(k)) for k in ("target_epsilon", "epsilon")})
+        dp = base("dp_on_real", eps) if math.isfinite(eps) else None
+        text = f"  synthetic {row.get('corpus')} (epsilon {eps:g}): {acc:.3f}, {100 * (acc - majority):+.1f} points vs majority"
+        if dp is not None:
+            text += f", {100 * (acc - dp):+.1f} vs DP-on-real ({dp:.3f})"
+        if real is not None and real > majority:
+            text += f"; recovers {100 * (acc - majority) / (real - majority):.0f}% of the real data's gain over majority"
+        if row.get("mauve") is not None:
+            text += f"; MAUVE {float(row['mauve']):.3f} (1 = indistinguishable from real)"
+        lines.append(text)
+        verdict = ("carries label signal a classifier can use" if acc >= majority + 0.05 else
+                   "does NOT beat answering the majority class by 5 points: not yet useful for training")
+        lines.append(f"    -> this synthetic data {verdict}")
+    return "\n".join(lines)
+
+
+def _as_float(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
 def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, Sequence[Mapping]], out_dir: str, *,
                       model_dir: str | None = None, dp_epsilons: Sequence[float] = (3.0,), quick: bool = True) -> dict:
     """Evaluates the demo's synthetic corpora against the real fine-food splits; prints a summary.

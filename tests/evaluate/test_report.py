@@ -145,3 +145,19 @@ def test_report_plots_load_in_headless_chromium(evaluated):
     n = len(out["paths"]["plots"])
     assert f'data-plots-total="{n}"' in dom and f'data-plots-loaded="{n}"' in dom
     assert dom.count('data-loaded="1"') == n
+
+
+def test_plain_summary_says_how_good_the_data_is_in_numbers():
+    metrics = {"corpora": [
+        {"corpus": "lora-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.80, "mauve": 0.5},
+        {"corpus": "prompt-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.70},
+        {"corpus": "broken", "status": "error", "error": "label sets differ"}],
+        "baselines": [{"baseline": "real", "classifier": "wordcnn", "epsilon": "inf", "accuracy": 0.90},
+                      {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.75}]}
+    text = report.plain_summary(metrics, ["great"] * 70 + ["other"] * 30)
+    assert "majority class 'great': 0.700" in text and "(no privacy): 0.900" in text
+    assert "lora-eps3 (epsilon 3): 0.800, +10.0 points vs majority, +5.0 vs DP-on-real (0.750)" in text
+    assert "recovers 50% of the real data's gain" in text and "MAUVE 0.500" in text
+    assert "carries label signal" in text  # lora
+    assert "prompt-eps3 (epsilon 3): 0.700, +0.0 points" in text and "does NOT beat" in text
+    assert "broken: not scored (label sets differ)" in text
