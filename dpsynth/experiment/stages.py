@@ -317,6 +317,9 @@ def _sha256_file(path: str) -> str:
 # ----------------------------------------------------------------------------- pretrain
 
 
+PREVIEW_SAMPLES = 3  # samples of the pretrained LM shown in its stage report
+
+
 def pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrains the LM on the cleaned public corpus (`dpsynth.train.pretrain.run_pretrain`).
 
@@ -349,8 +352,20 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
         f"train loss {train.get('loss', float('nan')):.3f}; "
         + (f"validation perplexity {ppl:.2f} on held-out public text" if ppl is not None else "no validation split")
     )
+    groups = {g: m.get("perplexity") for g, m in (summary.get("valid_groups") or {}).items() if m.get("perplexity")}
+    if groups:
+        ctx.report("pretrain: validation perplexity on held-out public documents by id prefix: "
+                   + ", ".join(f"{g} {v:.2f}" for g, v in groups.items()))
+    samples = []
+    if summary.get("finished"):
+        from dpsynth.generate.preview import preview_samples
+
+        samples = preview_samples(model_dir, PREVIEW_SAMPLES, max_len=min(64, config.seq_len), seed=c["seed"])
+        ctx.report("pretrain: samples of the pretrained LM (public data only; top-k 40):\n"
+                   + "\n".join(f"  {' '.join(t.split())[:EXAMPLE_CHARS]}" for t in samples))
     keep = ("preset", "step", "num_params", "train_rows", "valid_rows", "compile_s")
     return {**{k: summary.get(k) for k in keep}, "valid_perplexity": ppl, "train_loss": train.get("loss"),
+            "valid_group_perplexity": groups, "samples": samples,
             "contamination_sha256": ctx.inputs["dedup"].summary.get("contamination_sha256")}
 
 
