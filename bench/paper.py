@@ -1,10 +1,12 @@
 """Small-scale reproduction of Kurakin et al. 2023's claims, through the experiment runner.
 
-    .venv/bin/python bench/paper.py --quick                       # smoke scale: minutes on 2 cores
+    .venv/bin/python bench/paper.py --quick                       # the cpu study at smoke size: minutes
+    .venv/bin/python bench/paper.py --scale cpu --jobs 1        # the cpu study (docs/paper_cpu.md): ~2.5 h on 2 quiet cores
     .venv/bin/python bench/paper.py --scale small --jobs 2        # the measured study: ~1.5 h on 2 cores
     .venv/bin/python bench/paper.py --scale full --jobs 2         # the `small` LM preset: many hours
 
-Sensitive data: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
+The `small`/`full` scales (below); the `cpu` scale and `--quick` are described at `cpu_experiments` and in
+docs/paper_cpu.md. Sensitive data of `small`: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
 with its last 10% as D_valid, test_polarity.csv as D_test). Public corpus: `../shared/data/public/kjv` plus the embedded Austen novels;
 the dedup stage cuts any >= 50-token overlap with the sensitive data before pretraining.
 
