@@ -135,3 +135,16 @@ def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
     corpus, tok_path, _ = tiny_corpus
     rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--seq-len", "9999"])
     assert rc == 2 and "max_len" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "g"), "--valid-unit", "page"])
+
+
+def test_cli_valid_unit_and_groups_reach_the_config(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, _ = tiny_corpus
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--preset", "tiny",
+                   "--set", "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+                   "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["valid_groups"]["doc-"]["rows"] > 0
