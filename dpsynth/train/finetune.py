@@ -288,6 +288,7 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
     if labels_from_data:
         channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
                        "per-label counts are not released); pass the label set explicitly to avoid this"}
+    channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
                      "sizes of D_train and D_valid are recorded without DP"})
     channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "

@@ -112,7 +112,8 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
     assert rep["private"] and rep["training"]["mode"] == "lora" and rep["training"]["steps"] == 4
     assert rep["contamination_sha256"] == "c0" * 32  # read from the base manifest
     assert rep["delta"] == pytest.approx(1 / len(TRAIN))
-    assert {c["name"] for c in rep["side_channels"]} >= {"label set", "validation loss", "truncation count"}
+    assert {c["name"] for c in rep["side_channels"]} >= {"label set", "validation loss", "truncation count",
+                                                        "public pretraining corpus", "other releases about the same data"}
     assert os.path.exists(os.path.join(out, "privacy_report.md"))
     tuned, base = load_model(out), load_model(base_dir)
     assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
