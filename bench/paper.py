@@ -169,7 +169,7 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
                            "repeats": 1, "train": {"max_epochs": 2}},
         "backbone_max_len": max_len,
         "dp_expected_batch_size": 512 if not quick else 64,
-        "dp_epochs": 5.0 if not quick else 1.0,
+        "dp_epochs": 3.0 if not quick else 1.0,  # as many passes as the generator's DP tuning
     }}
 
 
@@ -179,15 +179,15 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
 CPU_SCALES: dict[str, dict[str, Any]] = {
     "cpu": {
         "tokenizer": {"vocab_size": 8192, "max_sentences": 300000},
-        "pretrain": {"preset": "cpu", "steps": 3000, "seq_len": 128, "batch_size": 32, "learning_rate": 0.003,
+        "pretrain": {"preset": "cpu", "steps": 2700, "seq_len": 128, "batch_size": 32, "learning_rate": 0.003,
                      "options": {"warmup_steps": 100, "valid_fraction": 0.01, "valid_unit": "document",
                                  "valid_groups": ["hotels/", "cars/", "enwiki:"], "eval_every": 500, "eval_batches": 16,
                                  "checkpoint_every": 250, "log_every": 50}},
         "sets": {
-            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 1024, "epochs": 3},
+            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 512, "epochs": 3},
             "yelp_polarity": {"max_train": None, "max_valid": None, "max_test": 2000, "tokens": 96, "batch": 512, "epochs": 3},
-            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 1024, "epochs": 3},
-            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 1024, "epochs": 3},
+            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 512, "epochs": 3},
+            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 512, "epochs": 3},
         },
         # One learning rate per mode, chosen a priori (no time for a DP lr sweep on 2 cores):
         # LoRA and the soft prompt take larger steps than full fine-tuning.
@@ -616,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=sorted(set(SCALES) | set(CPU_SCALES)), default="cpu",
                    help="scale preset (default cpu, the measured study; small = the earlier Bible/Austen study)")
     p.add_argument("--pretrain-steps", type=int, default=None,
-                   help="cpu scale: pretraining steps (default 3000 = about 50 min on 2 quiet cores, docs/paper_cpu.md)")
+                   help="cpu scale: pretraining steps (default 2700 = about 45 min on 2 quiet cores, docs/paper_cpu.md)")
     p.add_argument("--backbone", action="store_true", help="cpu scale: also the LM-backbone classifier on the main grid")
     p.add_argument("--data", default=DEFAULT_DATA, help="the shared data directory (default ../shared/data)")
     p.add_argument("--root", default=None, help="experiment cache root (default runs/paper-<scale>)")
