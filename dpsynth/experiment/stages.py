@@ -529,19 +529,30 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
     options = dict(c.get("options") or {})
-    config = make_config(lib.EvaluateConfig, dict(
-        classifiers=tuple(c["classifiers"]),
-        model_dir=ctx.inputs["pretrain"].path("model"),
-        dp_epsilons=tuple(epsilons),
-        real_baseline=bool(c["baselines"]),
+    shared_dp = c.get("dp_tune") or {}  # DP-on-real uses the tuner's delta and accountant unless options say otherwise
+    dp_defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
+                   if shared_dp.get(src) is not None}
+    config = make_config(lib.EvaluateConfig, {
+        "classifiers": tuple(c["classifiers"]),
+        "model_dir": ctx.inputs["pretrain"].path("model"),
+        "dp_epsilons": tuple(epsilons),
+        "real_baseline": bool(c["baselines"]),
+        **dp_defaults,
         **options,
-    ), "evaluate.options")
+    }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
-    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
+    dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
+                   "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
+                   "trials_accounted": b["trials_accounted"],
+                   "side_channels": [ch["name"] for ch in b["side_channels"]],
+                   "privacy_report": os.path.join(lib.baseline_dir(b), "privacy_report.json")}
+                  for b in result["baselines"] if b["baseline"] == "dp_on_real"]
+    return {"table": table, "dp_on_real": dp_on_real,
+            "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
 
 
 REGISTRY = {
