@@ -63,8 +63,11 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _state_tree(state: TrainState) -> dict:
-    return {"step": state.step, "params": state.params, "frozen": state.frozen, "opt_state": state.opt_state,
+    tree = {"step": state.step, "params": state.params, "frozen": state.frozen, "opt_state": state.opt_state,
             "rng": state.rng}
+    if state.noise_state is not None:  # correlated-noise state (BandMF): private, restored for exact resume
+        tree["noise_state"] = state.noise_state
+    return tree
 
 
 class TrainCheckpointer:
@@ -113,7 +116,7 @@ class TrainCheckpointer:
                 "preset and flags, or start a fresh run in a new --out directory") from e
         tree = out.state
         return TrainState(step=tree["step"], params=tree["params"], frozen=tree["frozen"],
-                          opt_state=tree["opt_state"], rng=tree["rng"]), out.meta
+                          opt_state=tree["opt_state"], rng=tree["rng"], noise_state=tree.get("noise_state")), out.meta
 
     def close(self) -> None:
         self._mngr.close()

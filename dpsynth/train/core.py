@@ -56,6 +56,7 @@ class TrainState:
     frozen: PyTree
     opt_state: PyTree
     rng: jax.Array
+    noise_state: PyTree = None  # a stateful strategy's noise state (BandMF); None otherwise
 
 
 class GradientStrategy(Protocol):
@@ -70,6 +71,12 @@ class GradientStrategy(Protocol):
 
     def finalize(self, acc: PyTree, params: PyTree, key: jax.Array) -> PyTree:
         """The gradient to hand to the optimizer."""
+
+    # Optional, for strategies whose noise is correlated across steps (`dpsynth.dp.bandmf`):
+    # `init_noise_state(params, key) -> noise_state` (called once by `init_state`, stored in
+    # `TrainState.noise_state` and checkpointed with it) and
+    # `finalize_with_noise_state(acc, params, key, noise_state) -> (grads, noise_state)`,
+    # which the core then calls instead of `finalize`.
 
 
 def masked_sums(aux: dict, mask: jax.Array) -> dict:
@@ -166,8 +173,11 @@ class TrainFunctions:
         if opt_state is None:
             opt_state = jax.jit(self.optimizer.init)(params)
         put = (lambda x: sharding_lib.put(x, rep)) if rep is not None else jnp.asarray
+        noise_state = None
+        if hasattr(self.strategy, "init_noise_state"):
+            noise_state = jax.jit(self.strategy.init_noise_state)(params, as_key(rng))
         state = TrainState(step=put(jnp.asarray(step, jnp.int32)), params=params, frozen=frozen,
-                           opt_state=opt_state, rng=put(as_key(rng)))
+                           opt_state=opt_state, rng=put(as_key(rng)), noise_state=noise_state)
         if self.mesh is not None:
             # Optimizer-state shardings follow the compiler's propagation from the params;
             # whatever they are, they become the fixed in/out shardings of every step.
@@ -212,10 +222,15 @@ class TrainFunctions:
 
     def _apply(self, state: TrainState, acc: dict):
         _, final_key = step_keys(state.rng, state.step)
-        grads = self.strategy.finalize(acc["inner"], state.params, final_key)
+        noise_state = state.noise_state
+        if noise_state is not None:
+            grads, noise_state = self.strategy.finalize_with_noise_state(acc["inner"], state.params, final_key,
+                                                                         noise_state)
+        else:
+            grads = self.strategy.finalize(acc["inner"], state.params, final_key)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, noise_state=noise_state)
         metrics = {"grad_norm": optax.global_norm(grads), "update_norm": optax.global_norm(updates),
                    "param_norm": optax.global_norm(params), "microbatches": acc["micro"]}
         return new_state, metrics
