@@ -577,6 +577,8 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
             row["steps"] = r.steps
         row.update({f"{k}_accuracy": v for k, v in r.test_accuracy.items()})
         trials.append(row)
+        if dp is not None and dp.sweep_accounting == "composed":
+            ledger.record_steps(plan.ledger_entry(steps=r.steps, clip_norm=clip, name=f"dp_on_real trial {i}"))
         bar.update(1, valid_accuracy=r.valid_accuracy)
         if progress is not None:
             progress()
@@ -590,12 +592,10 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
     selected = {"learning_rate": key[0], "weight_decay": key[1], "clip_norm": key[2]}
     privacy = None
     if dp is not None:
-        accounted = (list(enumerate(trials)) if dp.sweep_accounting == "composed" else
-                     [next((i, t) for i, t in enumerate(trials) if t is rows[0])])
-        for i, t in accounted:
-            ledger.record_dpsgd(sampling_probability=plan.sampling_probability, noise_multiplier=plan.noise_multiplier,
-                                steps=t["steps"], clip_norm=t["clip_norm"], dataset_size=plan.dataset_size,
-                                name=f"dp_on_real trial {i}")
+        if dp.sweep_accounting == "selected-only":
+            i = next(i for i, t in enumerate(trials) if t is rows[0])  # the selected setting's first repeat
+            ledger.record_steps(plan.ledger_entry(steps=rows[0]["steps"], clip_norm=rows[0]["clip_norm"],
+                                                  name=f"dp_on_real trial {i}"))
         ledger.check_budget()
         grid_text = (f"learning_rate {list(sweep.learning_rates)} x weight_decay {list(sweep.weight_decays)} x "
                      f"clip_norm {list(sweep.clip_norms)} x {sweep.repeats} repeats")
