@@ -70,6 +70,7 @@ BANNERS = {
     "tokenizer": "tokenizer: SentencePiece on the DEDUPLICATED public corpus only (the released one), re-tokenizing it",
     "pretrain": "pretraining the '{preset}' LM on the cleaned corpus (validation perplexity)",
     "dp_tune": "DP fine-tuning: {mode} at epsilon = {epsilon:g} (privacy report)",
+    "labels": "DP label histogram of D_train (one draw per DP-tuned model)",
     "generate": "generating synthetic train/valid data (examples per label, generation report)",
     "evaluate": "evaluation: synthetic vs real vs DP-on-real (summary table, report)",
 }

@@ -59,6 +59,22 @@ LABEL_SET_CHANNEL = {
 }
 
 
+PUBLIC_OVERLAP_CHANNEL = {
+    "name": "public pretraining corpus",
+    "detail": "the base model and the released tokenizer are trained on the public corpus after every sequence of "
+              ">= k tokens (k = 50 by default) shared with the sensitive data was cut (the contamination report's "
+              "hash is above); shorter shared sequences remain and are not covered by epsilon. The tokenizer is "
+              "trained after that cut, on the cleaned corpus only (the dedup's own tokenizer is never released)",
+}
+COMPOSITION_CHANNEL = {
+    "name": "other releases about the same data",
+    "detail": "epsilon covers this release only. Publishing several releases computed from the same D_train "
+              "(other models or synthetic corpora of a grid, label histograms, DP-on-real baselines) costs their "
+              "composition: `dpsynth experiment --dry-run` and the experiment's `privacy_composition.md` give it "
+              "for a whole experiment root (`dpsynth.dp.compose`)",
+}
+
+
 def _fmt_eps(x: float | None) -> float | str | None:
     if x is None:
         return None

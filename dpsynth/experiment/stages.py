@@ -19,6 +19,7 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 | tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
 | pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
+| labels     | `label_distribution.json` (one DP label histogram draw per DP-tuned model)  |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
 | evaluate   | the batch report (`metrics.json`, `metrics.csv`, `report.html`, `plots/`), `corpora/` links |
 """
@@ -452,23 +453,38 @@ EXAMPLE_CHARS = 300
 LABEL_DISTRIBUTION_FILE = "label_distribution.json"
 
 
-def _dp_label_distribution(ctx: StageContext, lib, noise_multiplier: float):
-    """The DP label histogram of D_train, drawn once per stage instance.
+def labels(ctx: StageContext) -> dict[str, Any]:
+    """The DP label histogram of D_train for one DP-tuned model (`dpsynth.generate.job.dp_label_distribution`).
 
-    The draw is saved in the work directory, so a resumed stage reuses it (the job's config
-    hash includes the distribution) instead of releasing a second noisy histogram.
+    Drawn once per model: every generate node of that model (all samplings and multiples)
+    reads this draw, so the root releases one histogram per model. The noise seed is secret
+    (OS entropy); the draw (noisy counts, weights) is DP and is what this stage writes.
     """
     from dpsynth.generate.labels import LabelDistribution
 
+    lib = _module("labels", "dpsynth.generate.job", "dp_label_distribution")
+    sigma = ctx.config["noise_multiplier"]
     path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
-    if os.path.exists(path):
+    if ctx.resume and os.path.exists(path):  # an interrupted stage: reuse its draw, never draw twice
         with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-        return LabelDistribution.from_json(saved)
-    dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"), ctx.inputs["sensitive"].path("data", "train.jsonl"),
-                                     noise_multiplier=float(noise_multiplier))
-    _write_json(path, dist.to_json())
-    return dist
+            dist = LabelDistribution.from_json(json.load(f))
+    else:
+        dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"),
+                                         ctx.inputs["sensitive"].path("data", "train.jsonl"), noise_multiplier=float(sigma))
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(dist.to_json(), f, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    ctx.report(f"DP label histogram of D_train (Gaussian, sigma {float(sigma):g}, sensitivity 1; one draw for this model): "
+               + ", ".join(f"{l} {w:.3f}" for l, w in zip(dist.labels, dist.weights)))
+    return {"noise_multiplier": float(sigma), "labels": list(dist.labels), "weights": list(dist.weights)}
+
+
+def _label_distribution(ctx: StageContext):
+    """The model's DP label histogram (the `labels` node's one draw)."""
+    from dpsynth.generate.labels import LabelDistribution
+
+    with open(ctx.inputs["labels"].path(LABEL_DISTRIBUTION_FILE), encoding="utf-8") as f:
+        return LabelDistribution.from_json(json.load(f))
 
 
 def generate(ctx: StageContext) -> dict[str, Any]:
@@ -487,7 +503,7 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     non_private = float(ctx.inputs["model"].summary.get("target_epsilon", 0.0)) == float("inf")
     distribution = None
     if c.get("label_distribution", "uniform") == "dp_histogram":
-        distribution = _dp_label_distribution(ctx, lib, c["label_noise_multiplier"])
+        distribution = _label_distribution(ctx)
     config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
@@ -540,6 +556,15 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
 # ----------------------------------------------------------------------------- evaluation
 
 
+def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
+    accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
+    shared_dp = c.get("dp_tune") or {}
+    defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
+                if shared_dp.get(src) is not None}
+    return {**defaults, **dict(c.get("options") or {})}
+
+
 def evaluate(ctx: StageContext) -> dict[str, Any]:
     """The batch metric report over every trial's synthetic data (`dpsynth.evaluate.report.evaluate`).
 
@@ -558,22 +583,26 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         dirs.append(link)
     real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
-    options = dict(c.get("options") or {})
-    shared_dp = c.get("dp_tune") or {}  # DP-on-real uses the tuner's delta and accountant unless options say otherwise
-    dp_defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
-                   if shared_dp.get(src) is not None}
     config = make_config(lib.EvaluateConfig, {
         "classifiers": tuple(c["classifiers"]),
         "model_dir": ctx.inputs["pretrain"].path("model"),
         "dp_epsilons": tuple(epsilons),
         "real_baseline": bool(c["baselines"]),
-        **dp_defaults,
-        **options,
+        **evaluate_options(c),
     }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
+    # What publishing the whole root costs: every release about D_train, composed from the ledgers.
+    from dpsynth.experiment import privacy as root_privacy
+
+    root = root_privacy.completed_releases(
+        eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
+        baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train))
+    root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
+    root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
+    ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
     dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
                    "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
@@ -582,7 +611,8 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
                    "privacy_report": os.path.join(lib.baseline_dir(b), "privacy_report.json")}
                   for b in result["baselines"] if b["baseline"] == "dp_on_real"]
     return {"table": table, "dp_on_real": dp_on_real,
-            "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
+            "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
+            "root_epsilon": root.to_json()["root"]}
 
 
 REGISTRY = {
@@ -592,6 +622,7 @@ REGISTRY = {
     "dedup": dedup,
     "pretrain": pretrain,
     "dp_tune": dp_tune,
+    "labels": labels,
     "generate": generate,
     "evaluate": evaluate,
 }

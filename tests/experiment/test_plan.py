@@ -137,5 +137,26 @@ def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_pa
     assert all("label_distribution" not in n.config for n in base.nodes)  # the default stays out of the hashes
     hist = build_plan(grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 10}),
                       str(tmp_path / "run"))
-    assert _changed(base, hist) == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
+    shared = {n.key for n in base.nodes}
+    assert {n.key for n in hist.nodes} - shared == {n.key for n in hist.nodes if n.stage == "labels"}  # one per model
+    hb = {n.key: n.hash for n in hist.nodes}
+    changed = {n.key for n in base.nodes if n.hash != hb[n.key]}
+    assert changed == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
     assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")
+
+
+def test_dp_label_histogram_is_one_node_per_dp_tuned_model(data_files, tmp_path):
+    cfg = grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 4.0,
+                                            "multiples": [1, 2]})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    tunes = [n for n in plan.nodes if n.stage == "dp_tune"]
+    labels = [n for n in plan.nodes if n.stage == "labels"]
+    gens = [n for n in plan.nodes if n.stage == "generate"]
+    assert len(labels) == len(tunes) and len(gens) > len(tunes)  # S x M corpora per model, one histogram
+    for g in gens:
+        lab = plan.node(g.inputs["labels"])
+        assert lab.inputs["model"] == g.inputs["model"]
+    assert set(plan.node("evaluate").inputs["labels"]) == {n.key for n in labels}
+    assert set(plan.node("evaluate").inputs["models"]) == {n.key for n in tunes}
+    # The default (uniform labels) has no labels node.
+    assert not [n for n in build_plan(grid_config(data_files), str(tmp_path / "run")).nodes if n.stage == "labels"]

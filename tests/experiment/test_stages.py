@@ -162,8 +162,10 @@ def test_missing_library_is_stage_unavailable():
         stages._module("x", "dpsynth.tokens", "no_such_function")
 
 
-def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
-    from dpsynth.experiment.cache import StageContext, StageOutput
+def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):
+    import dataclasses as dc
+
+    from dpsynth.experiment.cache import StageContext
     from dpsynth.generate.labels import dp_label_histogram
 
     calls = []
@@ -175,15 +177,27 @@ def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
             return dp_label_histogram(["a"] * 30 + ["b"] * 10, ["a", "b"], noise_multiplier=noise_multiplier)
 
     def out(key):
+        from dpsynth.experiment.cache import StageOutput
+
         return StageOutput(key=key, stage=key, hash="0" * 64, dir=str(tmp_path / key), summary={}, seconds=0.0, cached=True)
 
-    ctx = StageContext(key="generate[x]", stage="generate", hash="1" * 64, config={}, out_dir=str(tmp_path / "work"),
-                       inputs={"model": out("model"), "sensitive": out("sensitive")})
+
     (tmp_path / "work").mkdir()
-    first = stages._dp_label_distribution(ctx, FakeLib, 2.0)
-    again = stages._dp_label_distribution(ctx, FakeLib, 2.0)  # a resumed stage: the saved draw, no second release
-    assert first == again and first.source == "dp_histogram" and len(calls) == 1
+    ctx = StageContext(key="labels[x]", stage="labels", hash="1" * 64, config={"noise_multiplier": 2.0},
+                       out_dir=str(tmp_path / "work"), inputs={"model": out("model"), "sensitive": out("sensitive")})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stages, "_module", lambda stage, name, attr=None: FakeLib)
+    try:
+        first = stages.labels(ctx)
+        again = stages.labels(dc.replace(ctx, resume=True))  # an interrupted stage: the saved draw, no second release
+    finally:
+        mp.undo()
+    assert first == again and len(calls) == 1
     assert calls[0] == (str(tmp_path / "model" / "model"), str(tmp_path / "sensitive" / "data" / "train.jsonl"), 2.0)
+    # Every generate node of the model reads that one draw.
+    gen = StageContext(key="generate[x]", stage="generate", hash="2" * 64, config={}, out_dir=str(tmp_path / "g"),
+                       inputs={"labels": out("work")})
+    assert list(stages._label_distribution(gen).weights) == first["weights"]
 
 
 # ----------------------------------------------------------------------------- private state
