@@ -37,6 +37,45 @@ from dpsynth.evaluate import train_classifier as tc
 logger = logging.getLogger("dpsynth.evaluate")
 
 METRICS_JSON, METRICS_CSV, REPORT_HTML, PLOTS_DIR = "metrics.json", "metrics.csv", "report.html", "plots"
+LENGTH_CLIP_PERCENTILE = 99.0  # length histograms end here (a few very long reviews would set the range)
+EXAMPLES_PER_LABEL = 3  # synthetic examples per label shown in the report (never real text)
+EXAMPLE_CHARS = 300
+
+
+def nominal_epsilon(row: Mapping[str, Any]) -> float:
+    """The epsilon a corpus was asked for (`target_epsilon`), else its realised one; inf if non-private.
+
+    Plots use it so that a corpus at realised epsilon 2.9995 and DP-on-real at 3 share one x.
+    """
+    for key in ("target_epsilon", "epsilon"):
+        v = row.get(key)
+        if v is not None:
+            try:
+                return float(v)
+            except (TypeError, ValueError):
+                continue
+    return math.inf
+
+
+def epsilon_axis(values) -> tuple[dict[float, int], list[str]]:
+    """Categorical x positions for the nominal epsilons (finite ones sorted, then inf) and tick labels."""
+    finite = sorted({float(v) for v in values if math.isfinite(float(v))})
+    ticks = [f"{v:g}" for v in finite]
+    pos = {v: i for i, v in enumerate(finite)}
+    if any(not math.isfinite(float(v)) for v in values):
+        pos[math.inf] = len(finite)
+        ticks.append("inf\n(non-private)")
+    return pos, ticks
+
+
+def clipped_edges(p: Sequence[float], q: Sequence[float], bins: int,
+                  percentile: float = LENGTH_CLIP_PERCENTILE) -> tuple[np.ndarray, float]:
+    """Histogram edges over [the shortest text, the `percentile` of both samples]; returns (edges, the clip value)."""
+    both = np.concatenate([np.asarray(p, float), np.asarray(q, float)])
+    hi = float(np.percentile(both, percentile)) if both.size else 1.0
+    lo = float(both.min()) if both.size else 0.0
+    hi = max(hi, lo + 1.0)
+    return np.linspace(lo, hi, bins + 1), hi
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -166,6 +205,7 @@ class Scorer:
                                                  "steps", "clip_norm", "contamination_sha256", "side_channels",
                                                  "temperature", "top_k", "num_decodes", "invalid_rows")}
         plot["generation_report"] = _summary(corpus.generation_report)
+        plot["examples"] = synthetic_examples(corpus.train)
         try:
             synth_labels, real_labels = corpora.label_set(corpus.train + corpus.valid), self.real.labels()
             if synth_labels != real_labels:
@@ -239,6 +279,18 @@ class Scorer:
                              **{f"selected_{k}": v for k, v in res.selected.items()},
                              **tc.privacy_summary(res.privacy), "privacy_report": res.privacy})
         return rows
+
+
+def synthetic_examples(records: Sequence[Mapping[str, Any]], per_label: int = EXAMPLES_PER_LABEL,
+                       max_chars: int = EXAMPLE_CHARS) -> dict[str, list[str]]:
+    """The first `per_label` SYNTHETIC texts of each label, shortened (for the report; never real text)."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        texts = out.setdefault(str(r["label"]), [])
+        if len(texts) < per_label:
+            t = " ".join(str(r["text"]).split())
+            texts.append(t if len(t) <= max_chars else t[:max_chars] + " ...")
+    return dict(sorted(out.items()))
 
 
 def _summary(report: dict | None) -> dict | None:
@@ -332,20 +384,19 @@ def make_plots(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
     os.makedirs(pdir, exist_ok=True)
     out = []
     ok = [r for r in rows if r.get("status") == "ok"]
-    # Accuracy vs epsilon per mode and classifier, with the baselines.
+    # Accuracy vs epsilon per mode and classifier, with the baselines, on the NOMINAL epsilon
+    # grid (a corpus tuned for epsilon 3 that realised 2.9995 sits at 3, beside DP-on-real at 3).
     for kind in classifiers:
         fig, ax = plt.subplots(figsize=(6, 4))
-        finite = [r["epsilon"] for r in ok if r.get("epsilon") not in (None,) and math.isfinite(r["epsilon"])]
-        finite += [b["epsilon"] for b in baselines if math.isfinite(b["epsilon"])]
-        inf_x = (max(finite) * 3) if finite else 10.0
-        xs = lambda e: inf_x if (e is None or not math.isfinite(e)) else e  # noqa: E731
+        pos, ticks = epsilon_axis([nominal_epsilon(r) for r in ok]
+                                  + [b["epsilon"] for b in baselines if b["baseline"] == "dp_on_real"])
         for mode in sorted({str(r.get("mode")) for r in ok}):
-            pts = sorted((xs(r.get("epsilon")), r.get(f"{kind}_accuracy"), r.get(f"{kind}_accuracy_std") or 0)
+            pts = sorted((pos[nominal_epsilon(r)], r.get(f"{kind}_accuracy"), r.get(f"{kind}_accuracy_std") or 0)
                          for r in ok if str(r.get("mode")) == mode and r.get(f"{kind}_accuracy") is not None)
             if pts:
                 x, y, s = zip(*pts)
                 ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"synthetic ({mode})")
-        dp = sorted((b["epsilon"], b["accuracy"], b["accuracy_std"]) for b in baselines
+        dp = sorted((pos[float(b["epsilon"])], b["accuracy"], b["accuracy_std"]) for b in baselines
                     if b["classifier"] == kind and b["baseline"] == "dp_on_real")
         if dp:
             x, y, s = zip(*dp)
@@ -353,19 +404,24 @@ def make_plots(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
         for b in baselines:
             if b["classifier"] == kind and b["baseline"] == "real":
                 ax.axhline(b["accuracy"], color="g", linestyle=":", label="real data (eps = inf)")
-        ax.set_xscale("log")
-        ax.set_xlabel("epsilon (non-private plotted at the right edge)")
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(ticks)
+        ax.set_xlim(-0.5, max(len(ticks) - 0.5, 0.5))
+        ax.set_xlabel("target epsilon (nominal grid; each corpus's realised epsilon is in the table)")
         ax.set_ylabel("real-test accuracy")
         ax.set_title(f"{kind}: accuracy vs epsilon")
         ax.legend(fontsize=7)
         out.append((f"{kind}: accuracy vs epsilon", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"accuracy_{kind}.png")), out_dir)))
     for i, p in enumerate(plots):
         if "lengths" in p:
-            pl, ql, edges = p["lengths"]
+            pl, ql, _ = p["lengths"]
+            edges, hi = clipped_edges(pl, ql, len(p["lengths"][2]) - 1 if len(p["lengths"][2]) > 1 else 50)
+            over = sum(1 for v in list(pl) + list(ql) if v > hi)
             fig, ax = plt.subplots(figsize=(5, 3))
-            ax.hist(ql, bins=edges, alpha=0.5, density=True, label="real test")
-            ax.hist(pl, bins=edges, alpha=0.5, density=True, label="synthetic train")
-            ax.set_xlabel("characters")
+            ax.hist(np.clip(ql, 0, hi), bins=edges, alpha=0.5, density=True, label="real test")
+            ax.hist(np.clip(pl, 0, hi), bins=edges, alpha=0.5, density=True, label="synthetic train")
+            ax.set_xlabel(f"characters (axis clipped at the {LENGTH_CLIP_PERCENTILE:g}th percentile, {hi:.0f};"
+                          f" {over} longer texts counted in the last bin)", fontsize=7)
             ax.set_title(f"{p['corpus']}: length")
             ax.legend(fontsize=7)
             out.append((f"{p['corpus']}: length histogram", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"length_{i}.png")), out_dir)))
@@ -406,7 +462,7 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
+SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "target_epsilon", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
                    "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity")
 
 
@@ -457,6 +513,16 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
         parts.append(f"<figure><img class='plot' src='{html.escape(rel)}' alt='{html.escape(title)}' "
                      "onload=\"this.dataset.loaded='1'\" onerror=\"this.dataset.loaded='0'\">"
                      f"<figcaption>{html.escape(title)}</figcaption></figure>")
+    shown = [p for p in plots if p.get("examples")]
+    if shown:
+        parts.append("<h2>Synthetic examples</h2><p>The first few SYNTHETIC training examples of each label per corpus "
+                     "(DP output). No real text appears in this report: it travels with the data.</p>")
+        for p in shown:
+            parts.append(f"<h3>{html.escape(p['corpus'])}</h3><table class='examples'><tr><th>label</th><th>synthetic text</th></tr>")
+            for label, texts in p["examples"].items():
+                for t in texts:
+                    parts.append(f"<tr><td>{html.escape(label)}</td><td>{html.escape(t)}</td></tr>")
+            parts.append("</table>")
     parts.append("<h2>Privacy and contamination cards</h2>")
     for p in plots:
         card = p.get("card")
@@ -571,6 +637,66 @@ def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
         name = "real data" if b["baseline"] == "real" else f"DP-on-real ({b.get('sweep_accounting', '?')})"
         lines.append(f"{name:<28} {eps_s:>6} {cells}")
     return "\n".join(lines)
+
+
+def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classifier: str = "wordcnn") -> str:
+    """How useful each synthetic corpus is, in measured numbers a user can act on.
+
+    For each corpus: its classifier's real-test accuracy beside the majority-class rate of the
+    real test set, the real-data and DP-on-real classifiers at the same epsilon, and the share of
+    the real-data gain over the majority rate that the synthetic data recovers. Only numbers
+    from `metrics` (a `metrics.json`) and the test labels' counts; no real text.
+    """
+    from collections import Counter
+
+    counts = Counter(str(l) for l in test_labels)
+    if not counts:
+        return "no test labels: cannot compare with the majority class"
+    top, n_top = max(sorted(counts.items()), key=lambda kv: kv[1])
+    majority = n_top / sum(counts.values())
+    baselines = metrics.get("baselines") or []
+
+    def base(which, eps=None):
+        for b in baselines:
+            if b.get("baseline") == which and b.get("classifier") == classifier and (
+                    eps is None or _as_float(b.get("epsilon")) == eps):
+                return float(b["accuracy"])
+        return None
+
+    real = base("real")
+    lines = [f"How good is the synthetic data? ({classifier} trained on it, accuracy on {sum(counts.values())} real test "
+             f"examples)", f"  always answering the majority class '{top}': {majority:.3f}"]
+    if real is not None:
+        lines.append(f"  trained on the real training data (no privacy): {real:.3f}")
+    for row in metrics.get("corpora") or []:
+        acc = row.get(f"{classifier}_accuracy")
+        if row.get("status") != "ok" or acc is None:
+            lines.append(f"  {row.get('corpus')}: not scored ({row.get('error', row.get('status'))})")
+            continue
+        acc = float(acc)
+        eps = nominal_epsilon({k: _as_float(row.get(k)) for k in ("target_epsilon", "epsilon")})
+        dp = base("dp_on_real", eps) if math.isfinite(eps) else None
+        text = f"  synthetic {row.get('corpus')} (epsilon {eps:g}): {acc:.3f}, {100 * (acc - majority):+.1f} points vs majority"
+        if dp is not None:
+            text += f", {100 * (acc - dp):+.1f} vs DP-on-real ({dp:.3f})"
+        if real is not None and real > majority:
+            text += f"; recovers {100 * (acc - majority) / (real - majority):.0f}% of the real data's gain over majority"
+        if row.get("mauve") is not None:
+            text += f"; MAUVE {float(row['mauve']):.3f} (1 = indistinguishable from real)"
+        lines.append(text)
+        verdict = ("carries label signal a classifier can use" if acc >= majority + 0.05 else
+                   "does NOT beat answering the majority class by 5 points: not yet useful for training")
+        lines.append(f"    -> this synthetic data {verdict}")
+    return "\n".join(lines)
+
+
+def _as_float(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, Sequence[Mapping]], out_dir: str, *,
