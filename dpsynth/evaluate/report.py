@@ -5,6 +5,9 @@ epsilon = inf, and DP-on-real at the requested epsilons, `score_baselines`) and 
 `OUT/metrics.json`, `OUT/metrics.csv` and `OUT/report.html` with PNG plots under `OUT/plots/`:
 accuracy against epsilon per mode and classifier with the DP-on-real line, length histograms,
 bigram frontiers, the rank-correlation scatter, and a privacy / contamination card per corpus.
+Each DP-on-real baseline writes its privacy report (ledger, epsilons, side channels; the
+`dpsynth.dp.report` format) to `OUT/baselines/dp_on_real-<classifier>-eps<epsilon>/`, and its
+row in `metrics.json` and the HTML report carries the spent epsilon and the side channels.
 
 A corpus that cannot be scored (different label sets, no valid rows, too few examples for the
 MAUVE buckets, ...) gets a row with `status = "error"` and the reason; corpora without a
@@ -93,6 +96,12 @@ class EvaluateConfig:
       dp_expected_batch_size, dp_epochs: DP-on-real training; dp_microbatch_size: examples per
         per-example-gradient microbatch (memory: one gradient per example, e.g. 11.5M floats
         each for the paper's WordCNN).
+      dp_delta, dp_accountant: DP-on-real delta (None = 1 / |real train|) and accountant.
+      dp_sweep_accounting: "composed" (all trials of a DP-on-real sweep together meet the
+        epsilon) or "selected-only" (the paper's: only the selected trial is accounted).
+      wordcnn_vocabulary: the WordCNN's vocabulary (`train_classifier.VOCABULARIES`); "auto":
+        each corpus's own training set for synthetic data and the real-data baseline, the
+        public pieces of model_dir's tokenizer (hashed words without model_dir) for DP-on-real.
       real_baseline: train on real train (epsilon = inf) as the upper baseline.
       perplexity: score the real test set under each corpus's generator (when loadable).
       length_bins: bins of the character-length histograms.
@@ -114,6 +123,10 @@ class EvaluateConfig:
     dp_expected_batch_size: int = 64
     dp_epochs: float = 5.0
     dp_microbatch_size: int = 16
+    dp_delta: float | None = None
+    dp_accountant: str = "rdp"
+    dp_sweep_accounting: str = "composed"
+    wordcnn_vocabulary: str = "auto"
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50
@@ -126,6 +139,11 @@ class EvaluateConfig:
             raise ValueError("the backbone classifier needs model_dir")
         if any(not (e > 0 and math.isfinite(e)) for e in self.dp_epsilons):
             raise ValueError(f"dp_epsilons must be finite and > 0, got {self.dp_epsilons}")
+        if self.dp_sweep_accounting not in tc.SWEEP_ACCOUNTINGS:
+            raise ValueError(f"dp_sweep_accounting must be one of {tc.SWEEP_ACCOUNTINGS}, got "
+                             f"{self.dp_sweep_accounting!r}")
+        if self.wordcnn_vocabulary not in tc.VOCABULARIES:
+            raise ValueError(f"wordcnn_vocabulary must be one of {tc.VOCABULARIES}, got {self.wordcnn_vocabulary!r}")
 
     def embedder_spec(self) -> str:
         if self.embedder != "auto":
@@ -138,7 +156,8 @@ class EvaluateConfig:
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
-                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone)
+                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone,
+                                 vocabulary=self.wordcnn_vocabulary)
 
 
 @dataclasses.dataclass
@@ -250,12 +269,15 @@ class Scorer:
             for eps in self.config.dp_epsilons:
                 dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
                                  microbatch_size=min(self.config.dp_microbatch_size, len(train)),
-                                 epochs=self.config.dp_epochs)
+                                 epochs=self.config.dp_epochs, delta=self.config.dp_delta,
+                                 accountant=self.config.dp_accountant,
+                                 sweep_accounting=self.config.dp_sweep_accounting)
                 res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
-                             **{f"selected_{k}": v for k, v in res.selected.items()}})
+                             **{f"selected_{k}": v for k, v in res.selected.items()},
+                             **tc.privacy_summary(res.privacy), "privacy_report": res.privacy})
         return rows
 
 
@@ -298,6 +320,31 @@ def _json_value(v):
     if isinstance(v, (np.floating, np.integer)):
         return _json_value(v.item())
     return v
+
+
+BASELINES_DIR = "baselines"
+
+
+def write_baseline_reports(baselines: Sequence[dict], out_dir: str) -> list[dict]:
+    """Writes each DP-on-real row's privacy report to `OUT/baselines/<name>/`; returns the rows
+    with the embedded report replaced by the relative path of its `privacy_report.json`."""
+    from dpsynth.dp import report as report_lib
+
+    out = []
+    for b in baselines:
+        b = dict(b)
+        rep = b.get("privacy_report")
+        if isinstance(rep, dict):
+            json_path, _ = report_lib.write_report(os.path.join(out_dir, baseline_dir(b)), rep)
+            b["privacy_report"] = os.path.relpath(json_path, out_dir)
+        out.append(b)
+    return out
+
+
+def baseline_dir(row: Mapping[str, Any]) -> str:
+    """`baselines/<baseline>-<classifier>-eps<epsilon>`: where a baseline row's privacy report goes (relative)."""
+    eps = row["epsilon"]
+    return os.path.join(BASELINES_DIR, f"{row['baseline']}-{row['classifier']}-eps{'inf' if math.isinf(eps) else f'{eps:g}'}")
 
 
 def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str) -> tuple[str, str]:
@@ -444,10 +491,22 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
         parts.append(f"<tr class='{klass}'>" + "".join(cells) + f"<td>{_fmt(r.get('error'))}</td></tr>")
     parts.append("</table>")
     if baselines:
-        parts.append("<h2>Baselines</h2><table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th></tr>")
+        parts.append("<h2>Baselines</h2><p>DP-on-real: epsilon spent by the whole sweep (every accountant) at the "
+                     "delta shown; its non-DP side channels and privacy report are listed per row.</p>"
+                     "<table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th>"
+                     "<th>epsilon spent</th><th>delta</th><th>sweep accounting</th><th>vocabulary</th>"
+                     "<th>side channels</th><th>privacy report</th></tr>")
         for b in baselines:
+            spent = b.get("epsilon_spent") or {}
+            spent_s = ", ".join(f"{k.upper()} {_fmt(v)}" for k, v in spent.items()) or "-"
+            channels = "; ".join(f"<b>{html.escape(c['name'])}</b>: {html.escape(c['detail'])}"
+                                 for c in b.get("side_channels") or []) or "-"
+            rep = b.get("privacy_report")
+            link = f"<a href='{html.escape(rep)}'>{html.escape(rep)}</a>" if isinstance(rep, str) else "-"
             parts.append(f"<tr><td>{_fmt(b['baseline'])}</td><td>{_fmt(b['classifier'])}</td><td>{_fmt(b['epsilon'])}</td>"
-                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td></tr>")
+                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td><td>{spent_s}</td>"
+                         f"<td>{_fmt(b.get('delta'))}</td><td>{_fmt(b.get('sweep_accounting'))}</td>"
+                         f"<td>{_fmt(b.get('vocabulary'))}</td><td>{channels}</td><td>{link}</td></tr>")
         parts.append("</table>")
     parts.append("<h2>Plots</h2>")
     for title, rel in images:
@@ -491,6 +550,7 @@ def write_report(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequenc
     """Tables, plots and HTML; returns their paths."""
     rows = sorted(rows, key=lambda r: r["corpus"])
     plots = sorted(plots, key=lambda p: p["corpus"])
+    baselines = write_baseline_reports(baselines, out_dir)
     jpath, cpath = write_tables(rows, baselines, out_dir)
     images = make_plots(rows, plots, baselines, out_dir, classifiers)
     hpath = write_html(rows, plots, baselines, images, out_dir, classifiers)
@@ -533,7 +593,9 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
                       embedder: str = "auto", dp_epsilons: Sequence[float] = (), grid: str = "small", repeats: int = 3,
                       max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500, mauve_seeds: int = 3,
                       mauve_subsample: int | None = None, perplexity: bool = True,
-                      real_baseline: bool = True) -> EvaluateConfig:
+                      real_baseline: bool = True, dp_sweep_accounting: str = "composed",
+                      wordcnn_vocabulary: str = "auto", dp_delta: float | None = None,
+                      dp_accountant: str = "rdp") -> EvaluateConfig:
     """An `EvaluateConfig` from command-line style values (used by the CLI and the demo)."""
     kinds = () if classifiers.strip() in ("", "none") else tuple(c.strip() for c in classifiers.split(",") if c.strip())
     lrs, wds = (tc.WIDE_LR_GRID, tc.WIDE_WD_GRID) if grid == "wide" else (tc.SMALL_LR_GRID, tc.SMALL_WD_GRID)
@@ -542,6 +604,8 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
         wordcnn=SMALL_CNN if cnn == "small" else cls_lib.WordCNNConfig(),
         mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
         mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
+        dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
+        dp_accountant=dp_accountant,
         sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
                              train=tc.TrainConfig(max_epochs=max_epochs)))
 
@@ -570,7 +634,8 @@ def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
     for b in result["baselines"]:
         eps_s = "inf" if math.isinf(b["epsilon"]) else f"{b['epsilon']:g}"
         cells = " ".join(f"{acc(b['accuracy'], b['accuracy_std']) if k == b['classifier'] else '':>16}" for k in classifiers)
-        lines.append(f"{('real data' if b['baseline'] == 'real' else 'DP-on-real'):<28} {eps_s:>6} {cells}")
+        name = "real data" if b["baseline"] == "real" else f"DP-on-real ({b.get('sweep_accounting', '?')})"
+        lines.append(f"{name:<28} {eps_s:>6} {cells}")
     return "\n".join(lines)
 
 

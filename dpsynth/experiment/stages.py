@@ -577,6 +577,15 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
 # ----------------------------------------------------------------------------- evaluation
 
 
+def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
+    accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
+    shared_dp = c.get("dp_tune") or {}
+    defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
+                if shared_dp.get(src) is not None}
+    return {**defaults, **dict(c.get("options") or {})}
+
+
 def evaluate(ctx: StageContext) -> dict[str, Any]:
     """The batch metric report over every trial's synthetic data (`dpsynth.evaluate.report.evaluate`).
 
@@ -595,14 +604,13 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         dirs.append(link)
     real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
-    options = dict(c.get("options") or {})
-    config = make_config(lib.EvaluateConfig, dict(
-        classifiers=tuple(c["classifiers"]),
-        model_dir=ctx.inputs["pretrain"].path("model"),
-        dp_epsilons=tuple(epsilons),
-        real_baseline=bool(c["baselines"]),
-        **options,
-    ), "evaluate.options")
+    config = make_config(lib.EvaluateConfig, {
+        "classifiers": tuple(c["classifiers"]),
+        "model_dir": ctx.inputs["pretrain"].path("model"),
+        "dp_epsilons": tuple(epsilons),
+        "real_baseline": bool(c["baselines"]),
+        **evaluate_options(c),
+    }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
@@ -617,7 +625,14 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
     ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
-    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
+    dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
+                   "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
+                   "trials_accounted": b["trials_accounted"],
+                   "side_channels": [ch["name"] for ch in b["side_channels"]],
+                   "privacy_report": os.path.join(lib.baseline_dir(b), "privacy_report.json")}
+                  for b in result["baselines"] if b["baseline"] == "dp_on_real"]
+    return {"table": table, "dp_on_real": dp_on_real,
+            "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
             "root_epsilon": root.to_json()["root"]}
 
 

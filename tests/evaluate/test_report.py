@@ -89,6 +89,18 @@ def test_table_rows_metrics_and_marks(evaluated):
     with open(out["paths"]["metrics_json"]) as f:
         saved = json.load(f)
     assert len(saved["corpora"]) == 4 and saved["corpora"][3]["epsilon"] == "inf"
+    # The DP-on-real row carries its accounting and side channels; its privacy report sits beside metrics.json.
+    (dp_row,) = [b for b in saved["baselines"] if b["baseline"] == "dp_on_real"]
+    assert dp_row["sweep_accounting"] == "composed" and dp_row["trials_accounted"] == 2  # 2 lr x 1 clip x 1 repeat
+    assert 0 < dp_row["epsilon_spent"]["rdp"] <= 3.0 * (1 + 1e-6) and dp_row["delta"] == 1 / 200
+    assert dp_row["vocabulary"] == "hashing"  # no model_dir: hashed words, nothing read from real train
+    assert {"validation-based selection", "label set", "dataset sizes"} <= {c["name"] for c in dp_row["side_channels"]}
+    report_path = os.path.join(root, "out", dp_row["privacy_report"])
+    assert dp_row["privacy_report"] == "baselines/dp_on_real-wordcnn-eps3/privacy_report.json"
+    with open(report_path) as f:
+        rep = json.load(f)
+    assert rep["epsilon"] == dp_row["epsilon_spent"] and rep["side_channels"] == dp_row["side_channels"]
+    assert os.path.exists(report_path.replace(".json", ".md"))
     with open(out["paths"]["metrics_csv"]) as f:
         assert len(f.read().strip().splitlines()) == 5
 
@@ -104,6 +116,7 @@ def test_every_plot_is_a_valid_png(evaluated):
         assert img.ndim == 3 and img.shape[0] > 50 and img.shape[1] > 50
     html = open(out["paths"]["report_html"]).read()
     assert html.count("<img class='plot'") == len(plots) and "NON-PRIVATE" in html and "label sets differ" in html
+    assert "validation-based selection" in html and "baselines/dp_on_real-wordcnn-eps3/privacy_report.json" in html
 
 
 def test_nominal_epsilon_axis_clipped_lengths_and_synthetic_examples_only(evaluated):
