@@ -149,7 +149,7 @@ def test_user_level_and_bandmf_settings_enter_only_when_set(data_files, tmp_path
     base = build_plan(grid_config(data_files), str(tmp_path / "run"))
     for key in ("privacy_unit", "max_examples_per_user", "mechanism", "bands", "user_column"):
         assert all(key not in n.config for n in base.nodes)  # defaults stay out of the hashes
-    (data_files / "train.csv").write_text("text,label,author\na,x,u1\nb,y,u1\n")
+    (data_files / "train.csv").write_text("text,label,author\n" + "".join(f"t{i},{'xy'[i % 2]},u1\n" for i in range(20)))
     user = build_plan(grid_config(data_files, sensitive={"user_column": "author"},
                                   dp_tune={"privacy_unit": "user", "max_examples_per_user": 4, "mechanism": "bandmf",
                                            "bands": 2}), str(tmp_path / "run"))
