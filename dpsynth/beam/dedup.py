@@ -1,8 +1,9 @@
 """PTransforms of the dedup job: cut every >= k-token overlap with sensitive data per public shard.
 
 The sensitive index (`dpsynth.dedup.index.SensitiveIndex`) is built once on the driver and
-saved as one file (any Beam filesystem); each worker loads it once in `DoFn.setup()` and runs `dpsynth.dedup.match.dedup_shard` on
-one public shard per element. Each DoFn writes its own outputs atomically:
+saved as one file (any Beam filesystem); each worker loads it and suffix-sorts it once in
+`DoFn.setup()`, then runs `dpsynth.dedup.match.dedup_shard` on one public shard per element
+(matched against that one sorted sensitive set). Each DoFn writes its own outputs atomically:
 
 ```
 OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
@@ -38,9 +39,21 @@ CONTAMINATION = "contamination.json"
 
 def clean_text(tokenizer, document, ranges) -> str:
     """The kept pieces of one tokenized document, decoded one by one and joined by newlines."""
-    pieces = complement_ranges(len(document), ranges)
-    texts = [tokenizer.decode(document[a:b]) for a, b in pieces]
-    return "\n".join(t for t in texts if t)
+    return clean_texts(tokenizer, [document], [ranges])[0]
+
+
+def clean_texts(tokenizer, documents, ranges) -> list[str]:
+    """`clean_text` of every document, with all pieces in one batched decode."""
+    pieces, owner = [], []
+    for j, (doc, cut) in enumerate(zip(documents, ranges)):
+        for a, b in complement_ranges(len(doc), cut) if cut else [(0, len(doc))]:
+            pieces.append(doc[a:b])
+            owner.append(j)
+    texts: list[list[str]] = [[] for _ in documents]
+    for j, text in zip(owner, tokenizer.decode_batch(pieces)):
+        if text:
+            texts[j].append(text)
+    return ["\n".join(t) for t in texts]
 
 
 class _DedupShardFn(beam.DoFn):
@@ -62,6 +75,7 @@ class _DedupShardFn(beam.DoFn):
         from dpsynth.dedup.index import SensitiveIndex
 
         self.index = SensitiveIndex.load(self.index_path)  # any Beam filesystem
+        self.index.sorted_suffixes(self.threads)  # the sensitive suffix array, once per worker
         self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
 
     def process(self, entry):
@@ -76,12 +90,11 @@ class _DedupShardFn(beam.DoFn):
             [cleaned.document(i) for i in range(cleaned.num_documents)], cleaned.docs, self.vocab_size,
         )
         lines, emptied, touched, removed = [], 0, 0, 0
-        for i, ranges in enumerate(result.ranges):
-            doc = shard.document(i)
+        texts = clean_texts(self.tokenizer, [shard.document(i) for i in range(shard.num_documents)], result.ranges)
+        for i, (ranges, text) in enumerate(zip(result.ranges, texts)):
             if ranges:
                 touched += 1
                 removed += sum(b - a for a, b in ranges)
-            text = clean_text(self.tokenizer, doc, ranges) if ranges else self.tokenizer.decode(doc)
             if not text.strip():
                 emptied += 1
                 continue

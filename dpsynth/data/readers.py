@@ -12,6 +12,11 @@ compression suffix `.gz`, `.bz2`, `.zst`, `.deflate`, `.xz`):
 | `.csv`            | one data row (header required)   | `text_column` / `label_column` / `id`   |
 | `.parquet`        | one row                          | `text_column` / `label_column` / `id`   |
 
+With a user column (`user_column`, for user-level DP: `dpsynth.dp.users`) every record also
+gets `"user"` (the column's value as a string; integral floats as integers). A CSV/Parquet
+file without that column, or a JSONL file none of whose records has it, is fatal
+(`InputError` naming the file); a record with a null or empty user is dead-lettered.
+
 Document ids are stable: the record's own `id` field when present, else
 `<relpath>:<record number>` (1-based; the JSONL line, the CSV data row, the Parquet row),
 where `relpath` is the file's path relative to the directory or glob base it was found
@@ -96,11 +101,12 @@ RecordOrDead = Union[Record, DeadLetter]
 
 @dataclasses.dataclass(frozen=True)
 class Columns:
-    """Which fields hold the text, the label (None for public corpora) and the id."""
+    """Which fields hold the text, the label (None for public corpora), the id and the user (optional)."""
 
     text: str = "text"
     label: str | None = "label"
     id: str = "id"
+    user: str | None = None
 
     @classmethod
     def public(cls, text: str = "text") -> "Columns":
@@ -212,18 +218,18 @@ def check_text(text: Any, column: str, max_document_bytes: int) -> str | None:
     return None
 
 
-def _label(value: Any, column: str) -> tuple[str | None, str | None]:
+def _label(value: Any, column: str, what: str = "label") -> tuple[str | None, str | None]:
     if value is None:
-        return None, f"label column {column!r} is missing or null"
+        return None, f"{what} column {column!r} is missing or null"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     label = str(value)
     try:
         label.encode("utf-8")
     except UnicodeEncodeError:
-        return None, f"invalid UTF-8 in label column {column!r}"
+        return None, f"invalid UTF-8 in {what} column {column!r}"
     if not label.strip():
-        return None, f"label column {column!r} is empty"
+        return None, f"{what} column {column!r} is empty"
     return label, None
 
 
@@ -242,6 +248,11 @@ def _make_record(
         if reason:
             return DeadLetter(f.path, n, reason)
         rec["label"] = label
+    if columns.user is not None:
+        user, reason = _label(fields.get(columns.user), columns.user, "user")
+        if reason:
+            return DeadLetter(f.path, n, reason)
+        rec["user"] = user
     return rec
 
 
@@ -273,6 +284,7 @@ def _iter_txt(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
 
 
 def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    seen_user = False
     with _open(f.path) as fh:
         for n, raw in enumerate(iter(fh.readline, b""), start=1):
             line = raw.rstrip(b"\r\n")
@@ -295,14 +307,19 @@ def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int) -> Iter
             if not isinstance(obj, dict):
                 yield DeadLetter(f.path, n, f"not a JSON object ({type(obj).__name__})")
                 continue
+            seen_user = seen_user or (columns.user is not None and columns.user in obj)
             yield _make_record(obj, f, n, columns, max_document_bytes)
+    if columns.user is not None and not seen_user:
+        raise InputError(f"{f.path}: no record has the user column {columns.user!r} (choose with --user-column)")
 
 
 def _check_columns(f: InputFile, available: Sequence[str], columns: Columns) -> None:
-    needed = [columns.text] + ([columns.label] if columns.label is not None else [])
+    needed = ([columns.text] + ([columns.label] if columns.label is not None else [])
+              + ([columns.user] if columns.user is not None else []))
     missing = [c for c in needed if c not in available]
     if missing:
-        flag = "--text-column" if columns.text in missing else "--label-column"
+        flag = ("--text-column" if columns.text in missing else
+                "--label-column" if columns.label in missing else "--user-column")
         raise InputError(
             f"{f.path}: missing column(s) {missing}; it has {list(available)} (choose with {flag})"
         )
@@ -341,7 +358,7 @@ def _iter_parquet(f: InputFile, columns: Columns, max_document_bytes: int) -> It
         pf = pq.ParquetFile(fh)
         names = pf.schema_arrow.names
         _check_columns(f, names, columns)
-        wanted = [c for c in (columns.text, columns.label, columns.id) if c is not None and c in names]
+        wanted = [c for c in (columns.text, columns.label, columns.id, columns.user) if c is not None and c in names]
         n = 0
         for batch in pf.iter_batches(columns=wanted, batch_size=1024):
             for row in batch.to_pylist():
@@ -412,10 +429,12 @@ def read_sensitive(
     *,
     text_column: str = "text",
     label_column: str = "label",
+    user_column: str | None = None,
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
 ) -> Dataset:
-    """A labeled dataset: records `{"id", "text", "label"}` (labels as strings)."""
-    return read_records(paths, columns=Columns(text=text_column, label=label_column), max_document_bytes=max_document_bytes)
+    """A labeled dataset: records `{"id", "text", "label"[, "user"]}` (labels and users as strings)."""
+    return read_records(paths, columns=Columns(text=text_column, label=label_column, user=user_column),
+                        max_document_bytes=max_document_bytes)
 
 
 def read_public(

@@ -15,10 +15,11 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 |------------|----------------------------------------------------------------------------|
 | sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` |
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
-| tokenizer  | `tokenizer.model`                                                          |
-| dedup      | the dedup job's output: `clean/` (JSONL), `clean_tokens/`, `contamination.json` |
+| dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
+| tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
 | pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
+| labels     | `label_distribution.json` (one DP label histogram draw per DP-tuned model)  |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
 | evaluate   | the batch report (`metrics.json`, `metrics.csv`, `report.html`, `plots/`), `corpora/` links |
 """
@@ -244,18 +245,19 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 
 
 def tokenizer(ctx: StageContext) -> dict[str, Any]:
-    """SentencePiece on the PUBLIC corpus only (`dpsynth.data.tokenizer_training`)."""
-    training = _module("tokenizer", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
-    tok = training.train_public_tokenizer(
-        [ctx.inputs["public"].path("corpus")],
+    """The RELEASED tokenizer: SentencePiece on the deduplicated public corpus only, and that
+    corpus re-tokenized with it (`dpsynth.beam.jobs.release_tokenizer`)."""
+    jobs = _module("tokenizer", "dpsynth.beam.jobs", "release_tokenizer")
+    out = jobs.release_tokenizer(
+        [ctx.inputs["dedup"].path("clean")],
         vocab_size=ctx.config["vocab_size"],
-        out=os.path.join(ctx.out_dir, "tokenizer.model"),
+        out_dir=ctx.out_dir,
         max_sentences=ctx.config["max_sentences"],
         seed=ctx.config["seed"],
     )
-    ctx.report(f"tokenizer: {tok.vocab_size} pieces, sha256 {tok.sha256[:12]}")
-    return {"vocab_size": tok.vocab_size, "sha256": tok.sha256}
-
+    ctx.report(f"tokenizer: {out['vocab_size']} pieces from the deduplicated public corpus only, sha256 "
+               f"{out['sha256'][:12]}; clean corpus re-tokenized: {out['manifest']['num_tokens']} tokens")
+    return {"vocab_size": out["vocab_size"], "sha256": out["sha256"], "num_tokens": out["manifest"]["num_tokens"]}
 
 
 # ----------------------------------------------------------------------------- dedup
@@ -271,18 +273,36 @@ def _contaminated_ids(report: Mapping[str, Any]) -> set[str]:
     return found
 
 
+DEDUP_TOKENIZER = "dedup_tokenizer.model"  # the temporary tokenizer, in the dedup stage's private state
+
+
 def dedup(ctx: StageContext) -> dict[str, Any]:
-    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`)."""
+    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`).
+
+    Tokenizes with a temporary tokenizer trained on the uncleaned public corpus (the planted
+    or otherwise overlapping sensitive text included): it serves this stage only and is kept
+    in its private state, never released; the `tokenizer` stage trains the released one on
+    `clean/`. The job's `clean_tokens/` (in the temporary tokenizer's ids) is removed.
+    """
+    import shutil
+
     jobs = _module("dedup", "dpsynth.beam.jobs", "dedup")
     report_lib = _module("dedup", "dpsynth.dedup.report", "summarize")
+    training = _module("dedup", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
+    tok = ctx.config["tokenizer"]
+    temporary = ctx.private_path(DEDUP_TOKENIZER)
+    training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
+                                    max_sentences=tok["max_sentences"], seed=tok["seed"])
+    os.chmod(temporary, 0o600)
     report = jobs.dedup(
         [ctx.inputs["public"].path("corpus")],
         [f"sensitive={ctx.inputs['sensitive'].path('data')}"],
-        tokenizer_path=ctx.inputs["tokenizer"].path("tokenizer.model"),
+        tokenizer_path=temporary,
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
         threads=os.cpu_count() or 1,
     )
+    shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
     planted = list(ctx.inputs["public"].summary.get("planted_ids", []))
     sha = report.get("report_sha256") or _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
@@ -332,7 +352,7 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
     ), "pretrain.options")
     model_dir = os.path.join(ctx.out_dir, "model")
     summary = lib.run_pretrain(
-        ctx.inputs["dedup"].path("clean_tokens"),
+        ctx.inputs["tokenizer"].path("clean_tokens"),  # the clean corpus in the released tokenizer's ids
         ctx.inputs["tokenizer"].path("tokenizer.model"),
         model_dir,
         config,
@@ -433,23 +453,38 @@ EXAMPLE_CHARS = 300
 LABEL_DISTRIBUTION_FILE = "label_distribution.json"
 
 
-def _dp_label_distribution(ctx: StageContext, lib, noise_multiplier: float):
-    """The DP label histogram of D_train, drawn once per stage instance.
+def labels(ctx: StageContext) -> dict[str, Any]:
+    """The DP label histogram of D_train for one DP-tuned model (`dpsynth.generate.job.dp_label_distribution`).
 
-    The draw is saved in the work directory, so a resumed stage reuses it (the job's config
-    hash includes the distribution) instead of releasing a second noisy histogram.
+    Drawn once per model: every generate node of that model (all samplings and multiples)
+    reads this draw, so the root releases one histogram per model. The noise seed is secret
+    (OS entropy); the draw (noisy counts, weights) is DP and is what this stage writes.
     """
     from dpsynth.generate.labels import LabelDistribution
 
+    lib = _module("labels", "dpsynth.generate.job", "dp_label_distribution")
+    sigma = ctx.config["noise_multiplier"]
     path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
-    if os.path.exists(path):
+    if ctx.resume and os.path.exists(path):  # an interrupted stage: reuse its draw, never draw twice
         with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-        return LabelDistribution.from_json(saved)
-    dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"), ctx.inputs["sensitive"].path("data", "train.jsonl"),
-                                     noise_multiplier=float(noise_multiplier))
-    _write_json(path, dist.to_json())
-    return dist
+            dist = LabelDistribution.from_json(json.load(f))
+    else:
+        dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"),
+                                         ctx.inputs["sensitive"].path("data", "train.jsonl"), noise_multiplier=float(sigma))
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(dist.to_json(), f, indent=2, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    ctx.report(f"DP label histogram of D_train (Gaussian, sigma {float(sigma):g}, sensitivity 1; one draw for this model): "
+               + ", ".join(f"{l} {w:.3f}" for l, w in zip(dist.labels, dist.weights)))
+    return {"noise_multiplier": float(sigma), "labels": list(dist.labels), "weights": list(dist.weights)}
+
+
+def _label_distribution(ctx: StageContext):
+    """The model's DP label histogram (the `labels` node's one draw)."""
+    from dpsynth.generate.labels import LabelDistribution
+
+    with open(ctx.inputs["labels"].path(LABEL_DISTRIBUTION_FILE), encoding="utf-8") as f:
+        return LabelDistribution.from_json(json.load(f))
 
 
 def generate(ctx: StageContext) -> dict[str, Any]:
@@ -468,7 +503,7 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     non_private = float(ctx.inputs["model"].summary.get("target_epsilon", 0.0)) == float("inf")
     distribution = None
     if c.get("label_distribution", "uniform") == "dp_histogram":
-        distribution = _dp_label_distribution(ctx, lib, c["label_noise_multiplier"])
+        distribution = _label_distribution(ctx)
     config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
@@ -551,8 +586,18 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
+    # What publishing the whole root costs: every release about D_train, composed from the ledgers.
+    from dpsynth.experiment import privacy as root_privacy
+
+    root = root_privacy.completed_releases(
+        eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
+        baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train))
+    root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
+    root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
+    ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
-    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)}}
+    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
+            "root_epsilon": root.to_json()["root"]}
 
 
 REGISTRY = {
@@ -562,6 +607,7 @@ REGISTRY = {
     "dedup": dedup,
     "pretrain": pretrain,
     "dp_tune": dp_tune,
+    "labels": labels,
     "generate": generate,
     "evaluate": evaluate,
 }

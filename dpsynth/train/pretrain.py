@@ -18,14 +18,25 @@ Outputs in OUT (a `dpsynth.model` directory once training finishes, see
 `dpsynth.train.checkpoint`): manifest.json, config.json, tokenizer.model, variables/,
 plus checkpoints/ (resumable training state), metrics.jsonl and tb/ (TensorBoard events).
 
-The corpus is packed in host memory (fine up to a few hundred million tokens on one host);
-each host of a multi-host run reads the same corpus and feeds its slice of the rows.
+The corpus is packed in host memory (fine up to a few hundred million tokens on one host).
+
+Multi-host (several JAX processes, e.g. the hosts of a TPU pod slice; `jax.distributed` must
+be initialized first, see `dpsynth.train.sharding.initialize_distributed`): every process runs
+this same function with the same arguments. The mesh spans every process's devices
+(`mesh_data * mesh_model` must equal `jax.device_count()`); each process packs the same row
+index (cheap, deterministic) but gathers and transfers only its own rows of every batch
+(`core.TrainFunctions.process_rows`), which the core assembles into global arrays. The
+losses and parameters equal a single-process run on as many devices up to float rounding
+(tested in 2 processes). Checkpoints are Orbax multi-host (every process writes its shards
+into the shared OUT, which must be one file system all hosts see, e.g. GCS or NFS); the
+metrics, TensorBoard events and the model directory's JSON files are written by process 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -264,6 +275,16 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
     return None
 
 
+class _NullWriter:
+    """What processes other than 0 of a multi-host run write: nothing."""
+
+    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        del step, split, metrics
+
+    def close(self) -> None:
+        pass
+
+
 class _Writer:
     """TensorBoard (tensorboardX) + metrics.jsonl, both append-only (a resume continues them)."""
 
@@ -347,6 +368,9 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                             "pass --resume to continue it, or choose a new --out")
 
     model = Transformer(model_config)
+    if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
+        raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
+                            f"all {jax.device_count()} devices of the {jax.process_count()} processes")
     mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
     optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
@@ -367,6 +391,8 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         logger.info("--resume: no checkpoint in %s, starting fresh", checkpointer.directory)
 
     eval_fn = jax.jit(lambda p, f, b: loss_fn(p, f, b, None)[1])
+    local = fns.process_rows(cfg.batch_size)  # the rows of every batch this process reads and feeds
+    primary = jax.process_index() == 0
 
     def evaluate() -> dict[str, float]:
         if valid_rows.num_rows == 0:
@@ -375,16 +401,16 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         n = min(valid_rows.num_rows, cfg.eval_batches * cfg.batch_size)
         for start in range(0, n, cfg.batch_size):
             idx = np.arange(start, start + cfg.batch_size) % valid_rows.num_rows
-            batch = valid_rows.rows(idx)
-            batch["mask"][start + np.arange(cfg.batch_size) >= n] = 0.0
-            aux = eval_fn(state.params, state.frozen, fns.shard_batch(batch))
-            mask = batch["mask"]
+            mask = (start + np.arange(cfg.batch_size) < n).astype(np.float32)
+            batch = valid_rows.rows(idx[local])
+            batch["mask"] = mask[local]
+            aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=cfg.batch_size)))
             ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
             toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
         loss = ce / max(toks, 1.0)
         return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": toks}
 
-    writer = _Writer(out_dir, cfg.tensorboard)
+    writer = _Writer(out_dir, cfg.tensorboard) if primary else _NullWriter()
     start_step = int(jax.device_get(state.step))
     flops_per_token = model_config.flops_per_token(cfg.seq_len)
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_device()
@@ -401,16 +427,18 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         if initial_valid:
             writer.write(0, "valid", initial_valid)
     desc = "pretrain" if start_step == 0 else f"pretrain (resumed at step {start_step})"
-    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval) as progress:
+    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval,
+                  stream=None if primary else io.StringIO()) as progress:
         for step in range(start_step, end_step):
             idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
             t0 = time.perf_counter()
             if cfg.grad_accum == 1:
-                state, metrics = fns.train_step(state, fns.shard_batch(train_rows.rows(idx)))
+                batch = fns.shard_batch(train_rows.rows(idx[local]), global_rows=cfg.batch_size)
+                state, metrics = fns.train_step(state, batch)
             else:
-                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size])
+                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size][local])
                          for i in range(cfg.grad_accum)]
-                state, metrics = fns.accumulated_step(state, micro)
+                state, metrics = fns.accumulated_step(state, micro, global_rows=cfg.batch_size)
             window = core.sum_metrics(window, {k: metrics[k] for k in ("ce_sum", "tokens", "loss_sum", "count")})
             done = step + 1
             if compile_s is None:

@@ -143,3 +143,52 @@ def test_duplicate_relative_names_are_refused(tmp_path):
         (tmp_path / d / "train.jsonl").write_text('{"text": "t"}\n')
     with pytest.raises(InputError, match="ids would collide"):
         readers.resolve_inputs([str(tmp_path / "x"), str(tmp_path / "y")])
+
+
+def repeated_user_rows(n_users=5, seed=0):
+    """A small labeled data set with repeated users: user i wrote i + 1 reviews (ids as ints in Parquet/JSONL)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = [{"text": f"review {j} by person {u}", "label": rng.choice(["pos", "neg"]), "author": u}
+            for u in range(n_users) for j in range(u + 1)]
+    rng.shuffle(rows)
+    return rows
+
+
+def test_user_column_in_every_format(tmp_path):
+    rows = repeated_user_rows()
+    _jsonl(tmp_path / "u.jsonl", rows)
+    with open(tmp_path / "u.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["author", "text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "u.parquet")
+    for name in ("u.jsonl", "u.csv", "u.parquet"):
+        ds = readers.read_sensitive(str(tmp_path / name), user_column="author")
+        assert not ds.dead_letters
+        assert [(r["text"], r["user"]) for r in ds.records] == [(r["text"], str(r["author"])) for r in rows], name
+        counts = {}
+        for r in ds.records:
+            counts[r["user"]] = counts.get(r["user"], 0) + 1
+        assert counts == {str(u): u + 1 for u in range(5)}
+    assert "user" not in readers.read_sensitive(str(tmp_path / "u.csv")).records[0]  # only when asked
+
+
+def test_missing_user_column_is_fatal_and_names_the_file(tmp_path):
+    rows = [{"text": "a review", "label": "pos"}, {"text": "another", "label": "neg"}]
+    _jsonl(tmp_path / "n.jsonl", rows)
+    with open(tmp_path / "n.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, ["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "n.parquet")
+    for name in ("n.jsonl", "n.csv", "n.parquet"):
+        with pytest.raises(InputError, match=rf"{name}.*author.*--user-column"):
+            readers.read_sensitive(str(tmp_path / name), user_column="author")
+    # A single record without a user is dead-lettered (the file has the column elsewhere).
+    _jsonl(tmp_path / "m.jsonl", [{"text": "x", "label": "pos", "author": "a"}, {"text": "y", "label": "pos"},
+                                  {"text": "z", "label": "pos", "author": ""}])
+    ds = readers.read_sensitive(str(tmp_path / "m.jsonl"), user_column="author")
+    assert [r["user"] for r in ds.records] == ["a"]
+    assert [(d.record, "user column" in d.reason) for d in ds.dead_letters] == [(2, True), (3, True)]

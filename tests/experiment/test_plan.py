@@ -62,14 +62,14 @@ def _downstream(plan, roots):
     "edit, direct",
     [
         ({"pretrain": {"steps": 301}}, lambda k: k == "pretrain"),
-        ({"tokenizer": {"vocab_size": 4000}}, lambda k: k == "tokenizer"),
+        ({"tokenizer": {"vocab_size": 4000}}, lambda k: k in ("dedup", "tokenizer")),  # dedup: its temporary one
         ({"dedup": {"min_tokens": 40}}, lambda k: k == "dedup"),
         ({"dp_tune": {"batch_size": 32}}, lambda k: k.startswith("dp_tune[") or k == "evaluate"),
         ({"dp_tune": {"lora_rank": 4}}, lambda k: k.startswith("dp_tune[lora")),
         ({"dp_tune": {"prompt_length": 8}}, lambda k: k.startswith("dp_tune[prompt")),
         ({"generate": {"max_tokens": 64}}, lambda k: k.startswith("generate[")),
         ({"evaluate": {"baselines": False}}, lambda k: k == "evaluate"),
-        ({"seed": 1}, lambda k: k not in ("sensitive", "public", "dedup")),
+        ({"seed": 1}, lambda k: k not in ("sensitive", "public")),
     ],
 )
 def test_a_changed_key_changes_exactly_the_affected_stages(data_files, tmp_path, edit, direct):
@@ -86,7 +86,7 @@ def test_data_content_changes_rerun_data_stages(data_files, tmp_path):
     base = build_plan(grid_config(data_files), str(tmp_path / "run"))
     (data_files / "train.csv").write_text("text,label\na,x\nB,y\n")
     new = build_plan(grid_config(data_files), str(tmp_path / "run"))
-    assert _changed(base, new) == _downstream(base, {"sensitive"}) - {"public", "tokenizer"}
+    assert _changed(base, new) == _downstream(base, {"sensitive"}) - {"public"}
     (data_files / "public.txt").write_text("other public text\n")
     newer = build_plan(grid_config(data_files), str(tmp_path / "run"))
     assert _changed(new, newer) == _downstream(new, {"public"})
@@ -137,5 +137,26 @@ def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_pa
     assert all("label_distribution" not in n.config for n in base.nodes)  # the default stays out of the hashes
     hist = build_plan(grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 10}),
                       str(tmp_path / "run"))
-    assert _changed(base, hist) == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
+    shared = {n.key for n in base.nodes}
+    assert {n.key for n in hist.nodes} - shared == {n.key for n in hist.nodes if n.stage == "labels"}  # one per model
+    hb = {n.key: n.hash for n in hist.nodes}
+    changed = {n.key for n in base.nodes if n.hash != hb[n.key]}
+    assert changed == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
     assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")
+
+
+def test_dp_label_histogram_is_one_node_per_dp_tuned_model(data_files, tmp_path):
+    cfg = grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 4.0,
+                                            "multiples": [1, 2]})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    tunes = [n for n in plan.nodes if n.stage == "dp_tune"]
+    labels = [n for n in plan.nodes if n.stage == "labels"]
+    gens = [n for n in plan.nodes if n.stage == "generate"]
+    assert len(labels) == len(tunes) and len(gens) > len(tunes)  # S x M corpora per model, one histogram
+    for g in gens:
+        lab = plan.node(g.inputs["labels"])
+        assert lab.inputs["model"] == g.inputs["model"]
+    assert set(plan.node("evaluate").inputs["labels"]) == {n.key for n in labels}
+    assert set(plan.node("evaluate").inputs["models"]) == {n.key for n in tunes}
+    # The default (uniform labels) has no labels node.
+    assert not [n for n in build_plan(grid_config(data_files), str(tmp_path / "run")).nodes if n.stage == "labels"]

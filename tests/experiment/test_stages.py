@@ -75,12 +75,25 @@ def test_plant_documents():
         stages.plant_documents(docs, cands, 6, seed=1)
 
 
-def test_data_public_tokenizer_stages_through_the_runner(files, tmp_path, capsys):
+RARE = "zorblaxquuxian"  # appears only in the sensitive reviews (and so, once planted, in the public corpus)
+
+
+def _pieces(path):
+    from dpsynth.tokens import Tokenizer
+
+    tok = Tokenizer.load(path)
+    return [tok._sp.id_to_piece(i) for i in range(tok.vocab_size)]
+
+
+def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, capsys):
+    from dpsynth.data.tokenizer_training import train_public_tokenizer
+
+    write_csv(files / "train.csv", [(f"number {i} {REVIEW}{(RARE + ' ') * 12}".strip(), i % 2) for i in range(20)])
     cfg = sens_config(files).replace(public={"plant": 2}, tokenizer={"vocab_size": 400, "max_sentences": 1000})
     plan = build_plan(cfg, str(tmp_path / "run"))
     result = run_plan(plan, until="tokenizer")
     assert result.ok, result.failed
-    sens, pub, tok = (result.outputs[k] for k in ("sensitive", "public", "tokenizer"))
+    sens, pub, dedup, tok = (result.outputs[k] for k in ("sensitive", "public", "dedup", "tokenizer"))
     assert sens.summary["num_train"] == 18 and sens.summary["labels"] == ["0", "1"]
     with open(pub.path("corpus", "public.jsonl")) as f:
         docs = [json.loads(line) for line in f]
@@ -88,15 +101,30 @@ def test_data_public_tokenizer_stages_through_the_runner(files, tmp_path, capsys
     planted_train = {r["id"]: r["text"] for r in map(json.loads, open(sens.path("data", "train.jsonl")))}
     for i in pub.summary["planted_ids"]:
         assert any(planted_train[i] in d["text"] for d in docs)
-    from dpsynth.tokens import Tokenizer
+    assert dedup.summary["planted_found"] == 2
+    # Control: a tokenizer trained on the public corpus as it is before dedup (the order this
+    # replaced) learns the rare string of the planted reviews as a piece...
+    before = train_public_tokenizer([pub.path("corpus")], vocab_size=400, out=str(tmp_path / "before.model"),
+                                    max_sentences=1000, seed=0)
+    assert any(RARE in p for p in _pieces(str(tmp_path / "before.model"))), before.sha256
+    # ... while the released tokenizer, trained on the deduplicated corpus only, does not.
+    released = _pieces(tok.path("tokenizer.model"))
+    assert not any(RARE in p for p in released) and not any(p.strip("\u2581") and p.strip("\u2581") in RARE
+                                                            and len(p.strip("\u2581")) >= 8 for p in released)
+    from dpsynth.tokens import Tokenizer, read_manifest
 
     assert Tokenizer.load(tok.path("tokenizer.model")).sha256 == tok.summary["sha256"]
+    assert read_manifest(tok.path("clean_tokens"))["tokenizer_sha256"] == tok.summary["sha256"]  # re-tokenized
+    assert not os.path.exists(dedup.path("clean_tokens"))  # the temporary tokenizer's ids are not kept
+    temporary = tmp_path / "run" / "private" / "dedup" / dedup.hash[:16] / stages.DEDUP_TOKENIZER
+    assert os.stat(temporary).st_mode & 0o777 == 0o600 and not any(
+        f.endswith(".model") for f in os.listdir(dedup.dir))  # the dedup's tokenizer stays private
     out = capsys.readouterr().out
     assert "DEMO: planted 2 sensitive training reviews" in out
-    assert REVIEW.strip() not in out  # private text never printed
-    # A new vocabulary size reruns only the tokenizer.
+    assert REVIEW.strip() not in out and RARE not in out  # private text never printed
+    # A new vocabulary size reruns the dedup (its temporary tokenizer) and the tokenizer only.
     again = run_plan(build_plan(cfg.replace(tokenizer={"vocab_size": 390}), str(tmp_path / "run")), until="tokenizer")
-    assert again.ran == ["tokenizer"]
+    assert again.ran == ["dedup", "tokenizer"]
 
 
 def test_make_config_builds_nested_dataclasses():
@@ -134,8 +162,10 @@ def test_missing_library_is_stage_unavailable():
         stages._module("x", "dpsynth.tokens", "no_such_function")
 
 
-def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
-    from dpsynth.experiment.cache import StageContext, StageOutput
+def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):
+    import dataclasses as dc
+
+    from dpsynth.experiment.cache import StageContext
     from dpsynth.generate.labels import dp_label_histogram
 
     calls = []
@@ -147,15 +177,27 @@ def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
             return dp_label_histogram(["a"] * 30 + ["b"] * 10, ["a", "b"], noise_multiplier=noise_multiplier)
 
     def out(key):
+        from dpsynth.experiment.cache import StageOutput
+
         return StageOutput(key=key, stage=key, hash="0" * 64, dir=str(tmp_path / key), summary={}, seconds=0.0, cached=True)
 
-    ctx = StageContext(key="generate[x]", stage="generate", hash="1" * 64, config={}, out_dir=str(tmp_path / "work"),
-                       inputs={"model": out("model"), "sensitive": out("sensitive")})
+
     (tmp_path / "work").mkdir()
-    first = stages._dp_label_distribution(ctx, FakeLib, 2.0)
-    again = stages._dp_label_distribution(ctx, FakeLib, 2.0)  # a resumed stage: the saved draw, no second release
-    assert first == again and first.source == "dp_histogram" and len(calls) == 1
+    ctx = StageContext(key="labels[x]", stage="labels", hash="1" * 64, config={"noise_multiplier": 2.0},
+                       out_dir=str(tmp_path / "work"), inputs={"model": out("model"), "sensitive": out("sensitive")})
+    mp = pytest.MonkeyPatch()
+    mp.setattr(stages, "_module", lambda stage, name, attr=None: FakeLib)
+    try:
+        first = stages.labels(ctx)
+        again = stages.labels(dc.replace(ctx, resume=True))  # an interrupted stage: the saved draw, no second release
+    finally:
+        mp.undo()
+    assert first == again and len(calls) == 1
     assert calls[0] == (str(tmp_path / "model" / "model"), str(tmp_path / "sensitive" / "data" / "train.jsonl"), 2.0)
+    # Every generate node of the model reads that one draw.
+    gen = StageContext(key="generate[x]", stage="generate", hash="2" * 64, config={}, out_dir=str(tmp_path / "g"),
+                       inputs={"labels": out("work")})
+    assert list(stages._label_distribution(gen).weights) == first["weights"]
 
 
 # ----------------------------------------------------------------------------- private state

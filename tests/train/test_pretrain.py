@@ -113,3 +113,65 @@ def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
     corpus, tok_path, _ = tiny_corpus
     rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--seq-len", "9999"])
     assert rc == 2 and "max_len" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--num-processes", "2"])
+    assert rc == 2 and "need --distributed" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--distributed",
+                   "--process-id", "1"])
+    assert rc == 2 and "all of --coordinator-address, --num-processes and --process-id" in capsys.readouterr().err
+
+
+def _losses(out: str) -> dict[int, float]:
+    return {x["step"]: x["loss"] for x in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+            if x["split"] == "train"}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),
+                                                                                     jax.tree.leaves(b)))
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_resume_across_processes(tiny_corpus, tmp_path):
+    """2 processes x 4 CPU devices == 1 process x 8 devices (losses 1e-5, parameters 1e-4);
+    a checkpoint written by 2 processes resumes in 2 processes and in 1."""
+    from tests import multiprocess
+
+    corpus, tok_path, _ = tiny_corpus
+    cfg = {**SMALL, "batch_size": 8, "steps": 4, "log_every": 1, "checkpoint_every": 2, "mesh_data": 8}
+
+    def launch(n, out, **kw):
+        results = multiprocess.run("tests.train.multihost_cases:pretrain_case", num_processes=n, devices=8 // n,
+                                   kwargs=dict(corpus=corpus, tokenizer=tok_path, out=str(tmp_path / out),
+                                               config=cfg, **kw), timeout=600)
+        assert [r["process"] for r in results] == list(range(n))
+        assert all(r["processes"] == n and r["devices"] == 8 for r in results)
+        return results[0]["summary"]
+
+    ref = launch(1, "one")
+    # The same run through `dpsynth pretrain --distributed --coordinator-address ... --process-id I`.
+    argv = ["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "two"), "--preset", "tiny",
+            "--set", "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "8", "--steps", "4",
+            "--eval-every", "3", "--eval-batches", "2", "--checkpoint-every", "2", "--log-every", "1",
+            "--mesh-data", "8", "--no-tensorboard"]
+    cli = multiprocess.run("tests.train.multihost_cases:pretrain_cli_case", num_processes=2, devices=4,
+                           kwargs={"argv": argv}, timeout=600, initialize=False)
+    assert [(r["rc"], r["process"], r["processes"], r["devices"]) for r in cli] == [(0, 0, 2, 8), (0, 1, 2, 8)]
+    two = checkpoint.load_model(str(tmp_path / "two"))
+    assert two.manifest["valid_perplexity"] == pytest.approx(ref["valid"]["perplexity"], rel=1e-5)
+    ref_losses, two_losses = _losses(str(tmp_path / "one")), _losses(str(tmp_path / "two"))
+    assert sorted(two_losses) == sorted(ref_losses) == [2, 3, 4]  # step 1's window holds the compilation
+    for step, loss in ref_losses.items():
+        assert abs(two_losses[step] - loss) < 1e-5
+    ref_vars = checkpoint.load_model(str(tmp_path / "one")).variables
+    assert _max_diff(two.variables, ref_vars) < 1e-4
+    # Killed at step 2 in 2 processes; resumed in 2 processes, and (a copy) in 1 process x 8 devices.
+    first = launch(2, "part", stop_after=2)
+    assert not first["finished"] and first["step"] == 2
+    shutil.copytree(tmp_path / "part", tmp_path / "part1")
+    resumed = launch(2, "part", resume=True)
+    assert resumed["finished"] and resumed["step"] == 4
+    assert abs(_losses(str(tmp_path / "part"))[4] - ref_losses[4]) < 1e-5
+    assert _max_diff(checkpoint.load_model(str(tmp_path / "part")).variables, ref_vars) < 1e-4
+    launch(1, "part1", resume=True)
+    assert _max_diff(checkpoint.load_model(str(tmp_path / "part1")).variables, ref_vars) < 1e-4
