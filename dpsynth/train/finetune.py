@@ -10,10 +10,13 @@ One step (`dpsynth.train.core` + `dpsynth.dp.strategy.DPSGDStrategy`): a Poisson
 (`dpsynth.dp.sampling`, expected size B = q N, default 1024), split into padded
 microbatches, per-example Prefix-LM gradients of the trainable subset clipped to C, summed,
 Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma comes from the
-privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP; the ledger is saved
-in every checkpoint, checked against the budget before the first step and on every resume,
-and the privacy report is written next to the model. `epsilon = inf` runs the same loop
-without clipping or noise (plain mean gradient): the non-private baseline.
+privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP. The
+ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
+saved with the privacy plan in every checkpoint and checked against the budget before the
+first step. A resume whose plan, clipping norm or mode differs from the checkpoint's is
+refused before any compute (`resume_differences`). The privacy report is written next to the
+model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
+non-private baseline.
 
 Privacy unit and mechanism (`dpsynth.dp.mechanism`): `privacy_unit="user"` groups rows by
 their "user" field (read with a user column), keeps at most `max_examples_per_user` rows per
@@ -161,6 +164,9 @@ class TuneConfig:
                             "pass --accountant pld or drop --max-batch-size")
         if not self.batch_size > 0:
             raise TuneError(f"batch_size must be > 0, got {self.batch_size}")
+        # One spelling per value (24 and 24.0 are the same plan; the resume fingerprint must agree).
+        for name in ("epsilon", "batch_size", "epochs", "learning_rate", "clip_norm", "lora_alpha", "z_loss"):
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.microbatch_size < 1:
             raise TuneError(f"microbatch_size must be >= 1, got {self.microbatch_size}")
         if self.steps is not None and self.steps < 1:
@@ -228,6 +234,45 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
                              privacy_unit="user" if user else "example")
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
+
+
+# Accounted settings a resume must share with its checkpoint besides the privacy plan's own fields
+# (`dpsynth.dp.plan.PLAN_FIELDS`: dataset size, expected batch, steps, sigma, epsilon, delta, accountant, cap,
+# compositions): the clipping norm (the sensitivity) and the mode (the trainable subset).
+RESUME_FIELDS = ("clip_norm", "mode", "max_examples_per_user")
+
+
+def accounted_settings(config: TuneConfig, plan: PrivacyPlan) -> dict[str, Any]:
+    """What a checkpoint records of the privacy plan it was trained under (compared on resume)."""
+    return {"privacy_plan": plan.to_json(), "clip_norm": float(config.clip_norm), "mode": config.mode,
+            "max_examples_per_user": config.max_examples_per_user if plan.privacy_unit == "user" else None}
+
+
+def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyPlan) -> list[tuple[str, Any, Any]]:
+    """(field, checkpoint's value, this run's value) for every accounted setting that differs.
+
+    Raises:
+        TuneError: the checkpoint records no privacy plan (it cannot be checked).
+    """
+    if "privacy_plan" not in saved:
+        raise TuneError("the checkpoint records no privacy plan (made by an older dpsynth), so a resume cannot be "
+                        "checked against it; start a fresh run")
+    diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
+    mine = accounted_settings(config, plan)
+    diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
+    return diffs
+
+
+def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm: float,
+                          strategy_sha256: str | None = None) -> dict[str, Any]:
+    """The ledger entry of `steps` steps run with `strategy`: sigma and C are read from the object that
+    adds the noise (one source of truth; `MeanGradient` adds none: sigma 0, epsilon inf). BandMF
+    entries carry the strategy matrix's `strategy_sha256`."""
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+    entry = plan.ledger_entry(steps=steps, clip_norm=getattr(strategy, "clip_norm", clip_norm),
+                              strategy_sha256=strategy_sha256)
+    entry["noise_multiplier"] = sigma
+    return entry
 
 
 @dataclasses.dataclass
@@ -409,8 +454,11 @@ def dp_tune(
         labels: the label set (default: the sorted labels of D_train, a side channel).
         contamination_sha256: SHA-256 of the pretraining corpus's contamination report
             (default: read from the base manifest when recorded there).
-        resume: continue from the latest checkpoint in `out_dir/checkpoints`.
-        stop_after: stop (after checkpointing) once this step is reached (simulates a kill).
+        resume: continue from the latest checkpoint in `out_dir/checkpoints`. Refused before any
+            compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
+            epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
+            run's; the message names each differing field with both values.
+        stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
             device. Required with several processes, over all of their devices.
@@ -441,6 +489,23 @@ def dp_tune(
     if mesh is not None and (config.private and (config.privacy_unit == "user" or config.mechanism == "bandmf")):
         raise TuneError("user-level DP and BandMF run on one process without a mesh for now (drop --mesh-data/"
                         "--mesh-model)")
+    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
+    resume_meta = None
+    if resume:  # the accounted settings must match the checkpoint's, checked before any compute
+        probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+        try:
+            if probe.latest_step() is None:
+                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
+            resume_meta = probe.read_meta()
+        finally:
+            probe.close()
+        diffs = resume_differences(resume_meta, config, plan)
+        if diffs:
+            raise TuneError(
+                f"{ckpt_dir}: refusing to resume: this run's privacy plan differs from the checkpoint's, so the noise "
+                "added and the noise accounted would disagree: "
+                + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
+                + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -465,7 +530,6 @@ def dp_tune(
         contamination_sha256 = base.manifest.get("contamination_sha256")
 
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
-    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
     fingerprint = hashlib.sha256(json.dumps(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
@@ -475,7 +539,7 @@ def dp_tune(
     def build_run_report(valid_loss: float | None) -> dict:
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
         training = {
-            "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+            "mode": config.mode, "noise_multiplier": sigma, "clip_norm": config.clip_norm,
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
             "epochs": ledger.steps_recorded * plan.expected_batch_size / plan.dataset_size, "optimizer": config.optimizer,
@@ -504,8 +568,8 @@ def dp_tune(
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
-    if resume and checkpointer.latest_step() is not None and "sampling_seed" in checkpointer.read_meta():
-        run_seed = int(checkpointer.read_meta()["sampling_seed"])
+    if resume_meta is not None and "sampling_seed" in resume_meta:
+        run_seed = int(resume_meta["sampling_seed"])
     else:
         run_seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
     # The mechanism (strategy + batches) of the plan: user grouping and bounding, and the cyclic
@@ -531,9 +595,13 @@ def dp_tune(
     sampler = sampling.PoissonSampler(plan.dataset_size, plan.expected_batch_size, config.microbatch_size,
                                       seed=run_seed, max_batch_size=config.max_batch_size) if mech is None else None
 
-    def entry(steps: int) -> dict:
-        return (mech.ledger_entry(steps) if mech is not None
-                else plan.ledger_entry(steps=steps, clip_norm=config.clip_norm))
+    # One source of truth for sigma: what the ledger, the budget check, the report and the
+    # checkpoint record is read from the strategy object that adds the noise.
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+
+    def entry(steps: int) -> dict[str, Any]:
+        return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm,
+                                     strategy_sha256=mech.strategy_sha256 if mech is not None else None)
     try:
         if resume:
             if checkpointer.latest_step() is None:
@@ -545,7 +613,10 @@ def dp_tune(
             state, meta = checkpointer.restore(state)
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
-            plan = dataclasses.replace(plan, noise_multiplier=float(meta["noise_multiplier"]))
+            recorded = {e.get("noise_multiplier") for e in ledger.entries if e.get("name") == "dp_tune"}
+            if recorded - {sigma}:
+                raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records noise multiplier(s) {sorted(recorded)} "
+                                f"but this run adds noise with {sigma}; refusing to resume")
             if ledger.steps_recorded != int(state.step):
                 raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
                                 f"{int(state.step)}; the checkpoint is inconsistent")
@@ -559,8 +630,8 @@ def dp_tune(
 
         def save_checkpoint():
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
-                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": run_seed,
-                    "next_step": int(state.step)}
+                    "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
+                    **accounted_settings(config, plan)}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
                 report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints
@@ -596,7 +667,7 @@ def dp_tune(
         extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
                           "dp_tune": {"mode": config.mode, "config": config.to_json(), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
-                                      "noise_multiplier": plan.noise_multiplier},
+                                      "noise_multiplier": sigma},
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
@@ -605,7 +676,7 @@ def dp_tune(
     if primary:
         report_lib.write_report(out_dir, rep)
     eps = ledger.epsilons()
-    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=plan.noise_multiplier,
+    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
                       epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
                       train_loss=train_loss_sum / max(train_count, 1.0), truncated_train=train.truncated,
                       truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0)
