@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("beam_jobs.tokenize:main", "tokenize corpora into sharded token files (Beam)"),
     "dedup": ("beam_jobs.dedup:main", "cut >= k-token overlaps with sensitive data from the public corpus (Beam)"),
     "pretrain": ("trainers.pretrain:main", "pretrain the decoder-only LM on the cleaned corpus"),
+    "import-model": ("dpsynth.models.hf_import:main",
+                     "import a local Hugging Face checkpoint (Llama, Mistral, Qwen2, Gemma 1/2/3, GPT-2) as a base model"),
     "dp-tune": ("trainers.dp_tune:main", "DP fine-tune (full | prompt | lora) on the sensitive training set"),
     "privacy": ("dpsynth.dp.calculator:main", "privacy calculator: epsilon or noise multiplier (RDP and PLD)"),
     "generate": ("beam_jobs.generate:main", "generate synthetic train/valid splits (Beam fan-out)"),

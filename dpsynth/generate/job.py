@@ -403,10 +403,8 @@ def prepare_out_dir(plan: GenerationPlan) -> None:
 
 def prompt_tokens(tokenizer, template: str, label: str, bos: bool) -> np.ndarray:
     """Token ids of the label prompt, exactly as the DP tuner builds its prefixes."""
-    from dpsynth.tokens import BOS_ID
-
     ids = np.asarray(tokenizer.encode(labels_lib.prompt_text(template, label)), np.int32)
-    return np.concatenate([np.array([BOS_ID], np.int32), ids]) if bos else ids
+    return np.concatenate([np.array([tokenizer.bos_id], np.int32), ids]) if bos else ids
 
 
 def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
@@ -702,9 +700,9 @@ def generate(
 
 
 def _load_tokenizer(model_dir: str):
-    from dpsynth.tokens import Tokenizer
+    from dpsynth.tokens import load_tokenizer
 
-    return Tokenizer.load(os.path.join(model_dir, "tokenizer.model"))
+    return load_tokenizer(model_dir)
 
 
 # ----------------------------------------------------------------------------- demo
