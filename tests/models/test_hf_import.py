@@ -252,3 +252,13 @@ def test_live_transformers_parity(tmp_path):
         x = jnp.asarray([ref["prompts"][1]["inputs"]], jnp.int32)
         np.testing.assert_allclose(np.asarray(Transformer(source.config).apply({"params": params}, x))[0],
                                    logits["prompt_1"], **TOL)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_num_params_counts_every_family(family):
+    config = hf_import.inspect(str(FIXTURES / family)).config
+    shapes = hf_import.abstract_params(config)
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == config.num_params(("params",))
+    lora = config.replace(lora_rank=2, prompt_length=3)
+    shapes = jax.eval_shape(Transformer(lora).init, jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["lora"])) == lora.num_params(("lora",))
