@@ -13,9 +13,9 @@ Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode`, ..
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from dpsynth import logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 
@@ -54,7 +54,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     run(argv)
     return 0
 

@@ -3,7 +3,7 @@
     dpsynth generate --model DIR --num-examples N [--valid-examples M] --out DIR \
         [--temperature 1.0] [--top-k 0] [--num-decodes 1] [--max-len 512] \
         [--label-distribution uniform|dp-histogram --label-source D_TRAIN --label-epsilon E] \
-        [--format jsonl,parquet,tfrecord] [--train D_TRAIN] [Beam flags...]
+        [--format jsonl,parquet,tfrecord] [--train D_TRAIN [--audit-dir DIR]] [Beam flags...]
 
 Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode=multi_processing`,
 `--direct_num_workers=N`, ...). See `dpsynth.generate.job` and docs/generate.md.
@@ -12,9 +12,9 @@ Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode=mult
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from dpsynth import logs
 from dpsynth.generate.job import GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
 
@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-delta", type=float, default=None, help="delta for --label-epsilon (default: the model's)")
     p.add_argument("--format", default="jsonl", help="comma-separated: jsonl (always), parquet, tfrecord")
     p.add_argument("--allow-non-private", action="store_true", help="accept a model without a privacy report")
-    p.add_argument("--train", default=None, help="opt-in memorisation audit against D_train (NOT DP)")
+    p.add_argument("--train", default=None, help="opt-in memorisation audit against D_train (NOT DP; owner-only, "
+                   "written to --audit-dir, never into --out)")
+    p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
+                   "outside --out (default: OUT.private beside --out)")
     p.add_argument("--min-shared-tokens", type=int, default=50, help="memorisation threshold in tokens")
     return p
 
@@ -71,11 +74,11 @@ def run(argv=None, test_pipeline=None) -> dict:
         cores_per_worker=args.cores_per_worker,
     )
     return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, train_path=args.train,
-                    min_shared_tokens=args.min_shared_tokens)
+                    audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     try:
         manifest = run(argv)
     except (GenerateError, LabelError) as e:

@@ -11,10 +11,11 @@ flag (`--runner`, `--direct_num_workers`, ...) is passed through; the default ru
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import apache_beam as beam
+
+from dpsynth import logs
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -67,7 +68,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
     try:
         out = run(argv)
     except (ValueError, FileNotFoundError) as e:

@@ -12,9 +12,9 @@ Output format: `dpsynth/tokens.py`; bad records go to `OUT/dead_letters.jsonl`.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from dpsynth import logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 
@@ -58,7 +58,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     run(argv)
     return 0
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from dpsynth.dp import tune  # noqa: E402
+from dpsynth.train import finetune as tune  # noqa: E402
 from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
 from dpsynth.models import Transformer, get_config  # noqa: E402
 from dpsynth.train import core, lm  # noqa: E402

@@ -6,3 +6,7 @@ sharded generation and evaluation. See README.md for the pipeline and file forma
 """
 
 __version__ = "0.1.0"
+
+from dpsynth import logs as _logs
+
+_logs.install_filter()  # before anything imports Apache Beam (see dpsynth.logs)

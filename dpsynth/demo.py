@@ -3,7 +3,8 @@
     python -m dpsynth.demo [--data-dir data/embedded] [--out runs/demo] [--config FILE]
 
 Public corpus: Jane Austen's six novels, into which the demo plants a few sensitive training
-reviews ON PURPOSE (and says so), so the dedup stage can be seen finding and cutting them.
+reviews ON PURPOSE (and says so), so the dedup stage can be seen finding and cutting them; the released tokenizer is trained
+after the dedup, on the cleaned corpus only, so no planted review shapes its pieces.
 Sensitive data: the Amazon fine-food reviews (train 3,600 / valid 400 / test 1,000). The
 stages run through the experiment runner (`dpsynth.experiment`), so a second `make demo`
 reuses every finished stage, and an interrupted one resumes. Printed per stage: the
@@ -64,8 +65,9 @@ DEMO_CONFIG: dict[str, Any] = {
 BANNERS = {
     "sensitive": "sensitive data: the embedded fine-food reviews",
     "public": "public corpus: Jane Austen's novels (with planted reviews)",
-    "tokenizer": "tokenizer: SentencePiece on the PUBLIC corpus only",
-    "dedup": "dedup: cut >= {min_tokens}-token overlaps with the sensitive data (contamination report)",
+    "dedup": "dedup: cut >= {min_tokens}-token overlaps with the sensitive data (contamination report; "
+             "its temporary tokenizer stays private)",
+    "tokenizer": "tokenizer: SentencePiece on the DEDUPLICATED public corpus only (the released one), re-tokenizing it",
     "pretrain": "pretraining the '{preset}' LM on the cleaned corpus (validation perplexity)",
     "dp_tune": "DP fine-tuning: {mode} at epsilon = {epsilon:g} (privacy report)",
     "generate": "generating synthetic train/valid data (examples per label, generation report)",

@@ -433,6 +433,34 @@ def load_tokenizer(directory: str) -> Tokenizer:
     return Tokenizer(_read_bytes(path), special)
 
 
+def _sentences(text: str, max_bytes: int) -> Iterator[str]:
+    """The non-empty lines of `text`, lines above `max_bytes` UTF-8 bytes split at whitespace.
+
+    SentencePiece silently drops sentences longer than its `max_sentence_length`; a document
+    whose line breaks were lost (the dedup job's clean text is decoded token pieces, in which
+    newlines became spaces) would otherwise contribute nothing.
+    """
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if len(line.encode("utf-8")) <= max_bytes:
+            yield line
+            continue
+        chunk: list[str] = []
+        size = 0
+        for word in line.split():
+            n = len(word.encode("utf-8")) + 1
+            if chunk and size + n > max_bytes // 2:
+                yield " ".join(chunk)
+                chunk, size = [], 0
+            if n <= max_bytes:  # a single "word" longer than the limit cannot be a sentence
+                chunk.append(word)
+                size += n
+        if chunk:
+            yield " ".join(chunk)
+
+
 def train_tokenizer(
     texts: Iterable[str],
     *,
@@ -454,10 +482,7 @@ def train_tokenizer(
     sample: list[str] = []
     seen = 0
     for text in texts:
-        for line in text.splitlines():
-            line = line.strip()
-            if not line:
-                continue
+        for line in _sentences(text, max_sentence_length):
             seen += 1
             if len(sample) < max_sentences:
                 sample.append(line)

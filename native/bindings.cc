@@ -1,4 +1,5 @@
-// Python bindings of dpsynth._native. Binds only: the algorithms live in sais.cc and lcp.cc;
+// Python bindings of dpsynth._native. Binds only: the algorithms live in sais.cc, lcp.cc and
+// match.cc;
 // dtype/width/contiguity policy lives in dpsynth/dedup/suffix_array.py. Arrays are taken
 // without conversion (the wrapper passes exact dtypes) and the GIL is released while working.
 #include <pybind11/numpy.h>
@@ -7,6 +8,7 @@
 #include <stdexcept>
 
 #include "lcp.h"
+#include "match.h"
 #include "sais.h"
 
 namespace py = pybind11;
@@ -68,14 +70,80 @@ void bind_cross(py::module_& m) {
       py::arg("split"));
 }
 
+template <class C, class I>
+void bind_match(py::module_& m) {
+  m.def(
+      "match_documents",
+      [](Arr<uint32_t> text, Arr<I> sa, Arr<I> lcp, Arr<int64_t> first, Arr<int64_t> occ_start,
+         Arr<I> occ_pos, Arr<uint8_t> occ_shift, Arr<int64_t> ckpt_start, Arr<int64_t> ckpt, int64_t bound, Arr<C> tokens, Arr<int64_t> offsets, Arr<I> ms, Arr<I> best_la,
+         Arr<I> best_lb, int threads) {
+        int64_t m = text.size();
+        check_same_size(sa.size(), m, "match_documents");
+        check_same_size(lcp.size(), m, "match_documents");
+        check_same_size(first.size(), bound + 1, "match_documents");
+        check_same_size(occ_start.size(), bound + 1, "match_documents");
+        check_same_size(occ_shift.size(), bound, "match_documents");
+        check_same_size(ckpt_start.size(), bound, "match_documents");
+        check_same_size(ms.size(), tokens.size(), "match_documents");
+        check_same_size(best_la.size(), m + 1, "match_documents");
+        check_same_size(best_lb.size(), m + 1, "match_documents");
+        if (offsets.size() < 1) throw std::invalid_argument("match_documents: empty offsets");
+        dpsynth::SensitiveSide<I> side{text.data(), sa.data(), lcp.data(), first.data(),
+                                       occ_start.data(), occ_pos.data(), occ_shift.data(),
+                                       ckpt_start.data(), ckpt.data(), m, bound};
+        const C* t = tokens.data();
+        const int64_t* o = offsets.data();
+        int64_t docs = offsets.size() - 1;
+        I* out = ms.mutable_data();
+        I* la = best_la.mutable_data();
+        I* lb = best_lb.mutable_data();
+        py::gil_scoped_release release;
+        dpsynth::match_documents<C, I>(side, t, o, docs, out, la, lb, threads);
+      },
+      py::arg("text").noconvert(), py::arg("sa").noconvert(), py::arg("lcp").noconvert(),
+      py::arg("first").noconvert(), py::arg("occ_start").noconvert(), py::arg("occ_pos").noconvert(),
+      py::arg("occ_shift").noconvert(), py::arg("ckpt_start").noconvert(), py::arg("ckpt").noconvert(),
+      py::arg("bound"), py::arg("tokens").noconvert(), py::arg("offsets").noconvert(),
+      py::arg("ms").noconvert(), py::arg("best_la").noconvert(), py::arg("best_lb").noconvert(),
+      py::arg("threads"));
+}
+
+template <class I>
+void bind_sweep(py::module_& m) {
+  m.def(
+      "sensitive_sweep",
+      [](Arr<I> sa, Arr<I> lcp, Arr<I> best_la, Arr<I> best_lb, Arr<I> out) {
+        int64_t n = sa.size();
+        check_same_size(lcp.size(), n, "sensitive_sweep");
+        check_same_size(out.size(), n, "sensitive_sweep");
+        check_same_size(best_la.size(), n + 1, "sensitive_sweep");
+        check_same_size(best_lb.size(), n + 1, "sensitive_sweep");
+        const I* s = sa.data();
+        const I* l = lcp.data();
+        const I* la = best_la.data();
+        const I* lb = best_lb.data();
+        I* o = out.mutable_data();
+        py::gil_scoped_release release;
+        dpsynth::sensitive_sweep<I>(s, l, la, lb, n, o);
+      },
+      py::arg("sa").noconvert(), py::arg("lcp").noconvert(), py::arg("best_la").noconvert(),
+      py::arg("best_lb").noconvert(), py::arg("out").noconvert());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching.";
+  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching, matching against a prebuilt suffix array.";
   bind_sa<uint16_t, int32_t>(m);
   bind_sa<uint16_t, int64_t>(m);
   bind_sa<uint32_t, int32_t>(m);
   bind_sa<uint32_t, int64_t>(m);
   bind_cross<int32_t>(m);
   bind_cross<int64_t>(m);
+  bind_match<uint16_t, int32_t>(m);
+  bind_match<uint16_t, int64_t>(m);
+  bind_match<uint32_t, int32_t>(m);
+  bind_match<uint32_t, int64_t>(m);
+  bind_sweep<int32_t>(m);
+  bind_sweep<int64_t>(m);
 }

@@ -51,7 +51,7 @@ def test_demo_stops_naming_a_missing_stage(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert code == runner.EXIT_UNAVAILABLE
     assert "stage 'pretrain' is not available" in captured.err
-    assert fakes.calls(str(tmp_path / "log")) == ["sensitive", "public", "tokenizer", "dedup"]
+    assert fakes.calls(str(tmp_path / "log")) == ["sensitive", "public", "dedup", "tokenizer"]
 
 
 # A shrunken demo: same stages and code paths, minutes instead of 20.

@@ -84,3 +84,15 @@ def test_tokenizer_special_ids_roundtrip_and_pickle(tmp_path, tokenizer):
 def test_train_tokenizer_rejects_empty_text():
     with pytest.raises(ValueError, match="no non-empty lines"):
         tok.train_tokenizer(["", "  \n "], vocab_size=300)
+
+
+def test_train_tokenizer_uses_lines_longer_than_sentencepiece_accepts():
+    from dpsynth.tokens import _sentences, train_tokenizer
+
+    words = [f"w{i % 50}" for i in range(3000)]
+    line = " ".join(words)  # ~11 KB on one line: SentencePiece alone would drop it (max 8192 bytes)
+    chunks = list(_sentences(line + "\n\n short line \n", 8192))
+    assert chunks[-1] == "short line" and " ".join(chunks[:-1]) == line
+    assert all(len(c.encode()) <= 8192 for c in chunks)
+    tok = train_tokenizer([line], vocab_size=400)  # used to fail: no sentence left
+    assert tok.decode(tok.encode("w1 w2 w3")) == "w1 w2 w3"

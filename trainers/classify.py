@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
+
+from dpsynth import logs
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from dpsynth.evaluate import train_classifier as tc
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
     try:
         result = tc.classify_files(

@@ -4,7 +4,7 @@ Example:
     dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
         --mode lora --epsilon 3 --out runs/dp_lora
 
-Binds flags to `dpsynth.dp.tune.TuneConfig` and calls `dpsynth.dp.tune.dp_tune` (or `sweep`
+Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
 with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column).
 """
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import sys
+
+from dpsynth import logs
 
 
 def _float_or_inf(text: str) -> float:
@@ -23,7 +24,8 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, tune
+    from dpsynth.dp import accounting
+    from dpsynth.train import finetune as tune
 
     d = tune.TuneConfig()
     p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
@@ -68,12 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.data.readers import InputError, read_sensitive
-    from dpsynth.dp import tune
+    from dpsynth.train import finetune as tune
     from dpsynth.dp.ledger import BudgetExceeded
     from dpsynth.train.checkpoint import CheckpointError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     try:
         config = tune.TuneConfig(
             mode=args.mode, epsilon=args.epsilon, delta=args.delta, accountant=args.accountant,

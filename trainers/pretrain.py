@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
+from dpsynth import logs
 from dpsynth.models.config import PRESETS
 from dpsynth.train import pretrain
 from dpsynth.train.sharding import initialize_distributed
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logs.configure(fmt="%(message)s")
     if args.distributed:
         initialize_distributed()
     try:

@@ -1,8 +1,9 @@
 """PTransforms of the dedup job: cut every >= k-token overlap with sensitive data per public shard.
 
 The sensitive index (`dpsynth.dedup.index.SensitiveIndex`) is built once on the driver and
-saved as one file (any Beam filesystem); each worker loads it once in `DoFn.setup()` and runs `dpsynth.dedup.match.dedup_shard` on
-one public shard per element. Each DoFn writes its own outputs atomically:
+saved as one file (any Beam filesystem); each worker loads it and suffix-sorts it once in
+`DoFn.setup()`, then runs `dpsynth.dedup.match.dedup_shard` on one public shard per element
+(matched against that one sorted sensitive set). Each DoFn writes its own outputs atomically:
 
 ```
 OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
@@ -62,6 +63,7 @@ class _DedupShardFn(beam.DoFn):
         from dpsynth.dedup.index import SensitiveIndex
 
         self.index = SensitiveIndex.load(self.index_path)  # any Beam filesystem
+        self.index.sorted_suffixes(self.threads)  # the sensitive suffix array, once per worker
         self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
 
     def process(self, entry):

@@ -3,7 +3,9 @@
 `tokenize(...)`: one corpus -> a token corpus. `dedup(...)`: tokenize the public and
 sensitive inputs, build the sensitive index once on the driver, cut every >= k-token
 overlap from each public shard in parallel, write the cleaned corpus and the contamination
-report. Both run on any Beam runner (see `dpsynth.beam.options`).
+report. `release_tokenizer(...)`: the tokenizer to release, trained on the cleaned corpus
+only (the dedup's own tokenizer has seen the overlaps it cut), and the cleaned corpus
+re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.options`).
 """
 
 from __future__ import annotations
@@ -235,3 +237,48 @@ def dedup(
     print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
           f"total {elapsed:.1f}s -> {out_dir}")
     return report
+
+
+# ----------------------------------------------------------------------------- the released tokenizer
+
+RELEASED_TOKENIZER = "tokenizer.model"
+RELEASED_TOKENS_DIR = "clean_tokens"
+
+
+def release_tokenizer(
+    clean_corpus: Sequence[str] | str,
+    *,
+    vocab_size: int,
+    out_dir: str,
+    max_sentences: int = 1_000_000,
+    model_type: str = "unigram",
+    seed: int = 0,
+    num_shards: int | None = None,
+    beam_args: Sequence[str] | None = None,
+    pipeline: beam.Pipeline | None = None,
+) -> dict[str, Any]:
+    """The tokenizer to release, trained on the DEDUPLICATED public corpus only, and that corpus
+    re-tokenized with it.
+
+    The dedup job needs a tokenizer before any overlap is cut, so its tokenizer has seen the
+    uncleaned public corpus, sensitive overlaps included: it may serve the dedup only and is
+    never released. This trains a fresh SentencePiece model on `clean_corpus` (the dedup
+    job's `OUT/clean`), saves it as `out_dir/tokenizer.model` and tokenizes the clean corpus
+    with it into `out_dir/clean_tokens` (what pretraining reads). Nothing that was cut can
+    shape a piece of this tokenizer.
+
+    Returns:
+      {"tokenizer": path, "tokens": dir, "vocab_size", "sha256", "manifest": the token manifest}.
+    """
+    from dpsynth.data.tokenizer_training import train_public_tokenizer
+
+    if "://" not in out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    tokenizer_path = FileSystems.join(out_dir, RELEASED_TOKENIZER)
+    tokenizer = train_public_tokenizer(clean_corpus, vocab_size=vocab_size, out=tokenizer_path,
+                                       max_sentences=max_sentences, model_type=model_type, seed=seed)
+    tokens_dir = FileSystems.join(out_dir, RELEASED_TOKENS_DIR)
+    manifest = tokenize(clean_corpus, tokenizer_path=tokenizer_path, out_dir=tokens_dir, kind="public",
+                        name="public", num_shards=num_shards, beam_args=beam_args, pipeline=pipeline)
+    return {"tokenizer": tokenizer_path, "tokens": tokens_dir, "vocab_size": tokenizer.vocab_size,
+            "sha256": tokenizer.sha256, "manifest": manifest}

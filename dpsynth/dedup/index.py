@@ -1,9 +1,9 @@
 """The sensitive index: every sensitive document, built once per job and broadcast to workers.
 
 The index keeps the sensitive token ids, per-document offsets, the dataset table and the
-document ids (never text). `dedup_shard` (dpsynth.dedup.match) concatenates it with a public
-shard, giving every document of both sides its own separator token, and suffix-sorts the
-whole natively.
+document ids (never text). Its suffix array (`sorted_suffixes`, dpsynth.dedup.sensitive_sa)
+is built on first use and kept with the index, so every public shard a worker processes is
+matched against the same sorted sensitive suffixes (never re-sorted).
 
 File format (one file, `SensitiveIndex.save`/`load`, any Beam `FileSystems` path): an
 uncompressed NumPy `.npz` with
@@ -91,6 +91,18 @@ class SensitiveIndex:
     offsets: np.ndarray
     token_bound: int
     sha256: str
+    # Holds the SensitiveSuffixArray once built (a cache; not part of the content).
+    _sorted: list = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
+
+    def sorted_suffixes(self, threads: int = 1):
+        """The sensitive suffix array and matching tables (`SensitiveSuffixArray`), built on
+        first use with `threads` native threads and kept for the index's lifetime (about 16
+        bytes per sensitive token)."""
+        if not self._sorted:
+            from dpsynth.dedup.sensitive_sa import SensitiveSuffixArray
+
+            self._sorted.append(SensitiveSuffixArray.build(self.tokens, self.offsets, self.token_bound, threads))
+        return self._sorted[0]
 
     @property
     def num_documents(self) -> int:
@@ -118,7 +130,7 @@ class SensitiveIndex:
         Returns:
           The index. Its `sha256` identifies the exact token content and ids.
         """
-        # A linear concatenation: the suffix sort happens per public shard in `dedup_shard`.
+        # A linear concatenation: the suffix sort happens once, on first use (sorted_suffixes).
         order: list[str] = []
         parts: dict[str, list[tuple[np.ndarray, np.ndarray, list]]] = {}
         for name, shard in datasets:

@@ -1,19 +1,15 @@
 """Finding and cutting every >= k token sequence a public shard shares with sensitive data.
 
-Algorithm (exact, linear time per shard): the text
-
-    s_0 #_0 s_1 #_1 ... s_{D-1} #_{D-1} | p_0 $_0 p_1 $_1 ... p_{E-1} $_{E-1}
-
-holds every sensitive document s_d and every public document p_j of the shard, each followed
-by its own separator (`#_d = B + d`, `$_j = B + D + j`, with B above every token id), so no
-common prefix ever extends past a document end. Its suffix array and LCP array are built
-natively; two sweeps over them (`cross_match`) give, for every position, the matching
-statistic ms[i]: the length of the longest prefix of the suffix at i that starts somewhere in
-the other half. A public position i with ms[i] >= k starts a shared sequence of length ms[i]
+Algorithm (exact; the sensitive set is sorted once, each shard costs O(n log m)): the
+sensitive documents, each followed by its own separator, are suffix-sorted once per index
+(`dpsynth.dedup.sensitive_sa`). For a public shard, every position i gets its matching
+statistic ms[i]: the length of the longest prefix of its document's suffix at i that occurs
+inside one sensitive document (separators never match, so no match crosses a document end
+on either side). A public position i with ms[i] >= k starts a shared sequence of length ms[i]
 (maximal to the right); the union of [i, i + ms[i]) over those positions is exactly the set
 of public tokens covered by some shared sequence of >= k tokens, i.e. overlapping and
-touching matches merged. Those ranges are cut. Symmetrically, ms on the sensitive side gives
-each sensitive document's longest sequence shared with the shard.
+touching matches merged. Those ranges are cut. Symmetrically, each sensitive document gets
+its longest sequence shared with the shard.
 
 Ranges are half-open `[a, b)` token offsets within their public document.
 """
@@ -24,20 +20,17 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
 
 from dpsynth.dedup.index import SensitiveIndex, check_token_arrays
-from dpsynth.dedup.suffix_array import check_threads, cross_match, lcp_array, suffix_array
+from dpsynth.dedup.suffix_array import check_threads
 from dpsynth.tokens import TokenShard
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MIN_TOKENS = 50
-# Smallest document set that matching_statistics splits over threads.
-SPLIT_MIN_TOKENS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,29 +114,14 @@ def _check_public(shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
     return check_token_arrays(shard, f"public shard {shard.name!r}")
 
 
-def _with_separators(tokens: np.ndarray, offsets: np.ndarray, first_sep: int) -> np.ndarray:
-    """Tokens (as uint32) with separator first_sep + d inserted after document d."""
-    docs = offsets.size - 1
-    seps = np.arange(first_sep, first_sep + docs, dtype=np.uint32)
-    return np.insert(tokens.astype(np.uint32), offsets[1:], seps)
-
-
-def _split_documents(offsets: np.ndarray, parts: int) -> list[int]:
-    """Document boundaries cutting the tokens into `parts` groups of about equal size."""
-    targets = offsets[-1] * np.arange(1, parts) / parts
-    cuts = np.searchsorted(offsets, targets)
-    return sorted(set([0, *cuts.tolist(), offsets.size - 1]))
-
-
 def matching_statistics(
     index: SensitiveIndex, tokens: np.ndarray, offsets: np.ndarray, threads: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact matching statistics between documents and the sensitive index.
 
-    With threads >= 2 and documents much larger than the index, the documents are split at
-    document boundaries into `threads` groups matched concurrently (each group with the
-    whole index, in its own native suffix array; no match crosses a document, so the result
-    is identical). Otherwise one suffix array is built with `threads` native threads.
+    The sensitive suffix array is built once per index (`SensitiveIndex.sorted_suffixes`) and
+    each call only locates the documents' suffixes in it (`SensitiveSuffixArray.match`);
+    with threads >= 2 the documents are split between native threads (identical results).
 
     Args:
       index: the sensitive index.
@@ -157,43 +135,7 @@ def matching_statistics(
       given documents.
     """
     threads = check_threads(threads)
-    if threads > 1 and tokens.size >= SPLIT_MIN_TOKENS and tokens.size >= 4 * index.num_tokens:
-        cuts = _split_documents(offsets, threads)
-        if len(cuts) > 2:
-            groups = [(offsets[a : b + 1] - offsets[a], offsets[a], offsets[b]) for a, b in zip(cuts, cuts[1:])]
-            with ThreadPoolExecutor(len(groups)) as pool:  # the native calls release the GIL
-                results = list(pool.map(
-                    lambda g: _matching_statistics(index, tokens[g[1] : g[2]], g[0], 1), groups
-                ))
-            ms = np.concatenate([r[0] for r in results])
-            return ms, np.max(np.stack([r[1] for r in results]), axis=0)
-    return _matching_statistics(index, tokens, offsets, threads)
-
-
-def _matching_statistics(
-    index: SensitiveIndex, tokens: np.ndarray, offsets: np.ndarray, threads: int
-) -> tuple[np.ndarray, np.ndarray]:
-    num_s, num_p = index.num_documents, offsets.size - 1
-    bound = max(index.token_bound, int(tokens.max()) + 1 if tokens.size else 1)
-    if bound + num_s + num_p > np.iinfo(np.uint32).max:
-        raise ValueError("vocabulary plus document count exceeds the uint32 separator space")
-    s_text = _with_separators(index.tokens, index.offsets, bound)
-    p_text = _with_separators(tokens, offsets, bound + num_s)
-    text = np.concatenate([s_text, p_text])
-    split = s_text.size
-    del s_text, p_text
-    sa = suffix_array(text, threads=threads)
-    lcp = lcp_array(text, sa, threads=threads)
-    ms = cross_match(sa, lcp, split)
-    del sa, lcp, text
-    # Drop separator positions (their ms is 0: a separator occurs once).
-    p_ms = np.delete(ms[split:], offsets[1:] + np.arange(num_p))  # int32 below 2**31 tokens
-    if num_s:
-        starts = index.offsets[:-1] + np.arange(num_s)
-        s_longest = np.maximum.reduceat(ms[:split], starts).astype(np.int64)
-    else:
-        s_longest = np.zeros(0, np.int64)
-    return p_ms, s_longest
+    return index.sorted_suffixes(threads).match(tokens, offsets, threads)
 
 
 def _covered(ms: np.ndarray, min_tokens: int) -> np.ndarray:
@@ -243,8 +185,7 @@ def dedup_shard(
       shard: one public shard; documents are separated by its offsets.
       min_tokens: k, the shortest shared sequence to cut (>= 1).
       threads: threads (identical results for any count): the shard's documents are split
-        into `threads` groups matched concurrently when the shard is much larger than the
-        index (see `matching_statistics`).
+        between native threads (see `matching_statistics`).
 
     Returns:
       ShardResult with the cleaned shard, the merged [a, b) ranges per document, the kept

@@ -1,10 +1,15 @@
 """Empirical privacy audit with canaries (a sanity check of the guarantee, not a proof).
 
-Procedure (`canary_audit`): draw 2k random canary texts (random token sequences of the
-model's own vocabulary: rare by construction), insert the first k into D_train (each
-`repeats` times), DP-tune, then score every canary by its log-likelihood under the tuned
-model (mean log-probability of its tokens after the label prompt). Inserted canaries that
-were memorised score higher than the k held-out ones.
+Procedure (`canary_audit`): draw 2k random canary texts (`make_canaries`: random token
+sequences of the model's own vocabulary, rare by construction), insert the first k into
+D_train (each `repeats` times), train with the caller's `train` function, then score every
+canary by minus its per-example loss under the trained model (the caller's loss function,
+e.g. the mean negative log-probability of its tokens after the label prompt). Inserted
+canaries that were memorised score higher than the k held-out ones.
+
+This module knows nothing of models or training: the caller passes a function that trains on
+the augmented records and returns a loss function over texts
+(`dpsynth.train.finetune.canary_audit` does so for the DP tuner).
 
 Statistics:
   * AUROC of "inserted vs held-out" by score (`jax_privacy.auditing.CanaryScoreAuditor`):
@@ -17,23 +22,20 @@ Statistics:
     thresholds; it treats the canaries as independent trials, so read it as indicative).
 
 At small epsilon the AUROC stays near 0.5 and the exposure near chance; without DP (and
-with repeats) the model memorises the canaries and both rise (tests/dp/test_audit.py).
+with repeats) the model memorises the canaries and both rise (tests/train/test_finetune.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jax_privacy import auditing
 
-from dpsynth.dp import tune as tune_lib
-from dpsynth.dp.examples import encode_examples
-from dpsynth.dp.sampling import gather
+# Trains on the given records; returns the per-text loss function of the trained model.
+TrainFn = Callable[[list[dict]], Callable[[Sequence[str]], np.ndarray]]
 
 
 def make_canaries(tokenizer, n: int, *, length: int = 12, seed: int = 0) -> list[str]:
@@ -59,30 +61,6 @@ def exposures(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
     return math.log2(out_scores.size + 1) - np.log2(ranks)
 
 
-def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: str | None = None,
-                max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
-    """Mean log-probability per target token of each text (after the label prompt) under a model dir."""
-    from dpsynth.dp.examples import ExampleConfig
-    from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
-    from dpsynth.train.lm import make_lm_loss
-
-    loaded = load_model(model_dir)
-    template = template or loaded.manifest.get("prompt_template") or tune_lib.DEFAULT_TEMPLATE
-    records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
-    enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
-    loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)
-    fn = jax.jit(lambda v, b: loss_fn(v, {}, b, None)[0])
-    arrays = enc.arrays()
-    scores = []
-    for lo in range(0, len(enc), batch_size):
-        idx = np.arange(lo, lo + batch_size)
-        idx = np.where(idx < len(enc), idx, -1)
-        b = gather(arrays, idx)
-        scores.append(np.asarray(fn(loaded.variables, b))[idx >= 0])
-    return -np.concatenate(scores)
-
-
 @dataclasses.dataclass
 class AuditResult:
     """Numbers only (no canary text)."""
@@ -101,36 +79,42 @@ class AuditResult:
 
 
 def canary_audit(
-    base_dir: str,
     train_records: Sequence[dict],
-    out_dir: str,
-    config: tune_lib.TuneConfig,
+    canaries: Sequence[str],
+    train: TrainFn,
     *,
-    num_canaries: int = 16,
+    label: str,
+    epsilon: float,
+    delta: float | None = None,
     repeats: int = 4,
-    canary_length: int = 12,
-    seed: int = 0,
-    labels: Sequence[str] | None = None,
 ) -> AuditResult:
-    """Inserts `num_canaries` canaries (x `repeats`) into D_train, tunes, and measures exposure."""
-    from dpsynth.train.checkpoint import load_model
+    """Inserts the first half of `canaries` (x `repeats`, with `label`) into D_train, trains, measures exposure.
 
-    tokenizer = load_model(base_dir).tokenizer
-    labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})
-    canaries = make_canaries(tokenizer, 2 * num_canaries, length=canary_length, seed=seed)
-    inserted, held_out = canaries[:num_canaries], canaries[num_canaries:]
-    label = labels[0]
+    Args:
+        train_records: D_train ({"id", "text", "label"} records).
+        canaries: 2k canary texts (`make_canaries`); the first k are inserted, the last k held out.
+        train: trains on the augmented records and returns `loss(texts) -> per-text loss`
+            (lower = more likely) of the trained model.
+        label: label of the inserted canaries (and of their scoring prompt, in the caller's loss).
+        epsilon: the run's target epsilon (recorded in the result).
+        delta: delta of the epsilon lower bound (default 1 / |augmented D_train|).
+        repeats: copies of each inserted canary.
+    """
+    if len(canaries) < 2 or len(canaries) % 2:
+        raise ValueError(f"canary_audit needs an even number (>= 2) of canaries, got {len(canaries)}")
+    k = len(canaries) // 2
+    inserted, held_out = list(canaries[:k]), list(canaries[k:])
     augmented = list(train_records) + [
         {"id": f"canary-{i}-{r}", "text": text, "label": label} for i, text in enumerate(inserted) for r in range(repeats)
     ]
-    tune_lib.dp_tune(base_dir, augmented, [], out_dir, config, labels=labels, progress_interval=30.0)
-    scores = score_texts(out_dir, inserted + held_out, label, template=config.template, max_tokens=config.max_tokens)
-    in_scores, out_scores = scores[:num_canaries], scores[num_canaries:]
+    loss = train(augmented)
+    scores = -np.asarray(loss(inserted + held_out), np.float64)
+    in_scores, out_scores = scores[:k], scores[k:]
     auditor = auditing.CanaryScoreAuditor(in_scores, out_scores)
     exp = exposures(in_scores, out_scores)
-    delta = config.delta if config.delta is not None else 1.0 / len(augmented)
+    delta = delta if delta is not None else 1.0 / len(augmented)
     eps_lb = float(auditor.epsilon_clopper_pearson(0.05, delta))
-    return AuditResult(epsilon=config.epsilon, num_canaries=num_canaries, repeats=repeats,
+    return AuditResult(epsilon=epsilon, num_canaries=k, repeats=repeats,
                        auroc=float(auditor.attack_auroc()), mean_exposure=float(exp.mean()),
-                       chance_exposure=chance_exposure(num_canaries), max_exposure=float(exp.max()),
+                       chance_exposure=chance_exposure(k), max_exposure=float(exp.max()),
                        epsilon_lower_bound=eps_lb)

@@ -6,7 +6,9 @@ Examples:
 
 With `--noise-multiplier` it prints epsilon from the RDP and PLD accountants; with
 `--epsilon` it prints the calibrated noise multiplier (for `--accountant`, default RDP) and
-the epsilon both accountants give for it. Delta defaults to 1 / dataset size.
+the epsilon both accountants give for it. Delta defaults to 1 / dataset size (the paper's
+choice, weak: see docs/dp.md); the output says which delta was used and where it came from.
+Every number comes from the privacy plan (`dpsynth.dp.plan.plan_privacy`), as in the tuner.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import math
 import sys
 
 from dpsynth.dp import accounting
+from dpsynth.dp.plan import plan_privacy
+
+DEFAULT_DELTA_SOURCE = "default 1/N (the paper's choice; weak, see docs/dp.md: prefer --delta well below 1/N)"
 
 
 def compute(
@@ -41,33 +46,25 @@ def compute(
         raise accounting.PrivacyConfigError("give exactly one of --steps and --epochs")
     if (noise_multiplier is None) == (epsilon is None):
         raise accounting.PrivacyConfigError("give exactly one of --noise-multiplier and --epsilon")
-    q = accounting.sampling_probability(dataset_size, batch_size)
-    if delta is None:
-        delta = 1.0 / dataset_size
-    delta = accounting.check_delta(delta)
-    if steps is None:
-        steps = accounting.steps_for_epochs(epochs, q)
-    else:
-        accounting.check_sampling(q, steps)
-        epochs = steps * q
+    if epsilon is not None:
+        accounting.check_epsilon(epsilon)
+    plan = plan_privacy(dataset_size=dataset_size, expected_batch_size=batch_size, steps=steps, epochs=epochs,
+                        epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, accountant=accountant)
     result = {
-        "dataset_size": int(dataset_size),
+        "dataset_size": plan.dataset_size,
         "batch_size": float(batch_size),
-        "sampling_probability": q,
-        "steps": int(steps),
-        "epochs": float(epochs),
-        "delta": delta,
+        "sampling_probability": plan.sampling_probability,
+        "steps": plan.steps,
+        "epochs": float(epochs) if epochs is not None else plan.epochs,
+        "delta": plan.delta,
+        "delta_source": "given" if delta is not None else DEFAULT_DELTA_SOURCE,
         "adjacency": "add-or-remove one example",
         "sampling": "Poisson",
     }
     if epsilon is not None:
-        target = accounting.check_epsilon(epsilon)
-        noise_multiplier = accounting.calibrate_noise_multiplier(target, delta, q, steps, accountant)
-        result.update(target_epsilon=target, calibrated_with=accountant)
-    elif noise_multiplier < 0 or math.isnan(noise_multiplier):
-        raise accounting.PrivacyConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
-    eps = accounting.epsilons(q, steps, noise_multiplier, delta)
-    result.update(noise_multiplier=float(noise_multiplier), epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
+        result.update(target_epsilon=plan.target_epsilon, calibrated_with=accountant)
+    eps = plan.epsilons()
+    result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
     return result
 
 
@@ -76,7 +73,7 @@ def _format(result: dict) -> str:
         f"dataset size N      {result['dataset_size']}",
         f"expected batch B    {result['batch_size']:g}  (Poisson sampling, q = B/N = {result['sampling_probability']:.6g})",
         f"steps T             {result['steps']}  ({result['epochs']:.4g} epochs)",
-        f"delta               {result['delta']:.4g}",
+        f"delta               {result['delta']:.4g}  ({result['delta_source']})",
     ]
     if "target_epsilon" in result:
         lines.append(f"target epsilon      {result['target_epsilon']:g}  (calibrated with {result['calibrated_with'].upper()})")

@@ -1,7 +1,7 @@
 """The generator as an evaluator: perplexity of real text (Prefix-LM) and mean-pooled features.
 
 Perplexity of the real test set under the generator: each real example is encoded exactly as
-the DP tuner encodes training rows (`dpsynth.dp.examples.encode_examples`: BOS + label prompt
+the DP tuner encodes training rows (`dpsynth.train.prompts.encode_examples`: BOS + label prompt
 as prefix, then the text and EOS as target), and the perplexity is
 `exp(sum of target-token NLL / number of target tokens)` over the whole set (token-weighted;
 the label prompt is conditioning, never scored).
@@ -43,7 +43,7 @@ class LanguageModel:
     """A dpsynth LM (config, variables incl. adapters, tokenizer) with jitted scoring functions."""
 
     def __init__(self, config, variables, tokenizer, template: str | None = None):
-        from dpsynth.dp.examples import DEFAULT_TEMPLATE
+        from dpsynth.train.prompts import DEFAULT_TEMPLATE
         from dpsynth.models import Transformer
 
         self.config, self.variables, self.tokenizer = config, variables, tokenizer
@@ -79,7 +79,7 @@ class LanguageModel:
     def perplexity(self, records: Sequence[Mapping], labels: Sequence[str], *, batch_size: int = 16,
                    max_tokens: int = 512) -> dict[str, float]:
         """Token-level perplexity of `records` ({"text", "label"}) with the label prompt as prefix."""
-        from dpsynth.dp.examples import ExampleConfig, encode_examples
+        from dpsynth.train.prompts import ExampleConfig, encode_examples
 
         max_tokens = min(max_tokens, self.config.max_len + 1)
         enc = encode_examples(list(records), self.tokenizer, labels, ExampleConfig(template=self.template, max_tokens=max_tokens),

@@ -6,7 +6,9 @@ hashes, timings, the function's summary) into that directory and renames it to
 `ROOT/stages/<stage>/<hash16>/`. A directory without the `.work-` prefix is therefore always
 complete, and an interrupted stage leaves only a work directory, which the next run wipes
 (or hands back to the stage, for resumable stages such as pretraining, whose library resumes
-from its own checkpoints). An exclusive `flock` per stage instance keeps two runners (or two
+from its own checkpoints). What a stage must not publish (non-DP losses, audits against
+D_train) goes to its private state, `ROOT/private/<stage>/<hash16>/` (0700 directories,
+0600 files), never into its stage directory. An exclusive `flock` per stage instance keeps two runners (or two
 workers) from computing the same stage at once.
 """
 
@@ -25,7 +27,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from dpsynth.experiment.plan import HASH_PREFIX, StageNode, stage_dir
+from dpsynth.experiment.plan import HASH_PREFIX, StageNode, private_dir, stage_dir
+from dpsynth.owner_only import make_private_dir
 
 MARKER = "stage.json"
 REPORT = "report.txt"
@@ -86,6 +89,8 @@ class StageContext:
         out_dir: the (work) directory to write every output into.
         resume: True when `out_dir` holds a previous attempt's partial output (resumable
             stages only; for the others it is always a fresh, empty directory).
+        private_dir: the stage instance's owner-only directory outside every stage directory
+            (`ROOT/private/<stage>/<hash16>`, see `private_path`), or None (tests).
     """
 
     key: str
@@ -95,6 +100,19 @@ class StageContext:
     inputs: Mapping[str, Any]
     out_dir: str
     resume: bool = False
+    private_dir: str | None = None
+
+    def private_path(self, *parts: str) -> str:
+        """A path in the stage's private state (created 0700; write it with `dpsynth.owner_only`).
+
+        Private state is what must never be published with the stage's output: non-DP
+        train/valid losses, the memorisation audit, checkpoints holding secret seeds.
+        """
+        if self.private_dir is None:
+            raise ValueError(f"stage {self.key}: no private state directory was given")
+        make_private_dir(os.path.dirname(self.private_dir))  # ROOT/private/<stage> (and ROOT/private) 0700
+        make_private_dir(self.private_dir)
+        return os.path.join(self.private_dir, *parts)
 
     def report(self, text: str, echo: bool = True) -> None:
         """Prints a human summary and appends it to `report.txt` (shown again when cached).
@@ -191,7 +209,8 @@ def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]
             shutil.rmtree(work)
         os.makedirs(work, exist_ok=True)
         ctx = StageContext(
-            key=node.key, stage=node.stage, hash=node.hash, config=node.config, inputs=inputs, out_dir=work, resume=resume
+            key=node.key, stage=node.stage, hash=node.hash, config=node.config, inputs=inputs, out_dir=work, resume=resume,
+            private_dir=private_dir(root, node),
         )
         started, t0 = _now(), time.perf_counter()
         try:

@@ -53,7 +53,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128
       batch_size: 32
-      audit_memorisation: true      # longest overlap with D_train (an owner's audit, NOT DP)
+      audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
       label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report)
       options: {}
@@ -278,7 +278,7 @@ class GenerateConfig:
     valid_fraction: float = 0.1
     max_tokens: int = 128
     batch_size: int = 32
-    audit_memorisation: bool = True
+    audit_memorisation: bool = False
     label_distribution: str = "uniform"
     label_noise_multiplier: float | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)

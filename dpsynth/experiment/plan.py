@@ -3,8 +3,13 @@
 ```
 sensitive ─┬──────────────────────────────┬───────────────┬──────────────┐
            ▼                              ▼               ▼              ▼
-public ─► tokenizer ─► dedup ─► pretrain ─► dp_tune[mode, eps, lr, C] ─► generate[sampling, x] ─► evaluate
+public ─► dedup ─► tokenizer ─► pretrain ─► dp_tune[mode, eps, lr, C] ─► generate[sampling, x] ─► evaluate
 ```
+
+The dedup stage tokenizes with a temporary tokenizer of its own (trained on the uncleaned
+public corpus, so it may have seen sensitive overlaps: it stays in the dedup stage's private
+state and is never released); the `tokenizer` stage then trains the released tokenizer on
+the deduplicated corpus only and re-tokenizes that corpus with it for pretraining.
 
 Each node's hash is the SHA-256 of (stage kind, stage version, the config subset the stage
 sees, its inputs' hashes). A node's output lives in `ROOT/stages/<stage>/<hash[:16]>`, so:
@@ -33,8 +38,8 @@ from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
-STAGES = ("sensitive", "public", "tokenizer", "dedup", "pretrain", "dp_tune", "generate", "evaluate")
-STAGE_VERSIONS = {s: 1 for s in STAGES}
+STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "generate", "evaluate")
+STAGE_VERSIONS = {**{s: 1 for s in STAGES}, "dedup": 2, "tokenizer": 2}  # 2: the released tokenizer follows dedup
 # Stages whose library resumes from a partial output directory: pretraining and DP tuning
 # from their checkpoints (the DP ledger included), generation by regenerating missing shards.
 RESUMABLE = frozenset({"pretrain", "dp_tune", "generate"})
@@ -119,6 +124,14 @@ class Plan:
 
 def stage_dir(root: str, node: StageNode) -> str:
     return os.path.join(root, "stages", node.stage, node.hash[:HASH_PREFIX])
+
+
+PRIVATE_DIR = "private"  # ROOT/private: owner-only state that is never published
+
+
+def private_dir(root: str, node: StageNode) -> str:
+    """The owner-only state of a stage instance: `ROOT/private/<stage>/<hash16>`."""
+    return os.path.join(root, PRIVATE_DIR, node.stage, node.hash[:HASH_PREFIX])
 
 
 def canonical_json(value: Any) -> str:
@@ -236,8 +249,10 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     public = add("public", "public", pub, {"sensitive": sensitive} if config.public.plant else {})
 
     # -- shared model stages
-    tokenizer = add("tokenizer", "tokenizer", {**to_dict(config.tokenizer), "seed": seed}, {"public": public})
-    dedup = add("dedup", "dedup", to_dict(config.dedup), {"public": public, "sensitive": sensitive, "tokenizer": tokenizer})
+    tok_cfg = {**to_dict(config.tokenizer), "seed": seed}
+    # The dedup's temporary tokenizer is trained like the released one, on the uncleaned corpus.
+    dedup = add("dedup", "dedup", {**to_dict(config.dedup), "tokenizer": tok_cfg}, {"public": public, "sensitive": sensitive})
+    tokenizer = add("tokenizer", "tokenizer", tok_cfg, {"dedup": dedup})
     pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
 
     # -- the grid

@@ -275,10 +275,9 @@ def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
 def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
     """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
 
-    Computed exactly as the tuner will (`dpsynth.dp.tune.plan_privacy` on the node's
-    `TuneConfig`), falling back to the accountant (`dpsynth.dp.accounting`) when the tuner
-    is not installed; entries say why when nothing can be computed (data size unknown,
-    unreachable target).
+    Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
+    `dpsynth.dp.plan.plan_privacy` on the node's `TuneConfig`); entries say why when nothing
+    can be computed (data size unknown, tuner not installed, unreachable target).
     """
     rows = []
     memo: dict[str, dict[str, Any]] = {}  # trials differing only in mode/lr/C share one calibration
@@ -297,23 +296,14 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             row.update(memo[key])
             continue
         try:
-            try:
-                from dpsynth.dp import tune
-                from dpsynth.experiment import stages
+            from dpsynth.experiment import stages
+            from dpsynth.train import finetune
 
-                p = tune.plan_privacy(stages.tune_config(c), num_train)
-                row.update(delta=p.delta, q=p.q, steps=p.steps, noise_multiplier=p.noise_multiplier)
-            except (ImportError, StageUnavailable):
-                from dpsynth.dp import accounting
-
-                delta = c["delta"] if c.get("delta") is not None else 1.0 / num_train
-                q = accounting.sampling_probability(num_train, c["batch_size"])
-                steps = c["steps"] if c.get("steps") is not None else accounting.steps_for_epochs(c["epochs"], q)
-                sigma = accounting.calibrate_noise_multiplier(row["epsilon"], delta, q, steps, c["accountant"])
-                row.update(delta=delta, q=q, steps=steps, noise_multiplier=sigma)
-            row["accountant"] = c["accountant"]
-        except ImportError as e:
-            row["note"] = f"accountant not available ({e})"
+            p = finetune.plan_run(stages.tune_config(c), num_train)
+            row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
+                       accountant=p.accountant)
+        except (ImportError, StageUnavailable) as e:
+            row["note"] = f"tuner not available ({e})"
         except ValueError as e:
             row["note"] = str(e)
         memo[key] = {k: v for k, v in row.items() if k not in ("dp_tune", "mode")}

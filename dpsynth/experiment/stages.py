@@ -4,7 +4,10 @@ Each function takes a `cache.StageContext` (its config subset, its inputs' outpu
 directories, a directory to write) and calls ONE library function of its stage; it returns a
 small JSON summary (counts, metrics, hashes: never private text) and writes a short human
 report with `ctx.report`. A stage whose library is not installed raises `StageUnavailable`
-naming the module, and the runner stops there.
+naming the module, and the runner stops there. What must not be published (the DP-tuned
+model's non-DP train/valid losses, the opt-in memorisation audit against D_train) goes to the
+stage's private state (`ctx.private_path`, `ROOT/private/<stage>/<hash16>/`), never into its
+stage directory, `report.txt` or `stage.json`.
 
 Output layout of each stage directory (besides `stage.json` and `report.txt`):
 
@@ -12,8 +15,8 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 |------------|----------------------------------------------------------------------------|
 | sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` |
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
-| tokenizer  | `tokenizer.model`                                                          |
-| dedup      | the dedup job's output: `clean/` (JSONL), `clean_tokens/`, `contamination.json` |
+| dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
+| tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
 | pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
@@ -31,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.experiment.cache import StageContext, StageUnavailable
+from dpsynth.owner_only import write_private_json
 
 VALID_FRACTION = 0.1  # the paper's split: last 10% of train is valid
 PLANT_MIN_WORDS = 80  # planted reviews must be long enough to hold a >= 50-token sequence
@@ -240,18 +244,19 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 
 
 def tokenizer(ctx: StageContext) -> dict[str, Any]:
-    """SentencePiece on the PUBLIC corpus only (`dpsynth.data.tokenizer_training`)."""
-    training = _module("tokenizer", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
-    tok = training.train_public_tokenizer(
-        [ctx.inputs["public"].path("corpus")],
+    """The RELEASED tokenizer: SentencePiece on the deduplicated public corpus only, and that
+    corpus re-tokenized with it (`dpsynth.beam.jobs.release_tokenizer`)."""
+    jobs = _module("tokenizer", "dpsynth.beam.jobs", "release_tokenizer")
+    out = jobs.release_tokenizer(
+        [ctx.inputs["dedup"].path("clean")],
         vocab_size=ctx.config["vocab_size"],
-        out=os.path.join(ctx.out_dir, "tokenizer.model"),
+        out_dir=ctx.out_dir,
         max_sentences=ctx.config["max_sentences"],
         seed=ctx.config["seed"],
     )
-    ctx.report(f"tokenizer: {tok.vocab_size} pieces, sha256 {tok.sha256[:12]}")
-    return {"vocab_size": tok.vocab_size, "sha256": tok.sha256}
-
+    ctx.report(f"tokenizer: {out['vocab_size']} pieces from the deduplicated public corpus only, sha256 "
+               f"{out['sha256'][:12]}; clean corpus re-tokenized: {out['manifest']['num_tokens']} tokens")
+    return {"vocab_size": out["vocab_size"], "sha256": out["sha256"], "num_tokens": out["manifest"]["num_tokens"]}
 
 
 # ----------------------------------------------------------------------------- dedup
@@ -267,18 +272,36 @@ def _contaminated_ids(report: Mapping[str, Any]) -> set[str]:
     return found
 
 
+DEDUP_TOKENIZER = "dedup_tokenizer.model"  # the temporary tokenizer, in the dedup stage's private state
+
+
 def dedup(ctx: StageContext) -> dict[str, Any]:
-    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`)."""
+    """Cuts every >= min_tokens sequence shared with the sensitive data (`dpsynth.beam.jobs.dedup`).
+
+    Tokenizes with a temporary tokenizer trained on the uncleaned public corpus (the planted
+    or otherwise overlapping sensitive text included): it serves this stage only and is kept
+    in its private state, never released; the `tokenizer` stage trains the released one on
+    `clean/`. The job's `clean_tokens/` (in the temporary tokenizer's ids) is removed.
+    """
+    import shutil
+
     jobs = _module("dedup", "dpsynth.beam.jobs", "dedup")
     report_lib = _module("dedup", "dpsynth.dedup.report", "summarize")
+    training = _module("dedup", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
+    tok = ctx.config["tokenizer"]
+    temporary = ctx.private_path(DEDUP_TOKENIZER)
+    training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
+                                    max_sentences=tok["max_sentences"], seed=tok["seed"])
+    os.chmod(temporary, 0o600)
     report = jobs.dedup(
         [ctx.inputs["public"].path("corpus")],
         [f"sensitive={ctx.inputs['sensitive'].path('data')}"],
-        tokenizer_path=ctx.inputs["tokenizer"].path("tokenizer.model"),
+        tokenizer_path=temporary,
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
         threads=os.cpu_count() or 1,
     )
+    shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
     planted = list(ctx.inputs["public"].summary.get("planted_ids", []))
     sha = report.get("report_sha256") or _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
@@ -328,7 +351,7 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
     ), "pretrain.options")
     model_dir = os.path.join(ctx.out_dir, "model")
     summary = lib.run_pretrain(
-        ctx.inputs["dedup"].path("clean_tokens"),
+        ctx.inputs["tokenizer"].path("clean_tokens"),  # the clean corpus in the released tokenizer's ids
         ctx.inputs["tokenizer"].path("tokenizer.model"),
         model_dir,
         config,
@@ -352,8 +375,8 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 
 
 def tune_config(config: Mapping[str, Any]):
-    """The `dpsynth.dp.tune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
-    lib = _module("dp_tune", "dpsynth.dp.tune", "TuneConfig")
+    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
+    lib = _module("dp_tune", "dpsynth.train.finetune", "TuneConfig")
     kwargs: dict[str, Any] = dict(
         mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
         accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
@@ -372,11 +395,11 @@ def tune_config(config: Mapping[str, Any]):
 
 
 def dp_tune(ctx: StageContext) -> dict[str, Any]:
-    """DP fine-tuning of the pretrained LM on D_train (`dpsynth.dp.tune.dp_tune`).
+    """DP fine-tuning of the pretrained LM on D_train (`dpsynth.train.finetune.dp_tune`).
 
     Resumable: the tuner resumes from its checkpoint (ledger included, nothing double-counted).
     """
-    lib = _module("dp_tune", "dpsynth.dp.tune", "dp_tune")
+    lib = _module("dp_tune", "dpsynth.train.finetune", "dp_tune")
     report_lib = _module("dp_tune", "dpsynth.dp.report", "render_markdown")
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
@@ -402,17 +425,25 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     ctx.report(
         f"dp_tune: {config.mode} at target epsilon {config.epsilon:g}: {result.steps} steps, noise multiplier "
         f"{result.noise_multiplier:.4f}, epsilon spent {', '.join(f'{k} {v:.3f}' for k, v in eps.items())} at delta "
-        f"{result.delta:.3g}; train loss {result.train_loss:.3f}, valid loss {result.valid_loss:.3f}"
+        f"{result.delta:.3g}"
     )
+    # The train/valid losses are computed on D_train/D_valid without DP: private state only.
+    losses = ctx.private_path(LOSSES_FILE)
+    write_private_json(losses, {"train_loss": result.train_loss, "valid_loss": result.valid_loss,
+                                "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+    print(f"dp_tune: the train/valid losses (NOT DP) are in the owner-only {losses}", flush=True)
     return {
         "mode": config.mode, "target_epsilon": config.epsilon, "epsilon": eps, "delta": result.delta,
-        "steps": result.steps, "noise_multiplier": result.noise_multiplier, "train_loss": result.train_loss,
-        "valid_loss": result.valid_loss, "truncated_train": result.truncated_train,
+        "steps": result.steps, "noise_multiplier": result.noise_multiplier, "truncated_train": result.truncated_train,
     }
 
 
 # ----------------------------------------------------------------------------- generation
 
+
+LOSSES_FILE = "losses.json"  # in the dp_tune stage's private state
+NON_DP_LOSSES_NOTICE = ("losses of the DP-tuned model on D_train/D_valid, computed without noise: NOT differentially "
+                        "private; for the data owner only, never published with the model or the experiment's reports")
 
 EXAMPLES_PER_LABEL = 2
 EXAMPLE_CHARS = 300
@@ -463,18 +494,21 @@ def generate(ctx: StageContext) -> dict[str, Any]:
         num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
         allow_non_private=non_private, label_distribution=distribution, **dict(c.get("options") or {}),
     ), "generate.options")
-    train_path = sens.path("data", "train.jsonl") if c.get("audit_memorisation") else None
-    lib.generate(config, train_path=train_path)
+    if c.get("audit_memorisation"):  # off by default; the audit goes to the private state only
+        audit_dir = ctx.private_path()
+        lib.generate(config, train_path=sens.path("data", "train.jsonl"), audit_dir=audit_dir)
+        print(f"generate: the memorisation audit vs D_train (NOT DP) is in the owner-only "
+              f"{os.path.join(audit_dir, lib.MEMORISATION_AUDIT_FILE)}", flush=True)
+    else:
+        lib.generate(config)
     with open(os.path.join(ctx.out_dir, lib.REPORT_FILE), encoding="utf-8") as f:
         report = json.load(f)
     records = _read_jsonl(os.path.join(ctx.out_dir, "train.jsonl"))
     ctx.report(_render_generation(records, report))
     train_split = report.get("splits", {}).get("train", {})
-    mem = report.get("memorisation", {})
     return {
         "num_train": num_train, "num_valid": num_valid,
         "duplicate_rate": train_split.get("duplicates", {}).get("duplicate_rate"),
-        "memorisation": {k: v for k, v in mem.items() if isinstance(v, (int, float, bool))},
     }
 
 
@@ -500,10 +534,6 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
             + (f", labels {dict(counts)}" if counts else "")
             + (f", mean length {lengths.get('mean'):.1f} tokens" if isinstance(lengths.get("mean"), (int, float)) else "")
         )
-    mem = report.get("memorisation") or {}
-    if mem.get("checked"):
-        shown = {k: v for k, v in mem.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        lines.append(f"  memorisation audit vs D_train (owner-only, not DP): {shown}")
     return "\n".join(lines)
 
 

@@ -15,7 +15,9 @@ Flow of `generate(config)`:
      `DIR/shards/{split}-{index:05d}-of-{n:05d}.jsonl` atomically (temporary file + rename).
   5. The driver merges the shards in index order into `DIR/{split}.jsonl` (and Parquet /
      TFRecord when asked), writes `DIR/manifest.json`, copies the privacy report and writes
-     `DIR/generation_report.json`.
+     `DIR/generation_report.json` (computed from the synthetic data alone). Only when asked
+     (`train_path`), the memorisation audit against D_train (NOT DP) goes to an owner-only
+     file outside DIR (`audit_dir`, default `DIR.private/`), never into DIR.
 
 Determinism: example i of a shard is sampled with key `fold_in(shard_key, i)`, and a shard's
 batches depend only on its spec, so the bytes of every output are the same whatever the
@@ -38,6 +40,7 @@ import apache_beam as beam
 import numpy as np
 
 from dpsynth.generate import labels as labels_lib
+from dpsynth.owner_only import check_outside, write_private_json
 from dpsynth.generate.sampler import DecodeModel, Sampler, SamplerConfig, example_keys, seed_to_key_data
 
 logger = logging.getLogger("dpsynth.generate")
@@ -52,6 +55,7 @@ MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "generation_report.json"
 PRIVACY_FILES = ("privacy_report.json", "privacy_report.md")
 SHARD_DIR = "shards"
+MEMORISATION_AUDIT_FILE = "memorisation_audit.json"  # owner-only, outside the output directory
 
 
 class GenerateError(ValueError):
@@ -158,7 +162,7 @@ def read_model_info(model_dir: str) -> ModelInfo:
     max_len = model_cfg.get("max_len")
     if not isinstance(max_len, int) or max_len < 2:
         raise GenerateError(f"{config_path}: no valid 'max_len'")
-    # The DP tuner records its label set and `dpsynth.dp.examples.ExampleConfig` (template) in
+    # The DP tuner records its label set and `dpsynth.train.prompts.ExampleConfig` (template) in
     # the manifest (or the privacy report's "training" section); look in both.
     sources = [manifest] + ([report, report.get("training") or {}] if report else [])
     for s in list(sources):
@@ -649,6 +653,7 @@ def generate(
     test_pipeline=None,
     loader: Callable[[str], ModelBundle] = load_bundle,
     train_path: str | None = None,
+    audit_dir: str | None = None,
     min_shared_tokens: int = 50,
     tokenizer=None,
 ) -> dict[str, Any]:
@@ -659,13 +664,25 @@ def generate(
       beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
       test_pipeline: a `TestPipeline` to run on instead (tests).
       loader: model directory -> `ModelBundle` (default: the checkpoint loader).
-      train_path: opt-in post-hoc memorisation audit against D_train (NOT DP; see
-        `dpsynth.generate.report`).
+      train_path: opt-in post-hoc memorisation audit against D_train (NOT DP; off by default;
+        see `dpsynth.generate.report.memorisation_audit`).
+      audit_dir: where the audit goes: an owner-only directory (0700; the file is 0600)
+        outside `config.out_dir` (default `default_audit_dir(out_dir)`, i.e. `OUT.private`
+        beside it). Never part of the synthetic corpus or its `generation_report.json`.
       min_shared_tokens: the memorisation threshold in tokens.
-      tokenizer: tokenizer for the report (default: the model directory's).
+      tokenizer: tokenizer for the audit (default: the model directory's).
+
+    Raises:
+      GenerateError: bad input, or `audit_dir` inside the output directory.
     """
     from dpsynth.generate import report as report_lib
 
+    if train_path is not None:
+        audit_dir = audit_dir or default_audit_dir(config.out_dir)
+        try:
+            check_outside(audit_dir, config.out_dir, "--audit-dir: the memorisation audit directory")
+        except ValueError as e:
+            raise GenerateError(str(e)) from e
     info = read_model_info(config.model_dir)
     plan = make_plan(config, info)
     prepare_out_dir(plan)
@@ -678,13 +695,17 @@ def generate(
         raise GenerateError(f"{plan.out_dir}: {len(still)} shards missing after the pipeline ran (first: {still[0]}); rerun")
     splits, records = merge_outputs(plan, config.formats)
     copy_privacy_report(plan, info.private)
-    if tokenizer is None and train_path is not None:
-        tokenizer = _load_tokenizer(config.model_dir)
-    gen_report = report_lib.generation_report(
-        records, plan.config_json["label_distribution"], tokenizer=tokenizer, train_path=train_path,
-        min_shared_tokens=min_shared_tokens, max_len=plan.sampler.max_len,
-    )
+    gen_report = report_lib.generation_report(records, plan.config_json["label_distribution"],
+                                              max_len=plan.sampler.max_len)
     _write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)
+    if train_path is not None:
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(config.model_dir)
+        audit = report_lib.memorisation_audit(records, tokenizer=tokenizer, train_path=train_path,
+                                              min_shared_tokens=min_shared_tokens)
+        audit["synthetic_corpus"] = os.path.abspath(config.out_dir)
+        path = write_private_json(os.path.join(audit_dir, MEMORISATION_AUDIT_FILE), audit)
+        logger.info("generate: memorisation audit (NOT DP, owner-only, do not share) -> %s", path)
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -697,6 +718,11 @@ def generate(
     }
     _write_json(os.path.join(plan.out_dir, MANIFEST_FILE), manifest)
     return manifest
+
+
+def default_audit_dir(out_dir: str) -> str:
+    """The default owner-only directory of a job's memorisation audit: `OUT.private` beside OUT."""
+    return os.path.abspath(out_dir).rstrip(os.sep) + ".private"
 
 
 def _load_tokenizer(model_dir: str):
@@ -715,6 +741,7 @@ def run_generate_demo(
     num_examples: int,
     valid_examples: int = 0,
     train_path: str | None = None,
+    audit_dir: str | None = None,
     per_label: int = 2,
     max_chars: int = 160,
     beam_args: Sequence[str] = (),
@@ -726,7 +753,8 @@ def run_generate_demo(
       model_dir: the DP-tuned model directory.
       out_dir: output directory.
       num_examples, valid_examples: split sizes (the demo uses 1x the real split sizes).
-      train_path: D_train for the memorisation audit (NOT DP; printed as such), or None.
+      train_path: D_train for the memorisation audit (NOT DP; printed as such, written to the
+        owner-only `audit_dir`), or None.
       per_label: examples printed per label; max_chars: characters printed per example.
       beam_args: Beam flags; sampling: extra `GenerateConfig` fields (temperature, top_k...).
 
@@ -736,7 +764,7 @@ def run_generate_demo(
     config = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples=num_examples,
                             valid_examples=valid_examples, **sampling)
     t0 = time.monotonic()
-    manifest = generate(config, beam_args=beam_args, train_path=train_path)
+    manifest = generate(config, beam_args=beam_args, train_path=train_path, audit_dir=audit_dir)
     elapsed = time.monotonic() - t0
     with open(os.path.join(out_dir, REPORT_FILE), encoding="utf-8") as f:
         report = json.load(f)
@@ -755,9 +783,11 @@ def run_generate_demo(
         print(f"  {split}: duplicates {d['num_duplicates']}/{d['num_examples']} ({100 * d['duplicate_rate']:.1f}%), "
               f"tokens mean {lt.get('mean', 0):.0f} p50 {lt.get('p50', 0):.0f} max {lt.get('max', 0)}, "
               f"hit max_len {lt.get('hit_max_len', 0)}, labels {lb}")
-    mem = report["memorisation"]
-    if mem.get("checked"):
-        print(f"  memorisation audit (NOT DP, do not share): longest sequence shared with D_train "
-              f"{mem['longest_shared_tokens']} tokens; {mem['num_sharing_at_least_min']} examples share "
+    if train_path is not None:
+        audit_path = os.path.join(audit_dir or default_audit_dir(out_dir), MEMORISATION_AUDIT_FILE)
+        with open(audit_path, encoding="utf-8") as f:
+            mem = json.load(f)
+        print(f"  memorisation audit (NOT DP, owner-only, do not share; {audit_path}): longest sequence shared with "
+              f"D_train {mem['longest_shared_tokens']} tokens; {mem['num_sharing_at_least_min']} examples share "
               f">= {mem['min_shared_tokens']} tokens")
     return {"manifest": manifest, "report": report}

@@ -34,7 +34,7 @@ import numpy as np
 
 def default_prompt_template() -> str:
     """The DP tuner's default label prompt (used only when the model directory records none)."""
-    from dpsynth.dp.examples import DEFAULT_TEMPLATE
+    from dpsynth.train.prompts import DEFAULT_TEMPLATE
 
     return DEFAULT_TEMPLATE
 

@@ -1,14 +1,15 @@
-"""`generation_report.json`: duplicates, label balance, lengths and an opt-in memorisation audit.
+"""`generation_report.json` (duplicates, label balance, lengths) and the owner-only memorisation audit.
 
-Everything except the memorisation audit is computed from the synthetic data alone (which is
-DP post-processing, so it may be shared with the data).
+`generation_report` is computed from the synthetic data alone (DP post-processing), so it
+travels with the data and says `"dp": true`; it never reads D_train.
 
-The memorisation audit (only with `--train PATH`) reads D_train: for every synthetic example
-it finds the longest token sequence it shares with any training example (suffix arrays,
+`memorisation_audit` (opt-in: `--train PATH`) reads D_train: for every synthetic example it
+finds the longest token sequence it shares with any training example (suffix arrays,
 `dpsynth.dedup`), and counts the synthetic examples sharing at least `min_shared_tokens`
-tokens with D_train. That part is a post-hoc audit for the data owner and is NOT
-differentially private: the report then says so, and it must not be shared alongside the
-synthetic data.
+tokens with D_train. It is a post-hoc audit for the data owner and is NOT differentially
+private, so it is never part of `generation_report.json` or of anything else in the
+synthetic corpus directory: the job writes it to an owner-only file (0600, in a 0700
+directory, `dpsynth.owner_only`) outside that directory.
 """
 
 from __future__ import annotations
@@ -103,12 +104,12 @@ def generation_report(
     records: Mapping[str, Sequence[Mapping[str, Any]]],
     label_distribution: Mapping[str, Any],
     *,
-    tokenizer=None,
-    train_path: str | None = None,
-    min_shared_tokens: int = 50,
     max_len: int | None = None,
 ) -> dict[str, Any]:
-    """The report over shard records per split (`text`, `label`, `num_tokens`, `finished`)."""
+    """The releasable report over shard records per split (`text`, `label`, `num_tokens`, `finished`).
+
+    Computed from the synthetic records alone (no access to D_train): `"dp": true`.
+    """
     from dpsynth.generate.labels import label_balance
 
     expected = dict(zip(label_distribution["labels"], label_distribution["weights"]))
@@ -123,20 +124,29 @@ def generation_report(
             "length_tokens": length_stats([r["num_tokens"] for r in rows], [r["finished"] for r in rows], max_len),
         }
     report["duplicates_all_splits"] = duplicate_stats(all_texts)
-    if train_path is None:
-        report["memorisation"] = {"checked": False, "how": "rerun with --train PATH (an audit for the data owner; not DP)"}
-        report["dp"] = True
-        return report
-    if tokenizer is None:
-        raise ValueError("the memorisation audit needs the model's tokenizer")
+    report["dp"] = True
+    return report
+
+
+def memorisation_audit(
+    records: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    tokenizer,
+    train_path: str,
+    min_shared_tokens: int = 50,
+) -> dict[str, Any]:
+    """The owner-only memorisation audit of the synthetic records against D_train (NOT DP).
+
+    Returns the `memorisation_stats` of all splits together, with `dp: false` and a notice;
+    the caller writes it to an owner-only path, never next to the synthetic data.
+    """
     from dpsynth.data.readers import read_sensitive
 
+    all_texts = [r["text"] for rows in records.values() for r in rows]
     train = read_sensitive(train_path)
     train_docs = tokenizer.encode_batch([r["text"] for r in train.records])
     synth_docs = tokenizer.encode_batch(all_texts) if all_texts else []
     mem = memorisation_stats(train_docs, synth_docs, min_shared_tokens)
-    mem.update({"checked": True, "train_path": train_path, "num_train_examples": len(train_docs)})
-    report["memorisation"] = mem
-    report["dp"] = False
-    report["notice"] = NOT_DP_NOTICE
-    return report
+    mem.update({"checked": True, "train_path": train_path, "num_train_examples": len(train_docs),
+                "num_synthetic_examples": len(all_texts), "dp": False, "notice": NOT_DP_NOTICE})
+    return mem

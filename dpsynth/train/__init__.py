@@ -6,4 +6,7 @@
 - `optim`: Adafactor (rsqrt schedule) and AdamW.
 - `checkpoint`: resumable training state and the `dpsynth.model` directory.
 - `pretrain`: the pretraining loop behind `dpsynth pretrain`.
+- `prompts`: labeled examples as Prefix-LM rows (label prompt + text + EOS).
+- `finetune`: DP fine-tuning (`dpsynth dp-tune`): full, prompt and LoRA modes, sweeps, resume;
+  the DP mechanisms and the privacy plan come from `dpsynth.dp`.
 """

@@ -30,3 +30,10 @@ def test_demo_finds_every_planted_review(tmp_path, capsys):
     assert "PLANTING 3 sensitive training reviews" in capsys.readouterr().out
     report = json.loads(open(result["contamination"]).read())
     assert report == result["report"]
+    # The released tokenizer comes after the dedup and re-tokenized the clean corpus; the
+    # dedup's temporary tokenizer (it saw the planted reviews) is gone.
+    from dpsynth.tokens import Tokenizer, read_manifest
+
+    released = Tokenizer.load(result["tokenizer"])
+    assert read_manifest(result["clean_tokens"])["tokenizer_sha256"] == released.sha256
+    assert not (tmp_path / "dedup_tokenizer.model").exists() and not (tmp_path / "dedup" / "clean_tokens").exists()

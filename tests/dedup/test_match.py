@@ -253,21 +253,17 @@ def test_stats_roundtrip_and_merge():
     assert ShardStats.from_dict(m.to_dict()) == m
 
 
-def test_document_groups_on_threads_equal_one_pass(monkeypatch):
-    from dpsynth.dedup import match
-
-    monkeypatch.setattr(match, "SPLIT_MIN_TOKENS", 1)
+def test_threads_equal_one_thread_on_a_shard_the_native_code_splits():
     rng = np.random.default_rng(11)
     sens = [list(rng.integers(0, 20, 30)) for _ in range(4)]
-    pub = [list(rng.integers(0, 20, int(rng.integers(0, 120)))) for _ in range(40)]
-    for j in range(0, 40, 3):
+    pub = [list(rng.integers(0, 20, int(rng.integers(0, 240)))) for _ in range(800)]
+    for j in range(0, 800, 3):
         s = sens[j % 4]
         pub[j][5:5] = s[2:20]
     index = SensitiveIndex.build([("s", make_shard("s", sens))])
     shard = make_shard("p", pub)
+    assert shard.num_tokens >= 1 << 16  # large enough for the native code to use threads
     one = dedup_shard(index, shard, min_tokens=6, threads=1)
-    assert shard.num_tokens >= 4 * index.num_tokens
-    assert len(match._split_documents(shard.offsets, 3)) == 4
     for threads in (2, 3):
         many = dedup_shard(index, shard, min_tokens=6, threads=threads)
         assert many.ranges == one.ranges and many.pieces == one.pieces and many.stats == one.stats

@@ -1,12 +1,11 @@
-"""Canary audit: exposure statistics, and DP vs non-DP memorisation of inserted canaries."""
+"""Canary audit statistics, and the audit procedure over a caller-supplied train/loss function."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dpsynth.dp import audit, tune
-from tests.dp.conftest import make_records
+from dpsynth.dp import audit
 
 
 def test_exposure_against_brute_force():
@@ -21,26 +20,34 @@ def test_exposure_against_brute_force():
     assert np.mean(sims) == pytest.approx(audit.chance_exposure(30), abs=0.06)
 
 
-def _run(tiny_base, tmp_path, epsilon, steps, canaries):
-    base_dir, _ = tiny_base
-    cfg = tune.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16, max_tokens=32,
-                          learning_rate=1e-2, checkpoint_every=10**6, seed=1)
-    return audit.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
-                              num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
+def _fake_train(memorise: bool, seen: list):
+    """A fake trainer: its loss is low on texts it was trained on (memorise) or random noise."""
+
+    def train(records):
+        seen.extend(records)
+        trained = {r["text"] for r in records}
+        rng = np.random.default_rng(0)
+        return lambda texts: np.array([(0.0 if memorise and t in trained else 5.0) + rng.normal() for t in texts])
+
+    return train
 
 
-def test_canaries_near_chance_with_dp_and_memorised_without(tiny_base, tmp_path):
-    private = _run(tiny_base, tmp_path, 1.0, 40, 32)
-    baseline = _run(tiny_base, tmp_path, math.inf, 40, 32)
-    assert baseline.auroc > 0.95 and baseline.mean_exposure > private.chance_exposure + 2
-    assert private.auroc < 0.8  # chance is 0.5; std ~0.07 for 32 vs 32 canaries
-    assert private.mean_exposure < private.chance_exposure + 1.0
-    assert private.epsilon_lower_bound <= 1.0
+@pytest.mark.parametrize("memorise", [True, False])
+def test_canary_audit_detects_memorisation_through_the_loss_function(memorise):
+    canaries = [f"canary text {i}" for i in range(40)]
+    records = [{"id": "a", "text": "ordinary", "label": "x"}]
+    seen = []
+    res = audit.canary_audit(records, canaries, _fake_train(memorise, seen), label="x", epsilon=1.0, repeats=2)
+    inserted = [r for r in seen if r["id"].startswith("canary-")]
+    assert len(inserted) == 40 and {r["text"] for r in inserted} == set(canaries[:20])  # first half, x repeats
+    assert all(r["label"] == "x" for r in inserted)
+    assert res.num_canaries == 20 and res.repeats == 2
+    if memorise:
+        assert res.auroc > 0.99 and res.mean_exposure > res.chance_exposure + 2
+    else:
+        assert 0.2 < res.auroc < 0.8 and res.mean_exposure < res.chance_exposure + 1.5
 
 
-@pytest.mark.slow
-def test_canary_audit_longer_runs(tiny_base, tmp_path):
-    private = _run(tiny_base, tmp_path, 1.0, 300, 64)
-    baseline = _run(tiny_base, tmp_path, math.inf, 300, 64)
-    assert baseline.auroc > 0.98
-    assert private.auroc < 0.7 and private.epsilon_lower_bound <= 1.0
+def test_canary_audit_needs_an_even_number_of_canaries():
+    with pytest.raises(ValueError, match="even"):
+        audit.canary_audit([], ["a", "b", "c"], _fake_train(False, []), label="x", epsilon=1.0)

@@ -42,6 +42,24 @@ def test_text_output(capsys):
     assert rc == 0 and "epsilon (RDP)" in out and "epsilon (PLD)" in out
 
 
+def test_output_says_which_delta_was_used(capsys):
+    rc, out, _ = run(capsys, "--dataset-size", "1000", "--batch-size", "100", "--steps", "10", "--noise-multiplier", "1")
+    assert rc == 0 and "delta               0.001  (default 1/N" in out and "weak" in out
+    rc, out, _ = run(capsys, "--dataset-size", "1000", "--batch-size", "100", "--steps", "10", "--noise-multiplier", "1",
+                     "--delta", "1e-6", "--json")
+    assert rc == 0 and json.loads(out)["delta"] == 1e-6 and json.loads(out)["delta_source"] == "given"
+
+
+def test_same_numbers_as_the_privacy_plan(capsys):
+    from dpsynth.dp.plan import plan_privacy
+
+    rc, out, _ = run(capsys, "--dataset-size", "3600", "--batch-size", "1024", "--epochs", "10", "--epsilon", "3",
+                     "--json")
+    plan = plan_privacy(dataset_size=3600, expected_batch_size=1024, epochs=10, epsilon=3.0)
+    result = json.loads(out)
+    assert rc == 0 and result["noise_multiplier"] == plan.noise_multiplier and result["steps"] == plan.steps
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--epsilon", "0"], "epsilon must be > 0"),
     (["--epsilon", "-1"], "epsilon must be > 0"),

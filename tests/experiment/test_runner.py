@@ -117,7 +117,7 @@ def test_resume_after_kill(env):
     assert os.path.exists(blocked), "the child never reached the pretrain stage"
     proc.kill()
     proc.join()
-    assert fakes.calls(env["log"]) == ["sensitive", "public", "tokenizer", "dedup", "pretrain"]
+    assert fakes.calls(env["log"]) == ["sensitive", "public", "dedup", "tokenizer", "pretrain"]
     assert not os.path.exists(os.path.join(env["root"], "stages", "pretrain")) or not [
         p for p in os.listdir(os.path.join(env["root"], "stages", "pretrain")) if not p.startswith(".")
     ]
@@ -165,7 +165,7 @@ def test_missing_stage_stops_with_its_name(env, capsys):
 
 def test_until_stops_after_a_stage(env):
     result = run_experiment(from_dict(env["data"]), root=env["root"], registry=fakes.REGISTRY, until="dedup")
-    assert result.ok and set(result.outputs) == {"sensitive", "public", "tokenizer", "dedup"}
+    assert result.ok and set(result.outputs) == {"sensitive", "public", "dedup"}
 
 
 def test_dry_run_prints_plan_cache_status_and_budgets(env, capsys):

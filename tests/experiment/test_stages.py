@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -74,12 +75,25 @@ def test_plant_documents():
         stages.plant_documents(docs, cands, 6, seed=1)
 
 
-def test_data_public_tokenizer_stages_through_the_runner(files, tmp_path, capsys):
+RARE = "zorblaxquuxian"  # appears only in the sensitive reviews (and so, once planted, in the public corpus)
+
+
+def _pieces(path):
+    from dpsynth.tokens import Tokenizer
+
+    tok = Tokenizer.load(path)
+    return [tok._sp.id_to_piece(i) for i in range(tok.vocab_size)]
+
+
+def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, capsys):
+    from dpsynth.data.tokenizer_training import train_public_tokenizer
+
+    write_csv(files / "train.csv", [(f"number {i} {REVIEW}{(RARE + ' ') * 12}".strip(), i % 2) for i in range(20)])
     cfg = sens_config(files).replace(public={"plant": 2}, tokenizer={"vocab_size": 400, "max_sentences": 1000})
     plan = build_plan(cfg, str(tmp_path / "run"))
     result = run_plan(plan, until="tokenizer")
     assert result.ok, result.failed
-    sens, pub, tok = (result.outputs[k] for k in ("sensitive", "public", "tokenizer"))
+    sens, pub, dedup, tok = (result.outputs[k] for k in ("sensitive", "public", "dedup", "tokenizer"))
     assert sens.summary["num_train"] == 18 and sens.summary["labels"] == ["0", "1"]
     with open(pub.path("corpus", "public.jsonl")) as f:
         docs = [json.loads(line) for line in f]
@@ -87,15 +101,30 @@ def test_data_public_tokenizer_stages_through_the_runner(files, tmp_path, capsys
     planted_train = {r["id"]: r["text"] for r in map(json.loads, open(sens.path("data", "train.jsonl")))}
     for i in pub.summary["planted_ids"]:
         assert any(planted_train[i] in d["text"] for d in docs)
-    from dpsynth.tokens import Tokenizer
+    assert dedup.summary["planted_found"] == 2
+    # Control: a tokenizer trained on the public corpus as it is before dedup (the order this
+    # replaced) learns the rare string of the planted reviews as a piece...
+    before = train_public_tokenizer([pub.path("corpus")], vocab_size=400, out=str(tmp_path / "before.model"),
+                                    max_sentences=1000, seed=0)
+    assert any(RARE in p for p in _pieces(str(tmp_path / "before.model"))), before.sha256
+    # ... while the released tokenizer, trained on the deduplicated corpus only, does not.
+    released = _pieces(tok.path("tokenizer.model"))
+    assert not any(RARE in p for p in released) and not any(p.strip("\u2581") and p.strip("\u2581") in RARE
+                                                            and len(p.strip("\u2581")) >= 8 for p in released)
+    from dpsynth.tokens import Tokenizer, read_manifest
 
     assert Tokenizer.load(tok.path("tokenizer.model")).sha256 == tok.summary["sha256"]
+    assert read_manifest(tok.path("clean_tokens"))["tokenizer_sha256"] == tok.summary["sha256"]  # re-tokenized
+    assert not os.path.exists(dedup.path("clean_tokens"))  # the temporary tokenizer's ids are not kept
+    temporary = tmp_path / "run" / "private" / "dedup" / dedup.hash[:16] / stages.DEDUP_TOKENIZER
+    assert os.stat(temporary).st_mode & 0o777 == 0o600 and not any(
+        f.endswith(".model") for f in os.listdir(dedup.dir))  # the dedup's tokenizer stays private
     out = capsys.readouterr().out
     assert "DEMO: planted 2 sensitive training reviews" in out
-    assert REVIEW.strip() not in out  # private text never printed
-    # A new vocabulary size reruns only the tokenizer.
+    assert REVIEW.strip() not in out and RARE not in out  # private text never printed
+    # A new vocabulary size reruns the dedup (its temporary tokenizer) and the tokenizer only.
     again = run_plan(build_plan(cfg.replace(tokenizer={"vocab_size": 390}), str(tmp_path / "run")), until="tokenizer")
-    assert again.ran == ["tokenizer"]
+    assert again.ran == ["dedup", "tokenizer"]
 
 
 def test_make_config_builds_nested_dataclasses():
@@ -155,3 +184,136 @@ def test_dp_label_distribution_is_drawn_once_per_stage_instance(tmp_path):
     again = stages._dp_label_distribution(ctx, FakeLib, 2.0)  # a resumed stage: the saved draw, no second release
     assert first == again and first.source == "dp_histogram" and len(calls) == 1
     assert calls[0] == (str(tmp_path / "model" / "model"), str(tmp_path / "sensitive" / "data" / "train.jsonl"), 2.0)
+
+
+# ----------------------------------------------------------------------------- private state
+
+
+def _output(tmp_path, key, stage, summary=None):
+    from dpsynth.experiment.cache import StageOutput
+
+    d = tmp_path / "inputs" / key
+    d.mkdir(parents=True, exist_ok=True)
+    return StageOutput(key=key, stage=stage, hash=key[0] * 64, dir=str(d), summary=summary or {}, seconds=0.0, cached=True)
+
+
+def _sensitive_output(tmp_path):
+    sens = _output(tmp_path, "sensitive", "sensitive", {"num_train": 4, "labels": ["a", "b"]})
+    os.makedirs(sens.path("data"))
+    for split in ("train", "valid"):
+        with open(sens.path("data", f"{split}.jsonl"), "w") as f:
+            for i in range(4):
+                f.write(json.dumps({"id": str(i), "text": f"secret review {i}", "label": "ab"[i % 2]}) + "\n")
+    return sens
+
+
+def _tree_bytes(root):
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                out[os.path.join(dirpath, name)] = f.read()
+    return out
+
+
+def _modes(path):
+    return os.stat(path).st_mode & 0o777
+
+
+TRAIN_LOSS, VALID_LOSS = 1.2345678, 2.3456789
+
+
+def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from dpsynth.dp import ledger as ledger_lib
+    from dpsynth.dp import report as report_lib
+    from dpsynth.experiment import cache
+    from dpsynth.experiment.plan import StageNode
+
+    ledger = ledger_lib.PrivacyLedger(delta=1e-3, target_epsilon=3.0)
+    ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=1.0, steps=10, clip_norm=1.0, dataset_size=4)
+    privacy = report_lib.build_report(ledger, training={"mode": "lora"}, contamination_sha256=None)
+
+    def fake_tune(base, train, valid, model_dir, config, **kw):
+        os.makedirs(model_dir)
+        return SimpleNamespace(report=privacy, epsilon=ledger.epsilons(), steps=10, noise_multiplier=1.0, delta=1e-3,
+                               train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=0)
+
+    monkeypatch.setattr(stages, "tune_config", lambda c: SimpleNamespace(mode="lora", epsilon=3.0))
+    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: (
+        report_lib if name == "dpsynth.dp.report" else SimpleNamespace(dp_tune=fake_tune)))
+    node = StageNode(key="dp_tune[x]", stage="dp_tune", config={"mode": "lora"}, inputs={}, hash="d" * 64)
+    root = tmp_path / "root"
+    out = cache.run_stage(str(root), node, stages.dp_tune, {
+        "pretrain": _output(tmp_path, "pretrain", "pretrain"), "sensitive": _sensitive_output(tmp_path)})
+    printed = capsys.readouterr().out
+    for path, data in _tree_bytes(out.dir).items():  # report.txt, stage.json, the model directory
+        for loss in (TRAIN_LOSS, VALID_LOSS):
+            assert f"{loss:.3f}".encode() not in data and repr(loss).encode() not in data, path
+    assert "train_loss" not in out.summary and "valid_loss" not in out.summary
+    assert f"{TRAIN_LOSS:.3f}" not in printed  # nor in the logs
+    private = root / "private" / "dp_tune" / ("d" * 16) / stages.LOSSES_FILE
+    with open(private) as f:
+        assert json.load(f)["valid_loss"] == VALID_LOSS
+    assert _modes(private) == 0o600
+    assert {_modes(p) for p in (private.parent, private.parent.parent, root / "private")} == {0o700}
+
+
+def _fake_generate_lib(calls):
+    from types import SimpleNamespace
+
+    from dpsynth.owner_only import write_private_json
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        model_dir: str
+        out_dir: str
+        num_examples: int
+        valid_examples: int
+        seed: int
+        temperature: float
+        top_k: int
+        num_decodes: int
+        max_len: int
+        batch_size: int
+        allow_non_private: bool
+        label_distribution: object
+
+    def generate(config, train_path=None, audit_dir=None):
+        calls.append((train_path, audit_dir))
+        with open(os.path.join(config.out_dir, "train.jsonl"), "w") as f:
+            f.write(json.dumps({"text": "synthetic text", "label": "a"}) + "\n")
+        with open(os.path.join(config.out_dir, "generation_report.json"), "w") as f:
+            json.dump({"splits": {}, "dp": True}, f)
+        if train_path is not None:
+            write_private_json(os.path.join(audit_dir, "memorisation_audit.json"), {"longest_shared_tokens": 7654321})
+
+    return SimpleNamespace(GenerateConfig=Config, generate=generate, REPORT_FILE="generation_report.json",
+                           MEMORISATION_AUDIT_FILE="memorisation_audit.json")
+
+
+@pytest.mark.parametrize("audit", [False, True])
+def test_memorisation_audit_is_opt_in_and_private(tmp_path, monkeypatch, audit):
+    from dpsynth.experiment import cache
+    from dpsynth.experiment.config import GenerateConfig
+    from dpsynth.experiment.plan import StageNode
+
+    assert GenerateConfig().audit_memorisation is False  # off by default
+    calls = []
+    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: _fake_generate_lib(calls))
+    cfg = {"multiple": 1, "valid_fraction": 0.5, "sampling": {"temperature": 1.0, "top_k": 0, "num_decodes": 1},
+           "seed": 0, "max_tokens": 16, "batch_size": 2, "audit_memorisation": audit}
+    node = StageNode(key="generate[x]", stage="generate", config=cfg, inputs={}, hash="e" * 64)
+    root = tmp_path / "root"
+    sens = _sensitive_output(tmp_path)
+    out = cache.run_stage(str(root), node, stages.generate, {
+        "model": _output(tmp_path, "model", "dp_tune", {"target_epsilon": 3.0}), "sensitive": sens})
+    private = root / "private" / "generate" / ("e" * 16)
+    if not audit:
+        assert calls == [(None, None)] and not private.exists()
+        return
+    assert calls == [(sens.path("data", "train.jsonl"), str(private))]
+    assert _modes(private / "memorisation_audit.json") == 0o600 and _modes(private) == 0o700
+    for path, data in _tree_bytes(out.dir).items():
+        assert b"longest_shared" not in data and b"7654321" not in data, path

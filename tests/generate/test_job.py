@@ -69,7 +69,41 @@ def test_outputs_manifest_and_report(reference_run, model_dir):
     )
     lengths = report["splits"]["train"]["length_tokens"]
     assert lengths["num_examples"] == 37 and lengths["max"] <= MAX_LEN
-    assert report["memorisation"]["checked"] is False and report["dp"] is True
+    assert "memorisation" not in report and report["dp"] is True
+    assert not os.path.exists(str(out).rstrip("/") + ".private")  # the audit is off by default
+
+
+def test_memorisation_audit_is_owner_only_and_outside_the_corpus(model_dir, tmp_path):
+    from dpsynth.generate.job import MEMORISATION_AUDIT_FILE, default_audit_dir
+
+    pytest.importorskip("dpsynth._native")
+    secret = "abcdefgh" * 4  # D_train text; the fake tokenizer maps letters a..h to ids
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"text": secret, "label": "great"}) + "\n")
+    out = tmp_path / "synth"
+    old = os.umask(0o022)
+    try:
+        generate(_config(model_dir, out, num_examples=6, valid_examples=2), loader=load_fake_bundle,
+                 tokenizer=FakeTokenizer(), train_path=str(train), min_shared_tokens=4)
+    finally:
+        os.umask(old)
+    audit_dir = default_audit_dir(str(out))
+    path = os.path.join(audit_dir, MEMORISATION_AUDIT_FILE)
+    assert not os.path.commonpath([audit_dir, str(out)]) == str(out)
+    assert os.stat(audit_dir).st_mode & 0o777 == 0o700 and os.stat(path).st_mode & 0o777 == 0o600
+    with open(path) as f:
+        audit = json.load(f)
+    assert audit["dp"] is False and audit["num_train_examples"] == 1 and "longest_shared_tokens" in audit
+    # Nothing in the synthetic corpus directory mentions the audit or holds D_train's text.
+    for dirpath, _, files in os.walk(out):
+        for name in files:
+            data = _read(os.path.join(dirpath, name))
+            assert b"memorisation" not in data and secret.encode() not in data and str(train).encode() not in data
+    # An audit directory inside the corpus directory is refused before anything runs.
+    with pytest.raises(GenerateError, match="inside the released directory"):
+        generate(_config(model_dir, tmp_path / "other"), loader=load_fake_bundle, tokenizer=FakeTokenizer(),
+                 train_path=str(train), audit_dir=str(tmp_path / "other" / "audit"))
+    assert not (tmp_path / "other").exists()
 
 
 def test_label_prompts_respected_under_greedy(model_dir, tmp_path):

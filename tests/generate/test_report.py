@@ -48,7 +48,7 @@ class _Tok:
         return [np.asarray([4 + (ord(c) % 20) for c in t], np.int32) for t in texts]
 
 
-def test_report_with_train_audit_is_marked_not_dp(tmp_path):
+def test_audit_is_separate_from_the_releasable_report(tmp_path):
     pytest.importorskip("dpsynth._native")
     train = tmp_path / "train.jsonl"
     train.write_text('{"text": "the quick brown fox jumps over the lazy dog", "label": "a"}\n'
@@ -58,9 +58,12 @@ def test_report_with_train_audit_is_marked_not_dp(tmp_path):
         {"text": "nothing", "label": "b", "num_tokens": 1, "finished": False},
     ]}
     dist = {"labels": ["a", "b"], "weights": [0.5, 0.5]}
-    rep = R.generation_report(records, dist, tokenizer=_Tok(), train_path=str(train), min_shared_tokens=20)
-    assert rep["dp"] is False and "NOT differentially private" in rep["notice"]
-    assert rep["memorisation"]["longest_shared_tokens"] == len("the quick brown fox jumps over ")
-    assert rep["memorisation"]["num_sharing_at_least_min"] == 1
+    audit = R.memorisation_audit(records, tokenizer=_Tok(), train_path=str(train), min_shared_tokens=20)
+    assert audit["dp"] is False and "NOT differentially private" in audit["notice"]
+    assert audit["longest_shared_tokens"] == len("the quick brown fox jumps over ")
+    assert audit["num_sharing_at_least_min"] == 1
     plain = R.generation_report(records, dist)
-    assert plain["dp"] is True and plain["memorisation"]["checked"] is False
+    assert plain["dp"] is True and "memorisation" not in plain
+    # The releasable report cannot even be asked to read D_train.
+    with pytest.raises(TypeError):
+        R.generation_report(records, dist, tokenizer=_Tok(), train_path=str(train))

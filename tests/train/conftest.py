@@ -1,5 +1,10 @@
-"""A small public-like token corpus and tokenizer for the training tests (no real data)."""
+"""Training-test fixtures: a small public-like token corpus and tokenizer, toy labelled records and a
+`tiny`-preset base model directory for the fine-tuning tests (no real data)."""
 
+import random
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,3 +36,36 @@ def tiny_corpus(tmp_path_factory):
     tokens.write_manifest(str(corpus), name="tiny", shards=entries, vocab_size=tok.vocab_size,
                           tokenizer_sha256=tok.sha256)
     return str(corpus), tok_path, tok
+
+
+WORDS = ("good great tasty fresh awful bland stale sweet salty crunchy coffee tea bread cookie sauce price "
+         "box bag would buy again never ever love hate taste smell flavor texture order shipping the a it was "
+         "is and but not very really so too").split()
+
+
+def make_records(n, seed, prefix="r"):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        label = rng.choice(["great", "other"])
+        k = rng.randint(3, 14)
+        text = " ".join(rng.choice(WORDS) for _ in range(k))
+        out.append({"id": f"{prefix}{i}", "text": text, "label": label})
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory):
+    """(base_dir, tokenizer): a randomly initialised `tiny` model saved as a model directory."""
+    from dpsynth.models import Transformer, get_config
+    from dpsynth.tokens import train_tokenizer
+    from dpsynth.train.checkpoint import save_model
+
+    texts = [r["text"] for r in make_records(400, 123)] + ["[great] [other] great other"] * 20
+    tok = train_tokenizer(texts, vocab_size=320)
+    config = get_config("tiny", max_len=128)
+    variables = Transformer(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+    base_dir = str(tmp_path_factory.mktemp("base") / "model")
+    save_model(base_dir, config, {"params": variables["params"]}, tok,
+               extra_manifest={"contamination_sha256": "c0" * 32})
+    return base_dir, tok

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsynth.dp.examples import ExampleConfig, ExampleError, encode_examples, prefix_lm_loss
+from dpsynth.train.prompts import ExampleConfig, ExampleError, encode_examples, prefix_lm_loss
 from dpsynth.tokens import BOS_ID, EOS_ID
 
 

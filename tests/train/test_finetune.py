@@ -1,5 +1,5 @@
 """DP tuner: sensitivity in every mode, Prefix-LM masking through the model, end-to-end run, resume
-equivalence, budget refusal and bad input before any compute."""
+equivalence, budget refusal, bad input before any compute, and the canary audit of the tuner."""
 
 import dataclasses
 import json
@@ -12,34 +12,47 @@ import numpy as np
 import optax
 import pytest
 
-from dpsynth.dp import clipping, report, tune
-from dpsynth.dp.examples import ExampleConfig, encode_examples
+from dpsynth.dp import clipping, report
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
-from dpsynth.train import lm
+from dpsynth.train import finetune, lm
 from dpsynth.train.checkpoint import TrainCheckpointer, load_model
-from tests.dp.conftest import make_records
+from tests.train.conftest import make_records
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(tmp_path_factory):
+    """Reuses identical compiled steps across the tuner runs of this module (resume tests rerun
+    the same computation three times); restored afterwards so other test areas are unaffected."""
+    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    yield
+    jax.config.update("jax_compilation_cache_dir", old[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
 
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
 
 
 def _random_setup(mode, seed):
-    config = tune.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
-    model_config = tune._tuned_model_config(SMALL, config)
+    config = finetune.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
+    model_config = finetune._tuned_model_config(SMALL, config)
     from dpsynth.models import Transformer
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"]
-    variables = tune.init_variables(model_config, base, config)
+    variables = finetune.init_variables(model_config, base, config)
     # Random (non-zero) adapters so every trainable leaf gets gradient.
     variables = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), x.shape), variables)
-    params, frozen = lm.split_variables(variables, tune.TRAINABLE[mode])
+    params, frozen = lm.split_variables(variables, finetune.TRAINABLE[mode])
     rng = np.random.default_rng(seed)
     n, t = 5, 12
     targets = rng.integers(4, 64, (n, t)).astype(np.int32)
     weights = (rng.random((n, t)) > 0.3).astype(np.float32)
     batch = {"inputs": rng.integers(4, 64, (n, t)).astype(np.int32), "targets": targets, "weights": weights,
              "mask": np.ones(n, np.float32)}
-    return tune.make_loss_fn(model_config, config), params, frozen, batch
+    return finetune.make_loss_fn(model_config, config), params, frozen, batch
 
 
 @pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
@@ -65,11 +78,11 @@ def test_prefix_targets_get_no_gradient_through_the_model():
     for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     # Per-example normalisation: each row's loss is the mean over its weighted target tokens,
-    # computed independently from the model's logits (dpsynth.dp.examples.prefix_lm_loss).
-    from dpsynth.dp.examples import prefix_lm_loss
+    # computed independently from the model's logits (dpsynth.train.prompts.prefix_lm_loss).
+    from dpsynth.train.prompts import prefix_lm_loss
     from dpsynth.models import Transformer
 
-    model_config = tune._tuned_model_config(SMALL, tune.TuneConfig(mode="lora", lora_rank=2))
+    model_config = finetune._tuned_model_config(SMALL, finetune.TuneConfig(mode="lora", lora_rank=2))
     logits = Transformer(model_config).apply(lm.merge_variables(params, frozen), batch["inputs"])
     expected = prefix_lm_loss(logits, batch["targets"], batch["weights"])
     np.testing.assert_allclose(loss_fn(params, frozen, batch, None)[0], expected, rtol=1e-5)
@@ -80,7 +93,7 @@ def test_prefix_targets_get_no_gradient_through_the_model():
 # ---------------------------------------------------------------------------------- runs
 
 TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
-BASE_CFG = tune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
+BASE_CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
                            checkpoint_every=2, lora_rank=2, learning_rate=1e-2)
 
 
@@ -88,7 +101,7 @@ BASE_CFG = tune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, mic
 def full_run(tiny_base, tmp_path_factory):
     base_dir, _ = tiny_base
     out = str(tmp_path_factory.mktemp("tune") / "lora")
-    res = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, progress_interval=1e9)
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, progress_interval=1e9)
     return base_dir, out, res
 
 
@@ -105,7 +118,7 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
     assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
     for a, b in zip(jax.tree.leaves(tuned.variables["params"]), jax.tree.leaves(base.variables["params"])):
         np.testing.assert_array_equal(a, b)
-    init = tune.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
+    init = finetune.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(tuned.variables["lora"]), jax.tree.leaves(init)))
     assert math.isfinite(res.valid_loss)
 
@@ -113,15 +126,15 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     base_dir, _, _ = full_run
     out = str(tmp_path / "resumed")
-    part = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, stop_after=2, progress_interval=1e9)
+    part = finetune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, stop_after=2, progress_interval=1e9)
     assert part.steps == 2 and not os.path.exists(os.path.join(out, "manifest.json"))  # no model until done
     assert report.load_report(out)["training"]["steps"] == 2  # the report follows the checkpoints
     # The (secret) seed lives only in the private checkpoint; the resumed run must continue with it.
     seed = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()["sampling_seed"]
-    res = tune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
     out_full = str(tmp_path / "uninterrupted")
-    tune.dp_tune(base_dir, TRAIN, VALID, out_full, dataclasses.replace(BASE_CFG, seed=seed), progress_interval=1e9)
+    finetune.dp_tune(base_dir, TRAIN, VALID, out_full, dataclasses.replace(BASE_CFG, seed=seed), progress_interval=1e9)
     a, b = load_model(out), load_model(out_full)
     for x, y in zip(jax.tree.leaves(a.variables["lora"]), jax.tree.leaves(b.variables["lora"])):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
@@ -129,7 +142,7 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     assert ra["ledger"] == rb["ledger"] and ra["epsilon"] == rb["epsilon"]
     # Continuing past the planned steps would exceed the budget: refused before any step.
     with pytest.raises(BudgetExceeded, match="budget"):
-        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, steps=8), resume=True)
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, steps=8), resume=True)
 
 
 @pytest.mark.parametrize("change,msg", [
@@ -139,22 +152,22 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     (dict(mode="adapter"), "mode"),
 ])
 def test_bad_config(change, msg):
-    with pytest.raises(tune.TuneError, match=msg):
+    with pytest.raises(finetune.TuneError, match=msg):
         dataclasses.replace(BASE_CFG, **change)
 
 
 def test_bad_input_fails_before_any_compute(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     out = str(tmp_path / "out")
-    with pytest.raises(tune.TuneError, match="empty"):
-        tune.dp_tune(base_dir, [], VALID, out, BASE_CFG)
+    with pytest.raises(finetune.TuneError, match="empty"):
+        finetune.dp_tune(base_dir, [], VALID, out, BASE_CFG)
     bad_valid = VALID + [{"id": "z", "text": "x", "label": "meh"}]
-    with pytest.raises(tune.TuneError, match="unknown label 'meh'"):
-        tune.dp_tune(base_dir, TRAIN, bad_valid, out, BASE_CFG)
-    with pytest.raises(tune.TuneError, match="unreachable"):
-        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, epsilon=1e-4, steps=10**6))
-    with pytest.raises(tune.TuneError, match="max_len"):
-        tune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, max_tokens=1000))
+    with pytest.raises(finetune.TuneError, match="unknown label 'meh'"):
+        finetune.dp_tune(base_dir, TRAIN, bad_valid, out, BASE_CFG)
+    with pytest.raises(finetune.TuneError, match="unreachable"):
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, epsilon=1e-4, steps=10**6))
+    with pytest.raises(finetune.TuneError, match="max_len"):
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, max_tokens=1000))
     assert not os.path.exists(out)
 
 
@@ -174,7 +187,7 @@ def test_cli_reports_errors(tiny_base, tmp_path, capsys):
 def test_sweep_selects_by_valid_loss_and_reports_it(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     cfg = dataclasses.replace(BASE_CFG, mode="prompt", prompt_length=4, steps=3)
-    result, trials = tune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "sweep"), cfg,
+    result, trials = finetune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "sweep"), cfg,
                                 learning_rates=[1e-3, 3e-2], clip_norms=[0.5])
     assert len(trials) == 2
     best = min(trials, key=lambda t: t["valid_loss"])
@@ -190,7 +203,7 @@ def test_sweep_selects_by_valid_loss_and_reports_it(tiny_base, tmp_path):
 def test_demo_function_on_embedded_style_splits(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     lines = []
-    summary = tune.run_dp_tune_demo(base_dir, {"train": TRAIN, "valid": VALID}, str(tmp_path / "demo"),
+    summary = finetune.run_dp_tune_demo(base_dir, {"train": TRAIN, "valid": VALID}, str(tmp_path / "demo"),
                                     batch_size=24, epochs=1.0, max_tokens=32, print_fn=lines.append)
     assert summary["epsilon_rdp"] <= 3.0 and summary["steps"] == 5
     assert "Privacy report" in lines[0]
@@ -200,11 +213,11 @@ def test_prompt_initialisations():
     from dpsynth.models import Transformer
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    uni = tune.TuneConfig(mode="prompt", prompt_length=5)
-    v = tune.init_variables(tune._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
+    uni = finetune.TuneConfig(mode="prompt", prompt_length=5)
+    v = finetune.init_variables(finetune._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
     assert v.shape == (5, SMALL.d_model) and float(jnp.max(jnp.abs(v))) <= 0.01 and float(jnp.std(v)) > 0.003
     voc = dataclasses.replace(uni, prompt_init="vocab")
-    w = np.asarray(tune.init_variables(tune._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
+    w = np.asarray(finetune.init_variables(finetune._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
     table = np.asarray(base["embedding"])
     for row in w:  # every prompt vector is a (non-special) vocabulary embedding
         matches = np.where(np.all(table == row, axis=1))[0]
@@ -216,7 +229,7 @@ def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
     appears nowhere in the released report or manifest; a fixed seed is flagged."""
     base_dir, out_a, _ = full_run
     out_b = str(tmp_path / "again")
-    tune.dp_tune(base_dir, TRAIN, VALID, out_b, BASE_CFG, progress_interval=1e9)
+    finetune.dp_tune(base_dir, TRAIN, VALID, out_b, BASE_CFG, progress_interval=1e9)
     la, lb = load_model(out_a).variables["lora"], load_model(out_b).variables["lora"]
     assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(la), jax.tree.leaves(lb)))
     seed = TrainCheckpointer(os.path.join(out_b, "checkpoints")).read_meta()["sampling_seed"]
@@ -226,5 +239,33 @@ def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
             assert str(seed) not in f.read()
     assert "fixed seed" not in {c["name"] for c in report.load_report(out_b)["side_channels"]}
     out_c = str(tmp_path / "fixed")
-    tune.dp_tune(base_dir, TRAIN, VALID, out_c, dataclasses.replace(BASE_CFG, seed=7), progress_interval=1e9)
+    finetune.dp_tune(base_dir, TRAIN, VALID, out_c, dataclasses.replace(BASE_CFG, seed=7), progress_interval=1e9)
     assert "fixed seed" in {c["name"] for c in report.load_report(out_c)["side_channels"]}
+
+
+# ---------------------------------------------------------------------------------- canary audit
+
+
+def _audit(tiny_base, tmp_path, epsilon, steps, canaries):
+    base_dir, _ = tiny_base
+    cfg = finetune.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16,
+                              max_tokens=32, learning_rate=1e-2, checkpoint_every=10**6, seed=1)
+    return finetune.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
+                                 num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
+
+
+def test_canaries_near_chance_with_dp_and_memorised_without(tiny_base, tmp_path):
+    private = _audit(tiny_base, tmp_path, 1.0, 40, 32)
+    baseline = _audit(tiny_base, tmp_path, math.inf, 40, 32)
+    assert baseline.auroc > 0.95 and baseline.mean_exposure > private.chance_exposure + 2
+    assert private.auroc < 0.8  # chance is 0.5; std ~0.07 for 32 vs 32 canaries
+    assert private.mean_exposure < private.chance_exposure + 1.0
+    assert private.epsilon_lower_bound <= 1.0
+
+
+@pytest.mark.slow
+def test_canary_audit_longer_runs(tiny_base, tmp_path):
+    private = _audit(tiny_base, tmp_path, 1.0, 300, 64)
+    baseline = _audit(tiny_base, tmp_path, math.inf, 300, 64)
+    assert baseline.auroc > 0.98
+    assert private.auroc < 0.7 and private.epsilon_lower_bound <= 1.0

@@ -9,8 +9,8 @@ Modes (the trainable subset is a variable collection of `dpsynth.models.Transfor
 One step (`dpsynth.train.core` + `dpsynth.dp.strategy.DPSGDStrategy`): a Poisson batch
 (`dpsynth.dp.sampling`, expected size B = q N, default 1024), split into padded
 microbatches, per-example Prefix-LM gradients of the trainable subset clipped to C, summed,
-Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma is calibrated
-by `dpsynth.dp.accounting` so that the whole run is (epsilon, delta)-DP; the ledger is saved
+Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma comes from the
+privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP; the ledger is saved
 in every checkpoint, checked against the budget before the first step and on every resume,
 and the privacy report is written next to the model. `epsilon = inf` runs the same loop
 without clipping or noise (plain mean gradient): the non-private baseline.
@@ -39,11 +39,13 @@ import numpy as np
 import optax
 
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
-from dpsynth.dp.examples import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
+from dpsynth.dp.plan import PrivacyPlan
+from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
+from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 
-logger = logging.getLogger("dpsynth.dp.tune")
+logger = logging.getLogger("dpsynth.train.finetune")
 
 MODES = ("full", "prompt", "lora")
 TRAINABLE = {"full": ("params",), "prompt": ("prompt",), "lora": ("lora",)}
@@ -164,40 +166,20 @@ class TuneConfig:
         return d
 
 
-@dataclasses.dataclass
-class Plan:
-    """Everything decided before the first step (pure function of config + data sizes)."""
+def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1) -> PrivacyPlan:
+    """The run's privacy plan (`dpsynth.dp.plan.plan_privacy`); raises TuneError if unreachable.
 
-    num_train: int
-    q: float
-    steps: int
-    delta: float
-    noise_multiplier: float
-    expected_batch_size: float
-
-
-def plan_privacy(config: TuneConfig, num_train: int) -> Plan:
-    """q, steps, delta and the calibrated noise multiplier; raises TuneError if unreachable."""
+    `compositions = k`: one of k sweep trials, calibrated so that all k together meet the target.
+    """
     if num_train < 1:
         raise TuneError("empty training set")
     try:
-        q = accounting.sampling_probability(num_train, config.batch_size)
-        steps = config.steps if config.steps is not None else accounting.steps_for_epochs(config.epochs, q)
-        delta = config.delta if config.delta is not None else 1.0 / num_train
-        accounting.check_delta(delta)
-        sigma = accounting.calibrate_noise_multiplier(
-            config.epsilon, delta, q, steps, config.accountant,
-            dataset_size=num_train, max_batch_size=config.max_batch_size)
+        return _plan_privacy(dataset_size=num_train, expected_batch_size=config.batch_size, steps=config.steps,
+                             epochs=config.epochs, epsilon=config.epsilon, delta=config.delta,
+                             accountant=config.accountant, max_batch_size=config.max_batch_size,
+                             compositions=compositions)
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
-    return Plan(num_train=num_train, q=q, steps=steps, delta=delta, noise_multiplier=sigma,
-                expected_batch_size=q * num_train)
-
-
-def _dpsgd_entry(config: TuneConfig, plan: Plan, steps: int) -> dict:
-    return {"mechanism": "dpsgd", "name": "dp_tune", "sampling_probability": plan.q,
-            "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
-            "dataset_size": plan.num_train, "max_batch_size": config.max_batch_size, "steps": steps}
 
 
 @dataclasses.dataclass
@@ -376,7 +358,7 @@ def dp_tune(
     if labels is None:
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
-    plan = plan_privacy(config, len(train_records))
+    plan = plan_run(config, len(train_records))
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -412,9 +394,9 @@ def dp_tune(
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
         training = {
             "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
-            "sampling_probability": plan.q, "expected_batch_size": plan.expected_batch_size,
-            "dataset_size": plan.num_train, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-            "epochs": ledger.steps_recorded * plan.q, "optimizer": config.optimizer,
+            "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
+            "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+            "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
@@ -446,7 +428,7 @@ def dp_tune(
         run_seed = config.seed if config.seed is not None else seeds.secret_seed()
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
     state = fns.init_state(params, frozen, rng=rng)
-    sampler = sampling.PoissonSampler(plan.num_train, plan.expected_batch_size, config.microbatch_size,
+    sampler = sampling.PoissonSampler(plan.dataset_size, plan.expected_batch_size, config.microbatch_size,
                                       seed=run_seed, max_batch_size=config.max_batch_size)
     try:
         if resume:
@@ -468,7 +450,7 @@ def dp_tune(
         remaining = plan.steps - start
         if remaining < 0:
             raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
-        planned = [_dpsgd_entry(config, plan, remaining)] if remaining else []
+        planned = [plan.ledger_entry(steps=remaining, clip_norm=config.clip_norm)] if remaining else []
         ledger.check_budget(planned)  # refuses to start/continue past the budget
 
         def save_checkpoint():
@@ -486,7 +468,7 @@ def dp_tune(
             for step in range(start, end):
                 mbs = [sampling.gather(train_arrays, m) for m in sampler.microbatches(step)]
                 state, metrics = fns.accumulated_step(state, mbs)
-                ledger.record_dpsgd(steps=1, **{k: v for k, v in _dpsgd_entry(config, plan, 1).items()
+                ledger.record_dpsgd(steps=1, **{k: v for k, v in plan.ledger_entry(steps=1, clip_norm=config.clip_norm).items()
                                                 if k not in ("mechanism", "steps")})
                 train_loss_sum += float(metrics["loss_sum"])
                 train_count += float(metrics["count"])
@@ -540,7 +522,7 @@ def sweep(
     """
     if not valid_records:
         raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    plan_privacy(config, len(train_records))  # fail fast before any trial
+    plan_run(config, len(train_records))  # fail fast before any trial
     trials = []
     for i, (lr, c) in enumerate((lr, c) for lr in learning_rates for c in clip_norms):
         trial_config = dataclasses.replace(config, learning_rate=float(lr), clip_norm=float(c))
@@ -570,6 +552,58 @@ def sweep(
                         epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"], valid_loss=best["valid_loss"],
                         train_loss=float("nan"), truncated_train=0, truncated_valid=0, report=rep, seconds=0.0)
     return result, trials
+
+
+def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: str | None = None,
+                max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
+    """Per-text loss (mean negative log-probability per target token after the label prompt) under a model dir."""
+    from dpsynth.models import Transformer
+    from dpsynth.train.checkpoint import load_model
+    from dpsynth.train.lm import make_lm_loss
+
+    loaded = load_model(model_dir)
+    template = template or loaded.manifest.get("prompt_template") or DEFAULT_TEMPLATE
+    records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
+    enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
+    loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)
+    fn = jax.jit(lambda v, b: loss_fn(v, {}, b, None)[0])
+    arrays = enc.arrays()
+    losses = []
+    for lo in range(0, len(enc), batch_size):
+        idx = np.arange(lo, lo + batch_size)
+        idx = np.where(idx < len(enc), idx, -1)
+        losses.append(np.asarray(fn(loaded.variables, sampling.gather(arrays, idx)))[idx >= 0])
+    return np.concatenate(losses)
+
+
+def canary_audit(
+    base_dir: str,
+    train_records: Sequence[dict],
+    out_dir: str,
+    config: TuneConfig,
+    *,
+    num_canaries: int = 16,
+    repeats: int = 4,
+    canary_length: int = 12,
+    seed: int = 0,
+    labels: Sequence[str] | None = None,
+    **tune_kwargs,
+):
+    """`dpsynth.dp.audit.canary_audit` of the DP tuner: tunes on D_train + canaries into `out_dir`, scores them."""
+    from dpsynth.dp import audit
+    from dpsynth.train.checkpoint import load_model
+
+    tokenizer = load_model(base_dir).tokenizer
+    labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})
+    canaries = audit.make_canaries(tokenizer, 2 * num_canaries, length=canary_length, seed=seed)
+
+    def train(augmented: list[dict]):
+        dp_tune(base_dir, augmented, [], out_dir, config, labels=labels, progress_interval=30.0, **tune_kwargs)
+        return lambda texts: score_texts(out_dir, texts, labels[0], template=config.template,
+                                         max_tokens=config.max_tokens)
+
+    return audit.canary_audit(train_records, canaries, train, label=labels[0], epsilon=config.epsilon,
+                              delta=config.delta, repeats=repeats)
 
 
 def run_dp_tune_demo(

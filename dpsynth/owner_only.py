@@ -1,0 +1,74 @@
+"""Owner-only files: where dpsynth keeps what must never travel with released artifacts.
+
+Private state (non-DP audits such as the memorisation audit against D_train, non-DP
+train/valid losses, and anything else computed from sensitive data without DP) is written
+into directories created with mode 0700, as files created with mode 0600, whatever the
+process's umask. A released directory (a model's `--out`, a synthetic corpus, a stage
+directory of the experiment runner) never contains such a directory: `check_outside`
+refuses a private path inside a released one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def make_private_dir(path: str) -> str:
+    """Creates `path` (and missing parents) and sets it to mode 0700; returns the path.
+
+    Only the leaf is forced to 0700 (an existing parent keeps its mode; a parent created
+    here is created 0700 too).
+    """
+    path = os.path.abspath(path)
+    missing = []
+    p = path
+    while not os.path.exists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        os.makedirs(d, mode=DIR_MODE, exist_ok=True)
+        os.chmod(d, DIR_MODE)
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"{path}: exists and is not a directory")
+    os.chmod(path, DIR_MODE)
+    return path
+
+
+def write_private_text(path: str, text: str) -> str:
+    """Writes `text` to `path` atomically as a 0600 file in a 0700 directory; returns the path."""
+    make_private_dir(os.path.dirname(os.path.abspath(path)))
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    os.replace(tmp, path)
+    return path
+
+
+def write_private_json(path: str, value: Any) -> str:
+    """`write_private_text` of `value` as indented JSON."""
+    return write_private_text(path, json.dumps(value, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def is_inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or below it (symlinks resolved)."""
+    p, d = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([p, d]) == d
+
+
+def check_outside(private_path: str, released_dir: str, what: str) -> None:
+    """Raises ValueError if `private_path` lies inside the released directory `released_dir`."""
+    if is_inside(private_path, released_dir):
+        raise ValueError(f"{what} {private_path!r} is inside the released directory {released_dir!r}: private "
+                         "state must live outside anything that may be published")
