@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("trainers.pretrain:main", "pretrain the decoder-only LM on the cleaned corpus"),
     "import-model": ("dpsynth.models.hf_import:main",
                      "import a local Hugging Face checkpoint (Llama, Mistral, Qwen2, Gemma 1/2/3, GPT-2) as a base model"),
+    "export-model": ("dpsynth.models.hf_export:main",
+                     "export an imported (DP-tuned) model as a Hugging Face directory (merged, or a PEFT LoRA adapter)"),
     "dp-tune": ("trainers.dp_tune:main", "DP fine-tune (full | prompt | lora) on the sensitive training set"),
     "privacy": ("dpsynth.dp.calculator:main", "privacy calculator: epsilon or noise multiplier (RDP and PLD)"),
     "generate": ("beam_jobs.generate:main", "generate synthetic train/valid splits (Beam fan-out)"),

@@ -197,7 +197,7 @@ def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
         "config_sha256": hf_files.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
         "weights_sha256": {os.path.basename(f): hf_files.sha256_file(f) for f in source.files},
         "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": hf_files.sha256_file(tokenizer_path),
-        "pretraining_data_checked": False,
+        "pretraining_data_checked": False, "hf_config": source.hf_config,
     }
 
 
