@@ -174,11 +174,11 @@ def backbone_model(backbone: Backbone, num_classes: int, *, pooling: str = "mean
         cfg = dc.replace(cfg, lora_rank=0, prompt_length=0)  # the classifier uses the base weights
     if max_len > cfg.max_len:
         raise ValueError(f"max_len {max_len} exceeds the backbone's max_len {cfg.max_len}")
-    module = classifiers.BackboneClassifier(cfg, num_classes, pooling)
+    feat = classifiers.SubwordFeaturizer(backbone.tokenizer, max_len)
+    module = classifiers.BackboneClassifier(cfg, num_classes, pooling, pad_id=feat.pad_id)
     init = module.init(jax.random.PRNGKey(seed), jnp.zeros((1, max_len), jnp.int32))["params"]
     head = {"head": init["head"]}
     base = {"backbone": jax.tree.map(jnp.asarray, backbone.params)}
-    feat = classifiers.SubwordFeaturizer(backbone.tokenizer, max_len)
     if freeze_backbone:
         return Model(module, head, base, feat, "backbone-head")
     return Model(module, {**base, **head}, {}, feat, "backbone")

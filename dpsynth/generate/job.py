@@ -458,8 +458,13 @@ class GenerateShardFn(beam.DoFn):
 
             claim_cores(self._plan.cores_per_worker)
         self._bundle = self._loader(self._plan.model_dir)
-        vocab = getattr(self._bundle.tokenizer, "vocab_size", None)
-        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab))
+        tok = self._bundle.tokenizer
+        vocab = getattr(tok, "vocab_size", None)
+        ids = {}
+        if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
+            ids = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} -
+                                                                                      {tok.eos_id})))
+        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab, **ids))
 
     def process(self, spec: ShardSpec):
         if shard_complete(self._plan, spec):

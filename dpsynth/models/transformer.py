@@ -246,7 +246,7 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, segment_ids=None, positions=None, *, cache=None, with_prompt: bool = True,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, embedded=None):
         """Logits for every token position.
 
         Args:
@@ -261,6 +261,8 @@ class Transformer(nn.Module):
           with_prompt: prepend the soft prompt (if any); decode steps after the prefill pass
             False because the prompt is already in the cache.
           return_hidden: also return the final normalized hidden states [B, T, d_model].
+          embedded: float [B, T, d_model] rows of the embedding table for `tokens`, used instead
+            of the lookup (the DP sparse-embedding path, `dpsynth.dp.sparse`; untied tables only).
 
         Returns:
           float32 logits [B, T, vocab] (prompt positions stripped); with `cache`, the tuple
@@ -271,7 +273,7 @@ class Transformer(nn.Module):
         p = cfg.prompt_length if with_prompt else 0
         embedding = self.param("embedding", nn.initializers.normal(stddev=cfg.d_model**-0.5),
                                (cfg.vocab_size, cfg.d_model), jnp.float32)
-        x = jnp.take(embedding, tokens, axis=0)
+        x = jnp.take(embedding, tokens, axis=0) if embedded is None else embedded
         if cfg.scale_embedding:
             x = x * (cfg.d_model**0.5)
         x = x.astype(dtype)

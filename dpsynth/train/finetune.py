@@ -237,12 +237,47 @@ def make_optimizer(config: TuneConfig) -> optax.GradientTransformation:
     return optax.adam(config.learning_rate)
 
 
+# Full tuning of a model with an untied input embedding (imported Llama, Mistral, large Qwen2)
+# clips that table on the exact sparse path of `dpsynth.dp.sparse` (same clipped sum, no
+# per-example [vocab, d_model] gradient); a tied table is also the output layer and stays dense.
+
+def embedding_spec(model_config, config: TuneConfig):
+    """The sparse-clipping declaration of the input embedding, or None (tied, not full, not private)."""
+    from dpsynth.dp import sparse
+
+    if config.mode != "full" or model_config.tie_embeddings or not config.private:
+        return None
+    return sparse.EmbeddingSpec(param_path=("params", "embedding"), ids_key="inputs")
+
+
 def make_loss_fn(model_config, config: TuneConfig):
-    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`)."""
+    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`);
+    a `sparse.EmbeddedLoss` when `embedding_spec` declares the input table."""
     from dpsynth.models import Transformer
     from dpsynth.train import lm
 
-    return lm.make_lm_loss(Transformer(model_config), z_loss=config.z_loss)
+    model = Transformer(model_config)
+    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
+    spec = embedding_spec(model_config, config)
+    if spec is None:
+        return loss_fn
+    from dpsynth.dp import sparse
+
+    def from_embedded(rest, frozen, batch, embedded, key):
+        """`loss_fn` with the looked-up rows given: the table is not read, so a zero stand-in keeps
+        the tree whole (XLA drops it)."""
+        del key
+        table = jnp.zeros((model_config.vocab_size, model_config.d_model), jnp.float32)
+        params = sparse.merge_table(rest, spec.param_path, table)
+        logits = model.apply(lm.merge_variables(params, frozen), batch["inputs"], segment_ids=batch.get("segment_ids"),
+                             positions=batch.get("positions"), embedded=embedded)
+        ce, z = lm.cross_entropy_with_z_loss(logits, batch["targets"], config.z_loss)
+        w = batch["weights"].astype(jnp.float32)
+        tokens = jnp.sum(w, axis=-1)
+        per_example = jnp.sum((ce + z) * w, axis=-1) / jnp.maximum(tokens, 1.0)
+        return per_example, {"ce_sum": jnp.sum(ce * w, axis=-1), "tokens": tokens}
+
+    return sparse.EmbeddedLoss(spec, from_embedded)
 
 
 def _row_length(enc: EncodedExamples, limit: int) -> int:
@@ -306,6 +341,15 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
                          "Poisson sampling and noise: anyone who knows it can regenerate the noise, which voids the "
                          "guarantee. Use the default (a secret seed from the OS entropy pool) for any release"})
     return channels
+
+
+def imported_base_channel(source: dict) -> dict:
+    """The side channel of a third-party pretrained base model (its pretraining data is unchecked)."""
+    return {"name": "pretrained base model", "detail":
+            f"the base model was imported ({source.get('family')} from {source.get('path')}, config SHA-256 "
+            f"{source.get('config_sha256')}); its pretraining data was NOT checked against the sensitive data, so the "
+            "DP guarantee covers the fine-tuning data only: text of D that was in that pretraining corpus can be "
+            "reproduced without any bound (dpsynth's own pretraining deduplicates against D first)"}
 
 
 def _read_json(path: str) -> dict:
@@ -381,6 +425,8 @@ def dp_tune(
                     if valid else None)
     if contamination_sha256 is None:
         contamination_sha256 = base.manifest.get("contamination_sha256")
+    # An imported base (dpsynth import-model): its provenance travels into the report and manifest.
+    base_source = base.manifest.get("source") or base.manifest.get("base_source")
 
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
     ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
@@ -406,9 +452,15 @@ def dp_tune(
             "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
+        channels = _side_channels(config, labels_from_data, train.truncated, selection)
+        if base_source:
+            training["base_source"] = {k: v for k, v in base_source.items() if k != "hf_config"}
+            training["embedding_clipping"] = ("sparse (exact, untied input table)"
+                                              if embedding_spec(model_config, config) else "dense")
+            channels.append(imported_base_channel(base_source))
         return report_lib.build_report(
             ledger, training=training, contamination_sha256=contamination_sha256,
-            side_channels=_side_channels(config, labels_from_data, train.truncated, selection),
+            side_channels=channels,
             max_tokens_per_example=config.max_tokens,
             extra={"selection": selection} if selection else None)
 
@@ -417,7 +469,9 @@ def dp_tune(
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
     loss_fn = make_loss_fn(model_config, config)
     strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
-                              expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
+                              expected_batch_size=plan.expected_batch_size,
+                              embedding=embedding_spec(model_config, config))
+                if config.private else core.MeanGradient())
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy)
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
@@ -490,6 +544,8 @@ def dp_tune(
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": plan.noise_multiplier},
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
+        if base_source:
+            extra_manifest["base_source"] = base_source  # what `dpsynth export-model` needs
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
                    collections=collections if config.mode != "full" else ("params",),
