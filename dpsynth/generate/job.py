@@ -407,8 +407,11 @@ def prepare_out_dir(plan: GenerationPlan) -> None:
 
 def prompt_tokens(tokenizer, template: str, label: str, bos: bool) -> np.ndarray:
     """Token ids of the label prompt, exactly as the DP tuner builds its prefixes."""
+    from dpsynth.tokens import BOS_ID
+
     ids = np.asarray(tokenizer.encode(labels_lib.prompt_text(template, label)), np.int32)
-    return np.concatenate([np.array([tokenizer.bos_id], np.int32), ids]) if bos else ids
+    bos_id = getattr(tokenizer, "bos_id", BOS_ID)  # an imported model's own, else dpsynth's
+    return np.concatenate([np.array([bos_id], np.int32), ids]) if bos else ids
 
 
 def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
