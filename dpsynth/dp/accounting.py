@@ -7,12 +7,18 @@ Every number here comes from Google's `dp_accounting` library; this module only 
   the batch independently with probability `q`, the clipped sum (L2 sensitivity `C` under
   add-or-remove adjacency) gets Gaussian noise of standard deviation `sigma * C`;
 * `T` steps = `SelfComposedDpEvent(step, T)`;
-* a run = `ComposedDpEvent([...])` of everything in the ledger (`dpsynth.dp.ledger`).
+* a run = `ComposedDpEvent([...])` of everything in the ledger (`dpsynth.dp.ledger`);
+* BandMF with b bands and cyclic Poisson sampling (`dpsynth.dp.bandmf`): T steps are
+  `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), ceil(T / b))` with
+  q = B / floor(N / b) (the amplified-BandMF reduction of arXiv:2306.08153, as jax-privacy's
+  `DpsgdTrainingAccountant` with `cycle_length=b`); b = 1 is DP-SGD;
+* user level (`dpsynth.dp.users`): the same events with N = the number of users (each user's
+  mean gradient is clipped to C, so one user is one unit of sensitivity C).
 
 Accountants: `"rdp"` (Renyi DP, as in the paper; `RdpAccountant`) and `"pld"` (privacy loss
 distributions, `PLDAccountant`; tighter). Both are upper bounds on epsilon for the given
 delta; the privacy report gives both and says which one the budget is enforced with.
-Adjacency is add-or-remove-one example throughout.
+Adjacency is add-or-remove-one unit throughout (an example, or a user at user level).
 
 Formal guarantee: if training executes exactly the mechanism described by the events
 (true Poisson sampling with rate q, per-example clipping to C, noise N(0, sigma^2 C^2 I) on
@@ -97,10 +103,21 @@ def steps_for_epochs(epochs: float, q: float) -> int:
     return max(1, math.ceil(epochs / q - 1e-9))
 
 
+def participations(steps: int, cycle_length: int = 1) -> int:
+    """How often a unit can be sampled in `steps` steps of (cyclic) Poisson sampling: ceil(T / b)."""
+    if int(cycle_length) != cycle_length or cycle_length < 1:
+        raise PrivacyConfigError(f"cycle length (bands) must be a positive integer, got {cycle_length}")
+    return -(-int(steps) // int(cycle_length))
+
+
 def dpsgd_event(
-    q: float, steps: int, noise_multiplier: float, *, dataset_size: int | None = None, max_batch_size: int | None = None
+    q: float, steps: int, noise_multiplier: float, *, dataset_size: int | None = None, max_batch_size: int | None = None,
+    cycle_length: int = 1,
 ) -> dp_accounting.DpEvent:
     """The DpEvent of `steps` DP-SGD steps with Poisson rate `q` and noise multiplier sigma.
+
+    `cycle_length` b > 1: BandMF with b bands and cyclic Poisson sampling (rate q within the
+    eligible group): ceil(steps / b) subsampled Gaussian steps.
 
     `noise_multiplier` 0 means no noise: a `NonPrivateDpEvent` (epsilon = inf). With a batch
     cap (`max_batch_size`, needs `dataset_size`) a step is a
@@ -112,7 +129,10 @@ def dpsgd_event(
         raise PrivacyConfigError(f"noise multiplier must be >= 0, got {noise_multiplier}")
     if noise_multiplier == 0:
         return dp_accounting.NonPrivateDpEvent()
+    count = participations(steps, cycle_length)
     if max_batch_size is not None:
+        if cycle_length != 1:
+            raise PrivacyConfigError("a batch-size cap is not supported with BandMF (cyclic Poisson sampling)")
         if dataset_size is None:
             raise PrivacyConfigError("a batch-size cap needs the dataset size for accounting")
         step = dp_accounting.TruncatedSubsampledGaussianDpEvent(
@@ -120,7 +140,7 @@ def dpsgd_event(
         )
     else:
         step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(float(noise_multiplier)))
-    return dp_accounting.SelfComposedDpEvent(step, int(steps))
+    return dp_accounting.SelfComposedDpEvent(step, count)
 
 
 def make_accountant(name: str = DEFAULT_ACCOUNTANT) -> dp_accounting.PrivacyAccountant:
@@ -184,12 +204,13 @@ def calibrate_noise_multiplier(
     already_spent: Sequence[dp_accounting.DpEvent] = (),
     dataset_size: int | None = None,
     max_batch_size: int | None = None,
+    cycle_length: int = 1,
 ) -> float:
     """The smallest noise multiplier whose epsilon (composed after `already_spent`) <= target.
 
     Uses `dp_accounting.calibrate_dp_mechanism` (bisection over sigma). Returns 0.0 for
     `target_epsilon = inf` (non-private). `dataset_size`/`max_batch_size`: a batch cap
-    (truncated Poisson sampling; PLD only), see `dpsgd_event`.
+    (truncated Poisson sampling; PLD only); `cycle_length`: BandMF bands; see `dpsgd_event`.
 
     Raises:
         PrivacyConfigError: bad epsilon/delta/q/steps, or a target that needs a noise
@@ -203,7 +224,8 @@ def calibrate_noise_multiplier(
     spent = list(already_spent)
 
     def make_event(sigma: float) -> dp_accounting.DpEvent:
-        step_event = dpsgd_event(q, steps, sigma, dataset_size=dataset_size, max_batch_size=max_batch_size)
+        step_event = dpsgd_event(q, steps, sigma, dataset_size=dataset_size, max_batch_size=max_batch_size,
+                                 cycle_length=cycle_length)
         return dp_accounting.ComposedDpEvent(spent + [step_event])
 
     if epsilon_of_events([make_event(MAX_NOISE_MULTIPLIER)], delta, accountant) > target_epsilon:

@@ -7,6 +7,13 @@ accountants analyse. Entry kinds:
   "clip_norm", "dataset_size", "max_batch_size"}`: `steps` DP-SGD steps (Poisson-subsampled
   Gaussian, truncated Poisson if `max_batch_size` is set). Consecutive steps with the same
   parameters are merged into one entry (the count grows).
+* `{"mechanism": "bandmf", "name", "sampling_probability", "noise_multiplier", "steps", "clip_norm",
+  "dataset_size", "max_batch_size" (null), "bands", "strategy_sha256"}`: `steps` BandMF steps with
+  `bands` bands and cyclic Poisson sampling (rate q within the eligible group), accounted as
+  ceil(steps / bands) subsampled Gaussian participations (`dpsynth.dp.bandmf`); the strategy
+  matrix is identified by its SHA-256. Merged like DP-SGD steps.
+* DP-SGD and BandMF entries of a user-level run carry `"unit": "user"` (`dataset_size` is then
+  the number of users); entries without it are example-level.
 * `{"mechanism": "gaussian", "name", "noise_multiplier", "count"}`: `count` Gaussian
   mechanisms of L2 sensitivity 1 (noise std = noise_multiplier * sensitivity), e.g. the
   generator's DP label histogram.
@@ -47,10 +54,13 @@ class BudgetExceeded(RuntimeError):
 
 def _event(entry: dict) -> dp_accounting.DpEvent:
     kind = entry["mechanism"]
-    if kind == "dpsgd":
+    if kind in ("dpsgd", "bandmf"):
+        if kind == "bandmf" and not (isinstance(entry.get("bands"), int) and entry.get("strategy_sha256")):
+            raise ValueError("a bandmf ledger entry needs integer 'bands' and 'strategy_sha256'")
         return accounting.dpsgd_event(
             entry["sampling_probability"], entry["steps"], entry["noise_multiplier"],
             dataset_size=entry.get("dataset_size"), max_batch_size=entry.get("max_batch_size"),
+            cycle_length=entry["bands"] if kind == "bandmf" else 1,
         )
     if kind == "gaussian":
         if entry["noise_multiplier"] <= 0:
@@ -91,8 +101,18 @@ class PrivacyLedger:
         entry = {"mechanism": "dpsgd", "name": name, "sampling_probability": float(sampling_probability),
                  "noise_multiplier": float(noise_multiplier), "clip_norm": float(clip_norm),
                  "dataset_size": int(dataset_size), "max_batch_size": max_batch_size, "steps": int(steps)}
+        self.record_steps(entry)
+
+    def record_steps(self, entry: dict) -> None:
+        """Records a "dpsgd" or "bandmf" entry (e.g. `PrivacyPlan.ledger_entry`), merged into the last
+        entry when everything but the step count matches."""
+        if entry["mechanism"] not in ("dpsgd", "bandmf"):
+            raise ValueError(f"record_steps takes dpsgd/bandmf entries, got {entry['mechanism']!r}")
+        steps = entry["steps"]
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        _event(entry)  # validates
+        entry = copy.deepcopy(entry)
         last = self.entries[-1] if self.entries else None
         if last is not None and {k: v for k, v in last.items() if k != "steps"} == {
                 k: v for k, v in entry.items() if k != "steps"}:
@@ -104,6 +124,9 @@ class PrivacyLedger:
         """Records `count` Gaussian mechanisms with L2 sensitivity 1 (e.g. a DP label histogram)."""
         if noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if self.privacy_unit == "user":
+            raise ValueError(f"{name}: a Gaussian mechanism of sensitivity 1 per example cannot be composed into a "
+                             "user-level ledger (one user may change several counts); it would overstate the guarantee")
         self.entries.append({"mechanism": "gaussian", "name": name, "noise_multiplier": float(noise_multiplier),
                              "count": int(count)})
 
@@ -111,9 +134,14 @@ class PrivacyLedger:
         self.entries.append({"mechanism": "nonprivate", "name": name})
 
     @property
+    def privacy_unit(self) -> str:
+        """"user" if any training entry is user-level, else "example"."""
+        return "user" if any(e.get("unit") == "user" for e in self.entries) else "example"
+
+    @property
     def steps_recorded(self) -> int:
-        """Number of DP-SGD steps in the ledger (must equal the training step on resume)."""
-        return sum(e["steps"] for e in self.entries if e["mechanism"] == "dpsgd")
+        """Number of DP-SGD/BandMF steps in the ledger (must equal the training step on resume)."""
+        return sum(e["steps"] for e in self.entries if e["mechanism"] in ("dpsgd", "bandmf"))
 
     # ------------------------------------------------------------------ accounting
     def events(self, extra: Sequence[dict] = ()) -> list[dp_accounting.DpEvent]:

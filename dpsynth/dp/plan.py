@@ -12,6 +12,11 @@ planned, what is shown before a run and what is accounted after it are the same 
 the target (a hyperparameter sweep of k trials on the same data): k self-composed runs of T
 Poisson-subsampled Gaussian steps are exactly k T such steps, so sigma is calibrated for k T.
 
+Mechanisms and units: `mechanism="bandmf"` with `bands=b` plans BandMF with cyclic Poisson
+sampling (`dpsynth.dp.bandmf`): q = B / floor(N / b) within the eligible group and ceil(T / b)
+accounted participations; `privacy_unit="user"` plans user-level DP, where N is the number of
+users, B the expected users per step and delta defaults to 1 / |users| (`dpsynth.dp.users`).
+
 Formal guarantee: a run that executes the plan (Poisson sampling with rate q, per-example
 clipping to C, noise N(0, sigma^2 C^2) on the sum, T steps), composed with the other
 `compositions - 1` runs of the same plan, is (target_epsilon, delta)-DP under add-or-remove
@@ -28,7 +33,9 @@ from dpsynth.dp import accounting
 
 # The fields whose change between a checkpoint and a resume changes what is accounted.
 PLAN_FIELDS = ("dataset_size", "expected_batch_size", "steps", "noise_multiplier", "target_epsilon", "delta",
-               "accountant", "max_batch_size", "compositions")
+               "accountant", "max_batch_size", "compositions", "mechanism", "bands", "privacy_unit")
+MECHANISMS = ("dpsgd", "bandmf")
+PRIVACY_UNITS = ("example", "user")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,9 +43,9 @@ class PrivacyPlan:
     """Everything the accountant decides before the first step.
 
     Attributes:
-        dataset_size: N, the number of privacy units (examples) in the sensitive training set.
-        expected_batch_size: B = q N (Poisson sampling).
-        sampling_probability: q = B / N.
+        dataset_size: N, the number of privacy units (examples, or users) in the training set.
+        expected_batch_size: B = q N (Poisson sampling; q floor(N / b) for BandMF).
+        sampling_probability: q = B / N (B / floor(N / b) for BandMF).
         steps: T, DP-SGD steps of one run.
         delta: the delta of the guarantee (1 / N unless given).
         target_epsilon: the budget of all `compositions` runs together (inf: non-private).
@@ -46,6 +53,9 @@ class PrivacyPlan:
         accountant: "rdp" or "pld": what sigma is calibrated and the budget enforced with.
         max_batch_size: optional cap on the Poisson batch (truncated Poisson; PLD only).
         compositions: how many runs of this plan the target covers together (>= 1).
+        mechanism: "dpsgd" (iid noise) or "bandmf" (banded correlated noise, cyclic Poisson).
+        bands: b, BandMF's bands and cycle length (1 for DP-SGD).
+        privacy_unit: "example" or "user".
     """
 
     dataset_size: int
@@ -58,6 +68,9 @@ class PrivacyPlan:
     accountant: str = accounting.DEFAULT_ACCOUNTANT
     max_batch_size: int | None = None
     compositions: int = 1
+    mechanism: str = "dpsgd"
+    bands: int = 1
+    privacy_unit: str = "example"
 
     @property
     def private(self) -> bool:
@@ -65,13 +78,24 @@ class PrivacyPlan:
 
     @property
     def epochs(self) -> float:
-        return self.steps * self.sampling_probability
+        return self.steps * self.expected_batch_size / self.dataset_size
 
-    def ledger_entry(self, *, steps: int, clip_norm: float, name: str = "dp_tune") -> dict[str, Any]:
-        """The ledger entry (`dpsynth.dp.ledger` format) of `steps` steps of this plan."""
-        return {"mechanism": "dpsgd", "name": name, "sampling_probability": self.sampling_probability,
-                "noise_multiplier": self.noise_multiplier, "clip_norm": float(clip_norm),
-                "dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size, "steps": int(steps)}
+    def ledger_entry(self, *, steps: int, clip_norm: float, name: str = "dp_tune",
+                     strategy_sha256: str | None = None) -> dict[str, Any]:
+        """The ledger entry (`dpsynth.dp.ledger` format) of `steps` steps of this plan.
+
+        BandMF entries need the strategy's `strategy_sha256` (`dpsynth.dp.bandmf`).
+        """
+        entry = {"mechanism": self.mechanism, "name": name, "sampling_probability": self.sampling_probability,
+                 "noise_multiplier": self.noise_multiplier, "clip_norm": float(clip_norm),
+                 "dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size, "steps": int(steps)}
+        if self.mechanism == "bandmf":
+            if not strategy_sha256:
+                raise ValueError("a BandMF ledger entry needs the strategy's sha256")
+            entry.update(bands=self.bands, strategy_sha256=strategy_sha256)
+        if self.privacy_unit != "example":
+            entry["unit"] = self.privacy_unit
+        return entry
 
     def epsilons(self, steps: int | None = None) -> dict[str, float | None]:
         """Epsilon of one run of `steps` (default: T) steps, from every accountant."""
@@ -80,7 +104,8 @@ class PrivacyPlan:
         cap = ({"dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size}
                if self.max_batch_size is not None else {})
         return accounting.epsilons_of_events(
-            [accounting.dpsgd_event(self.sampling_probability, steps or self.steps, self.noise_multiplier, **cap)],
+            [accounting.dpsgd_event(self.sampling_probability, steps or self.steps, self.noise_multiplier,
+                                    cycle_length=self.bands, **cap)],
             self.delta)
 
     def to_json(self) -> dict[str, Any]:
@@ -120,19 +145,25 @@ def plan_privacy(
     accountant: str = accounting.DEFAULT_ACCOUNTANT,
     max_batch_size: int | None = None,
     compositions: int = 1,
+    mechanism: str = "dpsgd",
+    bands: int | None = None,
+    privacy_unit: str = "example",
 ) -> PrivacyPlan:
-    """The privacy plan of a DP-SGD run.
+    """The privacy plan of a DP-SGD (or BandMF) run.
 
     Args:
-        dataset_size: N (>= 1).
-        expected_batch_size: B; q = B / N must be in (0, 1].
-        steps: T; or `epochs` (T = ceil(epochs / q)). `steps` wins when both are given.
+        dataset_size: N (>= 1): examples, or users with `privacy_unit="user"`.
+        expected_batch_size: B; q = B / N must be in (0, 1] (BandMF: B / floor(N / b)).
+        steps: T; or `epochs` (T = ceil(epochs N / B)). `steps` wins when both are given.
         epsilon: target epsilon of all `compositions` runs (math.inf: non-private, sigma 0);
             or `noise_multiplier`: a given sigma (the target is then its epsilon).
         delta: default 1 / N.
         accountant: "rdp" or "pld".
         max_batch_size: cap on the Poisson batch (PLD only).
         compositions: k >= 1 runs of this plan that the target covers together.
+        mechanism: "dpsgd" or "bandmf".
+        bands: b >= 1 for "bandmf" (required there; b <= T and B <= floor(N / b)).
+        privacy_unit: "example" or "user" (N and B then count users).
 
     Raises:
         accounting.PrivacyConfigError: bad or unreachable parameters.
@@ -143,27 +174,53 @@ def plan_privacy(
         raise accounting.PrivacyConfigError(f"compositions must be a positive integer, got {compositions}")
     if (epsilon is None) == (noise_multiplier is None):
         raise accounting.PrivacyConfigError("give exactly one of epsilon and noise_multiplier")
-    q = accounting.sampling_probability(dataset_size, expected_batch_size)
+    if mechanism not in MECHANISMS:
+        raise accounting.PrivacyConfigError(f"unknown mechanism {mechanism!r}; choose one of {MECHANISMS}")
+    if privacy_unit not in PRIVACY_UNITS:
+        raise accounting.PrivacyConfigError(f"unknown privacy unit {privacy_unit!r}; choose one of {PRIVACY_UNITS}")
+    if mechanism == "dpsgd":
+        if bands not in (None, 1):
+            raise accounting.PrivacyConfigError("bands are a BandMF setting: pass mechanism='bandmf'")
+        bands = 1
+    elif bands is None or int(bands) != bands or bands < 1:
+        raise accounting.PrivacyConfigError(f"BandMF needs bands >= 1, got {bands}")
+    bands = int(bands)
+    q_all = accounting.sampling_probability(dataset_size, expected_batch_size)
     if steps is None:
         if epochs is None:
             raise accounting.PrivacyConfigError("give steps or epochs")
-        steps = accounting.steps_for_epochs(epochs, q)
+        steps = accounting.steps_for_epochs(epochs, q_all)
+    if bands > 1:
+        if bands > steps:
+            raise accounting.PrivacyConfigError(f"BandMF bands ({bands}) cannot exceed the steps ({steps})")
+        if dataset_size // bands < expected_batch_size:
+            raise accounting.PrivacyConfigError(
+                f"BandMF with {bands} bands samples from groups of floor(N / b) = {dataset_size // bands} units: "
+                f"the expected batch {expected_batch_size} must not exceed it (fewer bands or a smaller batch)")
+        q = float(expected_batch_size) / (dataset_size // bands)
+    else:
+        q = q_all
     accounting.check_sampling(q, steps)
     delta = accounting.check_delta(delta if delta is not None else 1.0 / dataset_size)
     if max_batch_size is not None and accountant != "pld":
         raise accounting.PrivacyConfigError("a batch-size cap (truncated Poisson sampling) is only analysed by the "
                                             "PLD accountant")
+    if max_batch_size is not None and bands > 1:
+        raise accounting.PrivacyConfigError("a batch-size cap is not supported with BandMF")
     cap = {"dataset_size": int(dataset_size), "max_batch_size": max_batch_size} if max_batch_size is not None else {}
+    cap["cycle_length"] = bands
+    # k runs of ceil(T / b) participations each: k b ceil(T / b) steps of the same cycle (= k T for DP-SGD).
+    total = int(compositions) * bands * accounting.participations(int(steps), bands)
     if epsilon is not None:
         target = float(epsilon)
-        sigma = accounting.calibrate_noise_multiplier(target, delta, q, int(steps) * int(compositions), accountant,
-                                                      **cap)
+        sigma = accounting.calibrate_noise_multiplier(target, delta, q, total, accountant, **cap)
     else:
         sigma = float(noise_multiplier)
         if math.isnan(sigma) or sigma < 0:
             raise accounting.PrivacyConfigError(f"noise multiplier must be >= 0, got {sigma}")
         target = (math.inf if sigma == 0 else
-                  accounting.epsilon(q, int(steps) * int(compositions), sigma, delta, accountant, **cap))
-    return PrivacyPlan(dataset_size=int(dataset_size), expected_batch_size=q * dataset_size, sampling_probability=q,
-                       steps=int(steps), delta=delta, target_epsilon=target, noise_multiplier=float(sigma),
-                       accountant=accountant, max_batch_size=max_batch_size, compositions=int(compositions))
+                  accounting.epsilon(q, total, sigma, delta, accountant, **cap))
+    return PrivacyPlan(dataset_size=int(dataset_size), expected_batch_size=q_all * dataset_size,
+                       sampling_probability=q, steps=int(steps), delta=delta, target_epsilon=target,
+                       noise_multiplier=float(sigma), accountant=accountant, max_batch_size=max_batch_size,
+                       compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit)

@@ -10,8 +10,11 @@ Schema (format "dpsynth.privacy_report", version 1):
 | field | meaning |
 |---|---|
 | `private` | false iff some entry is non-private (epsilon = inf) |
-| `unit_of_privacy` | one example (label + text), at most `max_tokens_per_example` tokens |
-| `adjacency` | "add-or-remove one example" |
+| `privacy_unit` | "example" or "user" |
+| `unit_of_privacy` | one example (label + text), at most `max_tokens_per_example` tokens; or one user (all of their rows, at most `max_examples_per_user` kept) |
+| `adjacency` | "add-or-remove one example" (or "... one user (all of their examples)") |
+| `max_examples_per_user` | K, the contribution bound (user level only) |
+| `mechanism` | "dpsgd" or "bandmf" (with `bands` and `strategy_sha256` for BandMF) |
 | `delta`, `target_epsilon` | the guarantee asked for |
 | `epsilon` | {"rdp": .., "pld": ..} of the whole ledger (null where unsupported, "inf" if non-private) |
 | `accountant` | the accountant the budget was enforced with |
@@ -38,16 +41,37 @@ FORMAT_VERSION = 1
 REPORT_JSON = "privacy_report.json"
 REPORT_MD = "privacy_report.md"
 ADJACENCY = "add-or-remove one example"
+USER_ADJACENCY = "add-or-remove one user (all of their examples)"
 COVERS = ("every checkpoint written by this run (the final model and all intermediate checkpoints) and "
           "everything computed from them without further access to the sensitive data (synthetic data "
           "generated from the model, classifiers trained on it, metrics of it): post-processing")
 SAMPLING_METHOD = ("Poisson sampling: each example is in each step's batch independently with probability q, "
                    "from a dedicated per-step random stream (seed, step); noise from an independent JAX key")
+USER_SAMPLING_METHOD = ("Poisson sampling over users: each user (with all of its kept rows) is in each step's batch "
+                        "independently with probability q; its gradient is the mean of its rows' gradients, clipped")
+CYCLIC_SAMPLING_METHOD = ("cyclic Poisson sampling (BandMF): units are assigned to b groups independently and "
+                          "uniformly at random; step t samples group t mod b, each unit with probability q")
 
 LABEL_SET_CHANNEL = {
     "name": "label set",
     "detail": "the set of label names is taken from the configuration/data without DP; the per-label counts "
               "are NOT released (generation uses a uniform label distribution or a DP histogram)",
+}
+
+
+PUBLIC_OVERLAP_CHANNEL = {
+    "name": "public pretraining corpus",
+    "detail": "the base model and the released tokenizer are trained on the public corpus after every sequence of "
+              ">= k tokens (k = 50 by default) shared with the sensitive data was cut (the contamination report's "
+              "hash is above); shorter shared sequences remain and are not covered by epsilon. The tokenizer is "
+              "trained after that cut, on the cleaned corpus only (the dedup's own tokenizer is never released)",
+}
+COMPOSITION_CHANNEL = {
+    "name": "other releases about the same data",
+    "detail": "epsilon covers this release only. Publishing several releases computed from the same D_train "
+              "(other models or synthetic corpora of a grid, label histograms, DP-on-real baselines) costs their "
+              "composition: `dpsynth experiment --dry-run` and the experiment's `privacy_composition.md` give it "
+              "for a whole experiment root (`dpsynth.dp.compose`)",
 }
 
 
@@ -65,17 +89,40 @@ def build_report(
     side_channels: Sequence[dict[str, str]] = (LABEL_SET_CHANNEL,),
     max_tokens_per_example: int = 512,
     extra: dict[str, Any] | None = None,
+    privacy_unit: str = "example",
+    max_examples_per_user: int | None = None,
+    mechanism: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The privacy report of a ledger (epsilons recomputed by every accountant)."""
+    """The privacy report of a ledger (epsilons recomputed by every accountant).
+
+    `privacy_unit="user"` (with `max_examples_per_user` K) states the user-level unit and
+    adjacency; `mechanism` is {"name": "dpsgd"} (default) or {"name": "bandmf", "bands",
+    "strategy_sha256"}.
+    """
     eps = ledger.epsilons()
     private = not any(v is not None and math.isinf(v) for v in eps.values())
+    if privacy_unit == "user":
+        if not max_examples_per_user:
+            raise ValueError("a user-level report needs max_examples_per_user")
+        unit = (f"one user: all of their rows (at most {int(max_examples_per_user)} kept per user), each at most "
+                f"{max_tokens_per_example} tokens")
+        adjacency = USER_ADJACENCY
+    elif privacy_unit == "example":
+        unit, adjacency = f"one example (label + text), at most {max_tokens_per_example} tokens", ADJACENCY
+    else:
+        raise ValueError(f"unknown privacy unit {privacy_unit!r}")
+    mech = dict(mechanism or {"name": "dpsgd"})
     report = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "private": private,
-        "unit_of_privacy": f"one example (label + text), at most {max_tokens_per_example} tokens",
+        "privacy_unit": privacy_unit,
+        "unit_of_privacy": unit,
         "max_tokens_per_example": int(max_tokens_per_example),
-        "adjacency": ADJACENCY,
+        "max_examples_per_user": int(max_examples_per_user) if privacy_unit == "user" else None,
+        "mechanism": mech.pop("name"),
+        **{k: mech[k] for k in ("bands", "strategy_sha256") if k in mech},
+        "adjacency": adjacency,
         "delta": ledger.delta,
         "target_epsilon": _fmt_eps(ledger.target_epsilon),
         "accountant": ledger.accountant,
@@ -113,6 +160,9 @@ def compose_gaussian(report: dict[str, Any], *, noise_multiplier: float, name: s
     of the returned report cover the tuning AND this mechanism. The target epsilon is not
     changed: `epsilon` may now exceed it, and the report says so in `composed`.
     """
+    if report.get("privacy_unit", "example") != "example":
+        raise ValueError(f"{name}: this report is user-level; a Gaussian mechanism with sensitivity 1 per example "
+                         "does not compose into it (one user may change several counts)")
     ledger = ledger_of(report)
     ledger.record_gaussian(noise_multiplier=noise_multiplier, name=name, count=count)
     out = refresh(report, ledger)
@@ -185,10 +235,19 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for name, value in eps.items():
         lines.append(f"| epsilon ({name.upper()}) | {_num(value)} |")
+    user = report.get("privacy_unit") == "user"
+    if user:
+        lines.append(f"| max examples per user | {report['max_examples_per_user']} |")
+    if report.get("mechanism", "dpsgd") != "dpsgd":
+        lines.append(f"| mechanism | {report['mechanism']} ({report.get('bands')} bands, strategy sha256 "
+                     f"{str(report.get('strategy_sha256'))[:16]}...) |")
     for key in ("mode", "noise_multiplier", "clip_norm", "sampling_probability", "expected_batch_size",
                 "dataset_size", "steps", "epochs", "optimizer", "learning_rate", "max_batch_size"):
         if key in t:
-            lines.append(f"| {key.replace('_', ' ')} | {_num(t[key])} |")
+            label = key.replace("_", " ")
+            if user and key in ("expected_batch_size", "dataset_size"):
+                label += " (users)"
+            lines.append(f"| {label} | {_num(t[key])} |")
     lines += [
         f"| sampling | {t.get('sampling', SAMPLING_METHOD)} |",
         f"| pretraining contamination report sha256 | {report.get('contamination_sha256') or 'unknown'} |",
@@ -199,10 +258,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     for e in report["ledger"]["entries"]:
-        if e["mechanism"] == "dpsgd":
-            lines.append(f"- `{e['name']}`: {e['steps']} DP-SGD steps, q = {e['sampling_probability']:.4g}, "
+        if e["mechanism"] in ("dpsgd", "bandmf"):
+            kind = "DP-SGD" if e["mechanism"] == "dpsgd" else f"BandMF ({e['bands']} bands, cyclic Poisson)"
+            lines.append(f"- `{e['name']}`: {e['steps']} {kind} steps, q = {e['sampling_probability']:.4g}, "
                          f"noise multiplier {e['noise_multiplier']:.4g}, clipping norm {e['clip_norm']:g}"
-                         + (f", batch cap {e['max_batch_size']}" if e.get("max_batch_size") else ""))
+                         + (f", batch cap {e['max_batch_size']}" if e.get("max_batch_size") else "")
+                         + (", per user" if e.get("unit") == "user" else ""))
         elif e["mechanism"] == "gaussian":
             lines.append(f"- `{e['name']}`: {e['count']} x Gaussian mechanism (sensitivity 1), "
                          f"noise multiplier {e['noise_multiplier']:.4g}")

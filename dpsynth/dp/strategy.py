@@ -107,3 +107,48 @@ class DPSGDStrategy:
         del params
         noisy = self.noisy_sum(acc, key)
         return jax.tree.map(lambda g: g / self.expected_batch_size, noisy)
+
+
+def user_mean_loss(loss_fn):
+    """A loss over users: each user's mean per-example loss over its rows.
+
+    The wrapped batch has arrays [M, W, ...] (M users, W row slots), "example_mask" [M, W]
+    and "mask" [M] (`dpsynth.dp.users.gather_users`). The returned per-user losses [M] are
+    what the per-unit clipping differentiates, so a user's gradient is the mean of its rows'
+    gradients (padding slots weigh exactly 0).
+    """
+
+    def fun(params, frozen, batch, key):
+        m, w = batch["example_mask"].shape
+        flat = {k: v.reshape((m * w,) + v.shape[2:]) for k, v in batch.items() if k not in ("mask", "example_mask")}
+        weights = batch["example_mask"].astype(jnp.float32)
+        flat["mask"] = weights.reshape(m * w)
+        losses, _ = loss_fn(params, frozen, flat, key)
+        per_user = jnp.sum(losses.reshape(m, w) * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+        return per_user, {}
+
+    return fun
+
+
+@dataclasses.dataclass(frozen=True)
+class UserDPSGDStrategy(DPSGDStrategy):
+    """User-level DP-SGD: each drawn user's mean gradient is clipped to C; noise and divisor as DP-SGD.
+
+    The batch is a user batch (`dpsynth.dp.users.gather_users`): "mask" marks real users,
+    "example_mask" their real rows. `expected_batch_size` is the expected number of users
+    per step (q U). Metrics "loss_sum"/"count"/"clipped" are per user (local logs only).
+
+    Formal guarantee: adding or removing one user changes exactly one term of the clipped sum
+    (its mean gradient, norm <= C), whatever its number of rows, so with Poisson sampling over
+    users each step is the subsampled Gaussian mechanism over users (`dpsynth.dp.users`).
+    """
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.embedding is not None:
+            raise ValueError("UserDPSGDStrategy does not support the sparse-embedding path")
+
+    def accumulate(self, loss_fn, params, frozen, batch, key, acc):
+        if "example_mask" not in batch:
+            raise ValueError("user-level DP-SGD needs a user batch with 'example_mask' [M, W] (users.gather_users)")
+        return super().accumulate(user_mean_loss(loss_fn), params, frozen, batch, key, acc)

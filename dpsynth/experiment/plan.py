@@ -3,8 +3,15 @@
 ```
 sensitive ─┬──────────────────────────────┬───────────────┬──────────────┐
            ▼                              ▼               ▼              ▼
-public ─► dedup ─► tokenizer ─► pretrain ─► dp_tune[mode, eps, lr, C] ─► generate[sampling, x] ─► evaluate
+public ─► dedup ─► tokenizer ─► pretrain ─► dp_tune[mode, eps, lr, C] ─┬──────────────► generate[sampling, x] ─► evaluate
+                                                                       └► labels[...] ─┘ (only with a DP label histogram)
 ```
+
+With `generate.label_distribution: dp_histogram`, the DP label histogram of D_train is its
+own node per DP-tuned model (`labels[...]`): drawn once and reused by every sampling and
+multiple of that model, so the root releases one histogram per model, not one per corpus.
+The evaluate node also reads every `dp_tune` and `labels` node, to compose everything the
+root releases about D_train (`dpsynth.experiment.privacy`).
 
 The dedup stage tokenizes with a temporary tokenizer of its own (trained on the uncleaned
 public corpus, so it may have seen sensitive overlaps: it stays in the dedup stage's private
@@ -38,11 +45,13 @@ from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
-STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "generate", "evaluate")
-STAGE_VERSIONS = {**{s: 1 for s in STAGES}, "dedup": 2, "tokenizer": 2}  # 2: the released tokenizer follows dedup
+STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "labels", "generate", "evaluate")
+# dedup/tokenizer 2: the released tokenizer follows dedup; evaluate 2: composes the root's releases.
+STAGE_VERSIONS = {**{s: 1 for s in STAGES}, "dedup": 2, "tokenizer": 2, "evaluate": 2}
 # Stages whose library resumes from a partial output directory: pretraining and DP tuning
-# from their checkpoints (the DP ledger included), generation by regenerating missing shards.
-RESUMABLE = frozenset({"pretrain", "dp_tune", "generate"})
+# from their checkpoints (the DP ledger included), generation by regenerating missing shards,
+# the DP label histogram by reusing a draw already made (never releasing a second one).
+RESUMABLE = frozenset({"pretrain", "dp_tune", "labels", "generate"})
 # Files larger than this are fingerprinted by (size, mtime) instead of their contents.
 CONTENT_HASH_LIMIT = 256 << 20
 HASH_PREFIX = 16  # hex digits of the hash used in directory names
@@ -90,6 +99,7 @@ class Trial:
     multiple: float
     dp_tune: str  # node key
     generate: str  # node key
+    labels: str | None = None  # node key of the model's DP label histogram, if any
 
     def params(self) -> dict[str, Any]:
         return {
@@ -227,16 +237,21 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     seed = config.seed
     # -- data
-    sens = to_dict(config.sensitive)
-    for split in ("train", "valid", "test"):
-        if sens[split]:
-            sens[split] = resolve_path(sens[split])
-    if config.sensitive.embedded:
-        sens_files = embedded_package_files("modeldata", data_dir)
-    else:
-        sens_files = [p for p in (sens["train"], sens["valid"], sens["test"]) if p]
-    sens["fingerprint"] = fingerprint_paths(sens_files)
-    sensitive = add("sensitive", "sensitive", sens, {})
+    def sensitive_node_config(section) -> dict:
+        sens = to_dict(section)
+        if not sens["split"]:
+            del sens["split"]  # the default split: keep the hashes (and caches) of configs that predate it
+        for split in ("train", "valid", "test"):
+            if sens[split]:
+                sens[split] = resolve_path(sens[split])
+        if section.embedded:
+            sens_files = embedded_package_files("modeldata", data_dir)
+        else:
+            sens_files = [p for p in (sens["train"], sens["valid"], sens["test"]) if p]
+        sens["fingerprint"] = fingerprint_paths(sens_files)
+        return sens
+
+    sensitive = add("sensitive", "sensitive", sensitive_node_config(config.sensitive), {})
 
     pub = to_dict(config.public)
     pub["paths"] = [resolve_path(p) for p in pub["paths"]]
@@ -251,7 +266,19 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     # -- shared model stages
     tok_cfg = {**to_dict(config.tokenizer), "seed": seed}
     # The dedup's temporary tokenizer is trained like the released one, on the uncleaned corpus.
-    dedup = add("dedup", "dedup", {**to_dict(config.dedup), "tokenizer": tok_cfg}, {"public": public, "sensitive": sensitive})
+    dedup_cfg = {**to_dict(config.dedup), "tokenizer": tok_cfg}
+    also = dedup_cfg.pop("also_against")
+    if also:
+        # Several sensitive sets: the dedup stage (and so pretraining) depends on the SET of them,
+        # so experiments that list the same sets share one dedup and one pretraining run.
+        sets = {name: add(f"sensitive[{name}]", "sensitive", sensitive_node_config(config.dedup.sensitive_config(name)), {})
+                for name in sorted(also)}
+        if nodes[sensitive].hash not in {nodes[k].hash for k in sets.values()}:
+            sets["sensitive"] = sensitive  # the experiment's own set is always cut too
+        dedup_cfg["sets"] = sorted(sets)
+        dedup = add("dedup", "dedup", dedup_cfg, {"public": public, "sensitive_sets": tuple(sets[n] for n in sorted(sets))})
+    else:
+        dedup = add("dedup", "dedup", dedup_cfg, {"public": public, "sensitive": sensitive})
     tokenizer = add("tokenizer", "tokenizer", tok_cfg, {"dedup": dedup})
     pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
 
@@ -274,23 +301,30 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                     if mode == "prompt":
                         tune_cfg["prompt_length"] = config.dp_tune.prompt_length
                     tune = add(f"dp_tune[{tune_id}]", "dp_tune", tune_cfg, {"pretrain": pretrain, "sensitive": sensitive})
+                    gen_inputs = {"model": tune, "sensitive": sensitive}
+                    labels = None
+                    if gen["label_distribution"] == "dp_histogram":  # one draw per model, reused below
+                        labels = add(f"labels[{tune_id}]", "labels", {"noise_multiplier": gen["label_noise_multiplier"]},
+                                     {"model": tune, "sensitive": sensitive})
+                        gen_inputs["labels"] = labels
                     for sampling in config.generate.samplings:
                         for multiple in config.generate.multiples:
                             trial_id = f"{tune_id}-{sampling.label}-x{fmt_num(multiple)}"
                             gen_cfg = {**shared_gen, "sampling": to_dict(sampling), "multiple": multiple, "seed": seed}
-                            g = add(f"generate[{trial_id}]", "generate", gen_cfg, {"model": tune, "sensitive": sensitive})
-                            trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g))
+                            g = add(f"generate[{trial_id}]", "generate", gen_cfg, gen_inputs)
+                            trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g, labels))
 
     eval_cfg = {
         **to_dict(config.evaluate),
         "seed": seed,
-        "trials": [t.params() for t in trials],
+        "trials": [{**t.params(), "dp_tune": t.dp_tune, "labels": t.labels} for t in trials],  # what each corpus is made of
         "dp_tune": shared_dp,  # DP-on-real baselines use the same batch/epochs/delta/accountant
     }
-    add(
-        "evaluate",
-        "evaluate",
-        eval_cfg,
-        {"synthetic": tuple(t.generate for t in trials), "sensitive": sensitive, "pretrain": pretrain},
-    )
+    models = tuple(dict.fromkeys(t.dp_tune for t in trials))
+    label_nodes = tuple(dict.fromkeys(t.labels for t in trials if t.labels))
+    eval_inputs: dict[str, str | tuple[str, ...]] = {"synthetic": tuple(t.generate for t in trials),
+                                                     "sensitive": sensitive, "pretrain": pretrain, "models": models}
+    if label_nodes:
+        eval_inputs["labels"] = label_nodes
+    add("evaluate", "evaluate", eval_cfg, eval_inputs)
     return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials))

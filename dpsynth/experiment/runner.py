@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpsynth.experiment import cache
+from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
 from dpsynth.experiment.config import ConfigError, ExperimentConfig, load_config, to_dict
 from dpsynth.experiment.plan import STAGES, Plan, StageNode, build_plan, fmt_num
@@ -91,7 +92,8 @@ def write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
         "stages": {n.key: {"stage": n.stage, "hash": n.hash, "dir": os.path.relpath(plan.stage_dir(n), plan.root)} for n in plan.nodes},
         "trials": [
             {**t.params(), "dp_tune": os.path.relpath(plan.stage_dir(t.dp_tune), plan.root),
-             "generate": os.path.relpath(plan.stage_dir(t.generate), plan.root)}
+             "generate": os.path.relpath(plan.stage_dir(t.generate), plan.root),
+             **({"labels": os.path.relpath(plan.stage_dir(t.labels), plan.root)} if t.labels else {})}
             for t in plan.trials
         ],
     }
@@ -301,7 +303,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
 
             p = finetune.plan_run(stages.tune_config(c), num_train)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
-                       accountant=p.accountant)
+                       accountant=p.accountant, max_batch_size=p.max_batch_size)
         except (ImportError, StageUnavailable) as e:
             row["note"] = f"tuner not available ({e})"
         except ValueError as e:
@@ -320,7 +322,8 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
     for node in plan.nodes:
         done = cache.cached_output(plan.root, node) is not None
         n_cached += done
-        inputs = ", ".join(node.input_keys()) if node.stage != "evaluate" else f"{len(node.input_keys()) - 2} synthetic sets, sensitive, pretrain"
+        inputs = (", ".join(node.input_keys()) if node.stage != "evaluate" else
+                  f"{len(node.inputs['synthetic'])} synthetic sets, sensitive, pretrain, their models")
         lines.append(f"  {node.key.ljust(width)}  {node.hash[:12]}  {'cached ' if done else 'to run '}  {inputs}")
     lines.append(f"  {n_cached} cached, {len(plan.nodes) - n_cached} to run")
     if budgets:
@@ -328,7 +331,8 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
         lines += ["", f"privacy budget per DP-tuning run (|train| = {num_train if num_train is not None else '?'}, {how}; "
                       f"delta = {'1/|train|' if config.dp_tune.delta is None else config.dp_tune.delta}; add-or-remove adjacency):"]
         lines.append(f"  {'dp_tune'.ljust(width)}  {'epsilon':>7}  {'delta':>9}  {'q':>8}  {'steps':>6}  noise multiplier")
-        for row in privacy_budgets(plan, config, num_train):
+        rows = privacy_budgets(plan, config, num_train)
+        for row in rows:
             eps = fmt_num(row["epsilon"])
             delta = f"{row['delta']:.3g}" if "delta" in row else "?"
             q = f"{row['q']:.4g}" if "q" in row else "?"
@@ -339,9 +343,12 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
                 sigma = row.get("note", "?")
             lines.append(f"  {row['dp_tune'].ljust(width)}  {eps:>7}  {delta:>9}  {q:>8}  {steps:>6}  {sigma}")
         if config.generate.label_distribution == "dp_histogram":
-            lines.append(f"  plus, per generation run, a DP label histogram of D_train (Gaussian, sigma "
-                         f"{config.generate.label_noise_multiplier:g}, sensitivity 1), composed into its privacy report: "
-                         "the synthetic data's epsilon is above the DP-tuning target")
+            lines.append(f"  plus, per DP-tuned model, one DP label histogram of D_train (Gaussian, sigma "
+                         f"{config.generate.label_noise_multiplier:g}, sensitivity 1) shared by all its corpora and "
+                         "composed into their privacy reports: a corpus's epsilon is above the DP-tuning target")
+        root = root_privacy.planned_releases(plan, config, num_train, rows)
+        if root is not None:
+            lines += ["", root_privacy.render(root, title="what publishing the whole root costs")]
     return "\n".join(lines)
 
 

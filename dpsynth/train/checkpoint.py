@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 
 from dpsynth.models.config import ModelConfig
 from dpsynth.tokens import Tokenizer, load_tokenizer, save_tokenizer
+from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
 MODEL_FORMAT = "dpsynth.model"
@@ -65,8 +66,11 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _state_tree(state: TrainState) -> dict:
-    return {"step": state.step, "params": state.params, "frozen": state.frozen, "opt_state": state.opt_state,
+    tree = {"step": state.step, "params": state.params, "frozen": state.frozen, "opt_state": state.opt_state,
             "rng": state.rng}
+    if state.noise_state is not None:  # correlated-noise state (BandMF): private, restored for exact resume
+        tree["noise_state"] = state.noise_state
+    return tree
 
 
 class TrainCheckpointer:
@@ -115,7 +119,7 @@ class TrainCheckpointer:
                 "preset and flags, or start a fresh run in a new --out directory") from e
         tree = out.state
         return TrainState(step=tree["step"], params=tree["params"], frozen=tree["frozen"],
-                          opt_state=tree["opt_state"], rng=tree["rng"]), out.meta
+                          opt_state=tree["opt_state"], rng=tree["rng"], noise_state=tree.get("noise_state")), out.meta
 
     def close(self) -> None:
         self._mngr.close()
@@ -167,16 +171,18 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
         base_manifest = _read_manifest(base_dir)
         base = {"path": base_dir, "manifest_sha256": _sha256_file(os.path.join(base_dir, MANIFEST)),
                 "preset": base_manifest.get("preset")}
-    ckpt = ocp.StandardCheckpointer()
+    ckpt = ocp.StandardCheckpointer()  # multi-host: every process takes part, Orbax coordinates the writes
     ckpt.save(os.path.join(directory, VARIABLES), {c: variables[c] for c in collections}, force=True)
     ckpt.wait_until_finished()
-    save_tokenizer(tokenizer, directory)
-    _write_json(os.path.join(directory, CONFIG), config.to_dict())
     manifest = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "preset": config.preset,
                 "collections": list(collections), "base": base, "created_by": created_by,
                 "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
     manifest.update(extra_manifest or {})
-    _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    if jax.process_index() == 0:  # the small files: one writer
+        save_tokenizer(tokenizer, directory)
+        _write_json(os.path.join(directory, CONFIG), config.to_dict())
+        _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    sharding.sync(f"dpsynth save_model {directory}")  # the others return once the directory is complete
     return manifest
 
 
@@ -230,7 +236,12 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
             raise CheckpointError(f"{directory}: base model shape differs from this model's config")
         variables.update({c: v for c, v in loaded_base.variables.items() if c not in manifest["collections"]})
     try:
-        restored = ocp.StandardCheckpointer().restore(os.path.join(directory, VARIABLES))
+        ckpt, path = ocp.StandardCheckpointer(), os.path.join(directory, VARIABLES)
+        if jax.process_count() > 1:  # host arrays: a model saved on another topology loads on any
+            metadata = ckpt.metadata(path).item_metadata
+            restored = ckpt.restore(path, jax.tree.map(lambda m: np.empty(m.shape, m.dtype), metadata))
+        else:
+            restored = ckpt.restore(path)
     except Exception as e:  # Orbax raises a variety of errors on damaged trees
         raise CheckpointError(f"{directory}/{VARIABLES}: cannot be read ({type(e).__name__}: {e})") from e
     variables.update(restored)

@@ -56,6 +56,7 @@ class TrainState:
     frozen: PyTree
     opt_state: PyTree
     rng: jax.Array
+    noise_state: PyTree = None  # a stateful strategy's noise state (BandMF); None otherwise
 
 
 class GradientStrategy(Protocol):
@@ -70,6 +71,12 @@ class GradientStrategy(Protocol):
 
     def finalize(self, acc: PyTree, params: PyTree, key: jax.Array) -> PyTree:
         """The gradient to hand to the optimizer."""
+
+    # Optional, for strategies whose noise is correlated across steps (`dpsynth.dp.bandmf`):
+    # `init_noise_state(params, key) -> noise_state` (called once by `init_state`, stored in
+    # `TrainState.noise_state` and checkpointed with it) and
+    # `finalize_with_noise_state(acc, params, key, noise_state) -> (grads, noise_state)`,
+    # which the core then calls instead of `finalize`.
 
 
 def masked_sums(aux: dict, mask: jax.Array) -> dict:
@@ -166,8 +173,11 @@ class TrainFunctions:
         if opt_state is None:
             opt_state = jax.jit(self.optimizer.init)(params)
         put = (lambda x: sharding_lib.put(x, rep)) if rep is not None else jnp.asarray
+        noise_state = None
+        if hasattr(self.strategy, "init_noise_state"):
+            noise_state = jax.jit(self.strategy.init_noise_state)(params, as_key(rng))
         state = TrainState(step=put(jnp.asarray(step, jnp.int32)), params=params, frozen=frozen,
-                           opt_state=opt_state, rng=put(as_key(rng)))
+                           opt_state=opt_state, rng=put(as_key(rng)), noise_state=noise_state)
         if self.mesh is not None:
             # Optimizer-state shardings follow the compiler's propagation from the params;
             # whatever they are, they become the fixed in/out shardings of every step.
@@ -193,14 +203,26 @@ class TrainFunctions:
             self.init_state(state.params, state.frozen, rng=state.rng)
         return sharding_lib.put(state, self._state_sharding)
 
-    def shard_batch(self, batch: dict) -> dict:
+    def shard_batch(self, batch: dict, *, global_rows: int | None = None) -> dict:
         """Puts a host batch on the devices (split over `data` under a mesh).
 
-        Multi-host: every process passes the same global batch; each keeps its own slices.
+        Multi-host: either every process passes the same global batch and each keeps its own
+        slices, or (with `global_rows`) each process passes only its rows
+        `process_rows(global_rows)` of a batch of `global_rows` rows, so it reads no other.
+        On one process both are the same.
         """
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
+        if global_rows is not None:
+            return sharding_lib.put_process_local(batch, sharding_lib.batch_sharding(self.mesh), global_rows)
         return sharding_lib.put(batch, sharding_lib.batch_sharding(self.mesh))
+
+    def process_rows(self, global_rows: int) -> np.ndarray:
+        """Indices of the rows of a `global_rows`-row batch that this process feeds (all of them
+        on one process or without a mesh); pass those rows to `shard_batch(..., global_rows=)`."""
+        if self.mesh is None:
+            return np.arange(global_rows)
+        return sharding_lib.process_rows(sharding_lib.batch_sharding(self.mesh), global_rows)
 
     # ---------------------------------------------------------------- pure step bodies
     def _accumulate(self, state: TrainState, acc: dict, batch: dict):
@@ -212,10 +234,15 @@ class TrainFunctions:
 
     def _apply(self, state: TrainState, acc: dict):
         _, final_key = step_keys(state.rng, state.step)
-        grads = self.strategy.finalize(acc["inner"], state.params, final_key)
+        noise_state = state.noise_state
+        if noise_state is not None:
+            grads, noise_state = self.strategy.finalize_with_noise_state(acc["inner"], state.params, final_key,
+                                                                         noise_state)
+        else:
+            grads = self.strategy.finalize(acc["inner"], state.params, final_key)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, noise_state=noise_state)
         metrics = {"grad_norm": optax.global_norm(grads), "update_norm": optax.global_norm(updates),
                    "param_norm": optax.global_norm(params), "microbatches": acc["micro"]}
         return new_state, metrics
@@ -273,8 +300,12 @@ class TrainFunctions:
         fn = self._jit("train", self._train_step, (0,), in_sh=(s_sh, b_sh), out_sh=(s_sh, rep))
         return fn(state, batch)
 
-    def accumulated_step(self, state: TrainState, microbatches: Iterable[dict]) -> tuple[TrainState, dict]:
+    def accumulated_step(self, state: TrainState, microbatches: Iterable[dict], *,
+                         global_rows: int | None = None) -> tuple[TrainState, dict]:
         """One optimizer step over several microbatches (host loop over `accumulate_step`).
+
+        With `global_rows`, each microbatch holds only this process's rows of a global
+        microbatch of that many rows (see `shard_batch`).
 
         Returns the new state and metrics: the summed accumulate metrics, "loss" (mean over
         real examples) and the apply metrics.
@@ -282,7 +313,7 @@ class TrainFunctions:
         acc = self.init_accumulator(state)
         total = None
         for mb in microbatches:
-            acc, m = self.accumulate_step(state, acc, self.shard_batch(mb))
+            acc, m = self.accumulate_step(state, acc, self.shard_batch(mb, global_rows=global_rows))
             total = sum_metrics(total, m)
         if total is None:
             raise ValueError("accumulated_step needs at least one microbatch")

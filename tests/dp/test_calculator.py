@@ -70,3 +70,40 @@ def test_same_numbers_as_the_privacy_plan(capsys):
 def test_clear_errors(capsys, argv, msg):
     rc, _, err = run(capsys, "--dataset-size", "1000", "--batch-size", "1000", "--steps", "100000", *argv)
     assert rc == 2 and msg in err
+
+
+def test_user_level(capsys):
+    rc, out, _ = run(capsys, "--privacy-unit", "user", "--num-users", "600", "--batch-size", "60", "--steps", "40",
+                     "--noise-multiplier", "1.2", "--json")
+    assert rc == 0
+    result = json.loads(out)
+    assert result["privacy_unit"] == "user" and result["dataset_size"] == 600 and result["num_users"] == 600
+    assert result["delta"] == pytest.approx(1 / 600) and "one user" in result["adjacency"]
+    assert result["epsilon_pld"] == accounting.epsilon(0.1, 40, 1.2, 1 / 600, "pld")
+    rc, out, _ = run(capsys, "--privacy-unit", "user", "--num-users", "600", "--batch-size", "60", "--steps", "40",
+                     "--noise-multiplier", "1.2")
+    assert rc == 0 and "600 users" in out and "add-or-remove one user" in out
+    rc, _, err = run(capsys, "--privacy-unit", "user", "--batch-size", "60", "--steps", "40", "--epsilon", "1")
+    assert rc == 2 and "--num-users" in err
+
+
+def test_bandmf(capsys):
+    rc, out, _ = run(capsys, "--dataset-size", "1000", "--batch-size", "20", "--steps", "100", "--mechanism", "bandmf",
+                     "--bands", "5", "--noise-multiplier", "1.0", "--json")
+    assert rc == 0
+    result = json.loads(out)
+    assert result["mechanism"] == "bandmf" and result["bands"] == 5 and result["sampling_probability"] == 0.1
+    assert result["epsilon_rdp"] == accounting.epsilon(0.1, 20, 1.0, 1e-3, "rdp")  # ceil(100 / 5) participations
+    rc, _, err = run(capsys, "--dataset-size", "1000", "--batch-size", "300", "--steps", "100", "--mechanism",
+                     "bandmf", "--bands", "5", "--noise-multiplier", "1.0")
+    assert rc == 2 and "floor(N / b)" in err
+
+
+def test_example_level_run_seen_per_user(capsys):
+    args = ["--dataset-size", "2000", "--batch-size", "40", "--steps", "30", "--noise-multiplier", "1.0", "--json"]
+    _, out1, _ = run(capsys, *args, "--max-examples-per-user", "1")
+    _, out4, _ = run(capsys, *args, "--max-examples-per-user", "4")
+    one, four = json.loads(out1), json.loads(out4)
+    # One row per person: the same mechanism as example level; four rows: a larger epsilon.
+    assert one["epsilon_per_user_pld"] == pytest.approx(one["epsilon_pld"], rel=2e-3)
+    assert four["epsilon_per_user_pld"] > 2 * four["epsilon_pld"]

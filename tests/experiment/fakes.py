@@ -57,7 +57,7 @@ def _fake(ctx):
 
 
 REGISTRY = {
-    s: _fake for s in ("sensitive", "public", "tokenizer", "dedup", "pretrain", "dp_tune", "generate", "evaluate")
+    s: _fake for s in ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "labels", "generate", "evaluate")
 }
 
 

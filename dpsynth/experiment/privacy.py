@@ -1,0 +1,346 @@
+"""What publishing an experiment root costs: every release about D_train, composed.
+
+An experiment trains many DP models on the same D_train (every grid point), may draw a DP
+label histogram per model, and trains DP-on-real baseline classifiers on it; every synthetic
+corpus is post-processing of one model (and its histogram). Each corpus's privacy report
+gives its OWN epsilon; whoever publishes the whole root publishes all of them, so the root's
+cost is their composition. This module lists the releases and composes them exactly with
+dp-accounting (`dpsynth.dp.compose`):
+
+* `planned_releases` (the dry run): from the plan, with the privacy plans the stages will use
+  (`dpsynth.train.finetune.plan_run`, `dpsynth.dp.plan.plan_privacy`);
+* `completed_releases` (the evaluate stage, i.e. the final report): from the ledgers the
+  stages wrote (each model's `privacy_report.json`, each histogram's draw, each DP-on-real
+  baseline's report).
+
+Releases that are not DP are named, never composed into a finite number: a trial at epsilon =
+inf, and the real-data baseline (a classifier trained on D_train without noise, whose test
+accuracy is published). D_valid (model selection) and D_test (every accuracy, MAUVE against
+real test text) are used without DP; `OTHER_USES` says so in every rendering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpsynth.dp import compose as compose_lib
+from dpsynth.dp.compose import Release
+
+FILE_JSON = "privacy_composition.json"
+FILE_MD = "privacy_composition.md"
+FORMAT = "dpsynth.privacy_composition"
+FORMAT_VERSION = 1
+OTHER_USES = (
+    "D_valid: DP tuning keeps the run's final model but the grid's trials are compared on D_valid "
+    "losses/accuracy without DP (a side channel listed in each privacy report); the classifiers' "
+    "hyperparameter selection and early stopping also read (real or synthetic) validation data",
+    "D_test: every reported accuracy and the MAUVE / n-gram scores are computed on the real test "
+    "set without DP; publish them only if D_test may be published",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RootPrivacy:
+    """Releases of a root, their composition, and each corpus's own cost.
+
+    Attributes:
+        delta: the delta of every epsilon here.
+        releases: every release about D_train.
+        composition: `compose_lib.Composition` of all of them.
+        corpora: per synthetic corpus (trial id): the names of the releases it is made of.
+        notes: why something could not be planned (data size unknown, ...).
+    """
+
+    delta: float
+    releases: tuple[Release, ...]
+    composition: compose_lib.Composition
+    corpora: dict[str, tuple[str, ...]]
+    notes: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def release_epsilons(self) -> dict[str, dict[str, float | None]]:
+        """Each release's own epsilon, per accountant (computed once)."""
+        return {r.name: r.epsilons(self.delta) for r in self.releases}
+
+    @functools.cached_property
+    def _corpus_epsilons(self) -> dict[str, dict[str, float | None]]:
+        by_name = {r.name: r for r in self.releases}
+        memo: dict[tuple[str, ...], dict[str, float | None]] = {}
+        out = {}
+        for trial, names in self.corpora.items():
+            if names not in memo:
+                memo[names] = (self.release_epsilons[names[0]] if len(names) == 1 else
+                               compose_lib.compose([by_name[n] for n in names], self.delta).epsilon)
+            out[trial] = memo[names]
+        return out
+
+    def corpus_epsilons(self) -> dict[str, dict[str, float | None]]:
+        """Each corpus's own epsilon (its model + its label histogram), per accountant."""
+        return dict(self._corpus_epsilons)
+
+    def to_json(self) -> dict[str, Any]:
+        own = self.corpus_epsilons()
+        return {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "delta": self.delta,
+            "adjacency": "add-or-remove one example of D_train",
+            "root": self.composition.to_json(),
+            "releases": [{"name": r.name, "kind": r.kind, "private": r.private,
+                          "epsilon": {k: _num(v) for k, v in self.release_epsilons[r.name].items()},
+                          "entries": [dict(e) for e in r.entries]} for r in self.releases],
+            "corpora": [{"trial": t, "releases": list(n), "epsilon": {k: _num(v) for k, v in own[t].items()}}
+                        for t, n in self.corpora.items()],
+            "other_uses_of_sensitive_data": list(OTHER_USES),
+            "notes": list(self.notes),
+        }
+
+
+def _num(x: float | None) -> float | str | None:
+    return None if x is None else ("inf" if math.isinf(x) else float(x))
+
+
+def fmt_eps(eps: Mapping[str, float | None]) -> str:
+    """`3.000 (rdp) / 2.714 (pld)`; inf as `inf`; unsupported as `n/a`."""
+    parts = []
+    for name, v in eps.items():
+        parts.append(f"{'n/a' if v is None else ('inf' if math.isinf(v) else f'{v:.3f}')} ({name})")
+    return " / ".join(parts)
+
+
+def render(root: RootPrivacy, *, title: str) -> str:
+    """Plain text (also valid Markdown-ish) of the composition, per release and per corpus."""
+    c = root.composition
+    lines = [f"{title} (D_train, delta {root.delta:.3g}, add-or-remove adjacency; composed exactly with "
+             "dp-accounting from the ledgers):"]
+    width = max([len(r.name) for r in root.releases] + [len(t) for t in root.corpora] + [10])
+    for r in root.releases:
+        eps = root.release_epsilons[r.name]
+        lines.append(f"  {r.name.ljust(width)}  {r.kind:<16} {fmt_eps(eps)}" + ("" if r.private else "  NOT DP"))
+    lines.append(f"  all {c.dp_releases} DP release(s) together: epsilon {fmt_eps(c.epsilon_dp_releases)}")
+    if c.nonprivate:
+        lines.append(f"  the whole root: NOT DP (epsilon inf): it holds {len(c.nonprivate)} non-private release(s): "
+                     + ", ".join(c.nonprivate))
+    else:
+        lines.append(f"  the whole root: epsilon {fmt_eps(c.epsilon)}")
+    if root.corpora:
+        parts = "its model + its label histogram" if c.counts.get("label_histogram") else "its model"
+        lines.append(f"  per synthetic corpus: its own epsilon ({parts})  |  all DP releases of the root together"
+                     + (" (the root as a whole: NOT DP)" if c.nonprivate else ""))
+        own = root.corpus_epsilons()
+        for trial, eps in own.items():
+            lines.append(f"    {trial.ljust(width)}  {fmt_eps(eps)}  |  {fmt_eps(c.epsilon_dp_releases)}")
+    lines += [f"  not composed (no DP): {u}" for u in OTHER_USES]
+    lines += [f"  note: {n}" for n in root.notes]
+    return "\n".join(lines)
+
+
+def write(root: RootPrivacy, out_dir: str, *, title: str) -> tuple[str, str]:
+    """Writes `privacy_composition.json` and `.md` into `out_dir`; returns both paths."""
+    paths = []
+    for name, text in ((FILE_JSON, json.dumps(root.to_json(), indent=1, sort_keys=True)),
+                       (FILE_MD, "# Privacy of the whole experiment root\n\n```\n" + render(root, title=title) + "\n```")):
+        path = os.path.join(out_dir, name)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(path + ".tmp", path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def html_section(root: RootPrivacy) -> str:
+    """An HTML section for the evaluation report (what publishing the root costs)."""
+    import html
+
+    c = root.composition
+    own = root.corpus_epsilons()
+    rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{html.escape(fmt_eps(e))}</td>"
+                   f"<td>{html.escape(fmt_eps(c.epsilon_dp_releases))}</td></tr>" for t, e in own.items())
+    rel = "".join(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(r.kind)}</td>"
+                  f"<td>{html.escape(fmt_eps(root.release_epsilons[r.name]))}{'' if r.private else ' NOT DP'}</td></tr>"
+                  for r in root.releases)
+    whole = ("NOT DP (epsilon inf): non-private releases " + ", ".join(c.nonprivate)) if c.nonprivate else \
+        f"epsilon {fmt_eps(c.epsilon)}"
+    return (f"<h2>Privacy of the whole root (D_train, delta {root.delta:.3g})</h2>"
+            f"<p>Composed exactly with dp-accounting from every release's ledger. All {c.dp_releases} DP releases "
+            f"together: epsilon {html.escape(fmt_eps(c.epsilon_dp_releases))}. The whole root: {html.escape(whole)}.</p>"
+            "<table><tr><th>corpus</th><th>its own epsilon</th><th>all DP releases of the root</th></tr>" + rows + "</table>"
+            "<table><tr><th>release</th><th>kind</th><th>epsilon</th></tr>" + rel + "</table>"
+            + "".join(f"<p>Not composed (no DP): {html.escape(u)}</p>" for u in OTHER_USES))
+
+
+def add_to_html(path: str, section: str) -> None:
+    """Inserts `section` before `</body>` of the HTML report at `path` (if it exists)."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    i = text.rfind("<script")
+    i = i if i >= 0 else text.rfind("</body>")
+    if i < 0:
+        return
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text[:i] + section + text[i:])
+    os.replace(path + ".tmp", path)
+
+
+# ----------------------------------------------------------------------------- the releases
+
+
+def _gaussian(name: str, sigma: float) -> Release:
+    return Release(name=name, kind="label_histogram",
+                   entries=({"mechanism": "gaussian", "name": "label_histogram", "noise_multiplier": float(sigma),
+                             "count": 1},))
+
+
+def _evaluate_config(eval_cfg: Mapping[str, Any]):
+    from dpsynth.evaluate.report import EvaluateConfig
+    from dpsynth.experiment.stages import evaluate_options, make_config
+
+    return make_config(EvaluateConfig, evaluate_options(eval_cfg), "evaluate.options")
+
+
+def baseline_epsilons(eval_cfg: Mapping[str, Any]) -> list[float]:
+    """The finite epsilons the evaluate stage trains DP-on-real baselines at (none without baselines)."""
+    if not eval_cfg.get("baselines"):
+        return []
+    return sorted({float(t["epsilon"]) for t in eval_cfg["trials"]} - {math.inf})
+
+
+def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Release]:
+    """The DP-on-real and real-data baselines the evaluate stage will train, planned.
+
+    One DP-on-real sweep per (classifier, epsilon) of k = |lr| x |wd| x |C| x repeats trials,
+    planned by the baseline's own `DPConfig.plan` (`plan_privacy(compositions=k)` by default:
+    all k together meet the target; "selected-only": one trial at the target is accounted),
+    each accounted trial's steps in the ledger.
+    """
+    from dpsynth.evaluate import train_classifier as tc
+
+    if not eval_cfg.get("baselines"):
+        return []
+    ecfg = _evaluate_config(eval_cfg)
+    out: list[Release] = []
+    for kind in eval_cfg["classifiers"]:
+        sweep = ecfg.sweep_for(kind)
+        k = len(sweep.learning_rates) * len(sweep.weight_decays) * len(sweep.clip_norms) * sweep.repeats
+        if ecfg.real_baseline:
+            out.append(compose_lib.nonprivate(f"real-data baseline [{kind}]", "real_baseline"))
+        for eps in baseline_epsilons(eval_cfg):
+            dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(ecfg.dp_expected_batch_size, num_train),
+                             epochs=ecfg.dp_epochs, delta=ecfg.dp_delta, accountant=ecfg.dp_accountant,
+                             sweep_accounting=ecfg.dp_sweep_accounting)
+            p = dp.plan(num_train, k)
+            entry = p.ledger_entry(steps=p.steps, clip_norm=1.0, name="dp_on_real")
+            accounted = k if dp.sweep_accounting == "composed" else 1
+            out.append(Release(name=f"dp-on-real [{kind}, eps={eps:g}, {k} trials]", kind="dp_on_real",
+                               entries=tuple(dict(entry) for _ in range(accounted))))
+    return out
+
+
+def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapping[str, Any]]) -> RootPrivacy | None:
+    """The dry run's `RootPrivacy`, from the plan and the rows of `runner.privacy_budgets`.
+
+    Returns None when |D_train| is unknown (nothing can be planned).
+    """
+    if num_train is None:
+        return None
+    delta = config.dp_tune.delta if config.dp_tune.delta is not None else 1.0 / num_train
+    releases: list[Release] = []
+    notes: list[str] = []
+    for row in budgets:
+        if math.isinf(row["epsilon"]):
+            releases.append(compose_lib.nonprivate(row["dp_tune"], "dp_tune"))
+        elif "noise_multiplier" in row:
+            node = plan.node(row["dp_tune"])
+            releases.append(Release(name=row["dp_tune"], kind="dp_tune", entries=({
+                "mechanism": "dpsgd", "name": "dp_tune", "sampling_probability": row["q"],
+                "noise_multiplier": row["noise_multiplier"], "clip_norm": float(node.config["clip_norm"]),
+                "dataset_size": num_train, "max_batch_size": row.get("max_batch_size"), "steps": row["steps"]},)))
+        else:
+            notes.append(f"{row['dp_tune']}: not planned ({row.get('note', '?')})")
+    for node in plan.nodes:
+        if node.stage == "labels":
+            releases.append(_gaussian(node.key, node.config["noise_multiplier"]))
+    try:
+        releases += planned_baselines(plan.node("evaluate").config, num_train)
+    except Exception as e:  # the evaluate library may be absent at planning time; say so
+        notes.append(f"baselines not planned ({type(e).__name__}: {e})")
+    planned = {r.name for r in releases}
+    corpora = {t.id: tuple(n for n in (t.dp_tune, t.labels) if n and n in planned) for t in plan.trials
+               if t.dp_tune in planned}  # a corpus whose model could not be planned has no epsilon to show
+    return RootPrivacy(delta=delta, releases=tuple(releases), composition=compose_lib.compose(releases, delta),
+                       corpora=corpora, notes=tuple(notes))
+
+
+def _baseline_release(row: Mapping[str, Any], out_dir: str) -> Release | None:
+    """The ledger of one DP-on-real baseline row of the evaluation (`privacy_report` dict or path)."""
+    rep = row.get("privacy_report")
+    if isinstance(rep, str):
+        with open(os.path.join(out_dir, rep), encoding="utf-8") as f:
+            rep = json.load(f)
+    if not isinstance(rep, Mapping) or "ledger" not in rep:
+        return None
+    return Release(name=f"dp-on-real [{row['classifier']}, eps={float(row['epsilon']):g}]", kind="dp_on_real",
+                   entries=tuple(dict(e) for e in rep["ledger"]["entries"]))
+
+
+def completed_releases(
+    *,
+    eval_cfg: Mapping[str, Any],
+    models: Sequence[Any],
+    labels: Sequence[Any],
+    baselines: Sequence[Mapping[str, Any]],
+    out_dir: str,
+    num_train: int,
+) -> RootPrivacy:
+    """The final report's `RootPrivacy`, from the ledgers the stages wrote.
+
+    Args:
+        eval_cfg: the evaluate node's config (its `trials` carry each corpus's model and
+            histogram node keys).
+        models: the `dp_tune` stage outputs (`model/privacy_report.json` holds each ledger).
+        labels: the `labels` stage outputs (one DP label histogram draw each).
+        baselines: the evaluation's baseline rows (a DP-on-real row's `privacy_report`, as a
+            dict or a path relative to `out_dir`, holds its ledger; rows without one are
+            planned as the evaluate stage calibrates them, and a note says so).
+        out_dir: the evaluate stage's directory.
+        num_train: |D_train|.
+    """
+    from dpsynth.dp import report as report_lib
+    from dpsynth.experiment.stages import LABEL_DISTRIBUTION_FILE
+
+    releases: list[Release] = []
+    notes: list[str] = []
+    delta = None
+    for out in models:
+        rep = report_lib.load_report(out.path("model"))
+        delta = delta if delta is not None else float(rep["delta"])
+        releases.append(Release(name=out.key, kind="dp_tune", entries=tuple(dict(e) for e in rep["ledger"]["entries"])))
+    for out in labels:
+        with open(out.path(LABEL_DISTRIBUTION_FILE), encoding="utf-8") as f:
+            releases.append(_gaussian(out.key, json.load(f)["noise_multiplier"]))
+    missing = False
+    for row in baselines:
+        if row.get("baseline") == "real":
+            releases.append(compose_lib.nonprivate(f"real-data baseline [{row['classifier']}]", "real_baseline"))
+        elif row.get("baseline") == "dp_on_real":
+            r = _baseline_release(row, out_dir)
+            missing |= r is None
+            if r is not None:
+                releases.append(r)
+    if missing:  # an evaluation library that writes no ledger for its baselines: planned instead
+        releases = [r for r in releases if r.kind != "dp_on_real"] + [
+            r for r in planned_baselines(eval_cfg, num_train) if r.kind == "dp_on_real"]
+        notes.append("DP-on-real baselines: no ledger in the evaluation's output; planned as the evaluate stage "
+                     "calibrates them")
+    delta = delta if delta is not None else 1.0 / num_train
+    names = {r.name for r in releases}
+    corpora = {t["id"]: tuple(n for n in (t.get("dp_tune"), t.get("labels")) if n and n in names)
+               for t in eval_cfg["trials"]}
+    return RootPrivacy(delta=delta, releases=tuple(releases), composition=compose_lib.compose(releases, delta),
+                       corpora=corpora, notes=tuple(notes))

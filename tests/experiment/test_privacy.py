@@ -1,0 +1,171 @@
+"""What publishing an experiment root costs: the composition of all its releases about D_train."""
+
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import dp_accounting
+import pytest
+
+from dpsynth.dp import accounting
+from dpsynth.dp import compose as compose_lib
+from dpsynth.dp import ledger as ledger_lib
+from dpsynth.dp import report as report_lib
+from dpsynth.experiment import privacy, runner, stages
+from dpsynth.experiment.cache import StageOutput
+from dpsynth.experiment.plan import build_plan
+from tests.experiment.test_plan import data_files, grid_config  # noqa: F401 (fixture)
+
+N = 1000
+SIGMA_LABELS = 6.0
+
+
+def _grid(data_files, baselines=False):
+    # Two models (two learning rates) sharing one calibration: the accountant is the slow part.
+    return grid_config(data_files, dp_tune={"modes": ["lora"], "epsilons": [3], "learning_rates": [0.001, 0.01],
+                                            "batch_size": 50, "epochs": 2},
+                       generate={"label_distribution": "dp_histogram", "label_noise_multiplier": SIGMA_LABELS,
+                                 "multiples": [1, 2], "samplings": [{"temperature": 1.0}, {"temperature": 0.7}]},
+                       evaluate={"baselines": baselines, "options": {"sweep": {"repeats": 1, "clip_norms": [1.0]}}})
+
+
+def _rdp(events):
+    acc = accounting.make_accountant("rdp")
+    for e in events:
+        acc.compose(e)
+    return acc.get_epsilon(1.0 / N)
+
+
+def test_dry_run_composes_every_model_and_one_histogram_per_model(data_files, tmp_path, monkeypatch):
+    cfg = _grid(data_files)
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    rows = runner.privacy_budgets(plan, cfg, N)
+    root = privacy.planned_releases(plan, cfg, N, rows)
+    kinds = root.composition.counts
+    assert kinds == {"dp_tune": 2, "label_histogram": 2}  # 2 models x (2 samplings x 2 multiples) corpora: 2 draws
+    # Independent reference: every DP-tuning run's planned events (the tuner's own plan,
+    # `finetune.plan_run`, as the dry-run rows give it) and the two histograms, composed.
+    events = []
+    for row in rows:
+        events.append(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(row["q"], dp_accounting.GaussianDpEvent(row["noise_multiplier"])),
+            row["steps"]))
+    events += [dp_accounting.GaussianDpEvent(SIGMA_LABELS)] * 2
+    expected = _rdp(events)
+    assert root.composition.epsilon["rdp"] == pytest.approx(expected, rel=1e-9)
+    own = root.corpus_epsilons()
+    assert len(own) == 8 and max(e["rdp"] for e in own.values()) < expected  # the root costs more than any corpus
+    assert own[plan.trials[-1].id]["rdp"] > 3.0  # a corpus = its model (eps 3) + its histogram
+    monkeypatch.setattr(runner, "train_size", lambda plan, config: (N, "test"))
+    monkeypatch.setattr(runner, "privacy_budgets", lambda plan, config, num_train: rows)  # calibrated above
+    text = runner.describe_plan(plan, cfg)
+    assert "what publishing the whole root costs" in text
+    assert f"the whole root: epsilon {expected:.3f} (rdp)" in text
+    assert f"{own[plan.trials[0].id]['rdp']:.3f} (rdp)" in text
+
+
+def test_dry_run_names_non_private_releases(data_files, tmp_path):
+    cfg = _grid(data_files, baselines=True).replace(dp_tune={"epsilons": [3, math.inf], "learning_rates": [0.001]})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    root = privacy.planned_releases(plan, cfg, N, runner.privacy_budgets(plan, cfg, N))
+    c = root.composition
+    assert all(math.isinf(v) for v in c.epsilon.values())
+    assert "dp_tune[lora-epsinf-lr0.001-C1]" in c.nonprivate and "real-data baseline [wordcnn]" in c.nonprivate
+    assert c.counts["dp_on_real"] == 1 and math.isfinite(c.epsilon_dp_releases["rdp"])
+    assert "NOT DP" in privacy.render(root, title="t")
+
+
+# ----------------------------------------------------------------------------- the final report
+
+
+def _model_output(tmp_path, key, q, sigma, steps):
+    ledger = ledger_lib.PrivacyLedger(delta=1.0 / N, target_epsilon=3.0)
+    ledger.record_dpsgd(sampling_probability=q, noise_multiplier=sigma, steps=steps, clip_norm=1.0, dataset_size=N)
+    rep = report_lib.build_report(ledger, training={"mode": "lora"}, contamination_sha256=None)
+    d = tmp_path / "stages" / key
+    report_lib.write_report(str(d / "model"), rep)
+    return StageOutput(key=key, stage="dp_tune", hash="0" * 64, dir=str(d), summary={}, seconds=0, cached=True), rep
+
+
+def _labels_output(tmp_path, key, sigma):
+    d = tmp_path / "stages" / key
+    d.mkdir(parents=True)
+    (d / stages.LABEL_DISTRIBUTION_FILE).write_text(json.dumps({"labels": ["a", "b"], "weights": [0.5, 0.5],
+                                                                "source": "dp_histogram", "noise_multiplier": sigma}))
+    return StageOutput(key=key, stage="labels", hash="1" * 64, dir=str(d), summary={}, seconds=0, cached=True)
+
+
+def test_final_report_composes_the_ledgers_the_stages_wrote(tmp_path):
+    m1, r1 = _model_output(tmp_path, "dp_tune[a]", 0.05, 1.2, 80)
+    m2, _ = _model_output(tmp_path, "dp_tune[b]", 0.05, 0.8, 40)
+    l1, l2 = _labels_output(tmp_path, "labels[a]", 5.0), _labels_output(tmp_path, "labels[b]", 5.0)
+    base_ledger = ledger_lib.PrivacyLedger(delta=1.0 / N, target_epsilon=3.0)
+    base_ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=2.0, steps=30, clip_norm=1.0, dataset_size=N)
+    base_ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=2.0, steps=30, clip_norm=0.5, dataset_size=N)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "dp.json").write_text(json.dumps({"ledger": base_ledger.to_json()}))
+    baselines = [{"baseline": "real", "classifier": "wordcnn", "epsilon": math.inf},
+                 {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "privacy_report": "dp.json"}]
+    trials = [{"id": f"{m}-{s}", "epsilon": 3.0, "dp_tune": f"dp_tune[{m}]", "labels": f"labels[{m}]"}
+              for m in "ab" for s in ("t1", "t0.7")]
+    root = privacy.completed_releases(eval_cfg={"trials": trials, "baselines": True, "classifiers": ["wordcnn"]},
+                                      models=[m1, m2], labels=[l1, l2], baselines=baselines,
+                                      out_dir=str(tmp_path / "eval"), num_train=N)
+    entries = [e for r in root.releases if r.private for e in r.entries]
+    assert len(entries) == 2 + 2 + 2  # two models, one histogram each, the baseline's two ledger entries
+    ref = ledger_lib.PrivacyLedger(delta=1.0 / N, target_epsilon=math.inf, entries=entries).epsilons()
+    assert root.composition.epsilon_dp_releases == pytest.approx(ref)
+    assert root.composition.nonprivate == ("real-data baseline [wordcnn]",)
+    # A corpus's own epsilon is its privacy report's: the model's ledger composed with its histogram.
+    corpus_report = report_lib.compose_gaussian(r1, noise_multiplier=5.0, name="label_histogram")
+    own = root.corpus_epsilons()["a-t1"]
+    assert own["rdp"] == pytest.approx(corpus_report["epsilon"]["rdp"]) and own["rdp"] < ref["rdp"]
+    json_path, md_path = privacy.write(root, str(tmp_path / "eval"), title="t")
+    with open(json_path) as f:
+        data = json.load(f)
+    assert data["root"]["epsilon_dp_releases"]["rdp"] == pytest.approx(ref["rdp"]) and data["root"]["epsilon"]["rdp"] == "inf"
+    html = tmp_path / "eval" / "report.html"
+    html.write_text("<html><body><h1>r</h1><script>x</script></body></html>")
+    privacy.add_to_html(str(html), privacy.html_section(root))
+    text = html.read_text()
+    assert f"{ref['rdp']:.3f} (rdp)" in text and text.index("Privacy of the whole root") < text.index("<script>")
+
+
+def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, monkeypatch):
+    from dpsynth.evaluate import report as evaluate_lib
+    from dpsynth.experiment import cache
+    from dpsynth.experiment.plan import StageNode
+
+    m1, _ = _model_output(tmp_path, "dp_tune[a]", 0.05, 1.2, 80)
+    sens = tmp_path / "stages" / "sensitive"
+    (sens / "data").mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        (sens / "data" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": f"t {i}", "label": "ab"[i % 2]}) + "\n" for i in range(N if split == "train" else 4)))
+    synth = tmp_path / "stages" / "gen"
+    synth.mkdir()
+
+    def fake_evaluate(dirs, real, out_dir, config):
+        with open(os.path.join(out_dir, "report.html"), "w") as f:
+            f.write("<html><body></body></html>")
+        return {"rows": [], "baselines": [], "paths": {"html": os.path.join(out_dir, "report.html")}}
+
+    lib = SimpleNamespace(load_real=evaluate_lib.load_real, EvaluateConfig=evaluate_lib.EvaluateConfig,
+                          evaluate=fake_evaluate, summary_table=lambda result, kinds: "table")
+    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: lib)
+    trials = [{"id": "a-t1", "epsilon": 3.0, "dp_tune": "dp_tune[a]", "labels": None}]
+    node = StageNode(key="evaluate", stage="evaluate", hash="f" * 64, inputs={},
+                     config={"trials": trials, "baselines": False, "classifiers": [], "options": {}})
+
+    def out(key, d, stage):
+        return StageOutput(key=key, stage=stage, hash="2" * 64, dir=str(d), summary={}, seconds=0, cached=True)
+
+    done = cache.run_stage(str(tmp_path / "root"), node, stages.evaluate, {
+        "synthetic": (out("generate[a-t1]", synth, "generate"),), "sensitive": out("sensitive", sens, "sensitive"),
+        "pretrain": out("pretrain", tmp_path, "pretrain"), "models": (m1,)})
+    eps = compose_lib.compose([compose_lib.Release("m", "dp_tune", tuple(
+        report_lib.load_report(m1.path("model"))["ledger"]["entries"]))], 1.0 / N).epsilon["rdp"]
+    assert f"the whole root: epsilon {eps:.3f} (rdp)" in done.report
+    assert os.path.exists(done.path(privacy.FILE_JSON)) and f"{eps:.3f}" in open(done.path("report.html")).read()
+    assert done.summary["root_epsilon"]["epsilon"]["rdp"] == pytest.approx(eps)
