@@ -109,6 +109,18 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+def _private_valid_loss(plan, key: str) -> float | None:
+    """A DP-tuned model's D_valid loss (NOT DP): from the stage's owner-only private state."""
+    from dpsynth.experiment.plan import private_dir
+    from dpsynth.experiment.stages import LOSSES_FILE
+
+    path = os.path.join(private_dir(plan.root, plan.node(key)), LOSSES_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("valid_loss")
+
+
 def dataset_config(data: str) -> dict[str, Any]:
     """The `sensitive:` section: Yelp polarity from ../shared/data/yelp."""
     return {"embedded": False, "train": os.path.join(data, "yelp", "dev_polarity.csv"),
@@ -365,7 +377,7 @@ def run(args) -> int:
             return code
         trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
-        valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
+        valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
         stage_times.update({o.dir: o.seconds for o in result.outputs.values()})
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
