@@ -17,6 +17,21 @@ embedded default (`make data`) when `../shared/data` is absent.
     .venv/bin/python bench/dedup.py                      # ~8 MB public, a few minutes on 2 cores
     .venv/bin/python bench/dedup.py --scale 4 --shard-mb 8 --direct_running_mode=multi_processing \
         --direct_num_workers=2
+
+`--scale large`: the realistic size. Public: `../shared/data/public/opinrank` + `enwiki`
+(~315 MB of text) plus a small file of public documents with `--num-planted` sensitive texts
+planted; sensitive: Yelp polarity dev and test, Yelp sentences, SST-2 (train/dev/test) and
+AG News. Each configuration runs in a fresh subprocess (wall time, CPU time of the process
+and its worker processes, peak RSS of the process and of its largest worker):
+
+* ours, in-process runner (`--threads` native threads);
+* ours, multi-process runner with `--workers` workers (1 native thread each);
+* the naive n-gram hash peer (single process, as above);
+* tokenization alone: SentencePiece's own batched encoder (`encode(list)`, 4,096 documents
+  per call, its default threads) in one process on the same public texts, against the
+  job's tokenize stage.
+
+    .venv/bin/python bench/dedup.py --scale large [--tokenizer tok.model]   # ~20 min on 2 cores
 """
 
 from __future__ import annotations
@@ -25,9 +40,13 @@ import argparse
 import json
 import os
 import random
+import re
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -35,7 +54,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+SHARED = os.environ.get("DPSYNTH_SHARED_DATA", os.path.join(os.path.dirname(REPO), "shared", "data"))
 
 from dpsynth import tokens as tok  # noqa: E402
 from dpsynth.beam import jobs  # noqa: E402
@@ -82,12 +101,20 @@ def main(argv=None) -> int:
     p.add_argument("--min-tokens", type=int, default=50)
     p.add_argument("--num-planted", type=int, default=20)
     p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--scale", type=int, default=1, help="replicate the public corpus N times")
+    p.add_argument("--scale", default="1", help="replicate the public corpus N times, or 'large' (see above)")
+    p.add_argument("--tokenizer", default=None, help="--scale large: an existing model (else trained, not timed)")
+    p.add_argument("--workers", type=int, default=2, help="--scale large: multi-process runner workers")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--shard-mb", type=float, default=4.0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--workdir", default=None)
     args, beam_args = p.parse_known_args(argv)
     warnings.simplefilter("ignore", UserWarning)
+    if args.child:
+        return child(args, beam_args)
+    if args.scale == "large":
+        return large(args)
+    args.scale = int(args.scale)
 
     work = args.workdir or tempfile.mkdtemp(prefix="dpsynth-bench-dedup-")
     if os.path.exists(work):
@@ -171,6 +198,219 @@ def main(argv=None) -> int:
     print(f"dedup per CPU second (in-process runner; robust on a loaded machine): ours {mb / ours_cpu:.2f} MB/cpu-s, "
           f"naive {mb / peer_cpu:.2f} MB/cpu-s; ratio ours/naive = {peer_cpu / ours_cpu:.2f}x")
     if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if agree else 1
+
+
+# ----------------------------------------------------------------------------- --scale large
+
+STAGES = re.compile(r"dedup: stages tokenize ([0-9.]+)s, index ([0-9.]+)s, dedup ([0-9.]+)s")
+
+
+def _usage(worker_peaks: dict[int, int]) -> dict:
+    """CPU seconds of this process and its (waited-for) child processes; peak RSS of this
+    process and of its largest Beam worker process (VmHWM, polled: a forked child's ru_maxrss
+    starts at its parent's RSS, so RUSAGE_CHILDREN cannot tell a worker's own peak)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            "peak_rss_mb": me.ru_maxrss / 1024, "peak_child_rss_mb": max(worker_peaks.values(), default=0) / 1024,
+            "workers_seen": len(worker_peaks)}
+
+
+def _watch_descendants(stop: threading.Event, peaks: dict[int, int]) -> None:
+    """Records the VmHWM (KiB) of every descendant process of this one until `stop` is set."""
+    me = os.getpid()
+    while not stop.wait(0.25):
+        parent = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    pass
+        mine, grew = {me}, True
+        while grew:
+            new = {pid for pid, pp in parent.items() if pp in mine and pid not in mine}
+            mine |= new
+            grew = bool(new)
+        for pid in mine - {me}:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sdk_worker" not in f.read():  # Beam's worker processes only
+                        continue
+                with open(f"/proc/{pid}/status") as f:
+                    hwm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+                peaks[pid] = max(peaks.get(pid, 0), hwm)
+            except (OSError, StopIteration, ValueError):
+                pass
+
+
+def child(args, beam_args) -> int:
+    """One measured configuration of --scale large, in its own process; prints one JSON line."""
+    with open(os.path.join(args.workdir, "inputs.json")) as f:
+        inputs = json.load(f)
+    t = time.monotonic()
+    out: dict = {}
+    peaks: dict[int, int] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_descendants, args=(stop, peaks), daemon=True)
+    watcher.start()
+    if args.child == "ours":
+        report = jobs.dedup(inputs["public"], inputs["sensitive"], tokenizer_path=inputs["tokenizer"],
+                            out_dir=os.path.join(args.workdir, f"out-{os.getpid()}"), min_tokens=args.min_tokens,
+                            shard_bytes=int(args.shard_mb * (1 << 20)), threads=args.threads, beam_args=beam_args)
+        out.update(tokens_removed=report["public"]["tokens_removed"], tokens=report["public"]["tokens"],
+                   documents_touched=report["public"]["documents_touched"],
+                   shared_ids=sorted(f"{r['name']}/{i}" for r in report["sensitive"] for i in r["shared_example_ids"]))
+        shutil.rmtree(os.path.join(args.workdir, f"out-{os.getpid()}"), ignore_errors=True)
+    elif args.child == "naive":
+        tokenizer = tok.Tokenizer.load(inputs["tokenizer"])
+        t0 = time.monotonic()
+        public = readers.read_public(inputs["public"]).records
+        sens = [r for spec in inputs["sensitive"] for r in readers.read_sensitive(jobs.parse_named(spec)[1]).records]
+        read_s = time.monotonic() - t0
+        removed, touched, times = naive_dedup(public, sens, tokenizer, args.min_tokens)
+        out.update(tokens_removed=removed, documents_touched=touched, stages_s={"read": read_s, **times})
+    elif args.child == "spm":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=inputs["tokenizer"])
+        t0 = time.monotonic()
+        texts = [r["text"] for r in readers.read_public(inputs["public"]).records]
+        read_s = time.monotonic() - t0
+        out["text_mb"] = sum(len(x.encode("utf-8")) for x in texts) / 1e6
+        t0 = time.monotonic()
+        tokens = 0
+        for i in range(0, len(texts), 4096):  # batches: the ids of all 70M tokens as Python ints would need GBs
+            tokens += sum(len(x) for x in sp.encode(texts[i:i + 4096]))
+        out.update(read_s=read_s, encode_s=time.monotonic() - t0, tokens=tokens)
+    out.update(wall_s=time.monotonic() - t)
+    stop.set()
+    watcher.join()
+    out.update(_usage(peaks))
+    print("RESULT " + json.dumps(out))
+    return 0
+
+
+def _run_child(args, kind: str, extra: list[str]) -> tuple[dict, str]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--workdir", args.workdir,
+           "--min-tokens", str(args.min_tokens), "--shard-mb", str(args.shard_mb), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise RuntimeError(f"{kind} failed ({proc.returncode})")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):]), proc.stdout
+
+
+def _sst_records(path: str, split: str) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            label, _, text = line.rstrip("\n").partition(" ")
+            if text.strip():
+                rows.append({"id": f"sst-{split}-{n}", "text": text, "label": label})
+    return rows
+
+
+def large(args) -> int:
+    """--scale large: the 315 MB public corpus against five sensitive datasets."""
+    if not os.path.isdir(os.path.join(SHARED, "public", "opinrank")):
+        print(f"bench: {SHARED}/public/opinrank is absent; --scale large needs ../shared/data (skipped)")
+        return 0
+    own_workdir = args.workdir is None
+    work = args.workdir = args.workdir or tempfile.mkdtemp(prefix="dpsynth-bench-dedup-large-")
+    os.makedirs(work, exist_ok=True)
+    # --public overrides the corpus (a quick check of this script on less text).
+    public_dirs = args.public or [os.path.join(SHARED, "public", "opinrank"), os.path.join(SHARED, "public", "enwiki")]
+    # Sensitive datasets, as JSONL (SST-2's "<label> <sentence>" lines have no reader of their own).
+    sensitive = {
+        "yelp_dev": readers.read_sensitive(f"{SHARED}/yelp/dev_polarity.csv").records,
+        "yelp_test": readers.read_sensitive(f"{SHARED}/yelp/test_polarity.csv").records,
+        "yelp_sentences": readers.read_sensitive(f"{SHARED}/yelp_sentences/yelp_sentences_dev_test.csv").records,
+        "sst2": [r for split in ("train", "dev", "test") for r in _sst_records(f"{SHARED}/sst/stsa.binary.{split}", split)],
+        "ag_news": readers.read_sensitive(f"{SHARED}/ag_news/test.csv").records,
+    }
+    specs = []
+    for name, rows in sensitive.items():
+        path = os.path.join(work, "sensitive", name + ".jsonl")
+        readers.write_jsonl(path, rows)
+        specs.append(f"{name}={path}")
+    tokenizer_path = args.tokenizer
+    if tokenizer_path is None:
+        t = time.monotonic()
+        tokenizer_path = os.path.join(work, "tok.model")
+        tok.train_tokenizer(readers.iter_public_texts(public_dirs), vocab_size=args.vocab_size).save(tokenizer_path)
+        print(f"bench: tokenizer ({args.vocab_size} pieces, default byte-bounded sample) trained in "
+              f"{time.monotonic() - t:.0f}s (not timed)")
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    # Planted: public documents (from the first enwiki file) with sensitive texts inserted.
+    rng = random.Random(0)
+    pool = [(name, r) for name, rows in sensitive.items() for r in rows if len(r["text"]) > 400]
+    pool = [(name, r) for name, r in rng.sample(pool, min(len(pool), 20 * args.num_planted))
+            if len(tokenizer.encode(r["text"])) >= args.min_tokens + 10][: args.num_planted]
+    first_wiki = sorted(f.path for f in readers.resolve_inputs(public_dirs[-1]))[0]
+    hosts = readers.read_public(first_wiki).records
+    planted = []
+    for i, (_, r) in enumerate(pool):
+        paras = rng.choice(hosts)["text"].split("\n\n")
+        paras.insert(rng.randrange(len(paras) + 1), r["text"])
+        planted.append({"id": f"planted-{i}", "text": "\n\n".join(paras)})
+    planted_path = os.path.join(work, "planted", "planted.jsonl")
+    readers.write_jsonl(planted_path, planted)
+    inputs = {"public": public_dirs + [planted_path], "sensitive": specs, "tokenizer": tokenizer_path}
+    with open(os.path.join(work, "inputs.json"), "w") as f:
+        json.dump(inputs, f)
+    n_sens = sum(len(v) for v in sensitive.values())
+    print(f"bench --scale large: public {', '.join(public_dirs)} + {len(planted)} planted documents; "
+          f"sensitive {n_sens} examples in {len(sensitive)} datasets; k={args.min_tokens}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+
+    runs = {}
+    for label, kind, extra in [
+        ("ours, in-process runner", "ours", ["--threads", str(args.threads)]),
+        (f"ours, multi-process runner ({args.workers} workers)", "ours",
+         ["--threads", "1", "--direct_running_mode=multi_processing", f"--direct_num_workers={args.workers}"]),
+        ("naive n-gram hash (1 process)", "naive", []),
+        ("SentencePiece batched encode (1 process)", "spm", []),
+    ]:
+        result, stdout = _run_child(args, kind, extra)
+        m = STAGES.search(stdout)
+        if m:
+            result["stages_s"] = {"tokenize": float(m.group(1)), "index": float(m.group(2)), "dedup": float(m.group(3))}
+        runs[label] = result
+        print(f"  {label}: " + json.dumps({k: v for k, v in result.items() if k != "shared_ids"}), flush=True)
+
+    ours1, ours2 = runs["ours, in-process runner"], runs[f"ours, multi-process runner ({args.workers} workers)"]
+    naive, sp = runs["naive n-gram hash (1 process)"], runs["SentencePiece batched encode (1 process)"]
+    text_mb = sp["text_mb"]  # the public text, decompressed, as read
+    tokens = ours1["tokens"]
+    agree = (ours1["tokens_removed"] == ours2["tokens_removed"] == naive["tokens_removed"]
+             and ours1["documents_touched"] == ours2["documents_touched"] == naive["documents_touched"])
+    found = sum(1 for name, r in pool if f"{name}/{r['id']}" in set(ours1["shared_ids"]))
+    print(f"public text {text_mb:.1f} MB ({tokens / 1e6:.1f}M tokens); planted found {found}/{len(planted)}; "
+          f"tokens removed {ours1['tokens_removed']}; results agree (ours x2, naive): {agree}")
+    print(f"{'configuration':44s} {'wall s':>8s} {'CPU s':>8s} {'MB/s':>7s} {'MB/CPU-s':>9s} {'peak RSS MB':>12s} {'largest worker MB':>18s}")
+    for label, r in runs.items():
+        print(f"{label:44s} {r['wall_s']:8.1f} {r['cpu_s']:8.1f} {text_mb / r['wall_s']:7.2f} {text_mb / r['cpu_s']:9.2f} "
+              f"{r['peak_rss_mb']:12.0f} {r['peak_child_rss_mb']:18.0f}")
+    print(f"ratio naive wall / ours in-process wall : {naive['wall_s'] / ours1['wall_s']:.2f}x")
+    print(f"ratio naive wall / ours {args.workers} workers wall   : {naive['wall_s'] / ours2['wall_s']:.2f}x  (target >= 2x)")
+    print(f"ratio naive CPU / ours {args.workers} workers CPU     : {naive['cpu_s'] / ours2['cpu_s']:.2f}x")
+    print(f"ours {args.workers} workers end to end: {text_mb / ours2['wall_s']:.2f} MB/s (target >= 5 MB/s on 2 cores)")
+    worker_mb = max(ours2["peak_child_rss_mb"], 1e-9)
+    print(f"peak memory per worker: {worker_mb:.0f} MB = {worker_mb * 2**20 / tokens:.1f} B per public token of the "
+          f"corpus; in-process: {ours1['peak_rss_mb'] * 2**20 / tokens:.1f} B/token")
+    t1 = ours1.get("stages_s", {}).get("tokenize")
+    t2 = ours2.get("stages_s", {}).get("tokenize")
+    sp_s = sp["encode_s"] + sp["read_s"]
+    if t1 and t2:
+        print(f"tokenize stage (public + sensitive): 1 worker {text_mb / t1:.2f} MB/s, {args.workers} workers "
+              f"{text_mb / t2:.2f} MB/s ({text_mb / t2 / args.workers:.2f} MB/s per worker); SentencePiece batched "
+              f"encode in one process {text_mb / sp['encode_s']:.2f} MB/s (read + encode {text_mb / sp_s:.2f} MB/s); "
+              f"ratio {args.workers} workers / SentencePiece read + encode = {sp_s / t2:.2f}x")
+    if own_workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if agree else 1
 

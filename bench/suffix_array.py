@@ -14,6 +14,13 @@ with its OpenMP default. Outputs are checked equal (SHA-256 of the suffix array)
 
     .venv/bin/python bench/suffix_array.py                 # 50M tokens, a few minutes
     .venv/bin/python bench/suffix_array.py --tokens 5000000
+    .venv/bin/python bench/suffix_array.py --dedup-shard   # matching against the sorted sensitive set
+
+`--dedup-shard`: the first 6M tokens of the stream as a public shard (2,000-token documents),
+the last 2M as 150-token sensitive documents (100 planted into the shard): the sensitive set
+sorted once, then `dedup_shard` (CPU seconds, peak RSS growth), against the previous
+algorithm as the peer (the shard and the sensitive set suffix-sorted together, LCP array,
+`cross_match`), checked equal.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+DATA = os.environ.get("DPSYNTH_SHARED_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data"))
 CACHE = os.path.join(ROOT, "runs", "bench")
 
 
@@ -162,11 +169,68 @@ def parallel_control(n: int = 8_000_000) -> float:
     return best_serial / best_threads
 
 
+def dedup_shard_figures(stream: np.ndarray) -> int:
+    sys.path.insert(0, ROOT)
+    from dpsynth.dedup.index import SensitiveIndex
+    from dpsynth.dedup.match import dedup_shard
+    from dpsynth.dedup.sensitive_sa import with_separators
+    from dpsynth.dedup.suffix_array import cross_match, lcp_array, suffix_array
+    from dpsynth.tokens import TokenShard
+
+    def shard(name, t, length):
+        o = np.arange(0, t.size + 1, length, dtype=np.int64)
+        o[-1] = t.size
+        return TokenShard(name, t, o, [{"id": f"{name}{i}"} for i in range(o.size - 1)])
+
+    def reset_peak():
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kib("VmRSS")
+
+    n_pub, n_sens = min(6_000_000, stream.size // 2), min(2_000_000, stream.size // 4)
+    s = shard("s", stream[-n_sens:].copy(), 150)
+    p = shard("p", stream[:n_pub].copy(), 2000)
+    for j in range(100):
+        a, b = (j * 90 * 150) % max(1, n_sens - 150), 1000 + j * (n_pub // 102)
+        p.tokens[b:b + 150] = s.tokens[a:a + 150]
+    index = SensitiveIndex.build([("s", s)])
+    before = reset_peak()
+    c0 = time.process_time()
+    index.sorted_suffixes(1)
+    sort_cpu, sort_peak = time.process_time() - c0, (_status_kib("VmHWM") - before) * 1024
+    before = reset_peak()
+    c0 = time.process_time()
+    res = dedup_shard(index, p, 50, threads=1)
+    ours_cpu, ours_peak = time.process_time() - c0, (_status_kib("VmHWM") - before) * 1024
+    # The peer: the previous algorithm (one joint suffix sort of sensitive + shard per shard).
+    before = reset_peak()
+    c0 = time.process_time()
+    bound = int(max(s.tokens.max(), p.tokens.max())) + 1
+    st = with_separators(s.tokens, s.offsets, bound)
+    text = np.concatenate([st, with_separators(p.tokens, p.offsets, bound + s.num_documents)])
+    sa = suffix_array(text)
+    ms = cross_match(sa, lcp_array(text, sa), st.size)
+    p_ms = np.delete(ms[st.size:], p.offsets[1:] + np.arange(p.num_documents))
+    peer_cpu, peer_peak = time.process_time() - c0, (_status_kib("VmHWM") - before) * 1024
+    same = np.array_equal(p_ms, index.sorted_suffixes().match(p.tokens, p.offsets)[0])
+    print(f"dedup_shard: {n_pub:,} public tokens, {n_sens:,} sensitive tokens in {s.num_documents:,} documents; "
+          f"{res.stats.tokens_removed} tokens cut, {len(res.stats.sensitive_shared)} sensitive documents shared")
+    print(f"  sort the sensitive set once   {sort_cpu:6.2f} CPU-s  {n_sens / sort_cpu / 1e6:5.2f} M tokens/CPU-s  "
+          f"peak +{sort_peak / 2**20:5.0f} MiB ({sort_peak / n_sens:.1f} B/sensitive token)")
+    print(f"  dedup_shard (matching + cuts) {ours_cpu:6.2f} CPU-s  {n_pub / ours_cpu / 1e6:5.2f} M public tokens/CPU-s  "
+          f"peak +{ours_peak / 2**20:5.0f} MiB ({ours_peak / n_pub:.1f} B/public token)")
+    print(f"  peer: joint sort per shard    {peer_cpu:6.2f} CPU-s  {n_pub / peer_cpu / 1e6:5.2f} M public tokens/CPU-s  "
+          f"peak +{peer_peak / 2**20:5.0f} MiB (matching statistics only, no cuts)")
+    print(f"matching statistics identical: {same}; ratio peer / dedup_shard CPU = {peer_cpu / ours_cpu:.2f}x")
+    return 0 if same else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=50_000_000, help="stream length (default 50M)")
     p.add_argument("--vocab-size", type=int, default=16000)
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (best time kept)")
+    p.add_argument("--dedup-shard", action="store_true", help="measure dedup_shard instead (see above)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stream", help=argparse.SUPPRESS)
     p.add_argument("--impl", help=argparse.SUPPRESS)
@@ -181,6 +245,8 @@ def main(argv=None) -> int:
     else:
         print(f"NOTE: {DATA} is absent: using a synthetic Zipf(1.2) stream instead of real text")
         base, desc = synthetic_stream(min(args.tokens, 10_000_000), args.vocab_size), "synthetic Zipf"
+    if args.dedup_shard:
+        return dedup_shard_figures(base)
     reps = -(-args.tokens // base.size)
     stream = np.tile(base, reps)[: args.tokens]
     os.makedirs(CACHE, exist_ok=True)

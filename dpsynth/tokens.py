@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import io
 import json
 import os
@@ -325,6 +326,14 @@ class Tokenizer:
         arr = arr[(arr != PAD_ID) & (arr != BOS_ID) & (arr != EOS_ID)]  # vectorized: corpora decode fast
         return self._sp.decode(arr.tolist())
 
+    def decode_batch(self, docs: Sequence[np.ndarray]) -> list[str]:
+        """`decode` of each array, in one call to SentencePiece's batched (threaded) decoder."""
+        lists = []
+        for ids in docs:
+            arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+            lists.append(arr[(arr != PAD_ID) & (arr != BOS_ID) & (arr != EOS_ID)].tolist())
+        return list(self._sp.decode(lists)) if lists else []
+
     def __getstate__(self):
         return {"model_proto": self.model_proto}
 
@@ -360,35 +369,81 @@ def _sentences(text: str, max_bytes: int) -> Iterator[str]:
             yield " ".join(chunk)
 
 
+# Default bound of the tokenizer-training sample: SentencePiece's trainer needs about 12-25
+# bytes of memory per sampled byte (measured in docs/data.md), so 32 MiB of lines stays near
+# 1 GB whatever the corpus size.
+DEFAULT_SAMPLE_BYTES = 32 << 20
+
+
+def sample_lines(
+    texts: Iterable[str], *, max_bytes: int, max_lines: int | None = None, max_line_bytes: int | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """A uniform random sample of the non-empty lines of `texts`, bounded in UTF-8 bytes.
+
+    Every line gets an independent random priority; the sample is every line whose priority
+    is below a threshold, lowered (by evicting the highest priority kept) whenever the kept
+    lines exceed `max_bytes` (or `max_lines`). Memory is therefore bounded by the sample,
+    whatever the corpus size and whatever a line is (a sentence or a whole review), and the
+    choice does not depend on line length. Lines are stripped; lines longer than
+    `max_line_bytes` are split at whitespace (`_sentences`; SentencePiece would drop them).
+
+    Returns:
+      The sampled lines in corpus order.
+    """
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+    if max_lines is not None and max_lines < 1:
+        raise ValueError(f"max_lines must be >= 1, got {max_lines}")
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, str, int]] = []  # (-priority, order, line, bytes): max-heap
+    total = 0
+    threshold = 2.0  # every priority in [0, 1) is below it until the first eviction
+    order = 0
+    for text in texts:
+        lines = _sentences(text, max_line_bytes) if max_line_bytes else (x.strip() for x in text.splitlines())
+        for line in lines:
+            if not line:
+                continue
+            priority = rng.random()
+            order += 1
+            if priority >= threshold:
+                continue
+            size = len(line.encode("utf-8"))
+            heapq.heappush(heap, (-priority, order, line, size))
+            total += size
+            while heap and (total > max_bytes or (max_lines is not None and len(heap) > max_lines)):
+                neg, _, _, dropped = heapq.heappop(heap)
+                total -= dropped
+                threshold = min(threshold, -neg)
+    heap.sort(key=lambda item: item[1])
+    return [item[2] for item in heap]
+
+
 def train_tokenizer(
     texts: Iterable[str],
     *,
     vocab_size: int,
-    max_sentences: int = 1_000_000,
+    max_sentences: int | None = 1_000_000,
+    max_sample_bytes: int = DEFAULT_SAMPLE_BYTES,
     max_sentence_length: int = 8192,
     seed: int = 0,
     model_type: str = "unigram",
     character_coverage: float = 0.9995,
 ) -> Tokenizer:
-    """Trains SentencePiece on a reservoir sample of lines of `texts` (PUBLIC text only).
+    """Trains SentencePiece on a random sample of lines of `texts` (PUBLIC text only).
+
+    The sample (`sample_lines`) holds at most `max_sample_bytes` UTF-8 bytes and
+    `max_sentences` lines (None: no line bound), so training memory follows the sample, not
+    the corpus (about 12-25 bytes per sampled byte, docs/data.md).
 
     A tokenizer trained on sensitive text can leak it through its vocabulary, so callers must
     pass public text only; `dpsynth tokenizer train` only accepts public corpora.
     """
     import sentencepiece as spm
 
-    rng = random.Random(seed)
-    sample: list[str] = []
-    seen = 0
-    for text in texts:
-        for line in _sentences(text, max_sentence_length):
-            seen += 1
-            if len(sample) < max_sentences:
-                sample.append(line)
-            else:
-                j = rng.randrange(seen)
-                if j < max_sentences:
-                    sample[j] = line
+    sample = sample_lines(texts, max_bytes=max_sample_bytes, max_lines=max_sentences,
+                          max_line_bytes=max_sentence_length, seed=seed)
     if not sample:
         raise ValueError("tokenizer training: the corpus has no non-empty lines")
     model = io.BytesIO()

@@ -86,6 +86,47 @@ def test_train_tokenizer_rejects_empty_text():
         tok.train_tokenizer(["", "  \n "], vocab_size=300)
 
 
+def test_sample_lines_is_bounded_in_bytes_and_lines_and_keeps_corpus_order():
+    rng = random.Random(1)
+    texts = ["\n".join("x" * rng.randint(1, 300) + f" {i}-{j}" for j in range(50)) for i in range(40)]
+    lines = [ln for t in texts for ln in t.splitlines()]
+    sample = tok.sample_lines(texts, max_bytes=20_000, seed=3)
+    assert 0 < sum(len(s.encode()) for s in sample) <= 20_000
+    positions = [lines.index(s) for s in sample]
+    assert positions == sorted(positions)  # corpus order
+    assert sample == tok.sample_lines(texts, max_bytes=20_000, seed=3)  # deterministic
+    assert len(tok.sample_lines(texts, max_bytes=10**9, max_lines=7, seed=3)) == 7
+    assert tok.sample_lines(texts, max_bytes=10**9, seed=3) == lines  # everything fits: all lines
+    assert tok.sample_lines(["a\n" + "b" * 50, "c"], max_bytes=100, max_line_bytes=10) == ["a", "c"]
+    with pytest.raises(ValueError):
+        tok.sample_lines(texts, max_bytes=0)
+
+
+def test_sample_lines_does_not_favour_short_lines():
+    # Half the lines are 10x longer; a sample of a quarter of the bytes keeps both kinds at the
+    # same rate (a fill-until-full sampler would keep mostly short lines).
+    texts = [f"s{i} " + "a" * 20 + f"\nl{i} " + "b" * 200 for i in range(4000)]
+    sample = tok.sample_lines(texts, max_bytes=(4000 * 230) // 4, seed=0)
+    short = sum(s.startswith("s") for s in sample)
+    long = len(sample) - short
+    assert long > 100 and 0.85 < short / long < 1.18
+
+
+def test_sample_lines_memory_follows_the_sample_not_the_corpus():
+    import tracemalloc
+
+    def corpus():  # 8 MB of text, streamed
+        for i in range(8_000):
+            yield "\n".join(f"{i} {j} " + "w" * 95 for j in range(10))
+
+    tracemalloc.start()
+    sample = tok.sample_lines(corpus(), max_bytes=1 << 18, seed=0)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert sum(len(s) for s in sample) <= 1 << 18
+    assert peak < 1 << 20  # the 256 KiB sample with per-line overhead, not 8 MB
+
+
 def test_train_tokenizer_uses_lines_longer_than_sentencepiece_accepts():
     from dpsynth.tokens import _sentences, train_tokenizer
 

@@ -7,6 +7,10 @@ Example:
 Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
 with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column).
+
+Multi-host: run the same command in every process with `--distributed` (plus
+`--coordinator-address/--num-processes/--process-id` where not auto-detected) and
+`--mesh-data D --mesh-model M` over all processes' devices (docs/models.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import math
 import sys
 
 from dpsynth import logs
+from trainers import distributed
 
 
 def _float_or_inf(text: str) -> float:
@@ -63,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
+    p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
+    p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
+    distributed.add_flags(p)
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     return p
@@ -77,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s")
     try:
+        distributed.start(args)  # multi-host: before any other JAX call
+    except ValueError as e:
+        print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
+        return 2
+    try:
         config = tune.TuneConfig(
             mode=args.mode, epsilon=args.epsilon, delta=args.delta, accountant=args.accountant,
             batch_size=args.batch_size, microbatch_size=args.microbatch_size, steps=args.steps, epochs=args.epochs,
@@ -88,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         train = read_sensitive(args.train, text_column=args.text_column, label_column=args.label_column)
         valid = (read_sensitive(args.valid, text_column=args.text_column, label_column=args.label_column).records
                  if args.valid else [])
-        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256)
+        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256,
+                      mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
         if args.sweep_lr or args.sweep_clip:
             result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
                                    learning_rates=args.sweep_lr or [config.learning_rate],

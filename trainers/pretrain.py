@@ -5,8 +5,13 @@
 
 Kill it at any time and re-run with `--resume`: it continues exactly from the last checkpoint
 (at most `--checkpoint-every` steps are lost). OUT becomes the model directory that
-`dpsynth dp-tune --base OUT` and `dpsynth generate` load. On multi-host TPU VMs add
-`--distributed` and run the same command on every host (docs/models.md).
+`dpsynth dp-tune --base OUT` and `dpsynth generate` load.
+
+Multi-host (docs/models.md): run the same command in every process with `--distributed` and a
+mesh over all processes' devices (--mesh-data x --mesh-model = the global device count).
+On Cloud TPU VMs (and SLURM / Open MPI) that is all; elsewhere also pass
+`--coordinator-address HOST:PORT` (process 0's host), `--num-processes N` and a distinct
+`--process-id I` to each. OUT must be a directory every process sees (GCS, NFS).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import sys
 from dpsynth import logs
 from dpsynth.models.config import PRESETS
 from dpsynth.train import pretrain
-from dpsynth.train.sharding import initialize_distributed
+from trainers import distributed
 
 
 def _override(text: str) -> tuple[str, object]:
@@ -52,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--z-loss", type=float, default=d.z_loss)
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction)
+    p.add_argument("--valid-unit", choices=pretrain.VALID_UNITS, default=d.valid_unit,
+                   help="hold out blocks, or whole documents (e.g. a fixed set of held-out reviews)")
+    p.add_argument("--valid-group", dest="valid_groups", action="append", default=[], metavar="ID_PREFIX",
+                   help="also report the validation perplexity of documents whose id starts so (repeatable: "
+                        "--valid-group hotels/ --valid-group enwiki:)")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
@@ -64,21 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in OUT")
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                    help="checkpoint and stop at this step (time-sliced jobs); resume later with --resume")
-    p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
+    distributed.add_flags(p)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s")
-    if args.distributed:
-        initialize_distributed()
     try:
+        distributed.start(args)
         config = pretrain.PretrainConfig(
             preset=args.preset, model_overrides=dict(args.overrides), seq_len=args.seq_len,
             batch_size=args.batch_size, grad_accum=args.grad_accum, steps=args.steps, optimizer=args.optimizer,
             learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-            z_loss=args.z_loss, valid_fraction=args.valid_fraction, eval_every=args.eval_every,
+            z_loss=args.z_loss, valid_fraction=args.valid_fraction, valid_unit=args.valid_unit,
+            valid_groups=tuple(args.valid_groups), eval_every=args.eval_every,
             eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
             seed=args.seed, mesh_data=args.mesh_data, mesh_model=args.mesh_model, peak_tflops=args.peak_tflops,
             tensorboard=not args.no_tensorboard)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dpsynth import tokens as tok
 from dpsynth.data.tokenizer_training import train_public_tokenizer
 
 
@@ -23,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=int, required=True, metavar="N")
     t.add_argument("--out", required=True, metavar="MODEL", help="where to write the .model file")
     t.add_argument("--text-column", default="text", help="text field of .jsonl/.parquet inputs")
-    t.add_argument("--max-sentences", type=int, default=1_000_000, help="reservoir sample size (lines)")
+    t.add_argument("--max-sample-mb", type=float, default=tok.DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
+                   help="sample at most this many MiB of lines (peak ~0.3 GB + ~25x this, docs/data.md)")
+    t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     t.add_argument("--seed", type=int, default=0)
     return p
@@ -33,7 +36,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     train_public_tokenizer(
         args.corpus, vocab_size=args.vocab_size, out=args.out, text_column=args.text_column,
-        max_sentences=args.max_sentences, model_type=args.model_type, seed=args.seed,
+        max_sentences=args.max_sentences, max_sample_bytes=max(1, int(args.max_sample_mb * 2**20)),
+        model_type=args.model_type, seed=args.seed,
     )
     return 0
 

@@ -5,7 +5,8 @@ Elements flowing between the transforms are plain tuples, so every runner can ca
 * `Item = (kind, key, payload)` with `kind` "doc" or "dead"; `key = (file_index, record)`
   orders documents deterministically; a "doc" payload is a record dict
   (`{"id", "text"[, "label"]}`), after `TokenizeDocuments` a `(meta, tokens)` pair where
-  `meta` is the record without its text; a "dead" payload is a `DeadLetter.to_json()` dict.
+  `meta` is the record without its text and `tokens` the ids as raw bytes in the stored
+  dtype (bytes cross Beam's coders without a pickle per document); a "dead" payload is a `DeadLetter.to_json()` dict.
 * Items travel in batches (`list[Item]`, consecutive records of one file, at most
   `BATCH_RECORDS` records or `BATCH_BYTES` of text), which keeps Beam's per-element cost
   negligible for corpora of many small documents.
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -179,18 +181,24 @@ class _TokenizeFn(beam.DoFn):
         self.dtype = tok.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
 
     def process(self, batch):
-        yield [self._encode(item) for item in batch]
+        # Documents up to max_chunk_chars go through SentencePiece's batched encoder in one
+        # call (C++ threads, no per-document Python call); longer ones are chunked.
+        short = [i for i, item in enumerate(batch)
+                 if item[0] == "doc" and len(item[2]["text"]) <= self.max_chunk_chars]
+        encoded = dict(zip(short, self.tokenizer.encode_batch([batch[i][2]["text"] for i in short])))
+        yield [self._encode(item, encoded.get(i)) for i, item in enumerate(batch)]
 
-    def _encode(self, item):
+    def _encode(self, item, ids=None):
         kind, key, payload = item
         if kind != "doc":
             return item
-        ids = encode_document(self.tokenizer, payload["text"], self.max_chunk_chars)
+        if ids is None:
+            ids = encode_document(self.tokenizer, payload["text"], self.max_chunk_chars)
         self.docs.inc()
         self.tokens.inc(int(ids.size))
         self.bytes.inc(len(payload["text"].encode("utf-8")))
         meta = {k: v for k, v in payload.items() if k != "text"}
-        return ("doc", key, (meta, ids.astype(self.dtype)))  # ids < vocab_size: exact
+        return ("doc", key, (meta, ids.astype(self.dtype).tobytes()))  # ids < vocab_size: exact
 
 
 class TokenizeDocuments(beam.PTransform):
@@ -201,7 +209,7 @@ class TokenizeDocuments(beam.PTransform):
         self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
 
     def expand(self, items):
-        """PCollection[list[Item(doc=record)]] -> PCollection[list[Item(doc=(meta, tokens in the stored dtype))]]."""
+        """PCollection[list[Item(doc=record)]] -> PCollection[list[Item(doc=(meta, token bytes in the stored dtype))]]."""
         return items | "Encode" >> beam.ParDo(_TokenizeFn(self.tokenizer_path, self.max_chunk_chars))
 
 
@@ -213,13 +221,15 @@ class _WriteShardFn(beam.DoFn):
 
     def __init__(self, out_dir: str, vocab_size: int):
         self.out_dir, self.vocab_size = out_dir, vocab_size
+        self.dtype = tok.token_dtype(vocab_size)
         self.shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, element):
         index, parts = element
         docs = sorted((d for part in parts for d in part), key=lambda d: d[0])
         entry = tok.write_shard(
-            self.out_dir, tok.shard_name(index), [d[2] for d in docs], [d[1] for d in docs], self.vocab_size
+            self.out_dir, tok.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
+            [d[1] for d in docs], self.vocab_size,
         )
         labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
         self.shards.inc()

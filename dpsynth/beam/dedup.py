@@ -39,9 +39,21 @@ CONTAMINATION = "contamination.json"
 
 def clean_text(tokenizer, document, ranges) -> str:
     """The kept pieces of one tokenized document, decoded one by one and joined by newlines."""
-    pieces = complement_ranges(len(document), ranges)
-    texts = [tokenizer.decode(document[a:b]) for a, b in pieces]
-    return "\n".join(t for t in texts if t)
+    return clean_texts(tokenizer, [document], [ranges])[0]
+
+
+def clean_texts(tokenizer, documents, ranges) -> list[str]:
+    """`clean_text` of every document, with all pieces in one batched decode."""
+    pieces, owner = [], []
+    for j, (doc, cut) in enumerate(zip(documents, ranges)):
+        for a, b in complement_ranges(len(doc), cut) if cut else [(0, len(doc))]:
+            pieces.append(doc[a:b])
+            owner.append(j)
+    texts: list[list[str]] = [[] for _ in documents]
+    for j, text in zip(owner, tokenizer.decode_batch(pieces)):
+        if text:
+            texts[j].append(text)
+    return ["\n".join(t) for t in texts]
 
 
 class _DedupShardFn(beam.DoFn):
@@ -78,12 +90,11 @@ class _DedupShardFn(beam.DoFn):
             [cleaned.document(i) for i in range(cleaned.num_documents)], cleaned.docs, self.vocab_size,
         )
         lines, emptied, touched, removed = [], 0, 0, 0
-        for i, ranges in enumerate(result.ranges):
-            doc = shard.document(i)
+        texts = clean_texts(self.tokenizer, [shard.document(i) for i in range(shard.num_documents)], result.ranges)
+        for i, (ranges, text) in enumerate(zip(result.ranges, texts)):
             if ranges:
                 touched += 1
                 removed += sum(b - a for a, b in ranges)
-            text = clean_text(self.tokenizer, doc, ranges) if ranges else self.tokenizer.decode(doc)
             if not text.strip():
                 emptied += 1
                 continue

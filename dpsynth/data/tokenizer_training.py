@@ -15,11 +15,15 @@ def train_public_tokenizer(
     vocab_size: int,
     out: str,
     text_column: str = "text",
-    max_sentences: int = 1_000_000,
+    max_sentences: int | None = 1_000_000,
+    max_sample_bytes: int = tok.DEFAULT_SAMPLE_BYTES,
     model_type: str = "unigram",
     seed: int = 0,
 ) -> tok.Tokenizer:
-    """Trains on a reservoir sample of lines of a PUBLIC corpus and saves the model to `out`.
+    """Trains on a random sample of lines of a PUBLIC corpus and saves the model to `out`.
+
+    The sample holds at most `max_sample_bytes` bytes and `max_sentences` lines
+    (`dpsynth.tokens.sample_lines`); memory follows the sample, not the corpus.
 
     Raises:
       readers.InputError: unreadable inputs, or no usable text.
@@ -29,7 +33,7 @@ def train_public_tokenizer(
     texts = readers.iter_public_texts([f.path for f in files], text_column=text_column)
     try:
         tokenizer = tok.train_tokenizer(texts, vocab_size=vocab_size, max_sentences=max_sentences,
-                                        model_type=model_type, seed=seed)
+                                        max_sample_bytes=max_sample_bytes, model_type=model_type, seed=seed)
     except ValueError as e:
         raise readers.InputError(f"{', '.join(map(str, corpus))}: {e}") from e
     tokenizer.save(out)

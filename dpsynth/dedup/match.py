@@ -199,14 +199,15 @@ def dedup_shard(
     num_docs = offsets.size - 1
     ms, s_longest = matching_statistics(index, tokens, offsets, threads)
     cut = _covered(ms, int(min_tokens))
+    del ms  # the per-shard peak is this post-processing: free what is done with
 
     docs, a, b = _runs(cut, offsets)
     ranges = _per_doc(num_docs, docs, a - offsets[docs], b - offsets[docs])
 
     keep = ~cut
-    kept_cum = np.zeros(tokens.size + 1, np.int64)
+    kept_cum = np.zeros(tokens.size + 1, np.int32 if tokens.size < 2**31 else np.int64)
     np.cumsum(keep, out=kept_cum[1:])
-    new_offsets = kept_cum[offsets]
+    new_offsets = kept_cum[offsets].astype(np.int64)
     kdocs, ka, kb = _runs(keep, offsets)
     base = new_offsets[kdocs]
     pieces = _per_doc(num_docs, kdocs, kept_cum[ka] - base, kept_cum[kb] - base)

@@ -92,21 +92,21 @@ class SensitiveSuffixArray:
         sa = suffix_array(text, threads=threads)
         lcp = lcp_array(text, sa, threads=threads)
         m = text.size
-        token_pos = text < bound
         first = np.zeros(bound + 1, np.int64)
-        np.cumsum(np.bincount(text[token_pos], minlength=bound), out=first[1:])
-        # BWT symbol of each rank; rank of the suffix at 0 (no predecessor) gets a separator.
+        np.cumsum(np.bincount(text[text < bound], minlength=bound), out=first[1:])
+        # BWT symbol of each rank; the rank of the suffix at 0 (no predecessor) gets a separator.
         bwt = np.empty(m, np.uint32)
         if m:
-            prev = sa.astype(np.int64) - 1
-            bwt[:] = text[np.maximum(prev, 0)]
-            bwt[prev < 0] = bound
+            prev = sa - 1  # sa's dtype; -1 only where sa == 0
+            bwt[:] = text[prev]  # text[-1] is a separator, as wanted for prev == -1
+            del prev
         is_tok = bwt < bound
         occ_start = np.zeros(bound + 1, np.int64)
         np.cumsum(np.bincount(bwt[is_tok], minlength=bound), out=occ_start[1:])
-        ranks = np.flatnonzero(is_tok).astype(sa.dtype)
-        order = np.argsort(bwt[is_tok], kind="stable")
-        occ_pos = ranks[order]
+        occ_pos = np.flatnonzero(is_tok).astype(sa.dtype)
+        del is_tok
+        occ_pos = occ_pos[np.argsort(bwt[bwt < bound], kind="stable")]
+        del bwt
         # Checkpoints: block size 2**shift >= m * OCC_BLOCK / count, per token.
         counts = np.diff(occ_start)
         ratio = (max(m, 1) * OCC_BLOCK) / np.maximum(counts, 1)
@@ -114,9 +114,11 @@ class SensitiveSuffixArray:
         blocks = (m >> occ_shift.astype(np.int64)) + 2
         ckpt_start = np.zeros(bound, np.int64)
         np.cumsum(blocks[:-1], out=ckpt_start[1:])
-        symbols = np.repeat(np.arange(bound), counts)
-        gid = ckpt_start[symbols] + (occ_pos.astype(np.int64) >> occ_shift[symbols].astype(np.int64))
+        symbols = np.repeat(np.arange(bound, dtype=np.uint32), counts)
+        gid = ckpt_start[symbols] + (occ_pos >> occ_shift[symbols].astype(occ_pos.dtype))
+        del symbols
         per_block = np.bincount(gid, minlength=int(blocks.sum()))
+        del gid
         ckpt = np.zeros(per_block.size, np.int64)  # exclusive running count = index into occ_pos
         np.cumsum(per_block[:-1], out=ckpt[1:])
         return cls(text=text, sa=sa, lcp=lcp, first=first, occ_start=occ_start, occ_pos=occ_pos,

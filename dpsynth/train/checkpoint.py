@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 
 from dpsynth.models.config import ModelConfig
 from dpsynth.tokens import Tokenizer
+from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
 MODEL_FORMAT = "dpsynth.model"
@@ -168,16 +169,18 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
         base_manifest = _read_manifest(base_dir)
         base = {"path": base_dir, "manifest_sha256": _sha256_file(os.path.join(base_dir, MANIFEST)),
                 "preset": base_manifest.get("preset")}
-    ckpt = ocp.StandardCheckpointer()
+    ckpt = ocp.StandardCheckpointer()  # multi-host: every process takes part, Orbax coordinates the writes
     ckpt.save(os.path.join(directory, VARIABLES), {c: variables[c] for c in collections}, force=True)
     ckpt.wait_until_finished()
-    tokenizer.save(os.path.join(directory, TOKENIZER))
-    _write_json(os.path.join(directory, CONFIG), config.to_dict())
     manifest = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "preset": config.preset,
                 "collections": list(collections), "base": base, "created_by": created_by,
                 "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
     manifest.update(extra_manifest or {})
-    _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    if jax.process_index() == 0:  # the small files: one writer
+        tokenizer.save(os.path.join(directory, TOKENIZER))
+        _write_json(os.path.join(directory, CONFIG), config.to_dict())
+        _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+    sharding.sync(f"dpsynth save_model {directory}")  # the others return once the directory is complete
     return manifest
 
 
@@ -231,7 +234,12 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
             raise CheckpointError(f"{directory}: base model shape differs from this model's config")
         variables.update({c: v for c, v in loaded_base.variables.items() if c not in manifest["collections"]})
     try:
-        restored = ocp.StandardCheckpointer().restore(os.path.join(directory, VARIABLES))
+        ckpt, path = ocp.StandardCheckpointer(), os.path.join(directory, VARIABLES)
+        if jax.process_count() > 1:  # host arrays: a model saved on another topology loads on any
+            metadata = ckpt.metadata(path).item_metadata
+            restored = ckpt.restore(path, jax.tree.map(lambda m: np.empty(m.shape, m.dtype), metadata))
+        else:
+            restored = ckpt.restore(path)
     except Exception as e:  # Orbax raises a variety of errors on damaged trees
         raise CheckpointError(f"{directory}/{VARIABLES}: cannot be read ({type(e).__name__}: {e})") from e
     variables.update(restored)

@@ -203,14 +203,26 @@ class TrainFunctions:
             self.init_state(state.params, state.frozen, rng=state.rng)
         return sharding_lib.put(state, self._state_sharding)
 
-    def shard_batch(self, batch: dict) -> dict:
+    def shard_batch(self, batch: dict, *, global_rows: int | None = None) -> dict:
         """Puts a host batch on the devices (split over `data` under a mesh).
 
-        Multi-host: every process passes the same global batch; each keeps its own slices.
+        Multi-host: either every process passes the same global batch and each keeps its own
+        slices, or (with `global_rows`) each process passes only its rows
+        `process_rows(global_rows)` of a batch of `global_rows` rows, so it reads no other.
+        On one process both are the same.
         """
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
+        if global_rows is not None:
+            return sharding_lib.put_process_local(batch, sharding_lib.batch_sharding(self.mesh), global_rows)
         return sharding_lib.put(batch, sharding_lib.batch_sharding(self.mesh))
+
+    def process_rows(self, global_rows: int) -> np.ndarray:
+        """Indices of the rows of a `global_rows`-row batch that this process feeds (all of them
+        on one process or without a mesh); pass those rows to `shard_batch(..., global_rows=)`."""
+        if self.mesh is None:
+            return np.arange(global_rows)
+        return sharding_lib.process_rows(sharding_lib.batch_sharding(self.mesh), global_rows)
 
     # ---------------------------------------------------------------- pure step bodies
     def _accumulate(self, state: TrainState, acc: dict, batch: dict):
@@ -288,8 +300,12 @@ class TrainFunctions:
         fn = self._jit("train", self._train_step, (0,), in_sh=(s_sh, b_sh), out_sh=(s_sh, rep))
         return fn(state, batch)
 
-    def accumulated_step(self, state: TrainState, microbatches: Iterable[dict]) -> tuple[TrainState, dict]:
+    def accumulated_step(self, state: TrainState, microbatches: Iterable[dict], *,
+                         global_rows: int | None = None) -> tuple[TrainState, dict]:
         """One optimizer step over several microbatches (host loop over `accumulate_step`).
+
+        With `global_rows`, each microbatch holds only this process's rows of a global
+        microbatch of that many rows (see `shard_batch`).
 
         Returns the new state and metrics: the summed accumulate metrics, "loss" (mean over
         real examples) and the apply metrics.
@@ -297,7 +313,7 @@ class TrainFunctions:
         acc = self.init_accumulator(state)
         total = None
         for mb in microbatches:
-            acc, m = self.accumulate_step(state, acc, self.shard_batch(mb))
+            acc, m = self.accumulate_step(state, acc, self.shard_batch(mb, global_rows=global_rows))
             total = sum_metrics(total, m)
         if total is None:
             raise ValueError("accumulated_step needs at least one microbatch")

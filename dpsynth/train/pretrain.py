@@ -5,7 +5,10 @@ Data: the corpus (token shards written by the tokenize/dedup jobs) is read with
 given tokenizer. Each document becomes `[BOS] doc [EOS]`, cut into blocks of `seq_len`
 tokens; a deterministic `valid_fraction` of blocks (by SHA-256 of (document id, block
 index)) is held out for validation perplexity and never trained on (a document shorter than
-`seq_len` is one block, so small documents are held out whole). The remaining blocks are
+`seq_len` is one block, so small documents are held out whole). With `valid_unit="document"`
+the hash is of the document id alone, so whole documents are held out (a fixed set of
+held-out reviews, say). `valid_groups` (document-id prefixes such as `hotels/`) report the
+validation perplexity of each group's held-out blocks as well (e.g. reviews vs Wikipedia). The remaining blocks are
 concatenated into one stream and packed into rows of `seq_len` tokens with segment ids, so no
 token attends across documents and positions restart per segment; a target is only trained
 on when it belongs to the same document as its input. Rows are visited in a seeded
@@ -18,14 +21,25 @@ Outputs in OUT (a `dpsynth.model` directory once training finishes, see
 `dpsynth.train.checkpoint`): manifest.json, config.json, tokenizer.model, variables/,
 plus checkpoints/ (resumable training state), metrics.jsonl and tb/ (TensorBoard events).
 
-The corpus is packed in host memory (fine up to a few hundred million tokens on one host);
-each host of a multi-host run reads the same corpus and feeds its slice of the rows.
+The corpus is packed in host memory (fine up to a few hundred million tokens on one host).
+
+Multi-host (several JAX processes, e.g. the hosts of a TPU pod slice; `jax.distributed` must
+be initialized first, see `dpsynth.train.sharding.initialize_distributed`): every process runs
+this same function with the same arguments. The mesh spans every process's devices
+(`mesh_data * mesh_model` must equal `jax.device_count()`); each process packs the same row
+index (cheap, deterministic) but gathers and transfers only its own rows of every batch
+(`core.TrainFunctions.process_rows`), which the core assembles into global arrays. The
+losses and parameters equal a single-process run on as many devices up to float rounding
+(tested in 2 processes). Checkpoints are Orbax multi-host (every process writes its shards
+into the shared OUT, which must be one file system all hosts see, e.g. GCS or NFS); the
+metrics, TensorBoard events and the model directory's JSON files are written by process 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -50,6 +64,9 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
               "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 
 
+VALID_UNITS = ("block", "document")
+
+
 class PretrainError(ValueError):
     """Bad input to pretraining (says which file/flag and what to do)."""
 
@@ -64,12 +81,15 @@ class PretrainConfig:
       batch_size: rows per microbatch; a step sees `batch_size * grad_accum` rows.
       grad_accum: microbatches accumulated per optimizer step.
       steps: total optimizer steps.
-      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/small, Adafactor otherwise).
+      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/cpu/small, Adafactor otherwise).
       learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
         min(lr, 1/sqrt(step))); None = the optimizer's default (3e-3 / 0.01).
       warmup_steps: Adam warm-up steps.
       weight_decay, z_loss: regularizers (1e-3, 1e-4 as in the paper).
       valid_fraction: fraction of blocks held out for validation perplexity.
+      valid_unit: "block" (hold out blocks) or "document" (hold out whole documents).
+      valid_groups: document-id prefixes whose held-out blocks also get their own validation
+        perplexity (`summary["valid_groups"][prefix]`); e.g. ("hotels/", "cars/").
       eval_every, eval_batches: validation cadence and size (batches of `batch_size` rows).
       checkpoint_every: steps between checkpoints (and one at the end).
       log_every: steps between metric lines / TensorBoard points.
@@ -93,6 +113,8 @@ class PretrainConfig:
     weight_decay: float = 1e-3
     z_loss: float = 1e-4
     valid_fraction: float = 0.02
+    valid_unit: str = "block"
+    valid_groups: tuple[str, ...] = ()
     eval_every: int = 200
     eval_batches: int = 8
     checkpoint_every: int = 200
@@ -112,6 +134,10 @@ class PretrainConfig:
                 raise PretrainError(f"{name} must be positive, got {getattr(self, name)}")
         if self.optimizer not in ("auto",) + optim.OPTIMIZERS:
             raise PretrainError(f"optimizer must be auto|adafactor|adam, got {self.optimizer!r}")
+        if self.valid_unit not in VALID_UNITS:
+            raise PretrainError(f"valid_unit must be one of {VALID_UNITS}, got {self.valid_unit!r}")
+        if isinstance(self.valid_groups, str) or not all(isinstance(g, str) and g for g in self.valid_groups):
+            raise PretrainError(f"valid_groups must be a list of non-empty id prefixes, got {self.valid_groups!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise PretrainError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.batch_size % self.mesh_data:
@@ -121,7 +147,7 @@ class PretrainConfig:
     def optimizer_name(self) -> str:
         if self.optimizer != "auto":
             return self.optimizer
-        return "adam" if self.preset in ("tiny", "small") else "adafactor"
+        return "adam" if self.preset in ("tiny", "cpu", "small") else "adafactor"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The preset with the overrides; vocab_size defaults to the tokenizer's exactly.
@@ -186,8 +212,9 @@ def load_documents(corpus_dir: str, tokenizer: tokens_lib.Tokenizer) -> tuple[li
     return docs, ids, manifest
 
 
-def _held_out(doc_id: str, block: int, fraction: float) -> bool:
-    digest = hashlib.sha256(f"{doc_id}\x00{block}".encode()).digest()
+def _held_out(doc_id: str, block: int, fraction: float, unit: str = "block") -> bool:
+    key = f"{doc_id}\x00{block}" if unit == "block" else f"{doc_id}\x00document"
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
@@ -211,9 +238,15 @@ def _pack(pieces: list[tuple[np.ndarray, int]], seq_len: int) -> PackedRows:
 
 
 def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, valid_fraction: float,
-                   ) -> tuple[PackedRows, PackedRows]:
-    """(train, valid) packed rows; see the module docstring for the hold-out and packing rules."""
+                   valid_unit: str = "block", valid_groups: tuple[str, ...] = ()
+                   ) -> tuple[PackedRows, PackedRows] | tuple[PackedRows, PackedRows, dict[str, PackedRows]]:
+    """(train, valid) packed rows; see the module docstring for the hold-out and packing rules.
+
+    With `valid_groups`, a third item maps each id prefix to the packed held-out blocks of its
+    documents (a subset of `valid`).
+    """
     train, valid = [], []
+    grouped: dict[str, list] = {g: [] for g in valid_groups}
     segment = 0
     prev_train = False
     for doc, doc_id in zip(documents, ids):
@@ -221,10 +254,13 @@ def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, va
         prev_train = False
         for b, start in enumerate(range(0, len(full), seq_len)):
             piece = full[start: start + seq_len]
-            held = valid_fraction > 0 and _held_out(doc_id, b, valid_fraction)
+            held = valid_fraction > 0 and _held_out(doc_id, b, valid_fraction, valid_unit)
             if held:
                 segment += 1
                 valid.append((piece, segment))
+                for g in valid_groups:
+                    if doc_id.startswith(g):
+                        grouped[g].append((piece, segment))
                 prev_train = False
             else:
                 if not prev_train:
@@ -236,6 +272,8 @@ def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, va
         piece, _ = train.pop()
         segment += 1
         valid.append((piece, segment))
+    if valid_groups:
+        return _pack(train, seq_len), _pack(valid, seq_len), {g: _pack(p, seq_len) for g, p in grouped.items()}
     return _pack(train, seq_len), _pack(valid, seq_len)
 
 
@@ -262,6 +300,16 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
         if name.lower() in kind.lower():
             return flops
     return None
+
+
+class _NullWriter:
+    """What processes other than 0 of a multi-host run write: nothing."""
+
+    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        del step, split, metrics
+
+    def close(self) -> None:
+        pass
 
 
 class _Writer:
@@ -296,7 +344,7 @@ def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: s
           step: int) -> dict[str, Any]:
     return {"preset": model_config.preset, "model_config": model_config.to_dict(), "seq_len": cfg.seq_len,
             "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seed": cfg.seed,
-            "valid_fraction": cfg.valid_fraction, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
+            "valid_fraction": cfg.valid_fraction, "valid_unit": cfg.valid_unit, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
             "rows_consumed": step * cfg.batch_size * cfg.grad_accum, "corpus_manifest_sha256": corpus_manifest_sha,
             "tokenizer_sha256": tokenizer_sha}
 
@@ -306,9 +354,9 @@ def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
         raise ckpt_lib.CheckpointError(
             f"{where}: checkpoint is from preset {meta.get('preset')!r} (model {meta.get('model_config')}), this run "
             f"is preset {expected['preset']!r}; resume with the original --preset/flags or use a new --out")
-    for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "optimizer", "steps",
+    for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "valid_unit", "optimizer", "steps",
                 "corpus_manifest_sha256", "tokenizer_sha256"):
-        if meta.get(key) != expected[key]:
+        if meta.get(key, "block" if key == "valid_unit" else None) != expected[key]:  # older runs: block
             raise ckpt_lib.CheckpointError(
                 f"{where}: checkpoint has {key}={meta.get(key)!r} but this run has {expected[key]!r}; an exact resume "
                 "needs the same corpus, tokenizer and flags (use a new --out to start over)")
@@ -335,8 +383,10 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     model_config = cfg.model_config(tokenizer.vocab_size)
     docs, ids, corpus_manifest = load_documents(corpus_dir, tokenizer)
     corpus_sha = hashlib.sha256(json.dumps(corpus_manifest, sort_keys=True).encode()).hexdigest()
-    train_rows, valid_rows = pack_documents(docs, ids, cfg.seq_len, cfg.valid_fraction)
-    del docs
+    packed = pack_documents(docs, ids, cfg.seq_len, cfg.valid_fraction, cfg.valid_unit, tuple(cfg.valid_groups))
+    train_rows, valid_rows = packed[0], packed[1]
+    group_rows = packed[2] if len(packed) > 2 else {}
+    del docs, packed
     if train_rows.num_rows < cfg.batch_size:
         raise PretrainError(f"{corpus_dir}: only {train_rows.num_rows} training rows of {cfg.seq_len} tokens, fewer "
                             f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
@@ -347,6 +397,9 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                             "pass --resume to continue it, or choose a new --out")
 
     model = Transformer(model_config)
+    if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
+        raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
+                            f"all {jax.device_count()} devices of the {jax.process_count()} processes")
     mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
     optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
@@ -367,24 +420,26 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         logger.info("--resume: no checkpoint in %s, starting fresh", checkpointer.directory)
 
     eval_fn = jax.jit(lambda p, f, b: loss_fn(p, f, b, None)[1])
+    local = fns.process_rows(cfg.batch_size)  # the rows of every batch this process reads and feeds
+    primary = jax.process_index() == 0
 
-    def evaluate() -> dict[str, float]:
+    def evaluate(valid_rows: PackedRows = valid_rows) -> dict[str, float]:
         if valid_rows.num_rows == 0:
             return {}
         ce = toks = 0.0
         n = min(valid_rows.num_rows, cfg.eval_batches * cfg.batch_size)
         for start in range(0, n, cfg.batch_size):
             idx = np.arange(start, start + cfg.batch_size) % valid_rows.num_rows
-            batch = valid_rows.rows(idx)
-            batch["mask"][start + np.arange(cfg.batch_size) >= n] = 0.0
-            aux = eval_fn(state.params, state.frozen, fns.shard_batch(batch))
-            mask = batch["mask"]
+            mask = (start + np.arange(cfg.batch_size) < n).astype(np.float32)
+            batch = valid_rows.rows(idx[local])
+            batch["mask"] = mask[local]
+            aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=cfg.batch_size)))
             ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
             toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
         loss = ce / max(toks, 1.0)
         return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": toks}
 
-    writer = _Writer(out_dir, cfg.tensorboard)
+    writer = _Writer(out_dir, cfg.tensorboard) if primary else _NullWriter()
     start_step = int(jax.device_get(state.step))
     flops_per_token = model_config.flops_per_token(cfg.seq_len)
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_device()
@@ -401,16 +456,18 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         if initial_valid:
             writer.write(0, "valid", initial_valid)
     desc = "pretrain" if start_step == 0 else f"pretrain (resumed at step {start_step})"
-    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval) as progress:
+    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval,
+                  stream=None if primary else io.StringIO()) as progress:
         for step in range(start_step, end_step):
             idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
             t0 = time.perf_counter()
             if cfg.grad_accum == 1:
-                state, metrics = fns.train_step(state, fns.shard_batch(train_rows.rows(idx)))
+                batch = fns.shard_batch(train_rows.rows(idx[local]), global_rows=cfg.batch_size)
+                state, metrics = fns.train_step(state, batch)
             else:
-                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size])
+                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size][local])
                          for i in range(cfg.grad_accum)]
-                state, metrics = fns.accumulated_step(state, micro)
+                state, metrics = fns.accumulated_step(state, micro, global_rows=cfg.batch_size)
             window = core.sum_metrics(window, {k: metrics[k] for k in ("ce_sum", "tokens", "loss_sum", "count")})
             done = step + 1
             if compile_s is None:
@@ -450,16 +507,22 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     final_step = int(jax.device_get(state.step))
     if final_step >= cfg.steps and not valid_metrics:  # re-run of a finished run: report its validation
         valid_metrics = evaluate()
+    group_metrics = {}
+    if final_step >= cfg.steps:
+        for g, rows in group_rows.items():
+            group_metrics[g] = {**evaluate(rows), "rows": rows.num_rows}
+            writer.write(final_step, f"valid/{g}", {k: v for k, v in group_metrics[g].items() if k != "rows"})
     writer.close()
     summary = {"out_dir": out_dir, "preset": model_config.preset, "step": final_step, "steps": cfg.steps,
                "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
                "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
-               "finished": final_step >= cfg.steps}
+               "valid_groups": group_metrics, "finished": final_step >= cfg.steps}
     if final_step >= cfg.steps:
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
         ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
-            "valid_perplexity": valid_metrics.get("perplexity"), "train_tokens": final_step * rows_per_step * cfg.seq_len})
+            "valid_perplexity": valid_metrics.get("perplexity"),
+            "valid_group_perplexity": {g: m.get("perplexity") for g, m in group_metrics.items()}, "train_tokens": final_step * rows_per_step * cfg.seq_len})
     checkpointer.close()
     return summary
 

@@ -40,9 +40,23 @@ _IN_OUT = {  # projection name -> (input logical axis, output logical axis)
 }
 
 
+def global_devices() -> list[jax.Device]:
+    """Every device of every process, each process's devices contiguous (by process, then id).
+
+    On one process this is `jax.devices()`. With several, a mesh row-major over this order
+    gives each process a contiguous block of the `data` axis, so a process holds a contiguous
+    range of every batch (the rows it reads, see `process_rows`).
+    """
+    devices = jax.devices()
+    if jax.process_count() == 1:
+        return list(devices)
+    return sorted(devices, key=lambda d: (d.process_index, d.id))
+
+
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 2-D mesh with axes ("data", "model"); `data=-1` uses all remaining devices."""
-    devices = list(jax.devices() if devices is None else devices)
+    """A 2-D mesh with axes ("data", "model") over `devices` (default: `global_devices()`, all
+    processes' devices); `data=-1` uses all remaining devices."""
+    devices = list(global_devices() if devices is None else devices)
     if model <= 0 or len(devices) % model:
         raise ValueError(f"model axis {model} does not divide the {len(devices)} devices")
     if data == -1:
@@ -122,6 +136,32 @@ def put(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(one, tree, shardings)
 
 
+def process_rows(sharding: jax.sharding.Sharding, global_rows: int) -> np.ndarray:
+    """The global row indices of an array of `global_rows` rows (sharded by `sharding` on its
+    leading dimension) that this process's devices hold, in the order
+    `jax.make_array_from_process_local_data` expects them (ascending). All rows on one process.
+    """
+    if jax.process_count() == 1:
+        return np.arange(global_rows)
+    rows: set[int] = set()
+    for index in sharding.addressable_devices_indices_map((global_rows,)).values():
+        rows.update(range(*index[0].indices(global_rows)))
+    return np.asarray(sorted(rows), dtype=np.int64)
+
+
+def put_process_local(tree: Any, sharding: jax.sharding.Sharding, global_rows: int) -> Any:
+    """Global arrays of `global_rows` rows from this process's rows only (`process_rows`).
+
+    Every leaf of `tree` holds exactly the rows `process_rows(sharding, global_rows)` of the
+    global value, so a process reads and transfers only its share of a batch. On one process
+    this is `put(tree, sharding)`.
+    """
+    if jax.process_count() == 1:
+        return put(tree, sharding)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        sharding, np.asarray(x), (global_rows,) + np.shape(x)[1:]), tree)
+
+
 def gather(tree: Any) -> Any:
     """Host (numpy) copies of possibly multi-process sharded arrays (all-gathered when needed)."""
     if jax.process_count() == 1:
@@ -131,16 +171,44 @@ def gather(tree: Any) -> Any:
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def sync(name: str) -> None:
+    """A barrier of every process (nothing on one process); `name` must match across them."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def initialize_distributed(**kwargs: Any) -> None:
-    """Multi-host start-up: `jax.distributed.initialize(**kwargs)` when more than one process.
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """Multi-host start-up: joins this process to the others (`jax.distributed.initialize`).
 
-    On Cloud TPU VMs the coordinator, process count and id are discovered automatically, so
-    the same command runs on every host (`gcloud compute tpus tpu-vm ssh NAME --worker=all
-    --command="dpsynth pretrain --distributed ..."`); elsewhere pass coordinator_address,
-    num_processes and process_id (or set JAX_COORDINATOR_ADDRESS etc.).
+    Call it once per process, before any other JAX call. Two ways:
+
+    * Nothing given: the cluster is discovered (Cloud TPU VMs, SLURM, Open MPI, Kubernetes
+      indexed jobs), so the same command runs on every host, e.g. `gcloud compute tpus tpu-vm
+      ssh NAME --worker=all --command="dpsynth pretrain --distributed ..."`.
+    * All three given: `coordinator_address` "HOST:PORT" of process 0 (it listens there; the
+      others connect), `num_processes` N and this process's `process_id` in [0, N). This is
+      what the multi-process tests run (N processes on 127.0.0.1, CPU devices, gloo).
+
+    Afterwards `jax.devices()` lists every process's devices and meshes span all of them.
+
+    Raises:
+      ValueError: only some of the three given, or an id outside [0, N).
     """
-    jax.distributed.initialize(**kwargs)
+    given = [v is not None for v in (coordinator_address, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise ValueError("multi-host start-up needs all of --coordinator-address, --num-processes and --process-id, "
+                         "or none of them (cluster auto-detection on TPU VMs, SLURM, Open MPI)")
+    if all(given):
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise ValueError(f"--process-id {process_id} must be in [0, --num-processes {num_processes})")
+        if ":" not in coordinator_address:
+            raise ValueError(f"--coordinator-address {coordinator_address!r} must be HOST:PORT")
+    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                               process_id=process_id)

@@ -27,3 +27,22 @@ def test_empty_corpus_is_a_clear_error(tmp_path):
     with pytest.raises(readers.InputError, match="e.jsonl"):
         cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "e.jsonl"), "--vocab-size", "300",
                   "--out", str(tmp_path / "t.model")])
+
+
+def test_cli_sample_is_bounded_by_bytes(tmp_path, monkeypatch):
+    words = "river stone cloud field bird morning light window garden".split()
+    (tmp_path / "big.txt").write_text("\n".join(" ".join(words[j % 9:] + words[: j % 9]) + f" {j}" for j in range(4000)))
+    seen = {}
+    real = tok.sample_lines
+
+    def spy(texts, **kwargs):
+        seen.update(kwargs)
+        sample = real(texts, **kwargs)
+        seen["bytes"] = sum(len(s.encode()) for s in sample)
+        return sample
+
+    monkeypatch.setattr(tok, "sample_lines", spy)
+    assert cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "big.txt"), "--vocab-size", "300",
+                     "--max-sample-mb", "0.05", "--out", str(tmp_path / "t.model")]) == 0
+    assert seen["max_bytes"] == int(0.05 * 2**20) and 0 < seen["bytes"] <= seen["max_bytes"]
+    assert (tmp_path / "big.txt").stat().st_size > 3 * seen["max_bytes"]  # the bound did cut

@@ -68,3 +68,33 @@ def test_in_training_core_only_trainable_changes_and_accumulation_equals_one_bat
     for a, b in zip(jax.tree.leaves(s_acc.frozen), jax.tree.leaves(frozen)):
         np.testing.assert_array_equal(a, b)
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(s_acc.params), jax.tree.leaves(params)))
+
+
+def test_two_processes_clip_once_and_add_noise_once():
+    """2 processes x 4 CPU devices (mesh 4 x 2: batch rows and kernels split across processes).
+
+    Each example's gradient is clipped once: 11 real examples with gradients of norm >> C in
+    one direction sum to norm exactly 11 C (per-host clipping of partial sums would give
+    2 C; padding rows add nothing). Noise is added once to the global sum: with zero
+    gradients the update's variance is (sigma C)^2 -- noise drawn per host (or per device)
+    and summed would multiply it by 2 (or 8) -- and it is the very noise of one process with
+    8 devices.
+    """
+    from tests import multiprocess
+    from tests.dp import multihost_cases
+
+    clip_norm, sigma = 0.5, 3.0
+    results = multiprocess.run("tests.dp.multihost_cases:dp_step_case", num_processes=2, devices=4,
+                               kwargs={"clip_norm": clip_norm, "noise_multiplier": sigma}, timeout=180)
+    reference = multihost_cases.dp_step_case(clip_norm=clip_norm, noise_multiplier=sigma)
+    assert reference["processes"] == 1
+    n = multihost_cases.REAL_ROWS
+    for r in results:
+        assert r["processes"] == 2 and r["sharded"]
+        assert r["count"] == n and r["clipped"] == n
+        assert r["clip_update_norm"] == pytest.approx(n * clip_norm, rel=1e-5)
+        # Sampling error of the variance over ~98k coordinates: ~0.5%; a second draw: +100%.
+        assert r["noise_var"] == pytest.approx((sigma * clip_norm) ** 2, rel=0.05)
+        assert abs(r["noise_mean"]) < 5 * sigma * clip_norm / np.sqrt(r["noise_size"])
+        np.testing.assert_allclose(r["noise_head"], reference["noise_head"], rtol=1e-6, atol=1e-6)
+        assert r["noise_var"] == pytest.approx(reference["noise_var"], rel=1e-6)

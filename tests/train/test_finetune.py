@@ -182,6 +182,12 @@ def test_cli_reports_errors(tiny_base, tmp_path, capsys):
     assert rc == 2 and "epsilon must be > 0" in capsys.readouterr().err
     rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--delta", "2"])
     assert rc == 2 and "delta" in capsys.readouterr().err
+    rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--distributed",
+                   "--coordinator-address", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"])
+    assert rc == 2 and "--process-id 2 must be in [0, --num-processes 2)" in capsys.readouterr().err
+    rc = cli.main(["--base", base_dir, "--train", str(data), "--out", str(tmp_path / "o"), "--mesh-data", "3",
+                   "--microbatch-size", "16", "--batch-size", "24", "--steps", "2"])
+    assert rc == 2 and "divisible by the mesh data axis 3" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -270,3 +276,77 @@ def test_canary_audit_longer_runs(tiny_base, tmp_path):
     baseline = _audit(tiny_base, tmp_path, math.inf, 300, 64)
     assert baseline.auroc > 0.98
     assert private.auroc < 0.7 and private.epsilon_lower_bound <= 1.0
+
+
+# ---------------------------------------------------------------------------------- several processes
+
+MULTI_CFG = dict(epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32, checkpoint_every=2,
+                 lora_rank=2, prompt_length=4, learning_rate=1e-2)
+
+
+def _tune_in(n, base_dir, out, modes, config, **kw):
+    from tests import multiprocess
+
+    results = multiprocess.run("tests.train.multihost_cases:finetune_case", num_processes=n, devices=8 // n,
+                               kwargs=dict(base_dir=base_dir, out=out, modes=modes, config=config, train=TRAIN,
+                                           valid=VALID, mesh=[8, 1], **kw), timeout=900, with_stderr=True)
+    assert [(r["process"], r["processes"]) for r in results] == [(i, n) for i in range(n)]
+    return results
+
+
+def _trainable_diff(a_dir, b_dir, mode):
+    a, b = load_model(a_dir).variables, load_model(b_dir).variables
+    coll = finetune.TRAINABLE[mode][0]
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a[coll]), jax.tree.leaves(b[coll])))
+
+
+@pytest.mark.slow
+def test_every_mode_in_two_processes_matches_one_process(tiny_base, tmp_path):
+    """2 processes x 4 CPU devices vs 1 process x 8: same Poisson batches on every process, same
+    losses (1e-5), parameters (1e-4), ledger and privacy report; the report written by process 0 only."""
+    base_dir, _ = tiny_base
+    modes = ["full", "prompt", "lora"]
+    config = {**MULTI_CFG, "seed": 5}
+    one = _tune_in(1, base_dir, str(tmp_path / "one"), modes, config)[0]["modes"]
+    two = _tune_in(2, base_dir, str(tmp_path / "two"), modes, config)
+    for mode in modes:
+        p0, p1 = two[0]["modes"][mode], two[1]["modes"][mode]
+        assert p0["steps"] == p1["steps"] == one[mode]["steps"] == 4
+        assert p0["batches"] == p1["batches"] == one[mode]["batches"] and len(set(p0["batches"])) == 4
+        assert p0["report_writes"] == one[mode]["report_writes"] > 0 and p1["report_writes"] == 0
+        for r in (p0, p1):
+            assert abs(r["train_loss"] - one[mode]["train_loss"]) < 1e-5
+            assert abs(r["valid_loss"] - one[mode]["valid_loss"]) < 1e-5
+            assert r["epsilon"] == one[mode]["epsilon"]
+        assert _trainable_diff(str(tmp_path / "one" / mode), str(tmp_path / "two" / mode), mode) < 1e-4
+        ra, rb = report.load_report(str(tmp_path / "one" / mode)), report.load_report(str(tmp_path / "two" / mode))
+        assert abs(ra["training"].pop("valid_loss") - rb["training"].pop("valid_loss")) < 1e-5
+        assert ra == rb  # ledger, epsilon, noise multiplier, side channels: identical
+
+
+@pytest.mark.slow
+def test_secret_seed_shared_by_two_processes_never_logged_and_resumed_across_processes(tiny_base, tmp_path):
+    """Without --seed, process 0 draws the seed and broadcasts it: both processes draw the same
+    Poisson batches; the seed is in the private checkpoint only (not in any process's output or
+    the released files); a run stopped in 2 processes resumes in 2 and equals 1 process with that seed."""
+    base_dir, _ = tiny_base
+    out = str(tmp_path / "secret")
+    first = _tune_in(2, base_dir, out, ["lora"], MULTI_CFG, stop_after=2)
+    second = _tune_in(2, base_dir, out, ["lora"], MULTI_CFG, resume=True)
+    for run, steps in ((first, 2), (second, 2)):
+        a, b = run[0]["modes"]["lora"], run[1]["modes"]["lora"]
+        assert a["batches"] == b["batches"] and len(a["batches"]) == steps
+    assert second[0]["modes"]["lora"]["steps"] == 4
+    seed = TrainCheckpointer(os.path.join(out, "lora", "checkpoints")).read_meta()["sampling_seed"]
+    assert seed.bit_length() > 32
+    for r in first + second:
+        assert str(seed) not in r["stderr"]
+    for name in ("privacy_report.json", "privacy_report.md", "manifest.json"):
+        with open(os.path.join(out, "lora", name)) as f:
+            assert str(seed) not in f.read()
+    ref = _tune_in(1, base_dir, str(tmp_path / "ref"), ["lora"], {**MULTI_CFG, "seed": seed})[0]["modes"]["lora"]
+    assert ref["batches"] == first[0]["modes"]["lora"]["batches"] + second[0]["modes"]["lora"]["batches"]
+    assert _trainable_diff(os.path.join(out, "lora"), str(tmp_path / "ref" / "lora"), "lora") < 1e-4
+    ra, rb = report.load_report(os.path.join(out, "lora")), report.load_report(str(tmp_path / "ref" / "lora"))
+    assert ra["ledger"] == rb["ledger"] and ra["epsilon"] == rb["epsilon"]

@@ -41,6 +41,25 @@ def test_hold_out_is_deterministic_and_disjoint():
     assert 0.05 < len(held) / (200 * 8) < 0.15
 
 
+def test_document_hold_out_and_valid_groups():
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(4, 50, int(rng.integers(20, 60))).astype(np.int32) for _ in range(300)]
+    ids = [("hotels/" if i % 2 else "enwiki:") + str(i) for i in range(300)]
+    train, valid, groups = pretrain.pack_documents(docs, ids, 16, 0.2, "document", ("hotels/", "enwiki:"))
+    held = [i for i in ids if pretrain._held_out(i, 0, 0.2, "document")]
+    assert 30 < len(held) < 100
+    # every block of a held-out document is held out: its tokens are all in valid, none in train
+    n_held_tokens = sum(len(d) + 2 for d, i in zip(docs, ids) if i in held)
+    assert abs(valid.num_rows * 16 - n_held_tokens) <= 16
+    assert groups["hotels/"].num_rows + groups["enwiki:"].num_rows >= valid.num_rows - 1
+    hotel_tokens = sum(len(d) + 2 for d, i in zip(docs, ids) if i in held and i.startswith("hotels/"))
+    assert abs(groups["hotels/"].num_rows * 16 - hotel_tokens) <= 16
+    with pytest.raises(pretrain.PretrainError, match="valid_unit"):
+        pretrain.PretrainConfig(valid_unit="row")
+    with pytest.raises(pretrain.PretrainError, match="valid_groups"):
+        pretrain.PretrainConfig(valid_groups="hotels/")
+
+
 def test_batch_indices_are_epoch_permutations():
     idx = pretrain.batch_indices(10, 0, 25, seed=1)
     assert sorted(idx[:10]) == list(range(10)) and sorted(idx[10:20]) == list(range(10))
@@ -53,6 +72,9 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
     full = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "full"),
                                  pretrain.PretrainConfig(**{**SMALL, "tensorboard": True}, eval_at_start=True))
     assert full["finished"] and full["valid"]["perplexity"] < full["initial_valid"]["perplexity"]
+    grouped = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "grouped"), pretrain.PretrainConfig(
+        **{**SMALL, "steps": 2, "valid_fraction": 0.3}, valid_unit="document", valid_groups=("doc-",)))
+    assert grouped["valid_groups"]["doc-"]["perplexity"] > 1 and grouped["valid_groups"]["doc-"]["rows"] > 0
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "full" / "tb"))
     lines = [json.loads(x) for x in open(tmp_path / "full" / "metrics.jsonl")]
     assert {x["split"] for x in lines} == {"train", "valid"}
@@ -113,3 +135,78 @@ def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
     corpus, tok_path, _ = tiny_corpus
     rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--seq-len", "9999"])
     assert rc == 2 and "max_len" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--num-processes", "2"])
+    assert rc == 2 and "need --distributed" in capsys.readouterr().err
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--distributed",
+                   "--process-id", "1"])
+    assert rc == 2 and "all of --coordinator-address, --num-processes and --process-id" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "g"), "--valid-unit", "page"])
+
+
+def test_cli_valid_unit_and_groups_reach_the_config(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, _ = tiny_corpus
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--preset", "tiny",
+                   "--set", "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+                   "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["valid_groups"]["doc-"]["rows"] > 0
+
+
+def _losses(out: str) -> dict[int, float]:
+    return {x["step"]: x["loss"] for x in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+            if x["split"] == "train"}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),
+                                                                                     jax.tree.leaves(b)))
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_resume_across_processes(tiny_corpus, tmp_path):
+    """2 processes x 4 CPU devices == 1 process x 8 devices (losses 1e-5, parameters 1e-4);
+    a checkpoint written by 2 processes resumes in 2 processes and in 1."""
+    from tests import multiprocess
+
+    corpus, tok_path, _ = tiny_corpus
+    cfg = {**SMALL, "batch_size": 8, "steps": 4, "log_every": 1, "checkpoint_every": 2, "mesh_data": 8}
+
+    def launch(n, out, **kw):
+        results = multiprocess.run("tests.train.multihost_cases:pretrain_case", num_processes=n, devices=8 // n,
+                                   kwargs=dict(corpus=corpus, tokenizer=tok_path, out=str(tmp_path / out),
+                                               config=cfg, **kw), timeout=600)
+        assert [r["process"] for r in results] == list(range(n))
+        assert all(r["processes"] == n and r["devices"] == 8 for r in results)
+        return results[0]["summary"]
+
+    ref = launch(1, "one")
+    # The same run through `dpsynth pretrain --distributed --coordinator-address ... --process-id I`.
+    argv = ["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "two"), "--preset", "tiny",
+            "--set", "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "8", "--steps", "4",
+            "--eval-every", "3", "--eval-batches", "2", "--checkpoint-every", "2", "--log-every", "1",
+            "--mesh-data", "8", "--no-tensorboard"]
+    cli = multiprocess.run("tests.train.multihost_cases:pretrain_cli_case", num_processes=2, devices=4,
+                           kwargs={"argv": argv}, timeout=600, initialize=False)
+    assert [(r["rc"], r["process"], r["processes"], r["devices"]) for r in cli] == [(0, 0, 2, 8), (0, 1, 2, 8)]
+    two = checkpoint.load_model(str(tmp_path / "two"))
+    assert two.manifest["valid_perplexity"] == pytest.approx(ref["valid"]["perplexity"], rel=1e-5)
+    ref_losses, two_losses = _losses(str(tmp_path / "one")), _losses(str(tmp_path / "two"))
+    assert sorted(two_losses) == sorted(ref_losses) == [2, 3, 4]  # step 1's window holds the compilation
+    for step, loss in ref_losses.items():
+        assert abs(two_losses[step] - loss) < 1e-5
+    ref_vars = checkpoint.load_model(str(tmp_path / "one")).variables
+    assert _max_diff(two.variables, ref_vars) < 1e-4
+    # Killed at step 2 in 2 processes; resumed in 2 processes, and (a copy) in 1 process x 8 devices.
+    first = launch(2, "part", stop_after=2)
+    assert not first["finished"] and first["step"] == 2
+    shutil.copytree(tmp_path / "part", tmp_path / "part1")
+    resumed = launch(2, "part", resume=True)
+    assert resumed["finished"] and resumed["step"] == 4
+    assert abs(_losses(str(tmp_path / "part"))[4] - ref_losses[4]) < 1e-5
+    assert _max_diff(checkpoint.load_model(str(tmp_path / "part")).variables, ref_vars) < 1e-4
+    launch(1, "part1", resume=True)
+    assert _max_diff(checkpoint.load_model(str(tmp_path / "part1")).variables, ref_vars) < 1e-4
