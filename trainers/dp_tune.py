@@ -65,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: a secret seed from the OS entropy pool, kept in the private checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (refused when "
+                   "the privacy plan, clipping norm or mode differs from the checkpoint's)")
+    p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                   help="checkpoint and stop at this step (time-sliced runs on preemptible hosts); continue later "
+                        "with the same flags and --resume")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
@@ -103,12 +107,17 @@ def main(argv: list[str] | None = None) -> int:
                  if args.valid else [])
         kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256,
                       mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
+        if args.stop_after is not None and args.stop_after < 1:
+            raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
+        if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
+            raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
         if args.sweep_lr or args.sweep_clip:
             result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
                                    learning_rates=args.sweep_lr or [config.learning_rate],
                                    clip_norms=args.sweep_clip or [config.clip_norm], **kwargs)
         else:
-            result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume, **kwargs)
+            result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
+                                  stop_after=args.stop_after, **kwargs)
     except (tune.TuneError, InputError, BudgetExceeded, CheckpointError) as e:
         print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
         return 2

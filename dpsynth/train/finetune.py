@@ -10,10 +10,13 @@ One step (`dpsynth.train.core` + `dpsynth.dp.strategy.DPSGDStrategy`): a Poisson
 (`dpsynth.dp.sampling`, expected size B = q N, default 1024), split into padded
 microbatches, per-example Prefix-LM gradients of the trainable subset clipped to C, summed,
 Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma comes from the
-privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP; the ledger is saved
-in every checkpoint, checked against the budget before the first step and on every resume,
-and the privacy report is written next to the model. `epsilon = inf` runs the same loop
-without clipping or noise (plain mean gradient): the non-private baseline.
+privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP. The
+ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
+saved with the privacy plan in every checkpoint and checked against the budget before the
+first step. A resume whose plan, clipping norm or mode differs from the checkpoint's is
+refused before any compute (`resume_differences`). The privacy report is written next to the
+model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
+non-private baseline.
 
 Multi-host (several JAX processes, `dpsynth.train.sharding.initialize_distributed` first, a
 `mesh` over every process's devices): every process runs `dp_tune` with the same arguments.
@@ -144,6 +147,9 @@ class TuneConfig:
                             "pass --accountant pld or drop --max-batch-size")
         if not self.batch_size > 0:
             raise TuneError(f"batch_size must be > 0, got {self.batch_size}")
+        # One spelling per value (24 and 24.0 are the same plan; the resume fingerprint must agree).
+        for name in ("epsilon", "batch_size", "epochs", "learning_rate", "clip_norm", "lora_alpha", "z_loss"):
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.microbatch_size < 1:
             raise TuneError(f"microbatch_size must be >= 1, got {self.microbatch_size}")
         if self.steps is not None and self.steps < 1:
@@ -191,6 +197,41 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1) -> Pr
                              compositions=compositions)
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
+
+
+# Accounted settings a resume must share with its checkpoint besides the privacy plan's own fields
+# (`dpsynth.dp.plan.PLAN_FIELDS`: dataset size, expected batch, steps, sigma, epsilon, delta, accountant, cap,
+# compositions): the clipping norm (the sensitivity) and the mode (the trainable subset).
+RESUME_FIELDS = ("clip_norm", "mode")
+
+
+def accounted_settings(config: TuneConfig, plan: PrivacyPlan) -> dict[str, Any]:
+    """What a checkpoint records of the privacy plan it was trained under (compared on resume)."""
+    return {"privacy_plan": plan.to_json(), "clip_norm": float(config.clip_norm), "mode": config.mode}
+
+
+def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyPlan) -> list[tuple[str, Any, Any]]:
+    """(field, checkpoint's value, this run's value) for every accounted setting that differs.
+
+    Raises:
+        TuneError: the checkpoint records no privacy plan (it cannot be checked).
+    """
+    if "privacy_plan" not in saved:
+        raise TuneError("the checkpoint records no privacy plan (made by an older dpsynth), so a resume cannot be "
+                        "checked against it; start a fresh run")
+    diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
+    mine = accounted_settings(config, plan)
+    diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
+    return diffs
+
+
+def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm: float) -> dict[str, Any]:
+    """The ledger entry of `steps` steps run with `strategy`: sigma and C are read from the object that
+    adds the noise (one source of truth; `MeanGradient` adds none: sigma 0, epsilon inf)."""
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+    entry = plan.ledger_entry(steps=steps, clip_norm=getattr(strategy, "clip_norm", clip_norm))
+    entry["noise_multiplier"] = sigma
+    return entry
 
 
 @dataclasses.dataclass
@@ -351,8 +392,11 @@ def dp_tune(
         labels: the label set (default: the sorted labels of D_train, a side channel).
         contamination_sha256: SHA-256 of the pretraining corpus's contamination report
             (default: read from the base manifest when recorded there).
-        resume: continue from the latest checkpoint in `out_dir/checkpoints`.
-        stop_after: stop (after checkpointing) once this step is reached (simulates a kill).
+        resume: continue from the latest checkpoint in `out_dir/checkpoints`. Refused before any
+            compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
+            epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
+            run's; the message names each differing field with both values.
+        stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
             device. Required with several processes, over all of their devices.
@@ -379,6 +423,23 @@ def dp_tune(
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
     if mesh is not None and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
+    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
+    resume_meta = None
+    if resume:  # the accounted settings must match the checkpoint's, checked before any compute
+        probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+        try:
+            if probe.latest_step() is None:
+                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
+            resume_meta = probe.read_meta()
+        finally:
+            probe.close()
+        diffs = resume_differences(resume_meta, config, plan)
+        if diffs:
+            raise TuneError(
+                f"{ckpt_dir}: refusing to resume: this run's privacy plan differs from the checkpoint's, so the noise "
+                "added and the noise accounted would disagree: "
+                + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
+                + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -403,7 +464,6 @@ def dp_tune(
         contamination_sha256 = base.manifest.get("contamination_sha256")
 
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
-    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
     fingerprint = hashlib.sha256(json.dumps(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
@@ -413,7 +473,7 @@ def dp_tune(
     def build_run_report(valid_loss: float | None) -> dict:
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
         training = {
-            "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+            "mode": config.mode, "noise_multiplier": sigma, "clip_norm": config.clip_norm,
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
             "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
@@ -438,6 +498,13 @@ def dp_tune(
     loss_fn = make_loss_fn(model_config, config)
     strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
                               expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
+    # One source of truth for sigma: what the ledger, the budget check, the report and the
+    # checkpoint record is read from the strategy object that adds the noise.
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+
+    def entry(steps: int) -> dict[str, Any]:
+        return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm)
+
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
     local = fns.process_rows(config.microbatch_size)  # the rows of every microbatch this process feeds
@@ -445,8 +512,8 @@ def dp_tune(
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
-    if resume and checkpointer.latest_step() is not None and "sampling_seed" in checkpointer.read_meta():
-        run_seed = int(checkpointer.read_meta()["sampling_seed"])
+    if resume_meta is not None and "sampling_seed" in resume_meta:
+        run_seed = int(resume_meta["sampling_seed"])
     else:
         run_seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
@@ -464,7 +531,10 @@ def dp_tune(
             state, meta = checkpointer.restore(state)
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
-            plan = dataclasses.replace(plan, noise_multiplier=float(meta["noise_multiplier"]))
+            recorded = {e.get("noise_multiplier") for e in ledger.entries if e.get("name") == "dp_tune"}
+            if recorded - {sigma}:
+                raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records noise multiplier(s) {sorted(recorded)} "
+                                f"but this run adds noise with {sigma}; refusing to resume")
             if ledger.steps_recorded != int(state.step):
                 raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
                                 f"{int(state.step)}; the checkpoint is inconsistent")
@@ -473,13 +543,13 @@ def dp_tune(
         remaining = plan.steps - start
         if remaining < 0:
             raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
-        planned = [plan.ledger_entry(steps=remaining, clip_norm=config.clip_norm)] if remaining else []
+        planned = [entry(remaining)] if remaining else []
         ledger.check_budget(planned)  # refuses to start/continue past the budget
 
         def save_checkpoint():
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
-                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": run_seed,
-                    "next_step": int(state.step)}
+                    "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
+                    **accounted_settings(config, plan)}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
                 report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints
@@ -492,8 +562,7 @@ def dp_tune(
             for step in range(start, end):
                 mbs = [sampling.gather(train_arrays, m[local]) for m in sampler.microbatches(step)]
                 state, metrics = fns.accumulated_step(state, mbs, global_rows=config.microbatch_size)
-                ledger.record_dpsgd(steps=1, **{k: v for k, v in plan.ledger_entry(steps=1, clip_norm=config.clip_norm).items()
-                                                if k not in ("mechanism", "steps")})
+                ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k not in ("mechanism", "steps")})
                 train_loss_sum += float(metrics["loss_sum"])
                 train_count += float(metrics["count"])
                 progress.update(1, loss=float(metrics["loss"]))
@@ -512,7 +581,7 @@ def dp_tune(
         extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
                           "dp_tune": {"mode": config.mode, "config": config.to_json(), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
-                                      "noise_multiplier": plan.noise_multiplier},
+                                      "noise_multiplier": sigma},
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
@@ -521,7 +590,7 @@ def dp_tune(
     if primary:
         report_lib.write_report(out_dir, rep)
     eps = ledger.epsilons()
-    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=plan.noise_multiplier,
+    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
                       epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
                       train_loss=train_loss_sum / max(train_count, 1.0), truncated_train=train.truncated,
                       truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0)

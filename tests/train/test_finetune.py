@@ -141,9 +141,126 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
     ra, rb = report.load_report(out), report.load_report(out_full)
     assert ra["ledger"] == rb["ledger"] and ra["epsilon"] == rb["epsilon"]
-    # Continuing past the planned steps would exceed the budget: refused before any step.
-    with pytest.raises(BudgetExceeded, match="budget"):
+    # Continuing with more steps is another privacy plan: refused before any step.
+    with pytest.raises(finetune.TuneError, match="steps: checkpoint 4, this run 8"):
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, steps=8), resume=True)
+
+
+# ---------------------------------------------------------------------------------- resume and the privacy plan
+
+# The audit's case: tiny preset, LoRA, epsilon 4, 120 examples, expected batch 24, 8 steps stopped after 2.
+AUDIT_CFG = dataclasses.replace(BASE_CFG, steps=8)
+AUDIT_FLAGS = ["--mode", "lora", "--epsilon", "4", "--batch-size", "24", "--steps", "8", "--microbatch-size", "16",
+               "--max-tokens", "32", "--checkpoint-every", "2", "--lora-rank", "2", "--learning-rate", "0.01",
+               "--labels", "great", "other"]
+
+
+def _cli(base_dir, data, out, *flags):
+    from trainers import dp_tune as cli
+
+    return cli.main(["--base", base_dir, "--train", str(data), "--out", str(out), *AUDIT_FLAGS, *flags])
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny_base, tmp_path_factory):
+    """`dpsynth dp-tune ... --steps 8 --stop-after 2`: (base_dir, train file, out) checkpointed at step 2."""
+    base_dir, _ = tiny_base
+    root = tmp_path_factory.mktemp("stopped")
+    data = root / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN))
+    out = root / "out"
+    assert _cli(base_dir, data, out, "--stop-after", "2") == 0
+    return base_dir, data, out
+
+
+def _copy(src, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("change, field, before, after", [
+    (dict(steps=3), "steps", 8, 3),  # the audit's reproduction (it used to be accepted)
+    (dict(epsilon=2.0), "target_epsilon", 4.0, 2.0),
+    (dict(delta=1e-4), "delta", 1 / 120, 1e-4),
+    (dict(batch_size=30), "expected_batch_size", 24.0, 30.0),
+    (dict(clip_norm=0.5), "clip_norm", 1.0, 0.5),
+    (dict(mode="prompt"), "mode", "lora", "prompt"),
+    (dict(accountant="pld"), "accountant", "rdp", "pld"),
+    ("fewer examples", "dataset_size", 120, 100),
+])
+def test_resume_with_another_privacy_plan_is_refused_before_any_compute(stopped_run, monkeypatch, change, field,
+                                                                        before, after):
+    base_dir, _, out = stopped_run
+    from dpsynth.train import checkpoint
+
+    def no_compute(*a, **k):
+        raise AssertionError("the model was loaded: the refusal must come before any compute")
+
+    monkeypatch.setattr(checkpoint, "load_model", no_compute)
+    records = TRAIN[:100] if change == "fewer examples" else TRAIN
+    cfg = AUDIT_CFG if change == "fewer examples" else dataclasses.replace(AUDIT_CFG, **change)
+    with pytest.raises(finetune.TuneError) as e:
+        finetune.dp_tune(base_dir, records, VALID, str(out), cfg, resume=True)
+    msg = str(e.value)
+    assert f"{field}: checkpoint {before!r}, this run {after!r}" in msg and "refusing to resume" in msg
+    if field in ("steps", "target_epsilon", "delta", "expected_batch_size", "accountant", "dataset_size"):
+        assert "noise_multiplier: checkpoint" in msg  # sigma would change with it: both named
+
+
+def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped_run, tmp_path, monkeypatch):
+    """Spies on the strategy of every step the core runs and on every ledger record; a resume with
+    other steps (the audit's reproduction) must not run a single step with another sigma."""
+    from dpsynth.dp.ledger import PrivacyLedger
+    from dpsynth.train import core
+
+    base_dir, _, src = stopped_run
+    out = str(_copy(src, tmp_path))
+    plan = finetune.plan_run(AUDIT_CFG, len(TRAIN))
+    used, recorded = [], []
+    real_step, real_record = core.TrainFunctions.accumulated_step, PrivacyLedger.record_dpsgd
+
+    def step(self, state, mbs, **kw):
+        used.append(float(self.strategy.noise_multiplier))
+        return real_step(self, state, mbs, **kw)
+
+    def record(self, **kw):
+        recorded.append(float(kw["noise_multiplier"]))
+        return real_record(self, **kw)
+
+    monkeypatch.setattr(core.TrainFunctions, "accumulated_step", step)
+    monkeypatch.setattr(PrivacyLedger, "record_dpsgd", record)
+    try:  # 8 steps stopped after 2, resumed with 3 steps: refused now (it used to run with a fresh sigma)
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(AUDIT_CFG, steps=3), resume=True,
+                         progress_interval=1e9)
+    except finetune.TuneError:
+        pass
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, AUDIT_CFG, resume=True, progress_interval=1e9)
+    assert used == recorded and len(used) == 6  # steps 2..7, each: sigma used == sigma recorded
+    assert set(used) == {plan.noise_multiplier}
+    assert res.steps == 8 and res.noise_multiplier == plan.noise_multiplier
+    rep = report.load_report(out)
+    assert [e["noise_multiplier"] for e in rep["ledger"]["entries"]] == [plan.noise_multiplier]
+    assert rep["epsilon"]["rdp"] <= 4.0 and rep["training"]["noise_multiplier"] == plan.noise_multiplier
+    meta = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()
+    assert meta["privacy_plan"] == plan.to_json()  # the checkpoint stores the plan
+
+
+def test_cli_stop_after_then_resume(stopped_run, tmp_path, capsys):
+    base_dir, data, src = stopped_run
+    out = _copy(src, tmp_path)
+    capsys.readouterr()
+    assert report.load_report(str(out))["training"]["steps"] == 2
+    assert not os.path.exists(out / "manifest.json")  # no model until the run is complete
+    rc = _cli(base_dir, data, out, "--resume", "--steps", "3")  # argparse: the last --steps wins
+    assert rc == 2 and "steps: checkpoint 8, this run 3" in capsys.readouterr().err
+    assert _cli(base_dir, data, out, "--resume", "--stop-after", "5") == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 5
+    assert _cli(base_dir, data, out, "--resume") == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 8
+    assert load_model(str(out)).manifest["dp_tune"]["steps"] == 8
 
 
 @pytest.mark.parametrize("change,msg", [
