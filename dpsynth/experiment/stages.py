@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -430,8 +431,6 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     state_dir = ctx.private_path(TUNE_STATE_DIR)
     checkpoints = os.path.join(state_dir, "checkpoints")
     resume = ctx.resume and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
-    import shutil
-
     if not resume and os.path.isdir(checkpoints):
         shutil.rmtree(checkpoints)  # a fresh run: an earlier attempt's checkpoints are not continued
     if ctx.resume and not resume and os.path.isdir(model_dir):
