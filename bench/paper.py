@@ -111,6 +111,18 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+def _private_valid_loss(plan, key: str) -> float | None:
+    """A DP-tuned model's D_valid loss (NOT DP): from the stage's owner-only private state."""
+    from dpsynth.experiment.plan import private_dir
+    from dpsynth.experiment.stages import LOSSES_FILE
+
+    path = os.path.join(private_dir(plan.root, plan.node(key)), LOSSES_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("valid_loss")
+
+
 # ----------------------------------------------------------------------------- the cpu scale
 #
 # The measured study of issue 12 (docs/paper_cpu.md): a generator pretrained on in-domain public
@@ -169,7 +181,7 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
                            "repeats": 1, "train": {"max_epochs": 2}},
         "backbone_max_len": max_len,
         "dp_expected_batch_size": 512 if not quick else 64,
-        "dp_epochs": 5.0 if not quick else 1.0,
+        "dp_epochs": 3.0 if not quick else 1.0,  # as many passes as the generator's DP tuning
     }}
 
 
@@ -179,15 +191,15 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
 CPU_SCALES: dict[str, dict[str, Any]] = {
     "cpu": {
         "tokenizer": {"vocab_size": 8192, "max_sentences": 300000},
-        "pretrain": {"preset": "cpu", "steps": 3000, "seq_len": 128, "batch_size": 32, "learning_rate": 0.003,
+        "pretrain": {"preset": "cpu", "steps": 2700, "seq_len": 128, "batch_size": 32, "learning_rate": 0.003,
                      "options": {"warmup_steps": 100, "valid_fraction": 0.01, "valid_unit": "document",
                                  "valid_groups": ["hotels/", "cars/", "enwiki:"], "eval_every": 500, "eval_batches": 16,
                                  "checkpoint_every": 250, "log_every": 50}},
         "sets": {
-            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 1024, "epochs": 3},
+            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 512, "epochs": 3},
             "yelp_polarity": {"max_train": None, "max_valid": None, "max_test": 2000, "tokens": 96, "batch": 512, "epochs": 3},
-            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 1024, "epochs": 3},
-            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 1024, "epochs": 3},
+            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 512, "epochs": 3},
+            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 512, "epochs": 3},
         },
         # One learning rate per mode, chosen a priori (no time for a DP lr sweep on 2 cores):
         # LoRA and the soft prompt take larger steps than full fine-tuning.
@@ -215,7 +227,7 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3")
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm")
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
@@ -239,7 +251,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         public["max_documents"] = s["public_max_documents"]
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
-                   baselines: bool = True, classifiers: list[str] | None = None) -> dict[str, Any]:
+                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None) -> dict[str, Any]:
         sizes = s["sets"][dataset]
         ev = _cpu_eval(max(32, sizes["tokens"]), quick)
         if classifiers:
@@ -253,13 +265,17 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             "dp_tune": {"modes": modes, "epsilons": epsilons, "learning_rates": [s["mode_lr"]["lora"]],
                         "mode_learning_rates": {m: [s["mode_lr"][m]] for m in modes if m != "lora"},
                         "clip_norms": [1.0], "batch_size": sizes["batch"], "epochs": sizes["epochs"],
-                        "max_tokens": sizes["tokens"]},
+                        "max_tokens": sizes["tokens"], **(dp or {})},
             "generate": generate,
             "evaluate": {**ev, "baselines": baselines},
         }
 
     main_cls = ["wordcnn", "backbone"] if backbone else None
-    post = {"options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.3}}}
+    # 16 more tokens of room than DP tuning saw, so that fewer samples are cut before their EOS
+    # (the smoke run cut most of its samples at max_tokens; dropped ones are counted, and kept < N
+    # shows in the generation report).
+    post = {"max_tokens": s["sets"]["yelp_sentences"]["tokens"] + 16,
+            "options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.5}}}
     return {
         # The main grid on Yelp sentences (the large-N regime): every mode at every epsilon.
         "main": experiment("main", "yelp_sentences", s["modes"], s["epsilons"], classifiers=main_cls),
@@ -271,6 +287,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
         "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
         "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
+        # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
+        "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
     }
 
 
@@ -304,7 +322,7 @@ def render_cpu_targets(results: dict[str, dict[str, Any]]) -> list[str]:
                   + ("-" if syn is None or dp is None else ("yes" if syn > dp else "NO")) + " |")
     md += ["", "Targets (issue 12): synthetic beats DP-on-real and the majority rate by >= 10 points on Yelp polarity"
            " and Yelp sentences; moonshot: within 5 points of the real-data WordCNN on Yelp sentences.", ""]
-    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.3x drawn)"), ("x3", "3x synthetic data")):
+    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data")):
         res = results.get(name)
         if res:
             row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
@@ -483,24 +501,26 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         r = lora3(res["rows"], mult) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
 
-    md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
-           "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
-        r = lora3(res["rows"]) if res else None
-        md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
-                  + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
+    small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
+    if small_only:
+        md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
+               "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
+            r = lora3(res["rows"]) if res else None
+            md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
+                      + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
 
-    md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
-           "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for res in (main, results.get("prompt_lr")):
-        r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
-        if r is None:
-            md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
-            continue
-        md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
-                  + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
+        md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
+               "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for res in (main, results.get("prompt_lr")):
+            r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
+            if r is None:
+                md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
+                continue
+            md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
+                      + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
 
     # 4. Ranking correlation.
     md += ["", "## 4. Hyperparameter-ranking correlation (synthetic valid -> real test)", "",
@@ -573,7 +593,7 @@ def run(args) -> int:
             return code
         trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
-        valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
+        valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
         for key, o in result.outputs.items():
             if o.dir not in stage_times:
@@ -616,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", choices=sorted(set(SCALES) | set(CPU_SCALES)), default="cpu",
                    help="scale preset (default cpu, the measured study; small = the earlier Bible/Austen study)")
     p.add_argument("--pretrain-steps", type=int, default=None,
-                   help="cpu scale: pretraining steps (default 3000 = about 50 min on 2 quiet cores, docs/paper_cpu.md)")
+                   help="cpu scale: pretraining steps (default 2700 = about 45 min on 2 quiet cores, docs/paper_cpu.md)")
     p.add_argument("--backbone", action="store_true", help="cpu scale: also the LM-backbone classifier on the main grid")
     p.add_argument("--data", default=DEFAULT_DATA, help="the shared data directory (default ../shared/data)")
     p.add_argument("--root", default=None, help="experiment cache root (default runs/paper-<scale>)")
