@@ -71,9 +71,9 @@ bench: $(STAMP) data
 	@set -e; for b in bench/*.py; do echo "== $$b"; \
 	  if [ "$$b" = bench/paper.py ]; then $(PY) $$b --quick; else $(PY) $$b; fi; done
 
-# The small-scale reproduction of the paper (about 1.5 hours on 2 cores; needs ../shared/data).
+# The cpu-scale study (docs/paper_cpu.md: about 2.5 hours on 2 quiet cores; needs ../shared/data).
 bench-paper: $(STAMP) data
-	$(PY) bench/paper.py --scale small --jobs 2
+	$(PY) bench/paper.py --scale cpu --jobs 1
 
 clean:
 	rm -rf build *.egg-info dpsynth/_native*.so runs

@@ -4,7 +4,8 @@
         --real-train PATH --real-test PATH [--real-valid PATH] --out DIR \
         [--classifiers wordcnn,backbone] [--model CKPT] [--dp-epsilons 1,3,8] [beam flags]
 
-Writes OUT/metrics.json, OUT/metrics.csv, OUT/report.html and OUT/plots/*.png. Any standard Beam
+Writes OUT/metrics.json, OUT/metrics.csv, OUT/report.html and OUT/plots/*.png, and each DP-on-real
+baseline's privacy report under OUT/baselines/. Any standard Beam
 flag (`--runner`, `--direct_num_workers`, ...) is passed through; the default runner is local.
 """
 
@@ -36,6 +37,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
     ap.add_argument("--embedder", default="auto", help="auto | hashing[:DIM] | lm:DIR | st:PATH")
     ap.add_argument("--dp-epsilons", default="", type=_floats, help="DP-on-real baselines, e.g. 1,3,8")
+    ap.add_argument("--dp-delta", type=float, default=None, help="DP-on-real delta (default 1/|real train|)")
+    ap.add_argument("--dp-accountant", default="rdp", choices=("rdp", "pld"))
+    ap.add_argument("--sweep-accounting", default="composed", choices=("composed", "selected-only"),
+                    help="DP-on-real: all trials of the sweep together meet each epsilon (composed) or only the "
+                         "selected one (selected-only, the paper's accounting; declared as a side channel)")
+    ap.add_argument("--wordcnn-vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
+                    help="auto: own training set if non-private; DP-on-real: --model's tokenizer pieces, else "
+                         "hashed words (train: from real train, a declared side channel)")
     ap.add_argument("--grid", default="small", choices=("small", "wide"), help="lr x weight-decay grid")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-epochs", type=int, default=10)
@@ -58,7 +67,9 @@ def run(argv=None, test_pipeline=None) -> dict:
         classifiers=args.classifiers, model_dir=args.model, pooling=args.pooling, embedder=args.embedder,
         dp_epsilons=args.dp_epsilons, grid=args.grid, repeats=args.repeats, max_epochs=args.max_epochs, cnn=args.cnn,
         mauve_max_buckets=args.mauve_max_buckets, mauve_seeds=args.mauve_seeds, mauve_subsample=args.mauve_subsample,
-        perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline)
+        perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline,
+        dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
+        dp_accountant=args.dp_accountant)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     report.load_real(args.real_train, args.real_test, args.real_valid)  # clear input errors before any compute
     p = test_pipeline or beam.Pipeline(options=make_pipeline_options(beam_args))

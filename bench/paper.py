@@ -1,10 +1,12 @@
 """Small-scale reproduction of Kurakin et al. 2023's claims, through the experiment runner.
 
-    .venv/bin/python bench/paper.py --quick                       # smoke scale: minutes on 2 cores
+    .venv/bin/python bench/paper.py --quick                       # the cpu study at smoke size: minutes
+    .venv/bin/python bench/paper.py --scale cpu --jobs 1        # the cpu study (docs/paper_cpu.md): ~2.5 h on 2 quiet cores
     .venv/bin/python bench/paper.py --scale small --jobs 2        # the measured study: ~1.5 h on 2 cores
     .venv/bin/python bench/paper.py --scale full --jobs 2         # the `small` LM preset: many hours
 
-Sensitive data: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
+The `small`/`full` scales (below); the `cpu` scale and `--quick` are described at `cpu_experiments` and in
+docs/paper_cpu.md. Sensitive data of `small`: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
 with its last 10% as D_valid, test_polarity.csv as D_test). Public corpus: `../shared/data/public/kjv` plus the embedded Austen novels;
 the dedup stage cuts any >= 50-token overlap with the sensitive data before pretraining.
 
@@ -91,7 +93,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "modes": ["lora", "prompt", "full"],
         "epsilons": [1, 3, 10, "inf"],
     },
-    "quick": {
+    "small-quick": {
         "sensitive": {"max_train": 400, "max_valid": 100, "max_test": 300},
         "tokenizer": {"vocab_size": 2000, "max_sentences": 50000},
         "pretrain": {"preset": "tiny", "steps": 40, "seq_len": 64, "batch_size": 8, "learning_rate": 0.003,
@@ -107,6 +109,226 @@ SCALES: dict[str, dict[str, Any]] = {
         "epsilons": [3, "inf"],
     },
 }
+
+
+def _private_valid_loss(plan, key: str) -> float | None:
+    """A DP-tuned model's D_valid loss (NOT DP): from the stage's owner-only private state."""
+    from dpsynth.experiment.plan import private_dir
+    from dpsynth.experiment.stages import LOSSES_FILE
+
+    path = os.path.join(private_dir(plan.root, plan.node(key)), LOSSES_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("valid_loss")
+
+
+# ----------------------------------------------------------------------------- the cpu scale
+#
+# The measured study of issue 12 (docs/paper_cpu.md): a generator pretrained on in-domain public
+# reviews (OpinRank) plus Wikipedia, the `cpu` LM preset, and four sensitive sets. Sizes are
+# chosen to fit about 2.5 hours on 2 quiet cores (the estimate and how it was made are in
+# docs/paper_cpu.md); `--pretrain-steps` rescales pretraining after a quiet calibration run.
+# `quick` is the same study at smoke size (minutes; its numbers mean nothing).
+
+CPU_LABELS = {
+    "yelp_sentences": {0: "negative", 1: "positive"},
+    "yelp_polarity": {0: "negative", 1: "positive"},
+    "sst2": {0: "negative", 1: "positive"},
+    "ag_news": {0: "world", 1: "sports", 2: "business", 3: "science"},
+}
+
+
+def cpu_datasets(data: str) -> dict[str, dict[str, Any]]:
+    """name -> the `sensitive:` section of each sensitive set (fixed splits; see dpsynth.data.splits)."""
+    ys = os.path.join(data, "yelp_sentences", "yelp_sentences_dev_test.csv")
+    sst = os.path.join(data, "sst")
+    return {
+        # Yelp sentences: the file's `test` split (126k) is D_train + D_valid (10% by a seeded hash),
+        # its `dev` split D_test; fixed hash subsamples (the file is sorted by label).
+        "yelp_sentences": {"embedded": False, "train": ys, "test": ys, "label_names": CPU_LABELS["yelp_sentences"],
+                           "split": {"split_column": "split", "split_values": {"train": "test", "test": "dev"},
+                                     "holdout": "hash", "subsample": "hash"}},
+        # Yelp polarity reviews: dev_polarity = D_train (last 10% = D_valid, the paper's split), test_polarity = D_test.
+        "yelp_polarity": {"embedded": False, "train": os.path.join(data, "yelp", "dev_polarity.csv"),
+                          "test": os.path.join(data, "yelp", "test_polarity.csv"),
+                          "label_names": CPU_LABELS["yelp_polarity"], "split": {"subsample": "hash"}},
+        # SST-2: its own train / dev / test files, `<label> <sentence>` lines.
+        "sst2": {"embedded": False, "train": os.path.join(sst, "stsa.binary.train"),
+                 "valid": os.path.join(sst, "stsa.binary.dev"), "test": os.path.join(sst, "stsa.binary.test"),
+                 "format": "label_text", "label_names": CPU_LABELS["sst2"], "split": {"subsample": "hash"}},
+        # AG News: the official test.csv (7,600) cut 70/10/20 by a seeded hash of the row id.
+        "ag_news": {"embedded": False, "train": os.path.join(data, "ag_news", "test.csv"),
+                    "label_names": CPU_LABELS["ag_news"],
+                    "split": {"holdout": "hash", "valid_fraction": 0.1, "test_fraction": 0.2, "subsample": "hash"}},
+    }
+
+
+def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
+    sweep = {"learning_rates": [0.001, 0.003, 0.01, 0.03], "weight_decays": [0.0001, 0.01], "clip_norms": [1.0],
+             "repeats": 1, "train": {"max_epochs": 3}}
+    if quick:
+        sweep = {"learning_rates": [0.003, 0.01], "weight_decays": [0.0001], "clip_norms": [1.0], "repeats": 1,
+                 "train": {"max_epochs": 2}}
+    return {"classifiers": ["wordcnn"], "options": {
+        "mauve_seeds": [0],
+        "wordcnn": {"vocab_words": 10000 if not quick else 3000, "embed_dim": 64 if not quick else 32,
+                    "filters": 64 if not quick else 32, "hidden": 64 if not quick else 32, "max_len": max_len},
+        # The same grid for every classifier: synthetic-data WordCNN (selected on synthetic valid),
+        # real-data WordCNN and DP-on-real (selected on real valid: a declared side channel).
+        "sweep": sweep,
+        "backbone_sweep": {"learning_rates": [0.001, 0.003], "weight_decays": [0.0001], "clip_norms": [1.0],
+                           "repeats": 1, "train": {"max_epochs": 2}},
+        "backbone_max_len": max_len,
+        "dp_expected_batch_size": 512 if not quick else 64,
+        "dp_epochs": 3.0 if not quick else 1.0,  # as many passes as the generator's DP tuning
+    }}
+
+
+# Per-scale sizes of the cpu study. `tokens` = max_tokens of DP tuning and generation (every
+# example is padded to it, so it sets the DP cost); `batch`/`epochs`: expected Poisson batch and
+# passes over D_train (large batches amortise the noise).
+CPU_SCALES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "tokenizer": {"vocab_size": 8192, "max_sentences": 300000},
+        "pretrain": {"preset": "cpu", "steps": 2700, "seq_len": 128, "batch_size": 32, "learning_rate": 0.003,
+                     "options": {"warmup_steps": 100, "valid_fraction": 0.01, "valid_unit": "document",
+                                 "valid_groups": ["hotels/", "cars/", "enwiki:"], "eval_every": 500, "eval_batches": 16,
+                                 "checkpoint_every": 250, "log_every": 50}},
+        "sets": {
+            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 512, "epochs": 3},
+            "yelp_polarity": {"max_train": None, "max_valid": None, "max_test": 2000, "tokens": 96, "batch": 512, "epochs": 3},
+            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 512, "epochs": 3},
+            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 512, "epochs": 3},
+        },
+        # One learning rate per mode, chosen a priori (no time for a DP lr sweep on 2 cores):
+        # LoRA and the soft prompt take larger steps than full fine-tuning.
+        "mode_lr": {"lora": 0.02, "prompt": 0.1, "full": 0.005},
+        "modes": ["lora", "prompt", "full"],
+        "epsilons": [1, 3, 10, "inf"],
+        "generate_batch": 64,
+    },
+    "quick": {
+        "tokenizer": {"vocab_size": 2000, "max_sentences": 20000},
+        "public_max_documents": 3000,
+        "pretrain": {"preset": "cpu", "steps": 30, "seq_len": 64, "batch_size": 8, "learning_rate": 0.003,
+                     "options": {"model_overrides": {"d_model": 64, "num_layers": 2, "num_heads": 2, "d_ff": 128},
+                                 "valid_fraction": 0.05, "valid_unit": "document", "valid_groups": ["hotels/", "enwiki:"],
+                                 "eval_every": 15, "eval_batches": 2, "checkpoint_every": 15, "log_every": 10}},
+        "sets": {
+            "yelp_sentences": {"max_train": 300, "max_valid": 60, "max_test": 200, "tokens": 24, "batch": 100, "epochs": 1},
+            "yelp_polarity": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 32, "batch": 100, "epochs": 1},
+            "sst2": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 24, "batch": 100, "epochs": 1},
+            "ag_news": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 32, "batch": 100, "epochs": 1},
+        },
+        "mode_lr": {"lora": 0.02, "prompt": 0.1, "full": 0.005},
+        "modes": ["lora", "prompt"],
+        "epsilons": [3, "inf"],
+        "generate_batch": 32,
+    },
+}
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm")
+
+
+def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
+                    ) -> dict[str, dict[str, Any]]:
+    """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
+    dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining)."""
+    s = copy.deepcopy(CPU_SCALES[scale])
+    quick = scale == "quick"
+    datasets = cpu_datasets(data)
+    sections = {}
+    for name, sizes in s["sets"].items():
+        sec = dict(datasets[name])
+        sec.update({k: sizes[k] for k in ("max_train", "max_valid", "max_test") if sizes[k] is not None})
+        sections[name] = sec
+    pretrain = s["pretrain"]
+    if pretrain_steps:
+        pretrain["steps"] = int(pretrain_steps)
+    public = {"embedded": False, "paths": [os.path.join(data, "public", "opinrank", "opinrank-*.jsonl.gz"),
+                                           os.path.join(data, "public", "enwiki", "enwiki-*.jsonl.gz")]}
+    if s.get("public_max_documents"):
+        public["max_documents"] = s["public_max_documents"]
+
+    def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
+                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None) -> dict[str, Any]:
+        sizes = s["sets"][dataset]
+        ev = _cpu_eval(max(32, sizes["tokens"]), quick)
+        if classifiers:
+            ev["classifiers"] = classifiers
+        generate = {"max_tokens": sizes["tokens"], "batch_size": s["generate_batch"], "multiples": [1]}
+        generate.update(gen or {})
+        return {
+            "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
+            "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
+            "pretrain": pretrain,
+            "dp_tune": {"modes": modes, "epsilons": epsilons, "learning_rates": [s["mode_lr"]["lora"]],
+                        "mode_learning_rates": {m: [s["mode_lr"][m]] for m in modes if m != "lora"},
+                        "clip_norms": [1.0], "batch_size": sizes["batch"], "epochs": sizes["epochs"],
+                        "max_tokens": sizes["tokens"], **(dp or {})},
+            "generate": generate,
+            "evaluate": {**ev, "baselines": baselines},
+        }
+
+    main_cls = ["wordcnn", "backbone"] if backbone else None
+    # 16 more tokens of room than DP tuning saw, so that fewer samples are cut before their EOS
+    # (the smoke run cut most of its samples at max_tokens; dropped ones are counted, and kept < N
+    # shows in the generation report).
+    post = {"max_tokens": s["sets"]["yelp_sentences"]["tokens"] + 16,
+            "options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.5}}}
+    return {
+        # The main grid on Yelp sentences (the large-N regime): every mode at every epsilon.
+        "main": experiment("main", "yelp_sentences", s["modes"], s["epsilons"], classifiers=main_cls),
+        # LoRA at epsilon 3 on each other sensitive set, with its own real-data and DP-on-real peers.
+        "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], [3]),
+        "sst2": experiment("sst2", "sst2", ["lora"], [3]),
+        "ag_news": experiment("ag_news", "ag_news", ["lora"], [3]),
+        # Levers on the main set that reuse main's LoRA epsilon-3 model (only generation + evaluation run):
+        # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
+        "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
+        "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
+        # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
+        "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
+    }
+
+
+def _majority(labels: list[str]) -> tuple[str, float]:
+    counts = {l: labels.count(l) for l in set(labels)}
+    top = max(sorted(counts), key=counts.get)
+    return top, counts[top] / max(len(labels), 1)
+
+
+def render_cpu_targets(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's target comparison at epsilon 3, one row per dataset (WordCNN)."""
+    md = ["## 0. Targets at epsilon 3 (WordCNN, real test set)", "",
+          "| dataset | synthetic (LoRA) | DP-on-real | real data | majority class | synthetic - majority | beats DP-on-real |",
+          "|---|---|---|---|---|---|---|"]
+    for name, dataset in (("main", "Yelp sentences"), ("yelp_polarity", "Yelp polarity"), ("sst2", "SST-2"),
+                          ("ag_news", "AG News")):
+        res = results.get(name)
+        if not res:
+            md.append(f"| {dataset} | not run | | | | | |")
+            continue
+        row = next((r for r in res["rows"] if r["mode"] == "lora" and r["epsilon"] == 3), {})
+        syn = row.get("wordcnn_accuracy")
+        bl = res["metrics"].get("baselines", [])
+        dp = next((float(b["accuracy"]) for b in bl if b.get("baseline") == "dp_on_real" and b.get("classifier") == "wordcnn"
+                   and _eps(b.get("epsilon")) == 3), None)
+        real = next((float(b["accuracy"]) for b in bl if b.get("baseline") == "real" and b.get("classifier") == "wordcnn"), None)
+        _, maj = _majority(res.get("test_labels") or [])
+        syn = None if syn is None else float(syn)
+        md.append(f"| {dataset} | {_f(syn)} | {_f(dp)} | {_f(real)} | {maj:.3f} | "
+                  + (f"{100 * (syn - maj):+.1f} points" if syn is not None else "-") + " | "
+                  + ("-" if syn is None or dp is None else ("yes" if syn > dp else "NO")) + " |")
+    md += ["", "Targets (issue 12): synthetic beats DP-on-real and the majority rate by >= 10 points on Yelp polarity"
+           " and Yelp sentences; moonshot: within 5 points of the real-data WordCNN on Yelp sentences.", ""]
+    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data")):
+        res = results.get(name)
+        if res:
+            row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
+            md.append(f"- Lever, LoRA eps 3 on Yelp sentences, {extra}: WordCNN {_f(row.get('wordcnn_accuracy'))}, "
+                      f"MAUVE {_f(row.get('mauve'))}")
+    return md + [""]
 
 
 def dataset_config(data: str) -> dict[str, Any]:
@@ -216,8 +438,8 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
     """The Markdown results and the printed ratio lines."""
     main = results["main"]
     rows, baselines = main["rows"], main["metrics"].get("baselines", [])
-    md = [f"# Small-scale reproduction ({scale} scale)", "", f"Command: `{command}`", ""]
-    if scale == "quick":
+    md = [f"# Reproduction at the {scale} scale", "", f"Command: `{command}`", ""]
+    if scale in ("quick", "small-quick"):
         md += ["**Smoke scale**: tiny model, a few steps, a few hundred examples. These numbers only show that",
                "every stage and table works end to end; they say nothing about the paper's claims.", ""]
     ratios: list[str] = []
@@ -279,24 +501,26 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         r = lora3(res["rows"], mult) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
 
-    md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
-           "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
-        r = lora3(res["rows"]) if res else None
-        md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
-                  + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
+    small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
+    if small_only:
+        md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
+               "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
+            r = lora3(res["rows"]) if res else None
+            md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
+                      + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
 
-    md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
-           "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for res in (main, results.get("prompt_lr")):
-        r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
-        if r is None:
-            md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
-            continue
-        md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
-                  + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
+        md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
+               "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for res in (main, results.get("prompt_lr")):
+            r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
+            if r is None:
+                md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
+                continue
+            md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
+                      + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
 
     # 4. Ranking correlation.
     md += ["", "## 4. Hyperparameter-ranking correlation (synthetic valid -> real test)", "",
@@ -336,7 +560,7 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
             if k == "wordcnn" and dp is not None and best is not None:
                 md.append(f"- wordcnn, eps={_f(e, 0)}: best synthetic {best:.3f} vs DP-on-real {dp:.3f}: "
                           f"synthetic beats DP-on-real: {'yes' if best > dp else 'NO'}")
-    if scale == "quick":
+    if scale in ("quick", "small-quick"):
         md += ["", "(smoke scale: a 'yes' or 'NO' here is not evidence either way)"]
     return "\n".join(md) + "\n", ratios
 
@@ -349,10 +573,14 @@ def run(args) -> int:
         print(f"paper: {args.data} not found (the real datasets of ../shared/data are needed)", file=sys.stderr)
         return 2
     scale = "quick" if args.quick else args.scale
-    configs = experiments(scale, args.data)
+    if scale in CPU_SCALES:
+        configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone)
+    else:
+        configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
     results: dict[str, dict[str, Any]] = {}
     stage_times: dict[str, float] = {}  # stage directory -> seconds (shared stages once)
+    stage_names: dict[str, str] = {}  # stage directory -> "experiment: stage key"
     t0 = time.monotonic()
     for name, data in configs.items():
         if args.only and name not in args.only:
@@ -365,9 +593,13 @@ def run(args) -> int:
             return code
         trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
-        valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
+        valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
-        stage_times.update({o.dir: o.seconds for o in result.outputs.values()})
+        for key, o in result.outputs.items():
+            if o.dir not in stage_times:
+                stage_names[o.dir] = f"{name}: {key}"
+            stage_times[o.dir] = o.seconds
+        print(f"paper: experiment '{name}' done at {time.monotonic() - t0:.0f}s wall", flush=True)
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
                          "report": os.path.realpath(result.report_dir),
                          "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
@@ -377,7 +609,12 @@ def run(args) -> int:
     classifiers = list(configs["main"]["evaluate"]["classifiers"])
     command = "python bench/paper.py " + " ".join(sys.argv[1:])
     md, ratios = render(results, classifiers, scale, command)
+    if scale in CPU_SCALES:
+        head, _, rest = md.partition("## 1.")
+        md = head + "\n".join(render_cpu_targets(results)) + "\n## 1." + rest
     stage_seconds = sum(stage_times.values())
+    md += "\n## Stage times (as recorded when each stage ran; cached stages keep their first time)\n\n| stage | seconds |\n|---|---|\n"
+    md += "".join(f"| {stage_names[d]} | {sec:.0f} |\n" for d, sec in stage_times.items() if sec is not None)
     md += (f"\nWall time of this command: {time.monotonic() - t0:.0f}s on {os.cpu_count()} CPU cores; the stages it used"
            f" recorded {stage_seconds / 60:.0f} stage-minutes when they ran (cached stages keep their original time). Reports: ") + ", ".join(
         f"{n}: {r['report']}" for n, r in results.items()) + "\n"
@@ -395,13 +632,18 @@ def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke scale (minutes; numbers are meaningless)")
-    p.add_argument("--scale", choices=sorted(SCALES), default="small", help="scale preset (default small)")
+    p.add_argument("--quick", action="store_true", help="the cpu study at smoke scale (minutes; numbers are meaningless)")
+    p.add_argument("--scale", choices=sorted(set(SCALES) | set(CPU_SCALES)), default="cpu",
+                   help="scale preset (default cpu, the measured study; small = the earlier Bible/Austen study)")
+    p.add_argument("--pretrain-steps", type=int, default=None,
+                   help="cpu scale: pretraining steps (default 2700 = about 45 min on 2 quiet cores, docs/paper_cpu.md)")
+    p.add_argument("--backbone", action="store_true", help="cpu scale: also the LM-backbone classifier on the main grid")
     p.add_argument("--data", default=DEFAULT_DATA, help="the shared data directory (default ../shared/data)")
     p.add_argument("--root", default=None, help="experiment cache root (default runs/paper-<scale>)")
     p.add_argument("--out", default=None, help="Markdown results file (default ROOT/results.md)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
-    p.add_argument("--only", nargs="+", choices=("main", "full_lm", "x3", "prior", "prompt_lr"), help="run only these experiments")
+    p.add_argument("--only", nargs="+", choices=sorted({"main", "full_lm", "x3", "prior", "prompt_lr"} | set(CPU_EXPERIMENTS)),
+                   help="run only these experiments")
     return run(p.parse_args(argv))
 
 

@@ -4,7 +4,12 @@
         [--classifier wordcnn|backbone --model CKPT] [--epsilon E --clip-norms 0.5,1] --out metrics.json
 
 Without `--epsilon` training is non-private (synthetic data, or the real-data baseline);
-with it, DP-Adam on the training set (the DP-on-real baseline) at that epsilon.
+with it, DP-Adam on the training set (the DP-on-real baseline) at that epsilon: all trials of
+the sweep together meet it (`--sweep-accounting composed`, default) or only the selected one
+(`selected-only`, the paper's accounting), and `privacy_report.json` / `.md` are written next
+to `--out` (or to `--privacy-report DIR`). The WordCNN vocabulary of a DP run comes from
+`--model`'s tokenizer pieces, or hashed words without `--model` (`--vocabulary train`: from
+the training set, a declared side channel).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--valid", required=True, help="selection set (synthetic valid for synthetic data)")
     ap.add_argument("--test", required=True, help="real test set")
     ap.add_argument("--classifier", default="wordcnn", choices=("wordcnn", "backbone"))
-    ap.add_argument("--model", help="pretrained LM checkpoint for --classifier backbone")
+    ap.add_argument("--model", help="pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP "
+                    "WordCNN's vocabulary)")
     ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
     ap.add_argument("--cnn", default="paper", choices=("paper", "small"))
     ap.add_argument("--learning-rates", type=_floats, default=None)
@@ -38,6 +44,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clip-norms", type=_floats, default=(0.5, 1.0))
     ap.add_argument("--expected-batch-size", type=int, default=64)
     ap.add_argument("--dp-epochs", type=float, default=5.0)
+    ap.add_argument("--accountant", default="rdp", choices=("rdp", "pld"))
+    ap.add_argument("--sweep-accounting", default="composed", choices=("composed", "selected-only"),
+                    help="DP: all trials of the sweep together meet --epsilon (composed) or only the selected one")
+    ap.add_argument("--vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
+                    help="WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
+                         "pieces, else hashed words)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
+                         "default: a secret seed)")
+    ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     return ap
 
@@ -52,11 +68,16 @@ def main(argv=None) -> int:
             args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
             pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
             repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
-            clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs)
+            clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
+            accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
+            seed=args.seed, privacy_dir=args.privacy_report)
     except (ValueError, FileNotFoundError) as e:
         print(f"dpsynth classify: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std}))
+    summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std}
+    if result.privacy is not None:
+        summary["epsilon"] = result.privacy["epsilon"]
+    print(json.dumps(summary))
     return 0
 
 

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--z-loss", type=float, default=d.z_loss)
     p.add_argument("--valid-fraction", type=float, default=d.valid_fraction)
+    p.add_argument("--valid-unit", choices=pretrain.VALID_UNITS, default=d.valid_unit,
+                   help="hold out blocks, or whole documents (e.g. a fixed set of held-out reviews)")
+    p.add_argument("--valid-group", dest="valid_groups", action="append", default=[], metavar="ID_PREFIX",
+                   help="also report the validation perplexity of documents whose id starts so (repeatable: "
+                        "--valid-group hotels/ --valid-group enwiki:)")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
@@ -82,7 +87,8 @@ def main(argv=None) -> int:
             preset=args.preset, model_overrides=dict(args.overrides), seq_len=args.seq_len,
             batch_size=args.batch_size, grad_accum=args.grad_accum, steps=args.steps, optimizer=args.optimizer,
             learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-            z_loss=args.z_loss, valid_fraction=args.valid_fraction, eval_every=args.eval_every,
+            z_loss=args.z_loss, valid_fraction=args.valid_fraction, valid_unit=args.valid_unit,
+            valid_groups=tuple(args.valid_groups), eval_every=args.eval_every,
             eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
             seed=args.seed, mesh_data=args.mesh_data, mesh_model=args.mesh_model, peak_tflops=args.peak_tflops,
             tensorboard=not args.no_tensorboard)

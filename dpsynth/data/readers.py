@@ -11,6 +11,12 @@ compression suffix `.gz`, `.bz2`, `.zst`, `.deflate`, `.xz`):
 | `.jsonl`, `.json` | one line holding a JSON object   | `text_column` / `label_column` / `id`   |
 | `.csv`            | one data row (header required)   | `text_column` / `label_column` / `id`   |
 | `.parquet`        | one row                          | `text_column` / `label_column` / `id`   |
+| `label_text`      | one line `<label> <text>`        | after the first space / before it / `<relpath>:<line>` |
+
+`label_text` (SST-2's `stsa.binary.*` layout) has no suffix of its own: name it with
+`format="label_text"` (the experiment config's `sensitive.format`), which also overrides the
+suffix of every other file. `Columns.extra` fields (e.g. a CSV's `split` column) are carried
+into the records as strings, for `dpsynth.data.splits`.
 
 With a user column (`user_column`, for user-level DP: `dpsynth.dp.users`) every record also
 gets `"user"` (the column's value as a string; integral floats as integers). A CSV/Parquet
@@ -48,7 +54,7 @@ from typing import Any, Union
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-FORMATS = ("txt", "jsonl", "csv", "parquet")
+FORMATS = ("txt", "jsonl", "csv", "parquet", "label_text")
 _SUFFIX_FORMAT = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
                   ".csv": "csv", ".parquet": "parquet"}
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".xz")
@@ -106,6 +112,7 @@ class Columns:
     text: str = "text"
     label: str | None = "label"
     id: str = "id"
+    extra: tuple[str, ...] = ()
     user: str | None = None
 
     @classmethod
@@ -148,8 +155,10 @@ def _hidden(relpath: str) -> bool:
     return any(part.startswith((".", "_")) for part in relpath.split("/"))
 
 
-def resolve_inputs(paths: Sequence[str] | str) -> list[InputFile]:
+def resolve_inputs(paths: Sequence[str] | str, format: str | None = None) -> list[InputFile]:
     """Expands paths, directories and globs into files, in a stable (sorted) order.
+
+    `format` (one of `FORMATS`) overrides the suffix-based type of every file.
 
     Raises:
       InputError: a path matches nothing, or a matched file has an unknown type. Hidden
@@ -157,6 +166,8 @@ def resolve_inputs(paths: Sequence[str] | str) -> list[InputFile]:
     """
     if isinstance(paths, str):
         paths = [paths]
+    if format is not None and format not in FORMATS:
+        raise InputError(f"{', '.join(map(str, paths))}: unknown format {format!r}; expected one of {FORMATS}")
     out: list[InputFile] = []
     for spec in paths:
         spec = str(spec)
@@ -180,7 +191,7 @@ def resolve_inputs(paths: Sequence[str] | str) -> list[InputFile]:
             rel = path[len(base) :].lstrip("/") if base and path.startswith(base) else path.rsplit("/", 1)[-1]
             if expanded and _hidden(rel):
                 continue
-            found.append(InputFile(path=path, relpath=rel, format=file_format(path), size=size))
+            found.append(InputFile(path=path, relpath=rel, format=format or file_format(path), size=size))
         if not found:
             raise InputError(f"{spec}: matches no data file")
         out.extend(found)
@@ -253,6 +264,9 @@ def _make_record(
         if reason:
             return DeadLetter(f.path, n, reason)
         rec["user"] = user
+    for name in columns.extra:
+        if fields.get(name) is not None:
+            rec[name] = str(fields[name])
     return rec
 
 
@@ -366,7 +380,29 @@ def _iter_parquet(f: InputFile, columns: Columns, max_document_bytes: int) -> It
                 yield _make_record(row, f, n, columns, max_document_bytes)
 
 
-_READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet}
+def _iter_label_text(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    if columns.label is None:
+        raise InputError(f"{f.path}: format label_text is for labeled datasets (`<label> <text>` lines)")
+    with _open(f.path) as fh:
+        for n, raw in enumerate(iter(fh.readline, b""), start=1):
+            line = raw.rstrip(b"\r\n")
+            if not line.strip():
+                yield DeadLetter(f.path, n, "empty line")
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield DeadLetter(f.path, n, f"invalid UTF-8 at byte {e.start} of the line")
+                continue
+            label, sep, body = text.partition(" ")
+            if not sep:
+                yield DeadLetter(f.path, n, "no space between label and text (expected `<label> <text>`)")
+                continue
+            yield _make_record({columns.text: body, columns.label: label}, f, n, columns, max_document_bytes)
+
+
+_READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet,
+            "label_text": _iter_label_text}
 
 
 def iter_file(
@@ -402,14 +438,17 @@ def read_records(
     columns: Columns,
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
     allow_empty: bool = False,
+    format: str | None = None,
 ) -> Dataset:
     """Reads every record of `paths` in memory (small datasets; use the Beam jobs for big ones).
+
+    `format` overrides the suffix-based file type (see `resolve_inputs`).
 
     Raises:
       InputError: fatal input problems; `EmptyDatasetError` when no record is valid (unless
         `allow_empty`).
     """
-    files = resolve_inputs(paths)
+    files = resolve_inputs(paths, format)
     records: list[Record] = []
     dead: list[DeadLetter] = []
     for f in files:
@@ -431,10 +470,17 @@ def read_sensitive(
     label_column: str = "label",
     user_column: str | None = None,
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    format: str | None = None,
+    extra_columns: Sequence[str] = (),
 ) -> Dataset:
-    """A labeled dataset: records `{"id", "text", "label"[, "user"]}` (labels and users as strings)."""
-    return read_records(paths, columns=Columns(text=text_column, label=label_column, user=user_column),
-                        max_document_bytes=max_document_bytes)
+    """A labeled dataset: records `{"id", "text", "label"[, "user"]}` (labels and users as strings).
+
+    `format` overrides the file type (`"label_text"` for `<label> <text>` lines);
+    `extra_columns` are carried into each record as strings (e.g. a `split` column).
+    """
+    return read_records(paths, columns=Columns(text=text_column, label=label_column, user=user_column,
+                                               extra=tuple(extra_columns)),
+                        max_document_bytes=max_document_bytes, format=format)
 
 
 def read_public(

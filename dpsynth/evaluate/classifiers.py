@@ -6,7 +6,10 @@ turn texts into those ids:
 - `WordCNN` (Kurakin et al. 2023): words from `text.words` (lowercased, split on whitespace and
   punctuation), a vocabulary of the 30k most frequent words of the classifier's own training
   set, 384-d embeddings trained from scratch, Conv1D (kernel 3, 256 filters, ReLU), global max
-  pooling over the non-padding positions, dense 256 with ReLU, and the output layer.
+  pooling over the non-padding positions, dense 256 with ReLU, and the output layer. When the
+  training set is private (the DP-on-real baseline), the vocabulary must not be read from it:
+  `SubwordFeaturizer` (the pieces of a public SentencePiece tokenizer) or
+  `HashingWordFeaturizer` (words hashed into fixed buckets, no data at all) serve instead.
 - `BackboneClassifier`: our decoder-only LM (`dpsynth.models.Transformer`, pretrained on public
   data) with a linear head over the mean-pooled or last-token final hidden states; it plays
   BERT's role (a model that benefits from public pretraining).
@@ -15,6 +18,7 @@ turn texts into those ids:
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -130,12 +134,47 @@ class SubwordFeaturizer:
     tokenizer: object  # dpsynth.tokens.Tokenizer
     max_len: int
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.vocab_size)
+
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         from dpsynth.tokens import BOS_ID, PAD_ID
 
         out = np.full((len(texts), self.max_len), PAD_ID, dtype=np.int32)
         for i, t in enumerate(texts):
             ids = np.concatenate([[BOS_ID], np.asarray(self.tokenizer.encode(t), np.int32)])[: self.max_len]
+            out[i, : len(ids)] = ids
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HashingWordFeaturizer:
+    """Texts -> WordCNN ids by hashing each word (`text.words`) into `buckets` fixed ids.
+
+    No vocabulary is fitted: id = 2 + CRC-32(word) mod `buckets` (0/1 stay padding/OOV), a
+    function of the word alone, so nothing about any dataset enters the featurizer.
+    """
+
+    buckets: int
+    max_len: int
+
+    def __post_init__(self):
+        if self.buckets < 1 or self.max_len < 1:
+            raise ValueError(f"buckets and max_len must be >= 1, got {self.buckets} and {self.max_len}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.buckets + 2
+
+    def word_id(self, word: str) -> int:
+        return 2 + zlib.crc32(word.encode("utf-8")) % self.buckets
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.max_len), dtype=np.int32)
+        cache: dict[str, int] = {}
+        for i, t in enumerate(texts):
+            ids = [cache.get(w) or cache.setdefault(w, self.word_id(w)) for w in text_lib.words(t)[: self.max_len]]
             out[i, : len(ids)] = ids
         return out
 

@@ -53,6 +53,7 @@ class Corpus:
         return {
             "private": self.private,
             "epsilon": _num(epsilon) if self.private else float("inf"),
+            "target_epsilon": _num(pr.get("target_epsilon")) if self.private else float("inf"),
             "delta": pr.get("delta"),
             "accountant": accountant,
             "mode": training.get("mode") or gc.get("mode") or ("unknown" if self.private else "non-private"),

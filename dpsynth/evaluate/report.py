@@ -5,6 +5,9 @@ epsilon = inf, and DP-on-real at the requested epsilons, `score_baselines`) and 
 `OUT/metrics.json`, `OUT/metrics.csv` and `OUT/report.html` with PNG plots under `OUT/plots/`:
 accuracy against epsilon per mode and classifier with the DP-on-real line, length histograms,
 bigram frontiers, the rank-correlation scatter, and a privacy / contamination card per corpus.
+Each DP-on-real baseline writes its privacy report (ledger, epsilons, side channels; the
+`dpsynth.dp.report` format) to `OUT/baselines/dp_on_real-<classifier>-eps<epsilon>/`, and its
+row in `metrics.json` and the HTML report carries the spent epsilon and the side channels.
 
 A corpus that cannot be scored (different label sets, no valid rows, too few examples for the
 MAUVE buckets, ...) gets a row with `status = "error"` and the reason; corpora without a
@@ -34,6 +37,45 @@ from dpsynth.evaluate import train_classifier as tc
 logger = logging.getLogger("dpsynth.evaluate")
 
 METRICS_JSON, METRICS_CSV, REPORT_HTML, PLOTS_DIR = "metrics.json", "metrics.csv", "report.html", "plots"
+LENGTH_CLIP_PERCENTILE = 99.0  # length histograms end here (a few very long reviews would set the range)
+EXAMPLES_PER_LABEL = 3  # synthetic examples per label shown in the report (never real text)
+EXAMPLE_CHARS = 300
+
+
+def nominal_epsilon(row: Mapping[str, Any]) -> float:
+    """The epsilon a corpus was asked for (`target_epsilon`), else its realised one; inf if non-private.
+
+    Plots use it so that a corpus at realised epsilon 2.9995 and DP-on-real at 3 share one x.
+    """
+    for key in ("target_epsilon", "epsilon"):
+        v = row.get(key)
+        if v is not None:
+            try:
+                return float(v)
+            except (TypeError, ValueError):
+                continue
+    return math.inf
+
+
+def epsilon_axis(values) -> tuple[dict[float, int], list[str]]:
+    """Categorical x positions for the nominal epsilons (finite ones sorted, then inf) and tick labels."""
+    finite = sorted({float(v) for v in values if math.isfinite(float(v))})
+    ticks = [f"{v:g}" for v in finite]
+    pos = {v: i for i, v in enumerate(finite)}
+    if any(not math.isfinite(float(v)) for v in values):
+        pos[math.inf] = len(finite)
+        ticks.append("inf\n(non-private)")
+    return pos, ticks
+
+
+def clipped_edges(p: Sequence[float], q: Sequence[float], bins: int,
+                  percentile: float = LENGTH_CLIP_PERCENTILE) -> tuple[np.ndarray, float]:
+    """Histogram edges over [the shortest text, the `percentile` of both samples]; returns (edges, the clip value)."""
+    both = np.concatenate([np.asarray(p, float), np.asarray(q, float)])
+    hi = float(np.percentile(both, percentile)) if both.size else 1.0
+    lo = float(both.min()) if both.size else 0.0
+    hi = max(hi, lo + 1.0)
+    return np.linspace(lo, hi, bins + 1), hi
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +96,12 @@ class EvaluateConfig:
       dp_expected_batch_size, dp_epochs: DP-on-real training; dp_microbatch_size: examples per
         per-example-gradient microbatch (memory: one gradient per example, e.g. 11.5M floats
         each for the paper's WordCNN).
+      dp_delta, dp_accountant: DP-on-real delta (None = 1 / |real train|) and accountant.
+      dp_sweep_accounting: "composed" (all trials of a DP-on-real sweep together meet the
+        epsilon) or "selected-only" (the paper's: only the selected trial is accounted).
+      wordcnn_vocabulary: the WordCNN's vocabulary (`train_classifier.VOCABULARIES`); "auto":
+        each corpus's own training set for synthetic data and the real-data baseline, the
+        public pieces of model_dir's tokenizer (hashed words without model_dir) for DP-on-real.
       real_baseline: train on real train (epsilon = inf) as the upper baseline.
       perplexity: score the real test set under each corpus's generator (when loadable).
       length_bins: bins of the character-length histograms.
@@ -75,6 +123,10 @@ class EvaluateConfig:
     dp_expected_batch_size: int = 64
     dp_epochs: float = 5.0
     dp_microbatch_size: int = 16
+    dp_delta: float | None = None
+    dp_accountant: str = "rdp"
+    dp_sweep_accounting: str = "composed"
+    wordcnn_vocabulary: str = "auto"
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50
@@ -87,6 +139,11 @@ class EvaluateConfig:
             raise ValueError("the backbone classifier needs model_dir")
         if any(not (e > 0 and math.isfinite(e)) for e in self.dp_epsilons):
             raise ValueError(f"dp_epsilons must be finite and > 0, got {self.dp_epsilons}")
+        if self.dp_sweep_accounting not in tc.SWEEP_ACCOUNTINGS:
+            raise ValueError(f"dp_sweep_accounting must be one of {tc.SWEEP_ACCOUNTINGS}, got "
+                             f"{self.dp_sweep_accounting!r}")
+        if self.wordcnn_vocabulary not in tc.VOCABULARIES:
+            raise ValueError(f"wordcnn_vocabulary must be one of {tc.VOCABULARIES}, got {self.wordcnn_vocabulary!r}")
 
     def embedder_spec(self) -> str:
         if self.embedder != "auto":
@@ -99,7 +156,8 @@ class EvaluateConfig:
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
-                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone)
+                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone,
+                                 vocabulary=self.wordcnn_vocabulary)
 
 
 @dataclasses.dataclass
@@ -147,6 +205,7 @@ class Scorer:
                                                  "steps", "clip_norm", "contamination_sha256", "side_channels",
                                                  "temperature", "top_k", "num_decodes", "invalid_rows")}
         plot["generation_report"] = _summary(corpus.generation_report)
+        plot["examples"] = synthetic_examples(corpus.train)
         try:
             synth_labels, real_labels = corpora.label_set(corpus.train + corpus.valid), self.real.labels()
             if synth_labels != real_labels:
@@ -210,13 +269,28 @@ class Scorer:
             for eps in self.config.dp_epsilons:
                 dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
                                  microbatch_size=min(self.config.dp_microbatch_size, len(train)),
-                                 epochs=self.config.dp_epochs)
+                                 epochs=self.config.dp_epochs, delta=self.config.dp_delta,
+                                 accountant=self.config.dp_accountant,
+                                 sweep_accounting=self.config.dp_sweep_accounting)
                 res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
-                             **{f"selected_{k}": v for k, v in res.selected.items()}})
+                             **{f"selected_{k}": v for k, v in res.selected.items()},
+                             **tc.privacy_summary(res.privacy), "privacy_report": res.privacy})
         return rows
+
+
+def synthetic_examples(records: Sequence[Mapping[str, Any]], per_label: int = EXAMPLES_PER_LABEL,
+                       max_chars: int = EXAMPLE_CHARS) -> dict[str, list[str]]:
+    """The first `per_label` SYNTHETIC texts of each label, shortened (for the report; never real text)."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        texts = out.setdefault(str(r["label"]), [])
+        if len(texts) < per_label:
+            t = " ".join(str(r["text"]).split())
+            texts.append(t if len(t) <= max_chars else t[:max_chars] + " ...")
+    return dict(sorted(out.items()))
 
 
 def _summary(report: dict | None) -> dict | None:
@@ -246,6 +320,31 @@ def _json_value(v):
     if isinstance(v, (np.floating, np.integer)):
         return _json_value(v.item())
     return v
+
+
+BASELINES_DIR = "baselines"
+
+
+def write_baseline_reports(baselines: Sequence[dict], out_dir: str) -> list[dict]:
+    """Writes each DP-on-real row's privacy report to `OUT/baselines/<name>/`; returns the rows
+    with the embedded report replaced by the relative path of its `privacy_report.json`."""
+    from dpsynth.dp import report as report_lib
+
+    out = []
+    for b in baselines:
+        b = dict(b)
+        rep = b.get("privacy_report")
+        if isinstance(rep, dict):
+            json_path, _ = report_lib.write_report(os.path.join(out_dir, baseline_dir(b)), rep)
+            b["privacy_report"] = os.path.relpath(json_path, out_dir)
+        out.append(b)
+    return out
+
+
+def baseline_dir(row: Mapping[str, Any]) -> str:
+    """`baselines/<baseline>-<classifier>-eps<epsilon>`: where a baseline row's privacy report goes (relative)."""
+    eps = row["epsilon"]
+    return os.path.join(BASELINES_DIR, f"{row['baseline']}-{row['classifier']}-eps{'inf' if math.isinf(eps) else f'{eps:g}'}")
 
 
 def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str) -> tuple[str, str]:
@@ -285,20 +384,19 @@ def make_plots(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
     os.makedirs(pdir, exist_ok=True)
     out = []
     ok = [r for r in rows if r.get("status") == "ok"]
-    # Accuracy vs epsilon per mode and classifier, with the baselines.
+    # Accuracy vs epsilon per mode and classifier, with the baselines, on the NOMINAL epsilon
+    # grid (a corpus tuned for epsilon 3 that realised 2.9995 sits at 3, beside DP-on-real at 3).
     for kind in classifiers:
         fig, ax = plt.subplots(figsize=(6, 4))
-        finite = [r["epsilon"] for r in ok if r.get("epsilon") not in (None,) and math.isfinite(r["epsilon"])]
-        finite += [b["epsilon"] for b in baselines if math.isfinite(b["epsilon"])]
-        inf_x = (max(finite) * 3) if finite else 10.0
-        xs = lambda e: inf_x if (e is None or not math.isfinite(e)) else e  # noqa: E731
+        pos, ticks = epsilon_axis([nominal_epsilon(r) for r in ok]
+                                  + [b["epsilon"] for b in baselines if b["baseline"] == "dp_on_real"])
         for mode in sorted({str(r.get("mode")) for r in ok}):
-            pts = sorted((xs(r.get("epsilon")), r.get(f"{kind}_accuracy"), r.get(f"{kind}_accuracy_std") or 0)
+            pts = sorted((pos[nominal_epsilon(r)], r.get(f"{kind}_accuracy"), r.get(f"{kind}_accuracy_std") or 0)
                          for r in ok if str(r.get("mode")) == mode and r.get(f"{kind}_accuracy") is not None)
             if pts:
                 x, y, s = zip(*pts)
                 ax.errorbar(x, y, yerr=s, marker="o", capsize=3, label=f"synthetic ({mode})")
-        dp = sorted((b["epsilon"], b["accuracy"], b["accuracy_std"]) for b in baselines
+        dp = sorted((pos[float(b["epsilon"])], b["accuracy"], b["accuracy_std"]) for b in baselines
                     if b["classifier"] == kind and b["baseline"] == "dp_on_real")
         if dp:
             x, y, s = zip(*dp)
@@ -306,19 +404,24 @@ def make_plots(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
         for b in baselines:
             if b["classifier"] == kind and b["baseline"] == "real":
                 ax.axhline(b["accuracy"], color="g", linestyle=":", label="real data (eps = inf)")
-        ax.set_xscale("log")
-        ax.set_xlabel("epsilon (non-private plotted at the right edge)")
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(ticks)
+        ax.set_xlim(-0.5, max(len(ticks) - 0.5, 0.5))
+        ax.set_xlabel("target epsilon (nominal grid; each corpus's realised epsilon is in the table)")
         ax.set_ylabel("real-test accuracy")
         ax.set_title(f"{kind}: accuracy vs epsilon")
         ax.legend(fontsize=7)
         out.append((f"{kind}: accuracy vs epsilon", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"accuracy_{kind}.png")), out_dir)))
     for i, p in enumerate(plots):
         if "lengths" in p:
-            pl, ql, edges = p["lengths"]
+            pl, ql, _ = p["lengths"]
+            edges, hi = clipped_edges(pl, ql, len(p["lengths"][2]) - 1 if len(p["lengths"][2]) > 1 else 50)
+            over = sum(1 for v in list(pl) + list(ql) if v > hi)
             fig, ax = plt.subplots(figsize=(5, 3))
-            ax.hist(ql, bins=edges, alpha=0.5, density=True, label="real test")
-            ax.hist(pl, bins=edges, alpha=0.5, density=True, label="synthetic train")
-            ax.set_xlabel("characters")
+            ax.hist(np.clip(ql, 0, hi), bins=edges, alpha=0.5, density=True, label="real test")
+            ax.hist(np.clip(pl, 0, hi), bins=edges, alpha=0.5, density=True, label="synthetic train")
+            ax.set_xlabel(f"characters (axis clipped at the {LENGTH_CLIP_PERCENTILE:g}th percentile, {hi:.0f};"
+                          f" {over} longer texts counted in the last bin)", fontsize=7)
             ax.set_title(f"{p['corpus']}: length")
             ax.legend(fontsize=7)
             out.append((f"{p['corpus']}: length histogram", os.path.relpath(_fig_to_png(fig, os.path.join(pdir, f"length_{i}.png")), out_dir)))
@@ -359,7 +462,7 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
-SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
+SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "target_epsilon", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
                    "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity")
 
 
@@ -388,16 +491,38 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
         parts.append(f"<tr class='{klass}'>" + "".join(cells) + f"<td>{_fmt(r.get('error'))}</td></tr>")
     parts.append("</table>")
     if baselines:
-        parts.append("<h2>Baselines</h2><table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th></tr>")
+        parts.append("<h2>Baselines</h2><p>DP-on-real: epsilon spent by the whole sweep (every accountant) at the "
+                     "delta shown; its non-DP side channels and privacy report are listed per row.</p>"
+                     "<table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th>"
+                     "<th>epsilon spent</th><th>delta</th><th>sweep accounting</th><th>vocabulary</th>"
+                     "<th>side channels</th><th>privacy report</th></tr>")
         for b in baselines:
+            spent = b.get("epsilon_spent") or {}
+            spent_s = ", ".join(f"{k.upper()} {_fmt(v)}" for k, v in spent.items()) or "-"
+            channels = "; ".join(f"<b>{html.escape(c['name'])}</b>: {html.escape(c['detail'])}"
+                                 for c in b.get("side_channels") or []) or "-"
+            rep = b.get("privacy_report")
+            link = f"<a href='{html.escape(rep)}'>{html.escape(rep)}</a>" if isinstance(rep, str) else "-"
             parts.append(f"<tr><td>{_fmt(b['baseline'])}</td><td>{_fmt(b['classifier'])}</td><td>{_fmt(b['epsilon'])}</td>"
-                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td></tr>")
+                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td><td>{spent_s}</td>"
+                         f"<td>{_fmt(b.get('delta'))}</td><td>{_fmt(b.get('sweep_accounting'))}</td>"
+                         f"<td>{_fmt(b.get('vocabulary'))}</td><td>{channels}</td><td>{link}</td></tr>")
         parts.append("</table>")
     parts.append("<h2>Plots</h2>")
     for title, rel in images:
         parts.append(f"<figure><img class='plot' src='{html.escape(rel)}' alt='{html.escape(title)}' "
                      "onload=\"this.dataset.loaded='1'\" onerror=\"this.dataset.loaded='0'\">"
                      f"<figcaption>{html.escape(title)}</figcaption></figure>")
+    shown = [p for p in plots if p.get("examples")]
+    if shown:
+        parts.append("<h2>Synthetic examples</h2><p>The first few SYNTHETIC training examples of each label per corpus "
+                     "(DP output). No real text appears in this report: it travels with the data.</p>")
+        for p in shown:
+            parts.append(f"<h3>{html.escape(p['corpus'])}</h3><table class='examples'><tr><th>label</th><th>synthetic text</th></tr>")
+            for label, texts in p["examples"].items():
+                for t in texts:
+                    parts.append(f"<tr><td>{html.escape(label)}</td><td>{html.escape(t)}</td></tr>")
+            parts.append("</table>")
     parts.append("<h2>Privacy and contamination cards</h2>")
     for p in plots:
         card = p.get("card")
@@ -425,6 +550,7 @@ def write_report(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequenc
     """Tables, plots and HTML; returns their paths."""
     rows = sorted(rows, key=lambda r: r["corpus"])
     plots = sorted(plots, key=lambda p: p["corpus"])
+    baselines = write_baseline_reports(baselines, out_dir)
     jpath, cpath = write_tables(rows, baselines, out_dir)
     images = make_plots(rows, plots, baselines, out_dir, classifiers)
     hpath = write_html(rows, plots, baselines, images, out_dir, classifiers)
@@ -467,7 +593,9 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
                       embedder: str = "auto", dp_epsilons: Sequence[float] = (), grid: str = "small", repeats: int = 3,
                       max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500, mauve_seeds: int = 3,
                       mauve_subsample: int | None = None, perplexity: bool = True,
-                      real_baseline: bool = True) -> EvaluateConfig:
+                      real_baseline: bool = True, dp_sweep_accounting: str = "composed",
+                      wordcnn_vocabulary: str = "auto", dp_delta: float | None = None,
+                      dp_accountant: str = "rdp") -> EvaluateConfig:
     """An `EvaluateConfig` from command-line style values (used by the CLI and the demo)."""
     kinds = () if classifiers.strip() in ("", "none") else tuple(c.strip() for c in classifiers.split(",") if c.strip())
     lrs, wds = (tc.WIDE_LR_GRID, tc.WIDE_WD_GRID) if grid == "wide" else (tc.SMALL_LR_GRID, tc.SMALL_WD_GRID)
@@ -476,6 +604,8 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
         wordcnn=SMALL_CNN if cnn == "small" else cls_lib.WordCNNConfig(),
         mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
         mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
+        dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
+        dp_accountant=dp_accountant,
         sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
                              train=tc.TrainConfig(max_epochs=max_epochs)))
 
@@ -504,8 +634,69 @@ def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
     for b in result["baselines"]:
         eps_s = "inf" if math.isinf(b["epsilon"]) else f"{b['epsilon']:g}"
         cells = " ".join(f"{acc(b['accuracy'], b['accuracy_std']) if k == b['classifier'] else '':>16}" for k in classifiers)
-        lines.append(f"{('real data' if b['baseline'] == 'real' else 'DP-on-real'):<28} {eps_s:>6} {cells}")
+        name = "real data" if b["baseline"] == "real" else f"DP-on-real ({b.get('sweep_accounting', '?')})"
+        lines.append(f"{name:<28} {eps_s:>6} {cells}")
     return "\n".join(lines)
+
+
+def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classifier: str = "wordcnn") -> str:
+    """How useful each synthetic corpus is, in measured numbers a user can act on.
+
+    For each corpus: its classifier's real-test accuracy beside the majority-class rate of the
+    real test set, the real-data and DP-on-real classifiers at the same epsilon, and the share of
+    the real-data gain over the majority rate that the synthetic data recovers. Only numbers
+    from `metrics` (a `metrics.json`) and the test labels' counts; no real text.
+    """
+    from collections import Counter
+
+    counts = Counter(str(l) for l in test_labels)
+    if not counts:
+        return "no test labels: cannot compare with the majority class"
+    top, n_top = max(sorted(counts.items()), key=lambda kv: kv[1])
+    majority = n_top / sum(counts.values())
+    baselines = metrics.get("baselines") or []
+
+    def base(which, eps=None):
+        for b in baselines:
+            if b.get("baseline") == which and b.get("classifier") == classifier and (
+                    eps is None or _as_float(b.get("epsilon")) == eps):
+                return float(b["accuracy"])
+        return None
+
+    real = base("real")
+    lines = [f"How good is the synthetic data? ({classifier} trained on it, accuracy on {sum(counts.values())} real test "
+             f"examples)", f"  always answering the majority class '{top}': {majority:.3f}"]
+    if real is not None:
+        lines.append(f"  trained on the real training data (no privacy): {real:.3f}")
+    for row in metrics.get("corpora") or []:
+        acc = row.get(f"{classifier}_accuracy")
+        if row.get("status") != "ok" or acc is None:
+            lines.append(f"  {row.get('corpus')}: not scored ({row.get('error', row.get('status'))})")
+            continue
+        acc = float(acc)
+        eps = nominal_epsilon({k: _as_float(row.get(k)) for k in ("target_epsilon", "epsilon")})
+        dp = base("dp_on_real", eps) if math.isfinite(eps) else None
+        text = f"  synthetic {row.get('corpus')} (epsilon {eps:g}): {acc:.3f}, {100 * (acc - majority):+.1f} points vs majority"
+        if dp is not None:
+            text += f", {100 * (acc - dp):+.1f} vs DP-on-real ({dp:.3f})"
+        if real is not None and real > majority:
+            text += f"; recovers {100 * (acc - majority) / (real - majority):.0f}% of the real data's gain over majority"
+        if row.get("mauve") is not None:
+            text += f"; MAUVE {float(row['mauve']):.3f} (1 = indistinguishable from real)"
+        lines.append(text)
+        verdict = ("carries label signal a classifier can use" if acc >= majority + 0.05 else
+                   "does NOT beat answering the majority class by 5 points: not yet useful for training")
+        lines.append(f"    -> this synthetic data {verdict}")
+    return "\n".join(lines)
+
+
+def _as_float(v) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, Sequence[Mapping]], out_dir: str, *,

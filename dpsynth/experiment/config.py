@@ -20,15 +20,20 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       train: data/train.csv         # or paths (then embedded: false)
       valid: null                   # default: the last 10% of train (the paper's split)
       test: data/test.csv
-      format: auto                  # auto | csv | jsonl | parquet
+      format: auto                  # auto | csv | jsonl | parquet | label_text (`<label> <text>` lines)
       text_column: text
       label_column: label
       label_names: {0: negative, 1: positive}   # raw label -> name used in prompts (default: as is)
       max_train: null               # keep the first N rows of each split (smaller scale)
       max_valid: null
       max_test: null
+      split: {}                     # dpsynth.data.splits.SplitSpec: split_column, split_values,
+                                    #   holdout (tail|hash), valid_fraction, test_fraction, seed,
+                                    #   subsample (first|hash: which rows max_* keep)
     tokenizer: {vocab_size: 8000, max_sentences: 200000}
-    dedup: {min_tokens: 50}
+    dedup: {min_tokens: 50,
+            also_against: {}}       # name -> a `sensitive:` section: more sensitive sets to cut from the
+                                    #   public corpus; experiments listing the same sets share dedup and pretraining
     pretrain: {preset: tiny, steps: 300, seq_len: 128, batch_size: 16, learning_rate: 0.001,
                options: {}}         # options: extra keyword arguments of the pretrain library
     dp_tune:
@@ -80,7 +85,7 @@ from typing import Any
 MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
 ACCOUNTANTS = ("rdp", "pld")
-FORMATS = ("auto", "csv", "jsonl", "parquet")
+FORMATS = ("auto", "csv", "jsonl", "parquet", "label_text")
 LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
 CLASSIFIERS = ("wordcnn", "backbone")
 
@@ -123,13 +128,24 @@ class SensitiveConfig:
     max_train: int | None = None
     max_valid: int | None = None
     max_test: int | None = None
+    split: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
+        from dpsynth.data.splits import SplitError, SplitSpec
+
         if self.embedded and (self.train or self.valid or self.test):
             raise ConfigError(f"{key}: give either `embedded: true` or file paths (train/valid/test), not both")
+        known = [f.name for f in dataclasses.fields(SplitSpec)]
+        for name in self.split:
+            _check(name in known, f"{key}.split.{name}", f"unknown key (known: {', '.join(known)})")
+        try:
+            spec = SplitSpec(**dict(self.split))
+        except SplitError as e:
+            raise ConfigError(f"{key}.split: {e}") from None
         if not self.embedded:
             _check(bool(self.train), f"{key}.train", "is required when `embedded: false`")
-            _check(bool(self.test), f"{key}.test", "is required when `embedded: false`")
+            _check(bool(self.test) != (spec.test_fraction > 0), f"{key}.test",
+                   "give a test file, or `split: {holdout: hash, test_fraction: F}` to carve it from train (not both)")
         _choice(self.format, FORMATS, f"{key}.format")
         for raw, name in self.label_names.items():
             _check(isinstance(name, str) and bool(name.strip()), f"{key}.label_names.{raw}", f"must be a non-empty string, got {name!r}")
@@ -156,9 +172,18 @@ class DedupConfig:
     """Removal of >= min_tokens sequences shared with the sensitive data."""
 
     min_tokens: int = 50
+    also_against: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         _check(self.min_tokens >= 1, f"{key}.min_tokens", f"must be >= 1, got {self.min_tokens}")
+        for name, section in self.also_against.items():
+            _check(bool(name) and "=" not in name and "/" not in name, f"{key}.also_against.{name}",
+                   "names a dataset: non-empty, without '=' or '/'")
+            self.sensitive_config(name).validate(f"{key}.also_against.{name}")
+
+    def sensitive_config(self, name: str) -> "SensitiveConfig":
+        """The `SensitiveConfig` of one `also_against` entry."""
+        return _build(SensitiveConfig, self.also_against[name], f"dedup.also_against.{name}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -237,16 +237,21 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     seed = config.seed
     # -- data
-    sens = to_dict(config.sensitive)
-    for split in ("train", "valid", "test"):
-        if sens[split]:
-            sens[split] = resolve_path(sens[split])
-    if config.sensitive.embedded:
-        sens_files = embedded_package_files("modeldata", data_dir)
-    else:
-        sens_files = [p for p in (sens["train"], sens["valid"], sens["test"]) if p]
-    sens["fingerprint"] = fingerprint_paths(sens_files)
-    sensitive = add("sensitive", "sensitive", sens, {})
+    def sensitive_node_config(section) -> dict:
+        sens = to_dict(section)
+        if not sens["split"]:
+            del sens["split"]  # the default split: keep the hashes (and caches) of configs that predate it
+        for split in ("train", "valid", "test"):
+            if sens[split]:
+                sens[split] = resolve_path(sens[split])
+        if section.embedded:
+            sens_files = embedded_package_files("modeldata", data_dir)
+        else:
+            sens_files = [p for p in (sens["train"], sens["valid"], sens["test"]) if p]
+        sens["fingerprint"] = fingerprint_paths(sens_files)
+        return sens
+
+    sensitive = add("sensitive", "sensitive", sensitive_node_config(config.sensitive), {})
 
     pub = to_dict(config.public)
     pub["paths"] = [resolve_path(p) for p in pub["paths"]]
@@ -261,7 +266,19 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     # -- shared model stages
     tok_cfg = {**to_dict(config.tokenizer), "seed": seed}
     # The dedup's temporary tokenizer is trained like the released one, on the uncleaned corpus.
-    dedup = add("dedup", "dedup", {**to_dict(config.dedup), "tokenizer": tok_cfg}, {"public": public, "sensitive": sensitive})
+    dedup_cfg = {**to_dict(config.dedup), "tokenizer": tok_cfg}
+    also = dedup_cfg.pop("also_against")
+    if also:
+        # Several sensitive sets: the dedup stage (and so pretraining) depends on the SET of them,
+        # so experiments that list the same sets share one dedup and one pretraining run.
+        sets = {name: add(f"sensitive[{name}]", "sensitive", sensitive_node_config(config.dedup.sensitive_config(name)), {})
+                for name in sorted(also)}
+        if nodes[sensitive].hash not in {nodes[k].hash for k in sets.values()}:
+            sets["sensitive"] = sensitive  # the experiment's own set is always cut too
+        dedup_cfg["sets"] = sorted(sets)
+        dedup = add("dedup", "dedup", dedup_cfg, {"public": public, "sensitive_sets": tuple(sets[n] for n in sorted(sets))})
+    else:
+        dedup = add("dedup", "dedup", dedup_cfg, {"public": public, "sensitive": sensitive})
     tokenizer = add("tokenizer", "tokenizer", tok_cfg, {"dedup": dedup})
     pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
 

@@ -199,9 +199,9 @@ def _gaussian(name: str, sigma: float) -> Release:
 
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
     from dpsynth.evaluate.report import EvaluateConfig
-    from dpsynth.experiment.stages import make_config
+    from dpsynth.experiment.stages import evaluate_options, make_config
 
-    return make_config(EvaluateConfig, dict(eval_cfg.get("options") or {}), "evaluate.options")
+    return make_config(EvaluateConfig, evaluate_options(eval_cfg), "evaluate.options")
 
 
 def baseline_epsilons(eval_cfg: Mapping[str, Any]) -> list[float]:
@@ -215,10 +215,11 @@ def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Relea
     """The DP-on-real and real-data baselines the evaluate stage will train, planned.
 
     One DP-on-real sweep per (classifier, epsilon) of k = |lr| x |wd| x |C| x repeats trials,
-    calibrated with `plan_privacy(compositions=k)` (all k together meet the target, the
-    baseline's default accounting), each trial's steps in the ledger.
+    planned by the baseline's own `DPConfig.plan` (`plan_privacy(compositions=k)` by default:
+    all k together meet the target; "selected-only": one trial at the target is accounted),
+    each accounted trial's steps in the ledger.
     """
-    from dpsynth.dp.plan import plan_privacy
+    from dpsynth.evaluate import train_classifier as tc
 
     if not eval_cfg.get("baselines"):
         return []
@@ -230,11 +231,14 @@ def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Relea
         if ecfg.real_baseline:
             out.append(compose_lib.nonprivate(f"real-data baseline [{kind}]", "real_baseline"))
         for eps in baseline_epsilons(eval_cfg):
-            p = plan_privacy(dataset_size=num_train, expected_batch_size=min(ecfg.dp_expected_batch_size, num_train),
-                             epochs=ecfg.dp_epochs, epsilon=eps, compositions=k)
+            dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(ecfg.dp_expected_batch_size, num_train),
+                             epochs=ecfg.dp_epochs, delta=ecfg.dp_delta, accountant=ecfg.dp_accountant,
+                             sweep_accounting=ecfg.dp_sweep_accounting)
+            p = dp.plan(num_train, k)
             entry = p.ledger_entry(steps=p.steps, clip_norm=1.0, name="dp_on_real")
+            accounted = k if dp.sweep_accounting == "composed" else 1
             out.append(Release(name=f"dp-on-real [{kind}, eps={eps:g}, {k} trials]", kind="dp_on_real",
-                               entries=tuple(dict(entry) for _ in range(k))))
+                               entries=tuple(dict(entry) for _ in range(accounted))))
     return out
 
 

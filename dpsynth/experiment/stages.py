@@ -31,13 +31,13 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.experiment.cache import StageContext, StageUnavailable
 from dpsynth.owner_only import write_private_json
 
-VALID_FRACTION = 0.1  # the paper's split: last 10% of train is valid
 PLANT_MIN_WORDS = 80  # planted reviews must be long enough to hold a >= 50-token sequence
 
 
@@ -122,31 +122,38 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
     """The train/valid/test records of the `sensitive` config subset, plus dead letters.
 
     Embedded: the fine-food reviews (`dpsynth.data.embedded`). Files: read with
-    `dpsynth.data.readers.read_sensitive`; without a valid file, the last 10% of train is
-    valid. `max_*` keep the first N records of each split.
+    `dpsynth.data.readers.read_sensitive` and split by `dpsynth.data.splits.make_splits`
+    (the `split` options; by default, without a valid file, the last 10% of train is valid,
+    and `max_*` keep the first N records of each split).
     """
+    from dpsynth.data import splits as splits_lib
+
     dead: list[Any] = []
+    spec = splits_lib.SplitSpec(**dict(config.get("split") or {}))
+    max_sizes = {s: config.get(f"max_{s}") for s in splits_lib.SPLITS}
     if config["embedded"]:
         splits = _quiet(_embedded().fine_food_splits)
+        splits = {s: splits_lib.subsample(r, max_sizes[s], spec.subsample, spec.seed) if max_sizes[s] else r
+                  for s, r in splits.items()}
     else:
         from dpsynth.data import readers
 
-        splits = {}
-        for split in ("train", "valid", "test"):
+        fmt = config.get("format", "auto")
+        sources = {}
+        for split in splits_lib.SPLITS:
             path = config.get(split)
             if not path:
                 continue
-            if config.get("format", "auto") != "auto":
+            if fmt in ("csv", "jsonl", "parquet"):
                 for f in readers.resolve_inputs(path):
-                    if f.format != config["format"]:
-                        raise readers.InputError(f"{f.path}: sensitive.format is {config['format']!r} but the file is {f.format}")
-            ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"])
+                    if f.format != fmt:
+                        raise readers.InputError(f"{f.path}: sensitive.format is {fmt!r} but the file is {f.format}")
+            ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"],
+                                        format=fmt if fmt == "label_text" else None,
+                                        extra_columns=[spec.split_column] if spec.split_column else ())
             dead.extend(ds.dead_letters)
-            splits[split] = [{"id": r["id"], "text": r["text"], "label": str(r["label"])} for r in ds.records]
-        if "valid" not in splits:
-            n_valid = int(round(len(splits["train"]) * VALID_FRACTION))
-            splits["valid"] = splits["train"][len(splits["train"]) - n_valid :]
-            splits["train"] = splits["train"][: len(splits["train"]) - n_valid]
+            sources[split] = [{**r, "label": str(r["label"])} for r in ds.records]
+        splits = splits_lib.make_splits(sources, spec, max_sizes)
     names = {str(k): str(v) for k, v in (config.get("label_names") or {}).items()}
     if names:
         for split, records in splits.items():
@@ -154,10 +161,6 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
             if unknown:
                 raise ValueError(f"sensitive.label_names: no name for label(s) {unknown} found in the {split} split")
             splits[split] = [{**r, "label": names[r["label"]]} for r in records]
-    for split in ("train", "valid", "test"):
-        limit = config.get(f"max_{split}")
-        if limit:
-            splits[split] = splits[split][:limit]
     return splits, dead
 
 
@@ -294,9 +297,13 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
                                     max_sentences=tok["max_sentences"], seed=tok["seed"])
     os.chmod(temporary, 0o600)
+    if "sensitive_sets" in ctx.inputs:  # dedup.also_against: every listed set, by name
+        sensitive = [f"{name}={out.path('data')}" for name, out in zip(ctx.config["sets"], ctx.inputs["sensitive_sets"])]
+    else:
+        sensitive = [f"sensitive={ctx.inputs['sensitive'].path('data')}"]
     report = jobs.dedup(
         [ctx.inputs["public"].path("corpus")],
-        [f"sensitive={ctx.inputs['sensitive'].path('data')}"],
+        sensitive,
         tokenizer_path=temporary,
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
@@ -335,6 +342,9 @@ def _sha256_file(path: str) -> str:
 # ----------------------------------------------------------------------------- pretrain
 
 
+PREVIEW_SAMPLES = 3  # samples of the pretrained LM shown in its stage report
+
+
 def pretrain(ctx: StageContext) -> dict[str, Any]:
     """Pretrains the LM on the cleaned public corpus (`dpsynth.train.pretrain.run_pretrain`).
 
@@ -367,8 +377,20 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
         f"train loss {train.get('loss', float('nan')):.3f}; "
         + (f"validation perplexity {ppl:.2f} on held-out public text" if ppl is not None else "no validation split")
     )
+    groups = {g: m.get("perplexity") for g, m in (summary.get("valid_groups") or {}).items() if m.get("perplexity")}
+    if groups:
+        ctx.report("pretrain: validation perplexity on held-out public documents by id prefix: "
+                   + ", ".join(f"{g} {v:.2f}" for g, v in groups.items()))
+    samples = []
+    if summary.get("finished"):
+        from dpsynth.generate.preview import preview_samples
+
+        samples = preview_samples(model_dir, PREVIEW_SAMPLES, max_len=min(64, config.seq_len), seed=c["seed"])
+        ctx.report("pretrain: samples of the pretrained LM (public data only; top-k 40):\n"
+                   + "\n".join(f"  {' '.join(t.split())[:EXAMPLE_CHARS]}" for t in samples))
     keep = ("preset", "step", "num_params", "train_rows", "valid_rows", "compile_s")
     return {**{k: summary.get(k) for k in keep}, "valid_perplexity": ppl, "train_loss": train.get("loss"),
+            "valid_group_perplexity": groups, "samples": samples,
             "contamination_sha256": ctx.inputs["dedup"].summary.get("contamination_sha256")}
 
 
@@ -405,11 +427,13 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
     model_dir = os.path.join(ctx.out_dir, "model")
-    checkpoints = os.path.join(model_dir, "checkpoints")
+    # Checkpoints (with the secret sampling/noise seed) live in the stage's private state, never in model/.
+    state_dir = ctx.private_path(TUNE_STATE_DIR)
+    checkpoints = os.path.join(state_dir, "checkpoints")
     resume = ctx.resume and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+    if not resume and os.path.isdir(checkpoints):
+        shutil.rmtree(checkpoints)  # a fresh run: an earlier attempt's checkpoints are not continued
     if ctx.resume and not resume and os.path.isdir(model_dir):
-        import shutil
-
         shutil.rmtree(model_dir)  # killed before its first checkpoint: nothing to resume
     result = lib.dp_tune(
         ctx.inputs["pretrain"].path("model"),
@@ -420,6 +444,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         labels=sens.summary.get("labels"),
         contamination_sha256=ctx.inputs["pretrain"].summary.get("contamination_sha256"),
         resume=resume,
+        state_dir=state_dir,
     )
     ctx.report(report_lib.render_markdown(result.report))
     eps = dict(result.epsilon)
@@ -443,6 +468,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
 
 
 LOSSES_FILE = "losses.json"  # in the dp_tune stage's private state
+TUNE_STATE_DIR = "tune_state"  # the tuner's private state (checkpoints, secret seed) in the stage's private state
 NON_DP_LOSSES_NOTICE = ("losses of the DP-tuned model on D_train/D_valid, computed without noise: NOT differentially "
                         "private; for the data owner only, never published with the model or the experiment's reports")
 
@@ -556,6 +582,15 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
 # ----------------------------------------------------------------------------- evaluation
 
 
+def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
+    accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
+    shared_dp = c.get("dp_tune") or {}
+    defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
+                if shared_dp.get(src) is not None}
+    return {**defaults, **dict(c.get("options") or {})}
+
+
 def evaluate(ctx: StageContext) -> dict[str, Any]:
     """The batch metric report over every trial's synthetic data (`dpsynth.evaluate.report.evaluate`).
 
@@ -574,14 +609,13 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         dirs.append(link)
     real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
-    options = dict(c.get("options") or {})
-    config = make_config(lib.EvaluateConfig, dict(
-        classifiers=tuple(c["classifiers"]),
-        model_dir=ctx.inputs["pretrain"].path("model"),
-        dp_epsilons=tuple(epsilons),
-        real_baseline=bool(c["baselines"]),
-        **options,
-    ), "evaluate.options")
+    config = make_config(lib.EvaluateConfig, {
+        "classifiers": tuple(c["classifiers"]),
+        "model_dir": ctx.inputs["pretrain"].path("model"),
+        "dp_epsilons": tuple(epsilons),
+        "real_baseline": bool(c["baselines"]),
+        **evaluate_options(c),
+    }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
@@ -596,7 +630,14 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
     ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
-    return {"table": table, "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
+    dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
+                   "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
+                   "trials_accounted": b["trials_accounted"],
+                   "side_channels": [ch["name"] for ch in b["side_channels"]],
+                   "privacy_report": os.path.join(lib.baseline_dir(b), "privacy_report.json")}
+                  for b in result["baselines"] if b["baseline"] == "dp_on_real"]
+    return {"table": table, "dp_on_real": dp_on_real,
+            "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},
             "root_epsilon": root.to_json()["root"]}
 
 

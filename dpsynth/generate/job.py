@@ -40,6 +40,7 @@ import apache_beam as beam
 import numpy as np
 
 from dpsynth.generate import labels as labels_lib
+from dpsynth.generate.postprocess import PostprocessConfig, filter_samples, keys_of
 from dpsynth.owner_only import check_outside, write_private_json
 from dpsynth.generate.sampler import DecodeModel, Sampler, SamplerConfig, example_keys, seed_to_key_data
 
@@ -211,6 +212,8 @@ class GenerateConfig:
         itself to N cores no other worker on its machine holds (`dpsynth.beam.affinity`),
         for several workers per machine (`--direct_num_workers`, `--sdk_worker_parallelism`).
         Does not change the output.
+      postprocess: drop empty / truncated / duplicate samples and draw extra ones to make up
+        for them (`dpsynth.generate.postprocess`; no privacy cost); None = keep all.
     """
 
     model_dir: str
@@ -229,6 +232,7 @@ class GenerateConfig:
     formats: tuple[str, ...] = ("jsonl",)
     allow_non_private: bool = False
     cores_per_worker: int = 0
+    postprocess: PostprocessConfig | None = None
 
     def __post_init__(self):
         if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
@@ -287,6 +291,7 @@ class GenerationPlan:
     config_json: dict[str, Any]
     config_hash: str
     cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
+    postprocess: PostprocessConfig | None = None  # in config_json when active
 
     def shard_path(self, spec: ShardSpec) -> str:
         return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
@@ -333,12 +338,16 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         "prompt_bos": info.prompt_bos,
         "label_distribution": dist.to_json(),
     }
+    post = config.postprocess if config.postprocess is not None and config.postprocess.active else None
+    if post is not None:  # only when used: the hashes of earlier jobs stay valid
+        config_json["postprocess"] = dataclasses.asdict(post)
     config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
     config_json["config_hash"] = config_hash
     specs = []
     for split, n in (("train", config.num_examples), ("valid", config.valid_examples)):
         if n == 0:
             continue
+        n = post.drawn(n) if post is not None else n
         assigned = labels_lib.assign_labels(n, dist, seed=shard_seed(config.seed, split, -1) % (1 << 63))
         num_shards = -(-n // config.examples_per_shard)
         for i in range(num_shards):
@@ -347,7 +356,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     return GenerationPlan(
         model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
         prompt_bos=info.prompt_bos, specs=tuple(specs), config_json=config_json, config_hash=config_hash,
-        cores_per_worker=config.cores_per_worker,
+        cores_per_worker=config.cores_per_worker, postprocess=post,
     )
 
 
@@ -524,10 +533,14 @@ def _write_tfrecord(path: str, rows: list[dict[str, str]]) -> None:
 def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Concatenates the shards of each split in order into DIR/{split}.{jsonl,...}.
 
+    With `plan.postprocess`, each split keeps the first N samples (N = the requested number)
+    that pass its filters; the counts are in the entry's "postprocess" field.
+
     Returns:
-      (the manifest's "splits" entry, the shard records per split for the report).
+      (the manifest's "splits" entry, the kept records per split for the report).
     """
     splits: dict[str, Any] = {}
+    kept_keys: set = set()
     records: dict[str, list[dict[str, Any]]] = {}
     for split in SPLITS:
         specs = [s for s in plan.specs if s.split == split]
@@ -543,6 +556,13 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
                 raise GenerateError(f"{path}: {len(shard_rows)} records, expected {spec.count} (rerun to regenerate it)")
             rows.extend(shard_rows)
             shard_entries.append({"name": spec.name, "num_examples": spec.count, "sha256": hashlib.sha256(data).hexdigest()})
+        counts = None
+        if plan.postprocess is not None:
+            want = int(plan.config_json["num_examples"][split])
+            rows, counts = filter_samples(rows, plan.postprocess, want, seen=kept_keys if split == "valid" else ())
+            if not rows:
+                raise GenerateError(f"{plan.out_dir}: no {split} sample survived the post-processing filters {counts}")
+            kept_keys |= keys_of(rows)
         records[split] = rows
         out_rows = [{"text": r["text"], "label": r["label"]} for r in rows]
         files = {}
@@ -556,6 +576,8 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
             _write_tfrecord(os.path.join(plan.out_dir, f"{split}.tfrecord"), out_rows)
             files["tfrecord"] = {"path": f"{split}.tfrecord"}
         splits[split] = {"num_examples": len(rows), "files": files, "shards": shard_entries}
+        if counts is not None:
+            splits[split]["postprocess"] = counts
     return splits, records
 
 
@@ -699,6 +721,10 @@ def generate(
     copy_privacy_report(plan, info.private)
     gen_report = report_lib.generation_report(records, plan.config_json["label_distribution"],
                                               max_len=plan.sampler.max_len)
+    if plan.postprocess is not None:
+        gen_report["postprocess"] = {"config": dataclasses.asdict(plan.postprocess), "note":
+                                     "samples filtered by their own content: post-processing, no privacy cost",
+                                     **{split: info["postprocess"] for split, info in splits.items()}}
     _write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)
     if train_path is not None:
         if tokenizer is None:

@@ -5,9 +5,17 @@ Presets (`get_config(name, **overrides)`):
 | preset | d_model | layers | heads x head_dim | d_ff | vocab | max_len | params (tied) |
 |--------|---------|--------|------------------|------|-------|---------|---------------|
 | tiny   | 64      | 2      | 4 x 16           | 128  | 512   | 1024    | ~0.1M         |
+| cpu    | 128     | 4      | 4 x 32           | 384  | 8192  | 512     | ~1.9M         |
 | small  | 256     | 4      | 4 x 64           | 768  | 8192  | 1024    | ~5.5M         |
 | 1b     | 2048    | 16     | 16 x 128         | 8192 | 32000 | 2048    | ~1.14B        |
 | 8b     | 4096    | 32     | 32 x 128         | 16384| 32000 | 2048    | ~8.72B        |
+
+`cpu` is sized by measurement for pretraining in about an hour on 2 CPU cores
+(`bench/train_step.py`, docs/models.md): at ~1.9M parameters (1.05M of them the tied 8k
+embedding) it trains ~1.5x faster per token than a 3.3M-parameter d_model-192 shape and
+~2.5x faster than `small`, and an hour of it is ~15M tokens, near the compute-optimal
+tokens-per-parameter ratio for that budget, where the larger shapes would see 3-5 tokens per
+parameter.
 
 `1b` and `8b` follow the shape of the paper's LaMDA-like decoders (1B and 8B parameters,
 32k SentencePiece vocabulary); they are meant for accelerators and never built in tests
@@ -155,6 +163,7 @@ class ModelConfig:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, head_dim=16, d_ff=128, max_len=1024),
+    "cpu": dict(vocab_size=8192, d_model=128, num_layers=4, num_heads=4, head_dim=32, d_ff=384, max_len=512),
     "small": dict(vocab_size=8192, d_model=256, num_layers=4, num_heads=4, head_dim=64, d_ff=768, max_len=1024),
     "1b": dict(vocab_size=32000, d_model=2048, num_layers=16, num_heads=16, head_dim=128, d_ff=8192, max_len=2048,
                dtype="bfloat16", remat=True),

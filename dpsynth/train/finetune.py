@@ -10,10 +10,13 @@ One step (`dpsynth.train.core` + `dpsynth.dp.strategy.DPSGDStrategy`): a Poisson
 (`dpsynth.dp.sampling`, expected size B = q N, default 1024), split into padded
 microbatches, per-example Prefix-LM gradients of the trainable subset clipped to C, summed,
 Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma comes from the
-privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP; the ledger is saved
-in every checkpoint, checked against the budget before the first step and on every resume,
-and the privacy report is written next to the model. `epsilon = inf` runs the same loop
-without clipping or noise (plain mean gradient): the non-private baseline.
+privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP. The
+ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
+saved with the privacy plan in every checkpoint and checked against the budget before the
+first step. A resume whose plan, clipping norm or mode differs from the checkpoint's is
+refused before any compute (`resume_differences`). The privacy report is written next to the
+model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
+non-private baseline.
 
 Multi-host (several JAX processes, `dpsynth.train.sharding.initialize_distributed` first, a
 `mesh` over every process's devices): every process runs `dp_tune` with the same arguments.
@@ -54,6 +57,7 @@ from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
+from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 
 logger = logging.getLogger("dpsynth.train.finetune")
@@ -64,6 +68,12 @@ OPTIMIZERS = ("adam", "adafactor")
 PROMPT_INITS = ("uniform", "vocab")
 LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
 CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
+STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
+LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
+SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
+SWEEP_ACCOUNTING = ("composed", "selected-only")
+NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
+                        "owner only, never published with the model")
 
 
 class TuneError(ValueError):
@@ -144,6 +154,9 @@ class TuneConfig:
                             "pass --accountant pld or drop --max-batch-size")
         if not self.batch_size > 0:
             raise TuneError(f"batch_size must be > 0, got {self.batch_size}")
+        # One spelling per value (24 and 24.0 are the same plan; the resume fingerprint must agree).
+        for name in ("epsilon", "batch_size", "epochs", "learning_rate", "clip_norm", "lora_alpha", "z_loss"):
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.microbatch_size < 1:
             raise TuneError(f"microbatch_size must be >= 1, got {self.microbatch_size}")
         if self.steps is not None and self.steps < 1:
@@ -193,9 +206,63 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1) -> Pr
         raise TuneError(str(e)) from e
 
 
+# Accounted settings a resume must share with its checkpoint besides the privacy plan's own fields
+# (`dpsynth.dp.plan.PLAN_FIELDS`: dataset size, expected batch, steps, sigma, epsilon, delta, accountant, cap,
+# compositions): the clipping norm (the sensitivity) and the mode (the trainable subset).
+RESUME_FIELDS = ("clip_norm", "mode")
+
+
+def accounted_settings(config: TuneConfig, plan: PrivacyPlan) -> dict[str, Any]:
+    """What a checkpoint records of the privacy plan it was trained under (compared on resume)."""
+    return {"privacy_plan": plan.to_json(), "clip_norm": float(config.clip_norm), "mode": config.mode}
+
+
+def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyPlan) -> list[tuple[str, Any, Any]]:
+    """(field, checkpoint's value, this run's value) for every accounted setting that differs.
+
+    Raises:
+        TuneError: the checkpoint records no privacy plan (it cannot be checked).
+    """
+    if "privacy_plan" not in saved:
+        raise TuneError("the checkpoint records no privacy plan (made by an older dpsynth), so a resume cannot be "
+                        "checked against it; start a fresh run")
+    diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
+    mine = accounted_settings(config, plan)
+    diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
+    return diffs
+
+
+def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm: float) -> dict[str, Any]:
+    """The ledger entry of `steps` steps run with `strategy`: sigma and C are read from the object that
+    adds the noise (one source of truth; `MeanGradient` adds none: sigma 0, epsilon inf)."""
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+    entry = plan.ledger_entry(steps=steps, clip_norm=getattr(strategy, "clip_norm", clip_norm))
+    entry["noise_multiplier"] = sigma
+    return entry
+
+
+def default_state_dir(out_dir: str) -> str:
+    """The default private state directory of a model dir: the sibling `<out>.private/`."""
+    return os.path.abspath(out_dir).rstrip(os.sep) + STATE_SUFFIX
+
+
+def _state_dir(out_dir: str, state_dir: str | None) -> str:
+    state_dir = os.path.abspath(state_dir or default_state_dir(out_dir))
+    try:
+        check_outside(state_dir, os.path.abspath(out_dir), "the private state directory")
+    except ValueError as e:
+        raise TuneError(str(e)) from e
+    return state_dir
+
+
 @dataclasses.dataclass
 class TuneResult:
-    """What a run produced (numbers only: nothing private but the model itself)."""
+    """What a run produced.
+
+    `train_loss` and `valid_loss` are PRIVATE: computed on D_train/D_valid without DP. They are
+    written only to the private state (`state_dir/losses.json`), never into `out_dir`; callers
+    must not put them in anything that travels with the model.
+    """
 
     out_dir: str
     steps: int
@@ -208,6 +275,7 @@ class TuneResult:
     truncated_valid: int
     report: dict
     seconds: float
+    state_dir: str = ""
 
 
 # ============================================================================ model plumbing
@@ -294,6 +362,29 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
 # ============================================================================ the run
 
 
+PRIVATE_STATE_CHANNEL = {
+    "name": "private state", "detail": "checkpoints (optimizer state and the secret sampling/noise seed), the non-DP "
+    "train/valid losses and any sweep trials are kept in an owner-only state directory outside the model directory "
+    "(default `<model dir>.private/`, mode 0700); nothing in it is released or covered by this report"}
+
+
+def _selection_channel(selection: dict) -> dict:
+    k, grid = selection["trials"], selection["grid"]
+    if selection["accounting"] == "composed":
+        return {"name": "validation-based selection", "detail":
+                f"{k} hyperparameter trials ({grid}) were trained on the same D_train, each calibrated so that all {k} "
+                "together meet the target (epsilon, delta): the ledger and the epsilon of this report cover all "
+                f"{k} trials. Choosing the trial with the lowest loss on D_valid is NOT differentially private with "
+                "respect to D_valid (a declared side channel); the validation losses are not released (private "
+                "state only), and only the selected model is written here"}
+    return {"name": "validation-based selection (selected-only accounting)", "detail":
+            f"{k} hyperparameter trials ({grid}) were each trained at the target (epsilon, delta) on their own and "
+            "ONLY THE SELECTED TRIAL IS ACCOUNTED (the paper's way): the ledger and the epsilon of this report cover "
+            f"one trial, not the {k} trained on the same D_train, whose composition is the true cost of the whole "
+            "procedure. Choosing the trial by its loss on D_valid is NOT differentially private; the other trials "
+            "were never written to this directory and the validation losses stay in the private state"}
+
+
 def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None) -> list[dict]:
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
@@ -301,23 +392,25 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
                        "per-label counts are not released); pass the label set explicitly to avoid this"}
     channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
-                     "sizes of D_train and D_valid are recorded without DP"})
+                     "size of D_train is recorded without DP"})
     channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
                      f"{config.max_tokens} tokens; the count is recorded without DP"})
+    channels.append(dict(PRIVATE_STATE_CHANNEL))
     if selection:
-        channels.append({"name": "validation-based selection", "detail":
-                         f"{selection['trials']} hyperparameter trials ({selection['grid']}) were each trained at the "
-                         f"target (epsilon, delta) on their own; the model with the lowest loss on D_valid was kept. "
-                         "The selection and the reported validation losses are NOT differentially private (the "
-                         "ledger covers one trial)"})
-    else:
-        channels.append({"name": "validation loss", "detail": "the loss on D_valid is computed and recorded without "
-                         "DP (it is not used to select anything in a single run)"})
+        channels.append(_selection_channel(selection))
     if config.seed is not None and config.private:
-        channels.append({"name": "fixed seed", "detail": f"the run used the user-supplied seed {config.seed} for its "
-                         "Poisson sampling and noise: anyone who knows it can regenerate the noise, which voids the "
-                         "guarantee. Use the default (a secret seed from the OS entropy pool) for any release"})
+        channels.append({"name": "fixed seed", "detail": "the run used a user-supplied seed (its value is not "
+                         "recorded here) for its Poisson sampling and noise: anyone who knows it can regenerate the "
+                         "noise, which voids the guarantee. Use the default (a secret seed from the OS entropy pool) "
+                         "for any release"})
     return channels
+
+
+def _released_config(config: TuneConfig) -> dict[str, Any]:
+    """The config as recorded in the released manifest: the seed's value is withheld."""
+    d = config.to_json()
+    d["seed"] = "secret (OS entropy)" if config.seed is None else "fixed (value withheld)"
+    return d
 
 
 def _read_json(path: str) -> dict:
@@ -337,6 +430,8 @@ def dp_tune(
     resume: bool = False,
     stop_after: int | None = None,
     selection: dict | None = None,
+    state_dir: str | None = None,
+    compositions: int = 1,
     progress_interval: float = 10.0,
     mesh: tuple[int, int] | None = None,
 ) -> TuneResult:
@@ -345,17 +440,26 @@ def dp_tune(
     Args:
         base_dir: a model directory (`dpsynth.train.checkpoint.save_model` layout).
         train_records, valid_records: {"id", "text", "label"} records of D_train / D_valid.
-        out_dir: output model directory (adapters only + base pointer for lora/prompt; all
-            params for full) with `privacy_report.json`/`.md`; checkpoints in `out_dir/checkpoints`.
+        out_dir: the releasable model directory: config, tokenizer, adapters only + base pointer
+            for lora/prompt (all params for full), `privacy_report.json`/`.md` and the manifest.
+            Nothing else is written there (no seed, no checkpoint, no non-DP loss).
         config: the run's configuration.
         labels: the label set (default: the sorted labels of D_train, a side channel).
         contamination_sha256: SHA-256 of the pretraining corpus's contamination report
             (default: read from the base manifest when recorded there).
-        resume: continue from the latest checkpoint in `out_dir/checkpoints`.
-        stop_after: stop (after checkpointing) once this step is reached (simulates a kill).
+        resume: continue from the latest checkpoint in `state_dir/checkpoints`. Refused before any
+            compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
+            epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
+            run's; the message names each differing field with both values.
+        stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
             device. Required with several processes, over all of their devices.
+        state_dir: the private state directory (created 0700): checkpoints with the secret seed,
+            `losses.json` (non-DP train/valid losses). Default `<out_dir>.private/`; must lie
+            outside `out_dir`.
+        compositions: k > 1 for one of k sweep trials that together meet the target
+            (`dpsynth.dp.plan.plan_privacy(compositions=k)`).
 
     Raises:
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
@@ -373,12 +477,36 @@ def dp_tune(
     if labels is None:
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
-    plan = plan_run(config, len(train_records))
+    plan = plan_run(config, len(train_records), compositions=compositions)
     if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
         raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
     if mesh is not None and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
+    state_dir = _state_dir(out_dir, state_dir)
+    ckpt_dir = os.path.join(state_dir, "checkpoints")
+    if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
+                        "a new --out / --state-dir to start afresh")
+    if resume and not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
+                              "--state-dir of the run)")
+    resume_meta = None
+    if resume:  # the accounted settings must match the checkpoint's, checked before any compute
+        probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+        try:
+            if probe.latest_step() is None:
+                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
+            resume_meta = probe.read_meta()
+        finally:
+            probe.close()
+        diffs = resume_differences(resume_meta, config, plan)
+        if diffs:
+            raise TuneError(
+                f"{ckpt_dir}: refusing to resume: this run's privacy plan differs from the checkpoint's, so the noise "
+                "added and the noise accounted would disagree: "
+                + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
+                + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -403,19 +531,19 @@ def dp_tune(
         contamination_sha256 = base.manifest.get("contamination_sha256")
 
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
-    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
     fingerprint = hashlib.sha256(json.dumps(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
 
     base_manifest_sha256 = hashlib.sha256(open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest()
 
-    def build_run_report(valid_loss: float | None) -> dict:
+    def build_run_report() -> dict:
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
         training = {
-            "mode": config.mode, "noise_multiplier": plan.noise_multiplier, "clip_norm": config.clip_norm,
+            "mode": config.mode, "noise_multiplier": sigma, "clip_norm": config.clip_norm,
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+            "compositions": plan.compositions,
             "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
@@ -423,7 +551,7 @@ def dp_tune(
                     if not config.full_lm else "full LM (label prompt trained on; ablation)",
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
+            "prompt_template": config.template, "labels": labels,
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
         return report_lib.build_report(
@@ -438,15 +566,23 @@ def dp_tune(
     loss_fn = make_loss_fn(model_config, config)
     strategy = (DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
                               expected_batch_size=plan.expected_batch_size) if config.private else core.MeanGradient())
+    # One source of truth for sigma: what the ledger, the budget check, the report and the
+    # checkpoint record is read from the strategy object that adds the noise.
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+
+    def entry(steps: int) -> dict[str, Any]:
+        return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm)
+
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
     local = fns.process_rows(config.microbatch_size)  # the rows of every microbatch this process feeds
     primary = jax.process_index() == 0
+    make_private_dir(state_dir)
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
-    if resume and checkpointer.latest_step() is not None and "sampling_seed" in checkpointer.read_meta():
-        run_seed = int(checkpointer.read_meta()["sampling_seed"])
+    if resume_meta is not None and "sampling_seed" in resume_meta:
+        run_seed = int(resume_meta["sampling_seed"])
     else:
         run_seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
@@ -464,7 +600,10 @@ def dp_tune(
             state, meta = checkpointer.restore(state)
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
-            plan = dataclasses.replace(plan, noise_multiplier=float(meta["noise_multiplier"]))
+            recorded = {e.get("noise_multiplier") for e in ledger.entries if e.get("name") == "dp_tune"}
+            if recorded - {sigma}:
+                raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records noise multiplier(s) {sorted(recorded)} "
+                                f"but this run adds noise with {sigma}; refusing to resume")
             if ledger.steps_recorded != int(state.step):
                 raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
                                 f"{int(state.step)}; the checkpoint is inconsistent")
@@ -473,16 +612,16 @@ def dp_tune(
         remaining = plan.steps - start
         if remaining < 0:
             raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
-        planned = [plan.ledger_entry(steps=remaining, clip_norm=config.clip_norm)] if remaining else []
+        planned = [entry(remaining)] if remaining else []
         ledger.check_budget(planned)  # refuses to start/continue past the budget
 
         def save_checkpoint():
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
-                    "noise_multiplier": plan.noise_multiplier, "sampling_seed": run_seed,
-                    "next_step": int(state.step)}
+                    "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
+                    **accounted_settings(config, plan)}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
-                report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints
+                report_lib.write_report(out_dir, build_run_report())  # the report follows the checkpoints
 
         # ------------------------------------------------------------ the loop
         train_loss_sum, train_count = 0.0, 0.0
@@ -492,8 +631,7 @@ def dp_tune(
             for step in range(start, end):
                 mbs = [sampling.gather(train_arrays, m[local]) for m in sampler.microbatches(step)]
                 state, metrics = fns.accumulated_step(state, mbs, global_rows=config.microbatch_size)
-                ledger.record_dpsgd(steps=1, **{k: v for k, v in plan.ledger_entry(steps=1, clip_norm=config.clip_norm).items()
-                                                if k not in ("mechanism", "steps")})
+                ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k not in ("mechanism", "steps")})
                 train_loss_sum += float(metrics["loss_sum"])
                 train_count += float(metrics["count"])
                 progress.update(1, loss=float(metrics["loss"]))
@@ -506,13 +644,18 @@ def dp_tune(
     valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, valid_arrays, config.microbatch_size)
                   if valid_arrays is not None else float("nan"))
     final_vars = sharding.gather(lm.merge_variables(state.params, state.frozen))
-    rep = build_run_report(valid_loss)
+    rep = build_run_report()
+    train_loss = train_loss_sum / max(train_count, 1.0)
+    if primary:
+        write_private_json(os.path.join(state_dir, LOSSES_FILE), {
+            "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
+            "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished:
         extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
-                          "dp_tune": {"mode": config.mode, "config": config.to_json(), "steps": ledger.steps_recorded,
+                          "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
-                                      "noise_multiplier": plan.noise_multiplier},
+                                      "noise_multiplier": sigma},
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
@@ -521,10 +664,11 @@ def dp_tune(
     if primary:
         report_lib.write_report(out_dir, rep)
     eps = ledger.epsilons()
-    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=plan.noise_multiplier,
+    return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
                       epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
-                      train_loss=train_loss_sum / max(train_count, 1.0), truncated_train=train.truncated,
-                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0)
+                      train_loss=train_loss, truncated_train=train.truncated,
+                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0,
+                      state_dir=state_dir)
 
 
 def sweep(
@@ -536,51 +680,95 @@ def sweep(
     *,
     learning_rates: Sequence[float],
     clip_norms: Sequence[float],
+    sweep_accounting: str = "composed",
+    state_dir: str | None = None,
     **kwargs,
 ) -> tuple[TuneResult, list[dict]]:
-    """Grid over learning rate x clipping norm; keeps the trial with the lowest D_valid loss.
+    """Grid over learning rate x clipping norm; releases the trial with the lowest D_valid loss.
 
-    Each trial is a full run at the target (epsilon, delta), accounted on its own (its own
-    ledger, in `out_dir/trials/<i>`). The winner's model directory and report are copied into
-    `out_dir`, and its report records that the selection used D_valid, the grid and every
-    trial's validation loss (a non-DP side channel: the ledger covers one trial).
+    Accounting (`sweep_accounting`):
+      * "composed" (default): each of the k trials is calibrated with
+        `plan_privacy(compositions=k)`, so the composition of all k meets the target
+        (epsilon, delta); the released report's ledger holds every trial's steps and its epsilon
+        is that of the k-fold composition. The selection on D_valid is a declared non-DP side
+        channel.
+      * "selected-only" (the paper's way): each trial is calibrated to the target on its own and
+        only the selected trial is accounted; the report says so in its side channels.
+
+    Every trial runs in the private state (`state_dir/trials/<i>/{model,state}`); only the
+    selected model and its report are written to `out_dir`. The validation losses stay in the
+    private state (`state_dir/sweep.json`), never in `out_dir`.
     """
+    if sweep_accounting not in SWEEP_ACCOUNTING:
+        raise TuneError(f"sweep_accounting must be one of {SWEEP_ACCOUNTING}, got {sweep_accounting!r}")
     if not valid_records:
         raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    plan_run(config, len(train_records))  # fail fast before any trial
-    trials = []
-    for i, (lr, c) in enumerate((lr, c) for lr in learning_rates for c in clip_norms):
-        trial_config = dataclasses.replace(config, learning_rate=float(lr), clip_norm=float(c))
-        res = dp_tune(base_dir, train_records, valid_records, os.path.join(out_dir, "trials", f"{i:03d}"),
-                      trial_config, **kwargs)
-        trials.append({"trial": i, "learning_rate": float(lr), "clip_norm": float(c), "valid_loss": res.valid_loss,
-                       "epsilon": res.epsilon})
-        logger.info("sweep trial %d: lr=%g C=%g valid_loss=%.4f", i, lr, c, res.valid_loss)
+    grid = [(float(lr), float(c)) for lr in learning_rates for c in clip_norms]
+    if not grid:
+        raise TuneError("an empty sweep grid: give at least one learning rate and one clipping norm")
+    k = len(grid)
+    compositions = k if sweep_accounting == "composed" else 1
+    plan_run(config, len(train_records), compositions=compositions)  # fail fast before any trial
+    state_dir = _state_dir(out_dir, state_dir)
+    make_private_dir(state_dir)
+    trials, results = [], []
+    for i, (lr, c) in enumerate(grid):
+        trial_config = dataclasses.replace(config, learning_rate=lr, clip_norm=c)
+        tdir = os.path.join(state_dir, "trials", f"{i:03d}")
+        res = dp_tune(base_dir, train_records, valid_records, os.path.join(tdir, "model"), trial_config,
+                      state_dir=os.path.join(tdir, "state"), compositions=compositions, **kwargs)
+        results.append(res)
+        trials.append({"trial": i, "learning_rate": lr, "clip_norm": c, "valid_loss": res.valid_loss,
+                       "epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier})
+        logger.info("sweep trial %d of %d done", i + 1, k)  # the loss goes to the private state, not to logs
     best = min(trials, key=lambda t: (math.isnan(t["valid_loss"]), t["valid_loss"]))
-    selection = {"trials": len(trials), "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
-                 "selected_by": "lowest loss on D_valid", "selected": best, "all": trials}
-    src = os.path.join(out_dir, "trials", f"{best['trial']:03d}")
-    primary = jax.process_index() == 0  # multi-host: one process copies and writes
-    for name in os.listdir(src) if primary else ():
-        if name == "checkpoints":
-            continue
-        s, d = os.path.join(src, name), os.path.join(out_dir, name)
-        if os.path.isdir(s):
-            shutil.copytree(s, d, dirs_exist_ok=True)
-        else:
-            shutil.copy2(s, d)
+    selection = {"trials": k, "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
+                 "selected_by": "lowest loss on D_valid (not DP)", "accounting": sweep_accounting,
+                 "selected": {key: best[key] for key in ("trial", "learning_rate", "clip_norm")}}
     from dpsynth.train import sharding
 
+    primary = jax.process_index() == 0  # multi-host: one process copies and writes
+    if primary:
+        write_private_json(os.path.join(state_dir, SWEEP_FILE), {
+            "selection": selection, "trials": trials, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+
+    # ------------------------------------------------------------ the release: the selected model only
+    src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(src) if primary else ():
+        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD):
+            continue  # rebuilt below
+        s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
+        if os.path.isdir(s_):
+            shutil.copytree(s_, d_, dirs_exist_ok=True)
+        else:
+            shutil.copy2(s_, d_)
     sharding.sync(f"dpsynth sweep copy {out_dir}")
-    rep = report_lib.load_report(out_dir)
-    rep["side_channels"] = [c for c in rep["side_channels"] if c["name"] != "validation loss"]
-    rep["side_channels"].append(_side_channels(config, False, 0, selection)[-1])
+    rep = report_lib.load_report(src)
+    if sweep_accounting == "composed":
+        ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)
+        for t, res in zip(trials, results):
+            for e in res.report["ledger"]["entries"]:
+                ledger.entries.append({**e, "name": f"{e.get('name', 'dp_tune')} (sweep trial {t['trial']})"})
+        rep = report_lib.refresh(rep, ledger)
+    rep["side_channels"] = [ch for ch in rep["side_channels"] if not ch["name"].startswith("validation-based")]
+    rep["side_channels"].append(_selection_channel(selection))
     rep["selection"] = selection
     if primary:
         report_lib.write_report(out_dir, rep)
-    result = TuneResult(out_dir=out_dir, steps=rep["training"]["steps"], noise_multiplier=rep["training"]["noise_multiplier"],
-                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"], valid_loss=best["valid_loss"],
-                        train_loss=float("nan"), truncated_train=0, truncated_valid=0, report=rep, seconds=0.0)
+        manifest_path = os.path.join(out_dir, "manifest.json")
+        manifest = _read_json(manifest_path)
+        manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
+                                                                   "selected": selection["selected"]})
+        with open(manifest_path, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+    chosen = results[best["trial"]]
+    result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
+                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],
+                        valid_loss=best["valid_loss"], train_loss=chosen.train_loss,
+                        truncated_train=chosen.truncated_train, truncated_valid=chosen.truncated_valid, report=rep,
+                        seconds=sum(r.seconds for r in results), state_dir=state_dir)
     return result, trials
 
 

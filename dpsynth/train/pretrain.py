@@ -5,7 +5,10 @@ Data: the corpus (token shards written by the tokenize/dedup jobs) is read with
 given tokenizer. Each document becomes `[BOS] doc [EOS]`, cut into blocks of `seq_len`
 tokens; a deterministic `valid_fraction` of blocks (by SHA-256 of (document id, block
 index)) is held out for validation perplexity and never trained on (a document shorter than
-`seq_len` is one block, so small documents are held out whole). The remaining blocks are
+`seq_len` is one block, so small documents are held out whole). With `valid_unit="document"`
+the hash is of the document id alone, so whole documents are held out (a fixed set of
+held-out reviews, say). `valid_groups` (document-id prefixes such as `hotels/`) report the
+validation perplexity of each group's held-out blocks as well (e.g. reviews vs Wikipedia). The remaining blocks are
 concatenated into one stream and packed into rows of `seq_len` tokens with segment ids, so no
 token attends across documents and positions restart per segment; a target is only trained
 on when it belongs to the same document as its input. Rows are visited in a seeded
@@ -61,6 +64,9 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
               "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12}
 
 
+VALID_UNITS = ("block", "document")
+
+
 class PretrainError(ValueError):
     """Bad input to pretraining (says which file/flag and what to do)."""
 
@@ -75,12 +81,15 @@ class PretrainConfig:
       batch_size: rows per microbatch; a step sees `batch_size * grad_accum` rows.
       grad_accum: microbatches accumulated per optimizer step.
       steps: total optimizer steps.
-      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/small, Adafactor otherwise).
+      optimizer: "adafactor", "adam" or "auto" (Adam for tiny/cpu/small, Adafactor otherwise).
       learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
         min(lr, 1/sqrt(step))); None = the optimizer's default (3e-3 / 0.01).
       warmup_steps: Adam warm-up steps.
       weight_decay, z_loss: regularizers (1e-3, 1e-4 as in the paper).
       valid_fraction: fraction of blocks held out for validation perplexity.
+      valid_unit: "block" (hold out blocks) or "document" (hold out whole documents).
+      valid_groups: document-id prefixes whose held-out blocks also get their own validation
+        perplexity (`summary["valid_groups"][prefix]`); e.g. ("hotels/", "cars/").
       eval_every, eval_batches: validation cadence and size (batches of `batch_size` rows).
       checkpoint_every: steps between checkpoints (and one at the end).
       log_every: steps between metric lines / TensorBoard points.
@@ -104,6 +113,8 @@ class PretrainConfig:
     weight_decay: float = 1e-3
     z_loss: float = 1e-4
     valid_fraction: float = 0.02
+    valid_unit: str = "block"
+    valid_groups: tuple[str, ...] = ()
     eval_every: int = 200
     eval_batches: int = 8
     checkpoint_every: int = 200
@@ -123,6 +134,10 @@ class PretrainConfig:
                 raise PretrainError(f"{name} must be positive, got {getattr(self, name)}")
         if self.optimizer not in ("auto",) + optim.OPTIMIZERS:
             raise PretrainError(f"optimizer must be auto|adafactor|adam, got {self.optimizer!r}")
+        if self.valid_unit not in VALID_UNITS:
+            raise PretrainError(f"valid_unit must be one of {VALID_UNITS}, got {self.valid_unit!r}")
+        if isinstance(self.valid_groups, str) or not all(isinstance(g, str) and g for g in self.valid_groups):
+            raise PretrainError(f"valid_groups must be a list of non-empty id prefixes, got {self.valid_groups!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise PretrainError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.batch_size % self.mesh_data:
@@ -132,7 +147,7 @@ class PretrainConfig:
     def optimizer_name(self) -> str:
         if self.optimizer != "auto":
             return self.optimizer
-        return "adam" if self.preset in ("tiny", "small") else "adafactor"
+        return "adam" if self.preset in ("tiny", "cpu", "small") else "adafactor"
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The preset with the overrides; vocab_size defaults to the tokenizer's exactly.
@@ -197,8 +212,9 @@ def load_documents(corpus_dir: str, tokenizer: tokens_lib.Tokenizer) -> tuple[li
     return docs, ids, manifest
 
 
-def _held_out(doc_id: str, block: int, fraction: float) -> bool:
-    digest = hashlib.sha256(f"{doc_id}\x00{block}".encode()).digest()
+def _held_out(doc_id: str, block: int, fraction: float, unit: str = "block") -> bool:
+    key = f"{doc_id}\x00{block}" if unit == "block" else f"{doc_id}\x00document"
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
@@ -222,9 +238,15 @@ def _pack(pieces: list[tuple[np.ndarray, int]], seq_len: int) -> PackedRows:
 
 
 def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, valid_fraction: float,
-                   ) -> tuple[PackedRows, PackedRows]:
-    """(train, valid) packed rows; see the module docstring for the hold-out and packing rules."""
+                   valid_unit: str = "block", valid_groups: tuple[str, ...] = ()
+                   ) -> tuple[PackedRows, PackedRows] | tuple[PackedRows, PackedRows, dict[str, PackedRows]]:
+    """(train, valid) packed rows; see the module docstring for the hold-out and packing rules.
+
+    With `valid_groups`, a third item maps each id prefix to the packed held-out blocks of its
+    documents (a subset of `valid`).
+    """
     train, valid = [], []
+    grouped: dict[str, list] = {g: [] for g in valid_groups}
     segment = 0
     prev_train = False
     for doc, doc_id in zip(documents, ids):
@@ -232,10 +254,13 @@ def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, va
         prev_train = False
         for b, start in enumerate(range(0, len(full), seq_len)):
             piece = full[start: start + seq_len]
-            held = valid_fraction > 0 and _held_out(doc_id, b, valid_fraction)
+            held = valid_fraction > 0 and _held_out(doc_id, b, valid_fraction, valid_unit)
             if held:
                 segment += 1
                 valid.append((piece, segment))
+                for g in valid_groups:
+                    if doc_id.startswith(g):
+                        grouped[g].append((piece, segment))
                 prev_train = False
             else:
                 if not prev_train:
@@ -247,6 +272,8 @@ def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, va
         piece, _ = train.pop()
         segment += 1
         valid.append((piece, segment))
+    if valid_groups:
+        return _pack(train, seq_len), _pack(valid, seq_len), {g: _pack(p, seq_len) for g, p in grouped.items()}
     return _pack(train, seq_len), _pack(valid, seq_len)
 
 
@@ -317,7 +344,7 @@ def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: s
           step: int) -> dict[str, Any]:
     return {"preset": model_config.preset, "model_config": model_config.to_dict(), "seq_len": cfg.seq_len,
             "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seed": cfg.seed,
-            "valid_fraction": cfg.valid_fraction, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
+            "valid_fraction": cfg.valid_fraction, "valid_unit": cfg.valid_unit, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
             "rows_consumed": step * cfg.batch_size * cfg.grad_accum, "corpus_manifest_sha256": corpus_manifest_sha,
             "tokenizer_sha256": tokenizer_sha}
 
@@ -327,9 +354,9 @@ def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
         raise ckpt_lib.CheckpointError(
             f"{where}: checkpoint is from preset {meta.get('preset')!r} (model {meta.get('model_config')}), this run "
             f"is preset {expected['preset']!r}; resume with the original --preset/flags or use a new --out")
-    for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "optimizer", "steps",
+    for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "valid_unit", "optimizer", "steps",
                 "corpus_manifest_sha256", "tokenizer_sha256"):
-        if meta.get(key) != expected[key]:
+        if meta.get(key, "block" if key == "valid_unit" else None) != expected[key]:  # older runs: block
             raise ckpt_lib.CheckpointError(
                 f"{where}: checkpoint has {key}={meta.get(key)!r} but this run has {expected[key]!r}; an exact resume "
                 "needs the same corpus, tokenizer and flags (use a new --out to start over)")
@@ -356,8 +383,10 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     model_config = cfg.model_config(tokenizer.vocab_size)
     docs, ids, corpus_manifest = load_documents(corpus_dir, tokenizer)
     corpus_sha = hashlib.sha256(json.dumps(corpus_manifest, sort_keys=True).encode()).hexdigest()
-    train_rows, valid_rows = pack_documents(docs, ids, cfg.seq_len, cfg.valid_fraction)
-    del docs
+    packed = pack_documents(docs, ids, cfg.seq_len, cfg.valid_fraction, cfg.valid_unit, tuple(cfg.valid_groups))
+    train_rows, valid_rows = packed[0], packed[1]
+    group_rows = packed[2] if len(packed) > 2 else {}
+    del docs, packed
     if train_rows.num_rows < cfg.batch_size:
         raise PretrainError(f"{corpus_dir}: only {train_rows.num_rows} training rows of {cfg.seq_len} tokens, fewer "
                             f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
@@ -394,7 +423,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     local = fns.process_rows(cfg.batch_size)  # the rows of every batch this process reads and feeds
     primary = jax.process_index() == 0
 
-    def evaluate() -> dict[str, float]:
+    def evaluate(valid_rows: PackedRows = valid_rows) -> dict[str, float]:
         if valid_rows.num_rows == 0:
             return {}
         ce = toks = 0.0
@@ -478,16 +507,22 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     final_step = int(jax.device_get(state.step))
     if final_step >= cfg.steps and not valid_metrics:  # re-run of a finished run: report its validation
         valid_metrics = evaluate()
+    group_metrics = {}
+    if final_step >= cfg.steps:
+        for g, rows in group_rows.items():
+            group_metrics[g] = {**evaluate(rows), "rows": rows.num_rows}
+            writer.write(final_step, f"valid/{g}", {k: v for k, v in group_metrics[g].items() if k != "rows"})
     writer.close()
     summary = {"out_dir": out_dir, "preset": model_config.preset, "step": final_step, "steps": cfg.steps,
                "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
                "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
-               "finished": final_step >= cfg.steps}
+               "valid_groups": group_metrics, "finished": final_step >= cfg.steps}
     if final_step >= cfg.steps:
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
         ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
-            "valid_perplexity": valid_metrics.get("perplexity"), "train_tokens": final_step * rows_per_step * cfg.seq_len})
+            "valid_perplexity": valid_metrics.get("perplexity"),
+            "valid_group_perplexity": {g: m.get("perplexity") for g, m in group_metrics.items()}, "train_tokens": final_step * rows_per_step * cfg.seq_len})
     checkpointer.close()
     return summary
 

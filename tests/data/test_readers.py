@@ -145,6 +145,48 @@ def test_duplicate_relative_names_are_refused(tmp_path):
         readers.resolve_inputs([str(tmp_path / "x"), str(tmp_path / "y")])
 
 
+def test_label_text_lines_like_sst2(tmp_path):
+    path = tmp_path / "stsa.binary.train"
+    path.write_bytes(b"1 a stirring , funny film\n0 apparently reassembled .\nnospace\n\n1 \xff bad\n0 ok  two  spaces\n")
+    with pytest.raises(InputError, match="unknown file type '.train'"):
+        readers.read_sensitive(str(path))
+    ds = readers.read_sensitive(str(path), format="label_text")
+    assert [(r["id"], r["label"], r["text"]) for r in ds.records] == [
+        ("stsa.binary.train:1", "1", "a stirring , funny film"), ("stsa.binary.train:2", "0", "apparently reassembled ."),
+        ("stsa.binary.train:6", "0", "ok  two  spaces")]
+    assert [(d.record, d.reason.split(" (")[0]) for d in ds.dead_letters] == [
+        (3, "no space between label and text"), (4, "empty line"), (5, "invalid UTF-8 at byte 2 of the line")]
+    with pytest.raises(InputError, match="unknown format 'sst'"):
+        readers.read_sensitive(str(path), format="sst")
+    with pytest.raises(InputError, match="label_text is for labeled datasets"):
+        list(readers.iter_file(
+            readers.resolve_inputs(str(path), "label_text")[0], Columns.public()))
+
+
+def test_extra_columns_are_carried_as_strings(tmp_path):
+    with open(tmp_path / "s.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["split", "label", "text"], ["dev", "0", "bad food ."], ["test", "1", "great !"]])
+    ds = readers.read_sensitive(str(tmp_path / "s.csv"), extra_columns=["split"])
+    assert [(r["split"], r["label"]) for r in ds.records] == [("dev", "0"), ("test", "1")]
+    assert "split" not in readers.read_sensitive(str(tmp_path / "s.csv")).records[0]
+
+
+def test_public_gz_jsonl_glob_dead_letters_nul_and_counts(tmp_path):
+    # The layout of ../shared/data/public/{opinrank,enwiki}: gzip JSON lines {"id", "text"}.
+    for name, rows in (("opinrank-00", [{"id": "hotels/a:0", "text": "Nice hotel.\nGood stay."},
+                                        {"id": "hotels/a:1", "text": "bad\x00byte"}]),
+                       ("opinrank-01", [{"id": "cars/b:0", "text": "A fine car."}]),
+                       ("enwiki-00", [{"id": "enwiki:12", "text": "Anarchism\nA philosophy."}])):
+        with gzip.open(tmp_path / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    ds = readers.read_public([str(tmp_path / "opinrank-*.jsonl.gz"), str(tmp_path / "enwiki-*.jsonl.gz")])
+    assert [r["id"] for r in ds.records] == ["hotels/a:0", "cars/b:0", "enwiki:12"]
+    assert ds.records_in == 4 and len(ds.dead_letters) == 1
+    dead = ds.dead_letters[0]
+    assert dead.file.endswith("opinrank-00.jsonl.gz") and dead.record == 2 and dead.reason.startswith("NUL byte")
+    assert "bad" not in json.dumps(dead.to_json())  # never the text
+
+
 def repeated_user_rows(n_users=5, seed=0):
     """A small labeled data set with repeated users: user i wrote i + 1 reviews (ids as ints in Parquet/JSONL)."""
     import random

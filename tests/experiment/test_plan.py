@@ -145,6 +145,28 @@ def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_pa
     assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")
 
 
+def test_dedup_also_against_shares_dedup_and_pretrain_across_sensitive_sets(data_files, tmp_path):
+    (data_files / "other.csv").write_text("text,label\nd,x\ne,y\nf,x\n")
+    a_sens = {"embedded": False, "train": str(data_files / "train.csv"), "test": str(data_files / "test.csv")}
+    b_sens = {"embedded": False, "train": str(data_files / "other.csv"), "test": str(data_files / "test.csv")}
+    both = {"a": a_sens, "b": b_sens}
+    a = build_plan(grid_config(data_files, sensitive=a_sens, dedup={"also_against": both}), str(tmp_path / "r"))
+    b = build_plan(grid_config(data_files, sensitive=b_sens, dedup={"also_against": both}), str(tmp_path / "r"))
+    assert a.node("sensitive").hash != b.node("sensitive").hash
+    assert a.node("dedup").hash == b.node("dedup").hash and a.node("pretrain").hash == b.node("pretrain").hash
+    assert a.node("dedup").config["sets"] == ["a", "b"]
+    assert a.node("dedup").inputs["sensitive_sets"] == ("sensitive[a]", "sensitive[b]")
+    assert a.node("sensitive[a]").hash == a.node("sensitive").hash  # the same dataset, one cache entry
+    # The experiment's own set is always cut, even when not listed.
+    c = build_plan(grid_config(data_files, sensitive=b_sens, dedup={"also_against": {"a": a_sens}}), str(tmp_path / "r"))
+    assert c.node("dedup").config["sets"] == ["a", "sensitive"]
+    # Without also_against the dedup stage (and its hash) is what it was.
+    plain = build_plan(grid_config(data_files), str(tmp_path / "r"))
+    assert "also_against" not in plain.node("dedup").config and "sensitive" in plain.node("dedup").inputs
+    with pytest.raises(Exception, match="dedup.also_against.x.train"):
+        grid_config(data_files, dedup={"also_against": {"x": {"embedded": False, "test": "t.csv"}}})
+
+
 def test_dp_label_histogram_is_one_node_per_dp_tuned_model(data_files, tmp_path):
     cfg = grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 4.0,
                                             "multiples": [1, 2]})

@@ -200,6 +200,37 @@ def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):
     assert list(stages._label_distribution(gen).weights) == first["weights"]
 
 
+def test_sensitive_split_options_split_column_hash_and_label_text(tmp_path):
+    import csv
+
+    one = tmp_path / "sentences.csv"  # Yelp-sentences layout: split,label,text in one file
+    with open(one, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["split", "label", "text"])
+        w.writerows([("dev" if i < 40 else "test", i % 2, f"sentence {i} .") for i in range(400)])
+    split = {"split_column": "split", "split_values": {"train": "test", "test": "dev"}, "holdout": "hash",
+             "subsample": "hash", "seed": 1}
+    cfg = from_dict({"sensitive": {"embedded": False, "train": str(one), "test": str(one), "split": split,
+                                   "max_train": 100}})
+    splits, _ = stages.load_sensitive_splits(build_plan(cfg, "/tmp/unused").node("sensitive").config)
+    assert len(splits["test"]) == 40 and len(splits["train"]) == 100 and 15 < len(splits["valid"]) < 60
+    assert all(int(r["text"].split()[1]) >= 40 for s in ("train", "valid") for r in splits[s])
+    assert {r["label"] for r in splits["train"]} == {"0", "1"}  # a hash subsample, not the first rows
+    sst = tmp_path / "stsa.binary.train"  # SST-2 layout, test carved by hash (AG News style)
+    sst.write_text("".join(f"{i % 2} sentence number {i}\n" for i in range(200)))
+    cfg = from_dict({"sensitive": {"embedded": False, "train": str(sst), "format": "label_text",
+                                   "split": {"holdout": "hash", "test_fraction": 0.2}}})
+    splits, _ = stages.load_sensitive_splits(build_plan(cfg, "/tmp/unused").node("sensitive").config)
+    assert sum(len(v) for v in splits.values()) == 200 and 20 < len(splits["test"]) < 60
+    # the default split leaves the stage hash of older configs unchanged
+    assert "split" not in build_plan(sens_config_plain(tmp_path), "/tmp/unused").node("sensitive").config
+
+
+def sens_config_plain(tmp_path):
+    return from_dict({"sensitive": {"embedded": False, "train": str(tmp_path / "sentences.csv"),
+                                    "test": str(tmp_path / "sentences.csv")}})
+
+
 # ----------------------------------------------------------------------------- private state
 
 
@@ -249,7 +280,10 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
     ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=1.0, steps=10, clip_norm=1.0, dataset_size=4)
     privacy = report_lib.build_report(ledger, training={"mode": "lora"}, contamination_sha256=None)
 
+    calls = []
+
     def fake_tune(base, train, valid, model_dir, config, **kw):
+        calls.append(kw)
         os.makedirs(model_dir)
         return SimpleNamespace(report=privacy, epsilon=ledger.epsilons(), steps=10, noise_multiplier=1.0, delta=1e-3,
                                train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=0)
@@ -272,6 +306,8 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
         assert json.load(f)["valid_loss"] == VALID_LOSS
     assert _modes(private) == 0o600
     assert {_modes(p) for p in (private.parent, private.parent.parent, root / "private")} == {0o700}
+    # The tuner's own private state (checkpoints, secret seed) goes to the stage's private state too.
+    assert calls[0]["state_dir"] == str(private.parent / stages.TUNE_STATE_DIR)
 
 
 def _fake_generate_lib(calls):

@@ -30,6 +30,7 @@ def test_paper_scale_sizes():
     # Independent arithmetic (not the formula): 1b ~ 1.1B, 8b ~ 8.7B parameters.
     assert 1.0e9 < get_config("1b").num_params() < 1.3e9
     assert 8.0e9 < get_config("8b").num_params() < 9.0e9
+    assert 1.5e6 < get_config("cpu").num_params() < 2.5e6 and get_config("cpu").vocab_size == 8192
     c = get_config("8b")
     manual = 32000 * 4096 + 32 * (2 * 4096 + 4 * 4096 * 4096 + 3 * 4096 * 16384) + 4096
     assert c.num_params() == manual

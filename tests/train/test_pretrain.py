@@ -41,6 +41,25 @@ def test_hold_out_is_deterministic_and_disjoint():
     assert 0.05 < len(held) / (200 * 8) < 0.15
 
 
+def test_document_hold_out_and_valid_groups():
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(4, 50, int(rng.integers(20, 60))).astype(np.int32) for _ in range(300)]
+    ids = [("hotels/" if i % 2 else "enwiki:") + str(i) for i in range(300)]
+    train, valid, groups = pretrain.pack_documents(docs, ids, 16, 0.2, "document", ("hotels/", "enwiki:"))
+    held = [i for i in ids if pretrain._held_out(i, 0, 0.2, "document")]
+    assert 30 < len(held) < 100
+    # every block of a held-out document is held out: its tokens are all in valid, none in train
+    n_held_tokens = sum(len(d) + 2 for d, i in zip(docs, ids) if i in held)
+    assert abs(valid.num_rows * 16 - n_held_tokens) <= 16
+    assert groups["hotels/"].num_rows + groups["enwiki:"].num_rows >= valid.num_rows - 1
+    hotel_tokens = sum(len(d) + 2 for d, i in zip(docs, ids) if i in held and i.startswith("hotels/"))
+    assert abs(groups["hotels/"].num_rows * 16 - hotel_tokens) <= 16
+    with pytest.raises(pretrain.PretrainError, match="valid_unit"):
+        pretrain.PretrainConfig(valid_unit="row")
+    with pytest.raises(pretrain.PretrainError, match="valid_groups"):
+        pretrain.PretrainConfig(valid_groups="hotels/")
+
+
 def test_batch_indices_are_epoch_permutations():
     idx = pretrain.batch_indices(10, 0, 25, seed=1)
     assert sorted(idx[:10]) == list(range(10)) and sorted(idx[10:20]) == list(range(10))
@@ -53,6 +72,9 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
     full = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "full"),
                                  pretrain.PretrainConfig(**{**SMALL, "tensorboard": True}, eval_at_start=True))
     assert full["finished"] and full["valid"]["perplexity"] < full["initial_valid"]["perplexity"]
+    grouped = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "grouped"), pretrain.PretrainConfig(
+        **{**SMALL, "steps": 2, "valid_fraction": 0.3}, valid_unit="document", valid_groups=("doc-",)))
+    assert grouped["valid_groups"]["doc-"]["perplexity"] > 1 and grouped["valid_groups"]["doc-"]["rows"] > 0
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "full" / "tb"))
     lines = [json.loads(x) for x in open(tmp_path / "full" / "metrics.jsonl")]
     assert {x["split"] for x in lines} == {"train", "valid"}
@@ -118,6 +140,19 @@ def test_cli_runs_and_reports_errors(tiny_corpus, tmp_path, capsys):
     rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--distributed",
                    "--process-id", "1"])
     assert rc == 2 and "all of --coordinator-address, --num-processes and --process-id" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "g"), "--valid-unit", "page"])
+
+
+def test_cli_valid_unit_and_groups_reach_the_config(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, _ = tiny_corpus
+    rc = cli.main(["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--preset", "tiny",
+                   "--set", "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+                   "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["valid_groups"]["doc-"]["rows"] > 0
 
 
 def _losses(out: str) -> dict[int, float]:
