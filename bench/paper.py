@@ -111,6 +111,18 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+def _private_valid_loss(plan, key: str) -> float | None:
+    """A DP-tuned model's D_valid loss (NOT DP): from the stage's owner-only private state."""
+    from dpsynth.experiment.plan import private_dir
+    from dpsynth.experiment.stages import LOSSES_FILE
+
+    path = os.path.join(private_dir(plan.root, plan.node(key)), LOSSES_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("valid_loss")
+
+
 # ----------------------------------------------------------------------------- the cpu scale
 #
 # The measured study of issue 12 (docs/paper_cpu.md): a generator pretrained on in-domain public
@@ -215,7 +227,7 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3")
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm")
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
@@ -239,7 +251,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         public["max_documents"] = s["public_max_documents"]
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
-                   baselines: bool = True, classifiers: list[str] | None = None) -> dict[str, Any]:
+                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None) -> dict[str, Any]:
         sizes = s["sets"][dataset]
         ev = _cpu_eval(max(32, sizes["tokens"]), quick)
         if classifiers:
@@ -253,7 +265,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             "dp_tune": {"modes": modes, "epsilons": epsilons, "learning_rates": [s["mode_lr"]["lora"]],
                         "mode_learning_rates": {m: [s["mode_lr"][m]] for m in modes if m != "lora"},
                         "clip_norms": [1.0], "batch_size": sizes["batch"], "epochs": sizes["epochs"],
-                        "max_tokens": sizes["tokens"]},
+                        "max_tokens": sizes["tokens"], **(dp or {})},
             "generate": generate,
             "evaluate": {**ev, "baselines": baselines},
         }
@@ -275,6 +287,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
         "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
         "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
+        # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
+        "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
     }
 
 
@@ -487,24 +501,26 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         r = lora3(res["rows"], mult) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
 
-    md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
-           "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
-        r = lora3(res["rows"]) if res else None
-        md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
-                  + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
+    small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
+    if small_only:
+        md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
+               "| labels | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | epsilon of the corpus (RDP) |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for label, res in (("uniform", main), ("DP histogram (sigma 10)", results.get("prior"))):
+            r = lora3(res["rows"]) if res else None
+            md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
+                      + f" | {_f(r.get('mauve')) if r else '-'} | {_f(r.get('reported_epsilon')) if r else '-'} |")
 
-    md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
-           "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
-           "|---|" + "---|" * (len(classifiers) + 2)]
-    for res in (main, results.get("prompt_lr")):
-        r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
-        if r is None:
-            md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
-            continue
-        md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
-                  + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
+        md += ["", "## 3c. Prompt-tuning learning rate (epsilon 3)", "",
+               "| learning rate | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
+               "|---|" + "---|" * (len(classifiers) + 2)]
+        for res in (main, results.get("prompt_lr")):
+            r = next((r for r in res["rows"] if r["mode"] == "prompt" and r["epsilon"] == 3), None) if res else None
+            if r is None:
+                md.append("| - | " + " | ".join("-" for _ in classifiers) + " | - | - |")
+                continue
+            md.append(f"| {r['learning_rate']:g} | " + " | ".join(_f(acc(r, k)) for k in classifiers)
+                      + f" | {_f(r.get('mauve'))} | {_f(res['valid_loss'].get(r['trial']))} |")
 
     # 4. Ranking correlation.
     md += ["", "## 4. Hyperparameter-ranking correlation (synthetic valid -> real test)", "",
@@ -577,7 +593,7 @@ def run(args) -> int:
             return code
         trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
-        valid_loss = {t.id: result.outputs[t.dp_tune].summary.get("valid_loss") for t in result.plan.trials}
+        valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
         for key, o in result.outputs.items():
             if o.dir not in stage_times:

@@ -79,6 +79,7 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     text = capsys.readouterr()
     assert code == 0, text.err[-3000:]
     assert "planted 2 sensitive training reviews" in text.out
+    assert "How good is the synthetic data?" in text.out and "always answering the majority class" in text.out
     assert os.path.exists(os.path.join(out, "report"))
     # Rerun: nothing recomputed.
     result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))

@@ -37,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="pretrained model directory (dpsynth pretrain output)")
     p.add_argument("--train", required=True, nargs="+", help="sensitive training file(s)")
     p.add_argument("--valid", nargs="*", default=[], help="sensitive validation file(s) (loss; sweep selection)")
-    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--out", required=True, help="the releasable model directory (config, tokenizer, weights or "
+                   "adapters, privacy report, manifest; nothing else)")
+    p.add_argument("--state-dir", default=None,
+                   help="the private state directory (checkpoints with the secret seed, non-DP losses, sweep trials; "
+                        "created 0700, never publish it); default: OUT.private next to --out")
     p.add_argument("--mode", choices=tune.MODES, default=d.mode)
     p.add_argument("--epsilon", type=_float_or_inf, default=d.epsilon, help="target epsilon; 'inf' = non-private")
     p.add_argument("--delta", type=float, default=None, help="target delta (default 1/|train|)")
@@ -84,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
+    p.add_argument("--sweep-accounting", choices=tune.SWEEP_ACCOUNTING, default="composed",
+                   help="composed (default): the k trials together meet --epsilon, the report covers all of them; "
+                        "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     return p
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                                user_column=args.user_column)
         valid = (read_sensitive(args.valid, text_column=args.text_column, label_column=args.label_column).records
                  if args.valid else [])
-        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256,
+        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
                       mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
         if args.stop_after is not None and args.stop_after < 1:
             raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep_lr or args.sweep_clip:
             result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
                                    learning_rates=args.sweep_lr or [config.learning_rate],
-                                   clip_norms=args.sweep_clip or [config.clip_norm], **kwargs)
+                                   clip_norms=args.sweep_clip or [config.clip_norm],
+                                   sweep_accounting=args.sweep_accounting, **kwargs)
         else:
             result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
                                   stop_after=args.stop_after, **kwargs)
@@ -138,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps({"out": result.out_dir, "steps": result.steps, "noise_multiplier": result.noise_multiplier,
                       "epsilon": {k: (str(v) if v is not None and math.isinf(v) else v) for k, v in result.epsilon.items()},
-                      "delta": result.delta, "valid_loss": result.valid_loss}, sort_keys=True))
+                      "delta": result.delta, "state_dir": result.state_dir}, sort_keys=True))
+    print(f"dpsynth dp-tune: the train/valid losses (NOT DP) and the checkpoints are in the owner-only "
+          f"{result.state_dir}; publish only {result.out_dir}", file=sys.stderr)
     return 0
 
 

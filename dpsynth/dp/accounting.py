@@ -36,8 +36,11 @@ import dp_accounting
 
 ACCOUNTANTS = ("rdp", "pld")
 DEFAULT_ACCOUNTANT = "rdp"
-# PLD grid step for the privacy loss; 1e-3 agrees with 1e-4 to ~1e-5 in epsilon on our
-# regimes (checked in tests against the independent PRV accountant) and is 10x faster.
+# PLD grid step for the privacy loss. Measured on N = 22500, B = 1024, T = 1000, sigma 1,
+# delta 1/N: epsilon 9.052855 at 1e-3 against 9.052630 at 1e-4 (2.3e-4 absolute, 2.5e-5
+# relative; the coarser grid errs high, i.e. pessimistic) in 1.0 s against 6.8 s on a loaded
+# 2-core machine (command in docs/dp.md, "PLD discretisation"). The tests check it
+# against the independent PRV accountant.
 PLD_DISCRETIZATION = 1e-3
 # The largest noise multiplier calibration searches for. Beyond it the noise (sigma * C per
 # coordinate, divided by the expected batch) swamps any gradient: we call the target

@@ -85,6 +85,7 @@ class BackboneClassifier(nn.Module):
     model_config: object  # dpsynth.models.ModelConfig
     num_classes: int
     pooling: str = "mean"
+    pad_id: int = 0  # the featurizer's padding id: dpsynth.tokens.PAD_ID, or -1 for imported tokenizers
 
     @nn.compact
     def __call__(self, tokens):
@@ -92,8 +93,10 @@ class BackboneClassifier(nn.Module):
 
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        valid = tokens != 0  # dpsynth.tokens.PAD_ID
+        valid = tokens != self.pad_id
         segments = valid.astype(jnp.int32)
+        if self.pad_id < 0:  # an out-of-vocabulary padding sentinel: look up id 0 there (masked anyway)
+            tokens = jnp.where(valid, tokens, 0)
         _, hidden = Transformer(self.model_config, name="backbone")(tokens, segment_ids=segments, return_hidden=True)
         hidden = hidden.astype(jnp.float32)
         if self.pooling == "mean":
@@ -135,15 +138,18 @@ class SubwordFeaturizer:
     max_len: int
 
     @property
+    def pad_id(self) -> int:
+        """dpsynth's PAD_ID (0); -1 (never a token) for an imported tokenizer, whose pad may be a real id."""
+        return 0 if getattr(self.tokenizer, "native", True) else -1
+
+    @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.vocab_size)
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        from dpsynth.tokens import BOS_ID, PAD_ID
-
-        out = np.full((len(texts), self.max_len), PAD_ID, dtype=np.int32)
+        out = np.full((len(texts), self.max_len), self.pad_id, dtype=np.int32)
         for i, t in enumerate(texts):
-            ids = np.concatenate([[BOS_ID], np.asarray(self.tokenizer.encode(t), np.int32)])[: self.max_len]
+            ids = np.concatenate([[getattr(self.tokenizer, "bos_id", 2)], np.asarray(self.tokenizer.encode(t), np.int32)])[: self.max_len]
             out[i, : len(ids)] = ids
         return out
 

@@ -101,9 +101,10 @@ class LanguageModel:
         from dpsynth.tokens import BOS_ID, PAD_ID
 
         max_len = min(max_len, self.config.max_len)
-        rows = [np.concatenate([[BOS_ID], np.asarray(self.tokenizer.encode(t), np.int32)])[:max_len] for t in texts]
+        bos, pad = getattr(self.tokenizer, "bos_id", BOS_ID), getattr(self.tokenizer, "pad_id", PAD_ID)
+        rows = [np.concatenate([[bos], np.asarray(self.tokenizer.encode(t), np.int32)])[:max_len] for t in texts]
         length = min(_round_up(max((len(r) for r in rows), default=1), LENGTH_BUCKET), max_len)
-        tokens = np.full((len(rows), length), PAD_ID, np.int32)
+        tokens = np.full((len(rows), length), pad, np.int32)
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = r
         out = []

@@ -258,13 +258,13 @@ def backbone_model(backbone: Backbone, num_classes: int, *, pooling: str = "mean
         cfg = dc.replace(cfg, lora_rank=0, prompt_length=0)  # the classifier uses the base weights
     if max_len > cfg.max_len:
         raise ValueError(f"max_len {max_len} exceeds the backbone's max_len {cfg.max_len}")
-    module = classifiers.BackboneClassifier(cfg, num_classes, pooling)
+    feat = classifiers.SubwordFeaturizer(backbone.tokenizer, max_len)
+    module = classifiers.BackboneClassifier(cfg, num_classes, pooling, pad_id=feat.pad_id)
     init = module.init(jax.random.PRNGKey(seed), jnp.zeros((1, max_len), jnp.int32))["params"]
     head = {"head": init["head"]}
     base = {"backbone": jax.tree.map(jnp.asarray, backbone.params)}
-    feat = classifiers.SubwordFeaturizer(backbone.tokenizer, max_len)
     vocab = {"source": "tokenizer", "size": feat.vocab_size,
-             "detail": f"the pretrained model's SentencePiece tokenizer (sha256 {backbone.tokenizer.sha256})"}
+             "detail": f"the pretrained model's tokenizer (sha256 {backbone.tokenizer.sha256})"}
     if freeze_backbone:
         return Model(module, head, base, feat, "backbone-head", vocabulary=vocab)
     return Model(module, {**base, **head}, {}, feat, "backbone", vocabulary=vocab)
@@ -702,10 +702,10 @@ def build_model(spec: ClassifierSpec, train_texts: Sequence[str] | None, num_cla
             if backbone is not None:
                 tokenizer = backbone.tokenizer
             else:
-                from dpsynth.tokens import Tokenizer
+                from dpsynth.tokens import load_tokenizer
 
-                tokenizer = Tokenizer.load(os.path.join(spec.model_dir, "tokenizer.model"))
-            source = f"{spec.model_dir}/tokenizer.model"
+                tokenizer = load_tokenizer(spec.model_dir)
+            source = f"{spec.model_dir}/{tokenizer.filename}"
         return wordcnn_model(train_texts if vocabulary == "train" else None, num_classes, spec.wordcnn,
                              vocabulary=vocabulary, tokenizer=tokenizer, tokenizer_source=source)
     backbone = backbone if backbone is not None else Backbone.load(spec.model_dir)

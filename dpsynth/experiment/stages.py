@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -441,11 +442,13 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
     model_dir = os.path.join(ctx.out_dir, "model")
-    checkpoints = os.path.join(model_dir, "checkpoints")
+    # Checkpoints (with the secret sampling/noise seed) live in the stage's private state, never in model/.
+    state_dir = ctx.private_path(TUNE_STATE_DIR)
+    checkpoints = os.path.join(state_dir, "checkpoints")
     resume = ctx.resume and os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
+    if not resume and os.path.isdir(checkpoints):
+        shutil.rmtree(checkpoints)  # a fresh run: an earlier attempt's checkpoints are not continued
     if ctx.resume and not resume and os.path.isdir(model_dir):
-        import shutil
-
         shutil.rmtree(model_dir)  # killed before its first checkpoint: nothing to resume
     result = lib.dp_tune(
         ctx.inputs["pretrain"].path("model"),
@@ -456,6 +459,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         labels=sens.summary.get("labels"),
         contamination_sha256=ctx.inputs["pretrain"].summary.get("contamination_sha256"),
         resume=resume,
+        state_dir=state_dir,
     )
     ctx.report(report_lib.render_markdown(result.report))
     eps = dict(result.epsilon)
@@ -479,6 +483,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
 
 
 LOSSES_FILE = "losses.json"  # in the dp_tune stage's private state
+TUNE_STATE_DIR = "tune_state"  # the tuner's private state (checkpoints, secret seed) in the stage's private state
 NON_DP_LOSSES_NOTICE = ("losses of the DP-tuned model on D_train/D_valid, computed without noise: NOT differentially "
                         "private; for the data owner only, never published with the model or the experiment's reports")
 

@@ -419,7 +419,8 @@ def prompt_tokens(tokenizer, template: str, label: str, bos: bool) -> np.ndarray
     from dpsynth.tokens import BOS_ID
 
     ids = np.asarray(tokenizer.encode(labels_lib.prompt_text(template, label)), np.int32)
-    return np.concatenate([np.array([BOS_ID], np.int32), ids]) if bos else ids
+    bos_id = getattr(tokenizer, "bos_id", BOS_ID)  # an imported model's own, else dpsynth's
+    return np.concatenate([np.array([bos_id], np.int32), ids]) if bos else ids
 
 
 def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
@@ -469,8 +470,13 @@ class GenerateShardFn(beam.DoFn):
 
             claim_cores(self._plan.cores_per_worker)
         self._bundle = self._loader(self._plan.model_dir)
-        vocab = getattr(self._bundle.tokenizer, "vocab_size", None)
-        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab))
+        tok = self._bundle.tokenizer
+        vocab = getattr(tok, "vocab_size", None)
+        ids = {}
+        if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
+            ids = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} -
+                                                                                      {tok.eos_id})))
+        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab, **ids))
 
     def process(self, spec: ShardSpec):
         if shard_complete(self._plan, spec):
@@ -754,9 +760,9 @@ def default_audit_dir(out_dir: str) -> str:
 
 
 def _load_tokenizer(model_dir: str):
-    from dpsynth.tokens import Tokenizer
+    from dpsynth.tokens import load_tokenizer
 
-    return Tokenizer.load(os.path.join(model_dir, "tokenizer.model"))
+    return load_tokenizer(model_dir)
 
 
 # ----------------------------------------------------------------------------- demo

@@ -22,10 +22,14 @@ def preview_samples(model_dir: str, n: int = 3, *, prompts: Sequence[str] = (), 
     from dpsynth.generate.job import load_bundle
 
     bundle = (loader or load_bundle)(model_dir)
+    tok = bundle.tokenizer
+    ids_kw = {}
+    if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
+        ids_kw = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} - {tok.eos_id})))
     sampler = Sampler(bundle.decoder, SamplerConfig(temperature=temperature, top_k=top_k, max_len=max_len, batch_size=n,
-                                                    vocab_limit=getattr(bundle.tokenizer, "vocab_size", None)))
+                                                    vocab_limit=getattr(tok, "vocab_size", None), **ids_kw))
     texts = [prompts[i % len(prompts)] if prompts else "" for i in range(n)]
-    ids = [np.asarray([BOS_ID] + list(bundle.tokenizer.encode(t)), np.int32) for t in texts]
+    ids = [np.asarray([getattr(tok, "bos_id", BOS_ID)] + list(bundle.tokenizer.encode(t)), np.int32) for t in texts]
     out = sampler.sample(bundle.params, ids, example_keys(seed_to_key_data(seed), range(n)))
     return [(t + " " if t else "") + bundle.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()).strip()
             for i, t in enumerate(texts)]

@@ -24,6 +24,13 @@ parameter.
 Embeddings are tied: the output projection is the transposed input embedding (which saves
 `vocab * d_model` parameters); the embedding is initialized with std `d_model ** -0.5` and
 multiplied by `sqrt(d_model)` on input (as in Gemma), so both uses start at unit scale.
+
+Imported models (`dpsynth.models.hf_import`) use the same `Transformer` with the options below
+(all defaults reproduce the native architecture exactly): grouped-query attention
+(`num_kv_heads`), an untied output head, LayerNorm or RMSNorm (optionally `(1 + w)`), q/k/v,
+output and MLP biases, q/k norm, post-attention/post-MLP norms, plain GELU MLPs, learned
+absolute positions, Llama-3/linear rope scaling, sliding-window layers, attention and final
+logit soft-capping and `query_pre_attn_scalar`.
 """
 
 from __future__ import annotations
@@ -32,8 +39,12 @@ import dataclasses
 from typing import Any
 
 LORA_TARGETS = ("attention", "mlp", "all")
-MLP_KINDS = ("gated_gelu", "swiglu")
+MLP_KINDS = ("gated_gelu", "swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
+NORM_KINDS = ("rms", "layernorm")
+POSITION_KINDS = ("rope", "learned")
+ROPE_SCALINGS = ("none", "linear", "llama3")
+LAYER_KINDS = ("full", "sliding")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,10 +68,30 @@ class ModelConfig:
       lora_targets: which projections get adapters: "attention" (q, k, v, o), "mlp"
         (gate, up, down) or "all".
       prompt_length: number P of soft-prompt vectors; 0 disables them.
-      dtype: compute dtype ("float32" or "bfloat16"); parameters stay float32 and the
-        logits are always float32.
+      dtype: compute dtype ("float32" or "bfloat16"); the logits are always float32.
       remat: rematerialize each block in the backward pass (saves memory on big presets).
       preset: the preset this config came from ("custom" otherwise); recorded in checkpoints.
+      num_kv_heads: key/value heads (grouped-query attention; None = num_heads). Each K/V head
+        serves `num_heads // num_kv_heads` consecutive query heads; the KV cache holds these.
+      tie_embeddings: the output layer is the transposed input embedding; otherwise a
+        separate `lm_head` kernel [d_model, vocab].
+      scale_embedding: multiply the input embedding by sqrt(d_model).
+      norm: "rms" (RMSNorm, no bias) or "layernorm" (mean-centred, with a bias).
+      norm_scale_offset: the norm multiplies by `scale + offset` (Gemma's `1 + w`: 1.0).
+      qkv_bias / o_bias / mlp_bias: biases on the q/k/v, output and MLP projections.
+      qk_norm: RMSNorm (same kind/offset as the others) over each q and k head.
+      post_norms: extra norms on the attention and MLP outputs before the residual add
+        (Gemma 2/3).
+      positions: "rope" (rotary) or "learned" (absolute embedding [max_len, d_model], GPT-2).
+      rope_scaling: "none", "linear" (frequencies / factor) or "llama3" (Llama 3.1 bands).
+      rope_factor / rope_low_freq_factor / rope_high_freq_factor / rope_original_max_len:
+        the scaling's parameters.
+      rope_local_base: rotary base of sliding-window layers (None = rope_base, unscaled).
+      sliding_window: window w of "sliding" layers (a token sees the w most recent positions,
+        itself included).
+      layer_kinds: per-layer "full" or "sliding" (empty = all full).
+      query_pre_attn_scalar: scores are scaled by this ** -0.5 (None: head_dim ** -0.5).
+      attn_softcap / final_softcap: `cap * tanh(x / cap)` on attention scores / logits.
     """
 
     vocab_size: int
@@ -80,8 +111,32 @@ class ModelConfig:
     dtype: str = "float32"
     remat: bool = False
     preset: str = "custom"
+    num_kv_heads: int | None = None
+    tie_embeddings: bool = True
+    scale_embedding: bool = True
+    norm: str = "rms"
+    norm_scale_offset: float = 0.0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    positions: str = "rope"
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    rope_local_base: float | None = None
+    sliding_window: int | None = None
+    layer_kinds: tuple[str, ...] = ()
+    query_pre_attn_scalar: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self):
+        if isinstance(self.layer_kinds, list):  # from JSON
+            object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "d_ff", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -102,8 +157,33 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.rope_base <= 0 or self.norm_eps <= 0:
             raise ValueError("ModelConfig.rope_base and norm_eps must be positive")
+        kv = self.kv_heads
+        if not isinstance(kv, int) or kv <= 0 or self.num_heads % kv:
+            raise ValueError(f"ModelConfig.num_kv_heads must be a positive divisor of num_heads={self.num_heads}, "
+                             f"got {self.num_kv_heads!r}")
+        for name, allowed in (("norm", NORM_KINDS), ("positions", POSITION_KINDS), ("rope_scaling", ROPE_SCALINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ModelConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.layer_kinds:
+            if len(self.layer_kinds) != self.num_layers or any(k not in LAYER_KINDS for k in self.layer_kinds):
+                raise ValueError(f"ModelConfig.layer_kinds must be {self.num_layers} entries of {LAYER_KINDS}, "
+                                 f"got {self.layer_kinds!r}")
+            if "sliding" in self.layer_kinds and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+                raise ValueError(f"ModelConfig.sliding_window must be a positive int when layers slide, "
+                                 f"got {self.sliding_window!r}")
+        for name in ("rope_factor", "query_pre_attn_scalar", "attn_softcap", "final_softcap", "rope_local_base"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {value!r}")
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    def layer_kind(self, i: int) -> str:
+        return self.layer_kinds[i] if self.layer_kinds else "full"
+
     @property
     def lora_scale(self) -> float:
         return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
@@ -134,16 +214,24 @@ class ModelConfig:
     def num_params(self, collections: tuple[str, ...] = ("params", "lora", "prompt")) -> int:
         """Closed-form parameter count of the given variable collections."""
         d, f, hq = self.d_model, self.d_ff, self.num_heads * self.head_dim
+        hkv = self.kv_heads * self.head_dim
+        n_mlp = 2 if self.mlp == "gelu" else 3
+        norm = d * (2 if self.norm == "layernorm" else 1)
         total = 0
         if "params" in collections:
-            per_layer = 2 * d + 4 * d * hq + 3 * d * f
-            total += self.vocab_size * d + self.num_layers * per_layer + d
+            per_layer = (4 if self.post_norms else 2) * norm + 2 * d * hq + 2 * d * hkv + n_mlp * d * f
+            per_layer += (hq + 2 * hkv) * self.qkv_bias + d * self.o_bias
+            per_layer += (f * (n_mlp - 1) + d) * self.mlp_bias
+            per_layer += 2 * self.head_dim * (2 if self.norm == "layernorm" else 1) * self.qk_norm
+            total += self.vocab_size * d + self.num_layers * per_layer + norm
+            total += 0 if self.tie_embeddings else self.vocab_size * d
+            total += self.max_len * d if self.positions == "learned" else 0
         if "lora" in collections and self.lora_rank:
             r, per_layer = self.lora_rank, 0
             if self.lora_applies("attention"):
-                per_layer += 4 * r * (d + hq)
+                per_layer += r * (2 * d + 2 * hq) + 2 * r * (d + hkv)
             if self.lora_applies("mlp"):
-                per_layer += 3 * r * (d + f)
+                per_layer += n_mlp * r * (d + f)
             total += self.num_layers * per_layer
         if "prompt" in collections:
             total += self.prompt_length * d

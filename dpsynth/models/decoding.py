@@ -1,7 +1,8 @@
 """KV-cache decoding for `dpsynth.models.Transformer` (works with LoRA and soft prompts).
 
 The cache is a dict of arrays (a pytree, so it passes through `jax.jit`):
-  - "k", "v": [num_layers, B, S, num_heads, head_dim], S = max_len + prompt_length;
+  - "k", "v": [num_layers, B, S, kv_heads, head_dim], S = max_len + prompt_length (kv_heads is
+    `num_kv_heads`, fewer than the query heads with grouped-query attention);
   - "index": int32 [B], the number of filled slots of each row.
 
 With a soft prompt, the prompt occupies slots 0..P-1 of every row (written by `prefill`);
@@ -38,7 +39,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> Cac
         raise ValueError(f"decoding max_len {max_len} must be in [1, {config.max_len}] (the model's max_len)")
     if dtype is None:
         dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-    shape = (config.num_layers, batch, max_len + config.prompt_length, config.num_heads, config.head_dim)
+    shape = (config.num_layers, batch, max_len + config.prompt_length, config.kv_heads, config.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((batch,), jnp.int32)}
 
 

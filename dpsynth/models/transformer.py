@@ -1,8 +1,12 @@
 """Decoder-only Transformer (Flax linen) with LoRA adapters, soft prompts and packed sequences.
 
-Architecture: token embedding (tied with the output layer) -> `num_layers` pre-norm blocks
-(RMSNorm -> multi-head causal self-attention with rotary positions -> residual; RMSNorm ->
-gated MLP (gated GELU or SwiGLU) -> residual) -> RMSNorm -> logits. No biases.
+Architecture (native presets): token embedding (tied with the output layer) -> `num_layers`
+pre-norm blocks (RMSNorm -> multi-head causal self-attention with rotary positions -> residual;
+RMSNorm -> gated MLP (gated GELU or SwiGLU) -> residual) -> RMSNorm -> logits. No biases.
+The `ModelConfig` options for imported families (Llama, Mistral, Qwen2, Gemma 1/2/3, GPT-2)
+switch on grouped-query attention, biases, LayerNorm, `(1 + w)` norms, q/k and post norms,
+learned positions, an untied `lm_head` [d_model, vocab], scaled rope, sliding-window layers
+and soft-capping; with the defaults the computation is the native one, op for op.
 
 Variable collections returned by `Transformer(config).init(key, tokens)`:
   - "params": the base model (always).
@@ -22,11 +26,13 @@ restart at 0 at every segment start unless `positions` are given.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpsynth.models.config import ModelConfig
 
@@ -38,26 +44,45 @@ def _dtype(config: ModelConfig):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale (computed in float32)."""
+    """Root-mean-square layer norm with a learned scale (computed in float32).
+
+    With `kind="layernorm"` it is a mean-centred LayerNorm with a learned bias (GPT-2); with
+    `offset` the scale applied is `scale + offset` (Gemma's `1 + w`, initialized at zero).
+    """
 
     eps: float = 1e-6
     dtype: Any = jnp.float32
+    kind: str = "rms"
+    offset: float = 0.0
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        scale = self.param("scale", init, (x.shape[-1],), jnp.float32)
         x32 = x.astype(jnp.float32)
+        if self.kind == "layernorm":
+            x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * scale).astype(self.dtype)
+        if self.offset:
+            scale = scale.astype(jnp.float32) + self.offset
+        y = y * scale.astype(jnp.float32)
+        if self.kind == "layernorm":
+            y = y + self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32).astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
+    return RMSNorm(cfg.norm_eps, _dtype(cfg), cfg.norm, cfg.norm_scale_offset, name=name)
 
 
 class Projection(nn.Module):
-    """`x @ kernel` (no bias), plus `scale * (x @ a) @ b` when `lora_rank > 0`."""
+    """`x @ kernel (+ bias)`, plus `scale * (x @ a) @ b` when `lora_rank > 0`."""
 
     features: int
     lora_rank: int = 0
     lora_scale: float = 0.0
     dtype: Any = jnp.float32
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -65,6 +90,8 @@ class Projection(nn.Module):
         init = nn.initializers.normal(stddev=d_in**-0.5)
         kernel = self.param("kernel", init, (d_in, self.features), jnp.float32)
         y = jnp.dot(x, kernel.astype(self.dtype))
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32).astype(self.dtype)
         if self.lora_rank:
             a = self.variable("lora", "a", lambda: init(self.make_rng("params"), (d_in, self.lora_rank), jnp.float32))
             b = self.variable("lora", "b", lambda: jnp.zeros((self.lora_rank, self.features), jnp.float32))
@@ -73,10 +100,36 @@ class Projection(nn.Module):
         return y
 
 
-def rotary(x, positions, base: float):
-    """Applies rotary position embeddings to `x[B, S, H, D]` at integer `positions[B, S]`."""
+def rope_frequencies(config: ModelConfig, local: bool = False):
+    """Rotary inverse frequencies [head_dim // 2] (with the config's scaling; `local`: sliding layers)."""
+    half = config.head_dim // 2
+    if local and config.rope_local_base is not None:
+        return config.rope_local_base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    if config.rope_scaling == "none":
+        return config.rope_base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    inv = 1.0 / (config.rope_base ** (np.arange(0, config.head_dim, 2, dtype=np.float32) / config.head_dim))
+    if config.rope_scaling == "linear":
+        return jnp.asarray(inv / config.rope_factor, jnp.float32)
+    # "llama3": long wavelengths divided by the factor, short ones kept, a smooth band between.
+    old = config.rope_original_max_len
+    low_wavelen, high_wavelen = old / config.rope_low_freq_factor, old / config.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / config.rope_factor, inv)
+    smooth = (old / wavelen - config.rope_low_freq_factor) / (config.rope_high_freq_factor - config.rope_low_freq_factor)
+    smoothed = (1 - smooth) * scaled / config.rope_factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return jnp.asarray(np.where(medium, smoothed, scaled), jnp.float32)
+
+
+def rotary(x, positions, base: float | None = None, *, freqs=None):
+    """Applies rotary position embeddings to `x[B, S, H, D]` at integer `positions[B, S]`.
+
+    Pairs dimension i with i + D/2 ("rotate half", the Hugging Face layout); the inverse
+    frequencies are `base ** (-i / (D/2))` unless `freqs` [D/2] are given.
+    """
     half = x.shape[-1] // 2
-    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    if freqs is None:
+        freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, S, half]
     sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
     x32 = x.astype(jnp.float32)
@@ -85,22 +138,35 @@ def rotary(x, positions, base: float):
     return out.astype(x.dtype)
 
 
+def _softcap(x, cap):
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
 class Attention(nn.Module):
-    """Multi-head causal self-attention; with `cache`, writes K/V at per-row slots first."""
+    """Causal self-attention (grouped-query when `num_kv_heads < num_heads`); with `cache`,
+    writes K/V at per-row slots first."""
 
     config: ModelConfig
+    local: bool = False
 
     @nn.compact
     def __call__(self, x, positions, mask, cache=None):
         cfg, dtype = self.config, _dtype(self.config)
         b, s, _ = x.shape
-        h, hd = cfg.num_heads, cfg.head_dim
+        h, kvh, hd = cfg.num_heads, cfg.kv_heads, cfg.head_dim
         lora = dict(lora_rank=cfg.lora_rank if cfg.lora_applies("attention") else 0,
                     lora_scale=cfg.lora_scale, dtype=dtype)
-        q = Projection(h * hd, name="q", **lora)(x).reshape(b, s, h, hd)
-        k = Projection(h * hd, name="k", **lora)(x).reshape(b, s, h, hd)
-        v = Projection(h * hd, name="v", **lora)(x).reshape(b, s, h, hd)
-        q, k = rotary(q, positions, cfg.rope_base), rotary(k, positions, cfg.rope_base)
+        q = Projection(h * hd, name="q", use_bias=cfg.qkv_bias, **lora)(x).reshape(b, s, h, hd)
+        k = Projection(kvh * hd, name="k", use_bias=cfg.qkv_bias, **lora)(x).reshape(b, s, kvh, hd)
+        v = Projection(kvh * hd, name="v", use_bias=cfg.qkv_bias, **lora)(x).reshape(b, s, kvh, hd)
+        if cfg.qk_norm:
+            q, k = _norm(cfg, "q_norm")(q), _norm(cfg, "k_norm")(k)
+        if cfg.positions == "rope":
+            if cfg.rope_scaling == "none" and not (self.local and cfg.rope_local_base is not None):
+                q, k = rotary(q, positions, cfg.rope_base), rotary(k, positions, cfg.rope_base)
+            else:
+                freqs = rope_frequencies(cfg, self.local)
+                q, k = rotary(q, positions, freqs=freqs), rotary(k, positions, freqs=freqs)
         new_cache = None
         if cache is not None:
             k_cache, v_cache, index = cache
@@ -108,16 +174,26 @@ class Attention(nn.Module):
             k = write(k_cache, k.astype(k_cache.dtype), index)
             v = write(v_cache, v.astype(v_cache.dtype), index)
             new_cache = (k, v)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(dtype), preferred_element_type=jnp.float32)
-        scores = scores * (hd**-0.5)
-        scores = jnp.where(mask[:, None, :, :], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(dtype)).reshape(b, s, h * hd)
-        return Projection(cfg.d_model, name="o", **lora)(out), new_cache
+        scale = hd**-0.5 if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
+        if kvh == h:
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(dtype), preferred_element_type=jnp.float32)
+            scores = _softcap(scores * scale, cfg.attn_softcap)
+            scores = jnp.where(mask[:, None, :, :], scores, _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+            out = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(dtype)).reshape(b, s, h * hd)
+        else:  # query head j uses key/value head j // (h // kvh), as Hugging Face's repeat_kv
+            qg = q.reshape(b, s, kvh, h // kvh, hd)
+            scores = jnp.einsum("bqcgd,bkcd->bcgqk", qg, k.astype(dtype), preferred_element_type=jnp.float32)
+            scores = _softcap(scores * scale, cfg.attn_softcap)
+            scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+            out = jnp.einsum("bcgqk,bkcd->bqcgd", probs, v.astype(dtype)).reshape(b, s, h * hd)
+        return Projection(cfg.d_model, name="o", use_bias=cfg.o_bias, **lora)(out), new_cache
 
 
 class MLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)), act = GELU (gated_gelu) or SiLU (swiglu)."""
+    """Gated MLP: down(act(gate(x)) * up(x)), act = GELU (gated_gelu) or SiLU (swiglu);
+    or plain down(GELU(up(x))) (mlp="gelu", GPT-2). GELU is the tanh approximation."""
 
     config: ModelConfig
 
@@ -125,7 +201,9 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         lora = dict(lora_rank=cfg.lora_rank if cfg.lora_applies("mlp") else 0,
-                    lora_scale=cfg.lora_scale, dtype=_dtype(cfg))
+                    lora_scale=cfg.lora_scale, dtype=_dtype(cfg), use_bias=cfg.mlp_bias)
+        if cfg.mlp == "gelu":
+            return Projection(cfg.d_model, name="down", **lora)(jax.nn.gelu(Projection(cfg.d_ff, name="up", **lora)(x)))
         gate = Projection(cfg.d_ff, name="gate", **lora)(x)
         up = Projection(cfg.d_ff, name="up", **lora)(x)
         act = jax.nn.gelu(gate) if cfg.mlp == "gated_gelu" else jax.nn.silu(gate)
@@ -133,18 +211,23 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder block."""
+    """One pre-norm decoder block (with `post_norms`, also normed sublayer outputs)."""
 
     config: ModelConfig
+    local: bool = False
 
     @nn.compact
     def __call__(self, x, positions, mask, cache=None):
         cfg = self.config
-        y, new_cache = Attention(cfg, name="attention")(
-            RMSNorm(cfg.norm_eps, _dtype(cfg), name="attention_norm")(x), positions, mask, cache)
+        y, new_cache = Attention(cfg, self.local, name="attention")(_norm(cfg, "attention_norm")(x), positions, mask,
+                                                                    cache)
+        if cfg.post_norms:
+            y = _norm(cfg, "attention_post_norm")(y)
         x = x + y
-        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.norm_eps, _dtype(cfg), name="mlp_norm")(x))
-        return x, new_cache
+        y = MLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x))
+        if cfg.post_norms:
+            y = _norm(cfg, "mlp_post_norm")(y)
+        return x + y, new_cache
 
 
 def segment_positions(segment_ids):
@@ -163,7 +246,7 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, segment_ids=None, positions=None, *, cache=None, with_prompt: bool = True,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, embedded=None):
         """Logits for every token position.
 
         Args:
@@ -178,6 +261,8 @@ class Transformer(nn.Module):
           with_prompt: prepend the soft prompt (if any); decode steps after the prefill pass
             False because the prompt is already in the cache.
           return_hidden: also return the final normalized hidden states [B, T, d_model].
+          embedded: float [B, T, d_model] rows of the embedding table for `tokens`, used instead
+            of the lookup (the DP sparse-embedding path, `dpsynth.dp.sparse`; untied tables only).
 
         Returns:
           float32 logits [B, T, vocab] (prompt positions stripped); with `cache`, the tuple
@@ -188,7 +273,10 @@ class Transformer(nn.Module):
         p = cfg.prompt_length if with_prompt else 0
         embedding = self.param("embedding", nn.initializers.normal(stddev=cfg.d_model**-0.5),
                                (cfg.vocab_size, cfg.d_model), jnp.float32)
-        x = (jnp.take(embedding, tokens, axis=0) * (cfg.d_model**0.5)).astype(dtype)
+        x = jnp.take(embedding, tokens, axis=0) if embedded is None else embedded
+        if cfg.scale_embedding:
+            x = x * (cfg.d_model**0.5)
+        x = x.astype(dtype)
         if cfg.prompt_length:
             prompt = self.variable(
                 "prompt", "embedding",
@@ -217,18 +305,38 @@ class Transformer(nn.Module):
             positions = index[:, None] + slots[None, :]
             key_slots = jnp.arange(cache["k"].shape[2], dtype=jnp.int32)
             mask = key_slots[None, None, :] <= positions[:, :, None]
+        if cfg.positions == "learned":
+            table = self.param("position_embedding", nn.initializers.normal(stddev=0.02), (cfg.max_len, cfg.d_model),
+                               jnp.float32)
+            x = x + jnp.take(table, jnp.clip(positions, 0, cfg.max_len - 1), axis=0).astype(dtype)
+        sliding_mask = None
+        if "sliding" in cfg.layer_kinds:
+            w = cfg.sliding_window
+            if cache is None:
+                sliding_mask = mask & (slots[None, :, None] - slots[None, None, :] < w)
+            else:
+                sliding_mask = mask & (positions[:, :, None] - key_slots[None, None, :] < w)
 
         block = nn.remat(Block) if cfg.remat else Block
         new_k, new_v = [], []
         for i in range(cfg.num_layers):
             layer_cache = None if cache is None else (cache["k"][i], cache["v"][i], cache["index"])
-            x, layer_new = block(cfg, name=f"layer_{i}")(x, positions, mask, layer_cache)
+            local = cfg.layer_kind(i) == "sliding"
+            x, layer_new = block(cfg, local, name=f"layer_{i}")(x, positions, sliding_mask if local else mask,
+                                                                layer_cache)
             if layer_new is not None:
                 new_k.append(layer_new[0])
                 new_v.append(layer_new[1])
-        hidden = RMSNorm(cfg.norm_eps, dtype, name="final_norm")(x)
+        hidden = _norm(cfg, "final_norm")(x)
         hidden = hidden[:, p:]
-        logits = jnp.dot(hidden, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
+        if cfg.tie_embeddings:
+            logits = jnp.dot(hidden, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
+        else:
+            head = self.param("lm_head", nn.initializers.normal(stddev=cfg.d_model**-0.5), (cfg.d_model, cfg.vocab_size),
+                              jnp.float32)
+            logits = jnp.dot(hidden, head.astype(dtype), preferred_element_type=jnp.float32)
+        if cfg.final_softcap is not None:
+            logits = _softcap(logits, cfg.final_softcap)
         out = (logits, hidden) if return_hidden else logits
         if cache is None:
             return out

@@ -12,7 +12,9 @@ Model directory (`save_model` / `load_model`), format "dpsynth.model" version 1:
                            "created_by": ..., "tokenizer_sha256": ..., plus extra fields
                            (e.g. the corpus manifest hash, training steps)}
     DIR/config.json       `ModelConfig.to_dict()` (including lora_rank / prompt_length)
-    DIR/tokenizer.model   the SentencePiece model (bytes)
+    DIR/tokenizer.model   the SentencePiece model (bytes), or DIR/tokenizer.json (an imported
+                          Hugging Face tokenizer); DIR/special_ids.json when the special ids
+                          are not dpsynth's (imported models, see `dpsynth.tokens`)
     DIR/variables/        Orbax tree {collection: {...}} of the collections listed
     DIR/privacy_report.*  (DP-tuned models only, written by dpsynth.dp)
 
@@ -35,7 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dpsynth.models.config import ModelConfig
-from dpsynth.tokens import Tokenizer
+from dpsynth.tokens import Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
@@ -177,7 +179,7 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
                 "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
     manifest.update(extra_manifest or {})
     if jax.process_index() == 0:  # the small files: one writer
-        tokenizer.save(os.path.join(directory, TOKENIZER))
+        save_tokenizer(tokenizer, directory)
         _write_json(os.path.join(directory, CONFIG), config.to_dict())
         _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
     sharding.sync(f"dpsynth save_model {directory}")  # the others return once the directory is complete
@@ -216,9 +218,9 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
     if expect_preset is not None and config.preset != expect_preset:
         raise CheckpointError(f"{directory}: holds preset {config.preset!r}, expected {expect_preset!r}; pass "
                               f"--preset {config.preset} or point to a checkpoint of preset {expect_preset!r}")
-    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER))
+    tokenizer = load_tokenizer(directory)
     if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
-        raise CheckpointError(f"{directory}/{TOKENIZER}: SHA-256 does not match the manifest (replaced or corrupt)")
+        raise CheckpointError(f"{directory}/{tokenizer.filename}: SHA-256 does not match the manifest (replaced or corrupt)")
     variables: dict[str, Any] = {}
     base = manifest.get("base")
     if base:

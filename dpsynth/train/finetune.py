@@ -65,6 +65,8 @@ from dpsynth.dp.mechanism import build_run_mechanism, count_users
 from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
+from dpsynth.dp.strategy import DPSGDStrategy
+from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
 
 logger = logging.getLogger("dpsynth.train.finetune")
@@ -75,6 +77,12 @@ OPTIMIZERS = ("adam", "adafactor")
 PROMPT_INITS = ("uniform", "vocab")
 LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
 CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
+STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
+LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
+SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
+SWEEP_ACCOUNTING = ("composed", "selected-only")
+NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
+                        "owner only, never published with the model")
 
 
 class TuneError(ValueError):
@@ -275,9 +283,28 @@ def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm:
     return entry
 
 
+def default_state_dir(out_dir: str) -> str:
+    """The default private state directory of a model dir: the sibling `<out>.private/`."""
+    return os.path.abspath(out_dir).rstrip(os.sep) + STATE_SUFFIX
+
+
+def _state_dir(out_dir: str, state_dir: str | None) -> str:
+    state_dir = os.path.abspath(state_dir or default_state_dir(out_dir))
+    try:
+        check_outside(state_dir, os.path.abspath(out_dir), "the private state directory")
+    except ValueError as e:
+        raise TuneError(str(e)) from e
+    return state_dir
+
+
 @dataclasses.dataclass
 class TuneResult:
-    """What a run produced (numbers only: nothing private but the model itself)."""
+    """What a run produced.
+
+    `train_loss` and `valid_loss` are PRIVATE: computed on D_train/D_valid without DP. They are
+    written only to the private state (`state_dir/losses.json`), never into `out_dir`; callers
+    must not put them in anything that travels with the model.
+    """
 
     out_dir: str
     steps: int
@@ -290,6 +317,7 @@ class TuneResult:
     truncated_valid: int
     report: dict
     seconds: float
+    state_dir: str = ""
 
 
 # ============================================================================ model plumbing
@@ -330,12 +358,47 @@ def make_optimizer(config: TuneConfig) -> optax.GradientTransformation:
     return optax.adam(config.learning_rate)
 
 
+# Full tuning of a model with an untied input embedding (imported Llama, Mistral, large Qwen2)
+# clips that table on the exact sparse path of `dpsynth.dp.sparse` (same clipped sum, no
+# per-example [vocab, d_model] gradient); a tied table is also the output layer and stays dense.
+
+def embedding_spec(model_config, config: TuneConfig):
+    """The sparse-clipping declaration of the input embedding, or None (tied, not full, not private)."""
+    from dpsynth.dp import sparse
+
+    if config.mode != "full" or model_config.tie_embeddings or not config.private:
+        return None
+    return sparse.EmbeddingSpec(param_path=("params", "embedding"), ids_key="inputs")
+
+
 def make_loss_fn(model_config, config: TuneConfig):
-    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`)."""
+    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`);
+    a `sparse.EmbeddedLoss` when `embedding_spec` declares the input table."""
     from dpsynth.models import Transformer
     from dpsynth.train import lm
 
-    return lm.make_lm_loss(Transformer(model_config), z_loss=config.z_loss)
+    model = Transformer(model_config)
+    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
+    spec = embedding_spec(model_config, config)
+    if spec is None:
+        return loss_fn
+    from dpsynth.dp import sparse
+
+    def from_embedded(rest, frozen, batch, embedded, key):
+        """`loss_fn` with the looked-up rows given: the table is not read, so a zero stand-in keeps
+        the tree whole (XLA drops it)."""
+        del key
+        table = jnp.zeros((model_config.vocab_size, model_config.d_model), jnp.float32)
+        params = sparse.merge_table(rest, spec.param_path, table)
+        logits = model.apply(lm.merge_variables(params, frozen), batch["inputs"], segment_ids=batch.get("segment_ids"),
+                             positions=batch.get("positions"), embedded=embedded)
+        ce, z = lm.cross_entropy_with_z_loss(logits, batch["targets"], config.z_loss)
+        w = batch["weights"].astype(jnp.float32)
+        tokens = jnp.sum(w, axis=-1)
+        per_example = jnp.sum((ce + z) * w, axis=-1) / jnp.maximum(tokens, 1.0)
+        return per_example, {"ce_sum": jnp.sum(ce * w, axis=-1), "tokens": tokens}
+
+    return sparse.EmbeddedLoss(spec, from_embedded)
 
 
 def _row_length(enc: EncodedExamples, limit: int) -> int:
@@ -376,6 +439,29 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
 # ============================================================================ the run
 
 
+PRIVATE_STATE_CHANNEL = {
+    "name": "private state", "detail": "checkpoints (optimizer state and the secret sampling/noise seed), the non-DP "
+    "train/valid losses and any sweep trials are kept in an owner-only state directory outside the model directory "
+    "(default `<model dir>.private/`, mode 0700); nothing in it is released or covered by this report"}
+
+
+def _selection_channel(selection: dict) -> dict:
+    k, grid = selection["trials"], selection["grid"]
+    if selection["accounting"] == "composed":
+        return {"name": "validation-based selection", "detail":
+                f"{k} hyperparameter trials ({grid}) were trained on the same D_train, each calibrated so that all {k} "
+                "together meet the target (epsilon, delta): the ledger and the epsilon of this report cover all "
+                f"{k} trials. Choosing the trial with the lowest loss on D_valid is NOT differentially private with "
+                "respect to D_valid (a declared side channel); the validation losses are not released (private "
+                "state only), and only the selected model is written here"}
+    return {"name": "validation-based selection (selected-only accounting)", "detail":
+            f"{k} hyperparameter trials ({grid}) were each trained at the target (epsilon, delta) on their own and "
+            "ONLY THE SELECTED TRIAL IS ACCOUNTED (the paper's way): the ledger and the epsilon of this report cover "
+            f"one trial, not the {k} trained on the same D_train, whose composition is the true cost of the whole "
+            "procedure. Choosing the trial by its loss on D_valid is NOT differentially private; the other trials "
+            "were never written to this directory and the validation losses stay in the private state"}
+
+
 def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None) -> list[dict]:
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
@@ -383,22 +469,17 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
                        "per-label counts are not released); pass the label set explicitly to avoid this"}
     channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
-                     "sizes of D_train and D_valid are recorded without DP"})
+                     "size of D_train is recorded without DP"})
     channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
                      f"{config.max_tokens} tokens; the count is recorded without DP"})
+    channels.append(dict(PRIVATE_STATE_CHANNEL))
     if selection:
-        channels.append({"name": "validation-based selection", "detail":
-                         f"{selection['trials']} hyperparameter trials ({selection['grid']}) were each trained at the "
-                         f"target (epsilon, delta) on their own; the model with the lowest loss on D_valid was kept. "
-                         "The selection and the reported validation losses are NOT differentially private (the "
-                         "ledger covers one trial)"})
-    else:
-        channels.append({"name": "validation loss", "detail": "the loss on D_valid is computed and recorded without "
-                         "DP (it is not used to select anything in a single run)"})
+        channels.append(_selection_channel(selection))
     if config.seed is not None and config.private:
-        channels.append({"name": "fixed seed", "detail": f"the run used the user-supplied seed {config.seed} for its "
-                         "Poisson sampling and noise: anyone who knows it can regenerate the noise, which voids the "
-                         "guarantee. Use the default (a secret seed from the OS entropy pool) for any release"})
+        channels.append({"name": "fixed seed", "detail": "the run used a user-supplied seed (its value is not "
+                         "recorded here) for its Poisson sampling and noise: anyone who knows it can regenerate the "
+                         "noise, which voids the guarantee. Use the default (a secret seed from the OS entropy pool) "
+                         "for any release"})
     return channels
 
 
@@ -423,6 +504,22 @@ def plan_for_records(config: TuneConfig, records: Sequence[dict], *, composition
                     num_users=count_users(ids) if ids is not None else None)
 
 
+def imported_base_channel(source: dict) -> dict:
+    """The side channel of a third-party pretrained base model (its pretraining data is unchecked)."""
+    return {"name": "pretrained base model", "detail":
+            f"the base model was imported ({source.get('family')} from {source.get('path')}, config SHA-256 "
+            f"{source.get('config_sha256')}); its pretraining data was NOT checked against the sensitive data, so the "
+            "DP guarantee covers the fine-tuning data only: text of D that was in that pretraining corpus can be "
+            "reproduced without any bound (dpsynth's own pretraining deduplicates against D first)"}
+
+
+def _released_config(config: TuneConfig) -> dict[str, Any]:
+    """The config as recorded in the released manifest: the seed's value is withheld."""
+    d = config.to_json()
+    d["seed"] = "secret (OS entropy)" if config.seed is None else "fixed (value withheld)"
+    return d
+
+
 def _read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
@@ -440,6 +537,8 @@ def dp_tune(
     resume: bool = False,
     stop_after: int | None = None,
     selection: dict | None = None,
+    state_dir: str | None = None,
+    compositions: int = 1,
     progress_interval: float = 10.0,
     mesh: tuple[int, int] | None = None,
 ) -> TuneResult:
@@ -448,13 +547,14 @@ def dp_tune(
     Args:
         base_dir: a model directory (`dpsynth.train.checkpoint.save_model` layout).
         train_records, valid_records: {"id", "text", "label"} records of D_train / D_valid.
-        out_dir: output model directory (adapters only + base pointer for lora/prompt; all
-            params for full) with `privacy_report.json`/`.md`; checkpoints in `out_dir/checkpoints`.
+        out_dir: the releasable model directory: config, tokenizer, adapters only + base pointer
+            for lora/prompt (all params for full), `privacy_report.json`/`.md` and the manifest.
+            Nothing else is written there (no seed, no checkpoint, no non-DP loss).
         config: the run's configuration.
         labels: the label set (default: the sorted labels of D_train, a side channel).
         contamination_sha256: SHA-256 of the pretraining corpus's contamination report
             (default: read from the base manifest when recorded there).
-        resume: continue from the latest checkpoint in `out_dir/checkpoints`. Refused before any
+        resume: continue from the latest checkpoint in `state_dir/checkpoints`. Refused before any
             compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
             epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
             run's; the message names each differing field with both values.
@@ -462,6 +562,11 @@ def dp_tune(
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
             device. Required with several processes, over all of their devices.
+        state_dir: the private state directory (created 0700): checkpoints with the secret seed,
+            `losses.json` (non-DP train/valid losses). Default `<out_dir>.private/`; must lie
+            outside `out_dir`.
+        compositions: k > 1 for one of k sweep trials that together meet the target
+            (`dpsynth.dp.plan.plan_privacy(compositions=k)`).
 
     Raises:
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
@@ -480,7 +585,7 @@ def dp_tune(
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
     train_users = user_ids(config, train_records)
-    plan = plan_for_records(config, train_records)
+    plan = plan_for_records(config, train_records, compositions=compositions)
     if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
         raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
@@ -489,7 +594,14 @@ def dp_tune(
     if mesh is not None and (config.private and (config.privacy_unit == "user" or config.mechanism == "bandmf")):
         raise TuneError("user-level DP and BandMF run on one process without a mesh for now (drop --mesh-data/"
                         "--mesh-model)")
-    ckpt_dir = os.path.join(os.path.abspath(out_dir), "checkpoints")
+    state_dir = _state_dir(out_dir, state_dir)
+    ckpt_dir = os.path.join(state_dir, "checkpoints")
+    if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
+                        "a new --out / --state-dir to start afresh")
+    if resume and not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
+                              "--state-dir of the run)")
     resume_meta = None
     if resume:  # the accounted settings must match the checkpoint's, checked before any compute
         probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
@@ -528,6 +640,8 @@ def dp_tune(
                     if valid else None)
     if contamination_sha256 is None:
         contamination_sha256 = base.manifest.get("contamination_sha256")
+    # An imported base (dpsynth import-model): its provenance travels into the report and manifest.
+    base_source = base.manifest.get("source") or base.manifest.get("base_source")
 
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
     fingerprint = hashlib.sha256(json.dumps(
@@ -536,28 +650,35 @@ def dp_tune(
 
     base_manifest_sha256 = hashlib.sha256(open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest()
 
-    def build_run_report(valid_loss: float | None) -> dict:
+    def build_run_report() -> dict:
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
         training = {
             "mode": config.mode, "noise_multiplier": sigma, "clip_norm": config.clip_norm,
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-            "epochs": ledger.steps_recorded * plan.expected_batch_size / plan.dataset_size, "optimizer": config.optimizer,
+            "compositions": plan.compositions,
+            "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
                     if not config.full_lm else "full LM (label prompt trained on; ablation)",
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            "prompt_template": config.template, "labels": labels, "valid_loss": valid_loss,
+            "prompt_template": config.template, "labels": labels,
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
+        channels = _side_channels(config, labels_from_data, train.truncated, selection)
+        if base_source:
+            training["base_source"] = {k: v for k, v in base_source.items() if k != "hf_config"}
+            training["embedding_clipping"] = ("sparse (exact, untied input table)"
+                                              if embedding_spec(model_config, config) else "dense")
+            channels.append(imported_base_channel(base_source))
         if mech is not None:
             training.update(mech.training_fields())
+            channels += mech.side_channels()
         return report_lib.build_report(
             ledger, training=training, contamination_sha256=contamination_sha256,
-            side_channels=_side_channels(config, labels_from_data, train.truncated, selection)
-            + (mech.side_channels() if mech is not None else []),
+            side_channels=channels,
             max_tokens_per_example=config.max_tokens,
             extra={"selection": selection} if selection else None, **(mech.report_kwargs() if mech else {}))
 
@@ -565,6 +686,7 @@ def dp_tune(
     variables = init_variables(model_config, base_params, config)
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
     loss_fn = make_loss_fn(model_config, config)
+    make_private_dir(state_dir)
     checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
@@ -584,6 +706,14 @@ def dp_tune(
             checkpointer.close()
             raise TuneError(str(e)) from e
         strategy = mech.strategy
+        spec = embedding_spec(model_config, config)
+        if spec is not None:  # exact sparse clipping of an untied input table (imported models, full mode)
+            if plan.mechanism != "dpsgd" or plan.privacy_unit != "example":
+                checkpointer.close()
+                raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
+                                "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
+            strategy = DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
+                                     expected_batch_size=plan.expected_batch_size, embedding=spec)
     else:
         strategy = core.MeanGradient()
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
@@ -634,7 +764,7 @@ def dp_tune(
                     **accounted_settings(config, plan)}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
-                report_lib.write_report(out_dir, build_run_report(None))  # the report follows the checkpoints
+                report_lib.write_report(out_dir, build_run_report())  # the report follows the checkpoints
 
         # ------------------------------------------------------------ the loop
         train_loss_sum, train_count = 0.0, 0.0
@@ -661,14 +791,21 @@ def dp_tune(
     valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, valid_arrays, config.microbatch_size)
                   if valid_arrays is not None else float("nan"))
     final_vars = sharding.gather(lm.merge_variables(state.params, state.frozen))
-    rep = build_run_report(valid_loss)
+    rep = build_run_report()
+    train_loss = train_loss_sum / max(train_count, 1.0)
+    if primary:
+        write_private_json(os.path.join(state_dir, LOSSES_FILE), {
+            "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
+            "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished:
         extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
-                          "dp_tune": {"mode": config.mode, "config": config.to_json(), "steps": ledger.steps_recorded,
+                          "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": sigma},
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
+        if base_source:
+            extra_manifest["base_source"] = base_source  # what `dpsynth export-model` needs
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
                    collections=collections if config.mode != "full" else ("params",),
@@ -678,8 +815,9 @@ def dp_tune(
     eps = ledger.epsilons()
     return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
                       epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
-                      train_loss=train_loss_sum / max(train_count, 1.0), truncated_train=train.truncated,
-                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0)
+                      train_loss=train_loss, truncated_train=train.truncated,
+                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0,
+                      state_dir=state_dir)
 
 
 def sweep(
@@ -691,51 +829,95 @@ def sweep(
     *,
     learning_rates: Sequence[float],
     clip_norms: Sequence[float],
+    sweep_accounting: str = "composed",
+    state_dir: str | None = None,
     **kwargs,
 ) -> tuple[TuneResult, list[dict]]:
-    """Grid over learning rate x clipping norm; keeps the trial with the lowest D_valid loss.
+    """Grid over learning rate x clipping norm; releases the trial with the lowest D_valid loss.
 
-    Each trial is a full run at the target (epsilon, delta), accounted on its own (its own
-    ledger, in `out_dir/trials/<i>`). The winner's model directory and report are copied into
-    `out_dir`, and its report records that the selection used D_valid, the grid and every
-    trial's validation loss (a non-DP side channel: the ledger covers one trial).
+    Accounting (`sweep_accounting`):
+      * "composed" (default): each of the k trials is calibrated with
+        `plan_privacy(compositions=k)`, so the composition of all k meets the target
+        (epsilon, delta); the released report's ledger holds every trial's steps and its epsilon
+        is that of the k-fold composition. The selection on D_valid is a declared non-DP side
+        channel.
+      * "selected-only" (the paper's way): each trial is calibrated to the target on its own and
+        only the selected trial is accounted; the report says so in its side channels.
+
+    Every trial runs in the private state (`state_dir/trials/<i>/{model,state}`); only the
+    selected model and its report are written to `out_dir`. The validation losses stay in the
+    private state (`state_dir/sweep.json`), never in `out_dir`.
     """
+    if sweep_accounting not in SWEEP_ACCOUNTING:
+        raise TuneError(f"sweep_accounting must be one of {SWEEP_ACCOUNTING}, got {sweep_accounting!r}")
     if not valid_records:
         raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    plan_for_records(config, train_records)  # fail fast before any trial
-    trials = []
-    for i, (lr, c) in enumerate((lr, c) for lr in learning_rates for c in clip_norms):
-        trial_config = dataclasses.replace(config, learning_rate=float(lr), clip_norm=float(c))
-        res = dp_tune(base_dir, train_records, valid_records, os.path.join(out_dir, "trials", f"{i:03d}"),
-                      trial_config, **kwargs)
-        trials.append({"trial": i, "learning_rate": float(lr), "clip_norm": float(c), "valid_loss": res.valid_loss,
-                       "epsilon": res.epsilon})
-        logger.info("sweep trial %d: lr=%g C=%g valid_loss=%.4f", i, lr, c, res.valid_loss)
+    grid = [(float(lr), float(c)) for lr in learning_rates for c in clip_norms]
+    if not grid:
+        raise TuneError("an empty sweep grid: give at least one learning rate and one clipping norm")
+    k = len(grid)
+    compositions = k if sweep_accounting == "composed" else 1
+    plan_for_records(config, train_records, compositions=compositions)  # fail fast before any trial
+    state_dir = _state_dir(out_dir, state_dir)
+    make_private_dir(state_dir)
+    trials, results = [], []
+    for i, (lr, c) in enumerate(grid):
+        trial_config = dataclasses.replace(config, learning_rate=lr, clip_norm=c)
+        tdir = os.path.join(state_dir, "trials", f"{i:03d}")
+        res = dp_tune(base_dir, train_records, valid_records, os.path.join(tdir, "model"), trial_config,
+                      state_dir=os.path.join(tdir, "state"), compositions=compositions, **kwargs)
+        results.append(res)
+        trials.append({"trial": i, "learning_rate": lr, "clip_norm": c, "valid_loss": res.valid_loss,
+                       "epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier})
+        logger.info("sweep trial %d of %d done", i + 1, k)  # the loss goes to the private state, not to logs
     best = min(trials, key=lambda t: (math.isnan(t["valid_loss"]), t["valid_loss"]))
-    selection = {"trials": len(trials), "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
-                 "selected_by": "lowest loss on D_valid", "selected": best, "all": trials}
-    src = os.path.join(out_dir, "trials", f"{best['trial']:03d}")
-    primary = jax.process_index() == 0  # multi-host: one process copies and writes
-    for name in os.listdir(src) if primary else ():
-        if name == "checkpoints":
-            continue
-        s, d = os.path.join(src, name), os.path.join(out_dir, name)
-        if os.path.isdir(s):
-            shutil.copytree(s, d, dirs_exist_ok=True)
-        else:
-            shutil.copy2(s, d)
+    selection = {"trials": k, "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
+                 "selected_by": "lowest loss on D_valid (not DP)", "accounting": sweep_accounting,
+                 "selected": {key: best[key] for key in ("trial", "learning_rate", "clip_norm")}}
     from dpsynth.train import sharding
 
+    primary = jax.process_index() == 0  # multi-host: one process copies and writes
+    if primary:
+        write_private_json(os.path.join(state_dir, SWEEP_FILE), {
+            "selection": selection, "trials": trials, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+
+    # ------------------------------------------------------------ the release: the selected model only
+    src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(src) if primary else ():
+        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD):
+            continue  # rebuilt below
+        s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
+        if os.path.isdir(s_):
+            shutil.copytree(s_, d_, dirs_exist_ok=True)
+        else:
+            shutil.copy2(s_, d_)
     sharding.sync(f"dpsynth sweep copy {out_dir}")
-    rep = report_lib.load_report(out_dir)
-    rep["side_channels"] = [c for c in rep["side_channels"] if c["name"] != "validation loss"]
-    rep["side_channels"].append(_side_channels(config, False, 0, selection)[-1])
+    rep = report_lib.load_report(src)
+    if sweep_accounting == "composed":
+        ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)
+        for t, res in zip(trials, results):
+            for e in res.report["ledger"]["entries"]:
+                ledger.entries.append({**e, "name": f"{e.get('name', 'dp_tune')} (sweep trial {t['trial']})"})
+        rep = report_lib.refresh(rep, ledger)
+    rep["side_channels"] = [ch for ch in rep["side_channels"] if not ch["name"].startswith("validation-based")]
+    rep["side_channels"].append(_selection_channel(selection))
     rep["selection"] = selection
     if primary:
         report_lib.write_report(out_dir, rep)
-    result = TuneResult(out_dir=out_dir, steps=rep["training"]["steps"], noise_multiplier=rep["training"]["noise_multiplier"],
-                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"], valid_loss=best["valid_loss"],
-                        train_loss=float("nan"), truncated_train=0, truncated_valid=0, report=rep, seconds=0.0)
+        manifest_path = os.path.join(out_dir, "manifest.json")
+        manifest = _read_json(manifest_path)
+        manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
+                                                                   "selected": selection["selected"]})
+        with open(manifest_path, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+    chosen = results[best["trial"]]
+    result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
+                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],
+                        valid_loss=best["valid_loss"], train_loss=chosen.train_loss,
+                        truncated_train=chosen.truncated_train, truncated_valid=chosen.truncated_valid, report=rep,
+                        seconds=sum(r.seconds for r in results), state_dir=state_dir)
     return result, trials
 
 

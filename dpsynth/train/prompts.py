@@ -110,6 +110,9 @@ def encode_examples(
     if not records:
         raise ExampleError(f"{where}: no examples (empty training set)")
     label_set = set(labels)
+    # An imported tokenizer carries its model's special ids; dpsynth's own are the constants.
+    bos_id, eos_id, pad_id = (getattr(tokenizer, name, default) for name, default in
+                              (("bos_id", BOS_ID), ("eos_id", EOS_ID), ("pad_id", PAD_ID)))
     prefix_cache: dict[str, np.ndarray] = {}
     rows, prefix_lens, ids, truncated = [], [], [], 0
     for n, rec in enumerate(records):
@@ -120,12 +123,12 @@ def encode_examples(
         if label not in label_set:
             raise ExampleError(f"{where}: record {n} (id {rid}) has unknown label {label!r}; labels are {sorted(label_set)}")
         if label not in prefix_cache:
-            prefix_cache[label] = np.concatenate([[BOS_ID], tokenizer.encode(config.prompt(label))]).astype(np.int32)
+            prefix_cache[label] = np.concatenate([[bos_id], tokenizer.encode(config.prompt(label))]).astype(np.int32)
         prefix = prefix_cache[label]
         if prefix.size + 1 > config.max_tokens:
             raise ExampleError(f"{where}: the label prompt of {label!r} alone has {prefix.size} tokens >= max_tokens")
         text = np.asarray(tokenizer.encode(str(rec["text"])), np.int32)
-        body = np.concatenate([text, [EOS_ID]]).astype(np.int32)
+        body = np.concatenate([text, [eos_id]]).astype(np.int32)
         room = config.max_tokens - prefix.size
         if body.size > room:
             body = body[:room]
@@ -137,7 +140,7 @@ def encode_examples(
     if length > config.max_tokens or length < max(r.size for r in rows):
         raise ExampleError(f"pad_to={length} must be in [longest row, max_tokens={config.max_tokens}]")
     n = len(rows)
-    tokens = np.full((n, length), PAD_ID, np.int32)
+    tokens = np.full((n, length), pad_id, np.int32)
     weights = np.zeros((n, length - 1), np.float32)
     for i, (row, p) in enumerate(zip(rows, prefix_lens)):
         tokens[i, : row.size] = row

@@ -38,6 +38,7 @@ _IN_OUT = {  # projection name -> (input logical axis, output logical axis)
     "q": ("embed", "heads"), "k": ("embed", "heads"), "v": ("embed", "heads"), "o": ("heads", "embed"),
     "gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed"),
 }
+_MATRICES = {"lm_head": ("embed", "vocab"), "position_embedding": (None, "embed")}  # untied head, GPT-2 positions
 
 
 def global_devices() -> list[jax.Device]:
@@ -78,6 +79,8 @@ def logical_axes(path: Sequence[Any], shape: Sequence[int]) -> tuple[str | None,
     ndim = len(shape)
     if leaf == "embedding" and ndim == 2:
         return ("prompt", "embed") if "prompt" in names[:1] else ("vocab", "embed")
+    if leaf in _MATRICES and ndim == 2:
+        return _MATRICES[leaf]
     if parent in _IN_OUT and ndim == 2:
         d_in, d_out = _IN_OUT[parent]
         if leaf == "kernel":

@@ -280,7 +280,10 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
     ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=1.0, steps=10, clip_norm=1.0, dataset_size=4)
     privacy = report_lib.build_report(ledger, training={"mode": "lora"}, contamination_sha256=None)
 
+    calls = []
+
     def fake_tune(base, train, valid, model_dir, config, **kw):
+        calls.append(kw)
         os.makedirs(model_dir)
         return SimpleNamespace(report=privacy, epsilon=ledger.epsilons(), steps=10, noise_multiplier=1.0, delta=1e-3,
                                train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=0)
@@ -303,6 +306,8 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
         assert json.load(f)["valid_loss"] == VALID_LOSS
     assert _modes(private) == 0o600
     assert {_modes(p) for p in (private.parent, private.parent.parent, root / "private")} == {0o700}
+    # The tuner's own private state (checkpoints, secret seed) goes to the stage's private state too.
+    assert calls[0]["state_dir"] == str(private.parent / stages.TUNE_STATE_DIR)
 
 
 def _fake_generate_lib(calls):

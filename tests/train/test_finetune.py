@@ -112,8 +112,18 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
     assert rep["private"] and rep["training"]["mode"] == "lora" and rep["training"]["steps"] == 4
     assert rep["contamination_sha256"] == "c0" * 32  # read from the base manifest
     assert rep["delta"] == pytest.approx(1 / len(TRAIN))
-    assert {c["name"] for c in rep["side_channels"]} >= {"label set", "validation loss", "truncation count",
+    assert {c["name"] for c in rep["side_channels"]} >= {"label set", "private state", "truncation count",
                                                         "public pretraining corpus", "other releases about the same data"}
+    assert "valid_loss" not in rep["training"] and "valid_loss" not in json.dumps(rep)  # non-DP: private state only
+    # The private state: a 0700 sibling outside the model dir, with the checkpoints and the non-DP losses.
+    state = finetune.default_state_dir(out)
+    assert res.state_dir == state and state == os.path.abspath(out) + ".private"
+    assert os.stat(state).st_mode & 0o777 == 0o700
+    assert os.path.isdir(os.path.join(state, "checkpoints")) and not os.path.exists(os.path.join(out, "checkpoints"))
+    with open(os.path.join(state, "losses.json")) as f:
+        losses = json.load(f)
+    assert losses["valid_loss"] == res.valid_loss and losses["dp"] is False
+    assert os.stat(os.path.join(state, "losses.json")).st_mode & 0o777 == 0o600
     assert os.path.exists(os.path.join(out, "privacy_report.md"))
     tuned, base = load_model(out), load_model(base_dir)
     assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
@@ -131,7 +141,7 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     assert part.steps == 2 and not os.path.exists(os.path.join(out, "manifest.json"))  # no model until done
     assert report.load_report(out)["training"]["steps"] == 2  # the report follows the checkpoints
     # The (secret) seed lives only in the private checkpoint; the resumed run must continue with it.
-    seed = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
     res = finetune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
     out_full = str(tmp_path / "uninterrupted")
@@ -174,10 +184,12 @@ def stopped_run(tiny_base, tmp_path_factory):
 
 
 def _copy(src, tmp_path):
+    """Copies a model dir and its private state (the sibling `<src>.private`)."""
     import shutil
 
     dst = tmp_path / "copy"
     shutil.copytree(src, dst)
+    shutil.copytree(finetune.default_state_dir(str(src)), finetune.default_state_dir(str(dst)))
     return dst
 
 
@@ -208,6 +220,15 @@ def test_resume_with_another_privacy_plan_is_refused_before_any_compute(stopped_
     assert f"{field}: checkpoint {before!r}, this run {after!r}" in msg and "refusing to resume" in msg
     if field in ("steps", "target_epsilon", "delta", "expected_batch_size", "accountant", "dataset_size"):
         assert "noise_multiplier: checkpoint" in msg  # sigma would change with it: both named
+
+
+def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(stopped_run, monkeypatch):
+    base_dir, _, out = stopped_run
+    from dpsynth.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(finetune.TuneError, match="checkpoints of an earlier run: pass --resume"):
+        finetune.dp_tune(base_dir, TRAIN, VALID, str(out), AUDIT_CFG)
 
 
 def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped_run, tmp_path, monkeypatch):
@@ -244,7 +265,7 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
     rep = report.load_report(out)
     assert [e["noise_multiplier"] for e in rep["ledger"]["entries"]] == [plan.noise_multiplier]
     assert rep["epsilon"]["rdp"] <= 4.0 and rep["training"]["noise_multiplier"] == plan.noise_multiplier
-    meta = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()
+    meta = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()
     assert meta["privacy_plan"] == plan.to_json()  # the checkpoint stores the plan
 
 
@@ -307,20 +328,111 @@ def test_cli_reports_errors(tiny_base, tmp_path, capsys):
     assert rc == 2 and "divisible by the mesh data axis 3" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_sweep_selects_by_valid_loss_and_reports_it(tiny_base, tmp_path):
+def _release_files(out):
+    """Every file under a released model dir, as (relative path, bytes)."""
+    found = []
+    for root, _, files in os.walk(out):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found.append((os.path.relpath(path, out), f.read()))
+    return found
+
+
+def _assert_no_losses_released(out):
+    for rel, data in _release_files(out):
+        assert b"valid_loss" not in data and b"train_loss" not in data, rel
+
+
+SWEEP_CFG = dataclasses.replace(BASE_CFG, steps=2)
+
+
+def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
+    """Default sweep: each of k trials calibrated with compositions=k, the released report's ledger
+    and epsilon cover all k, the selection is a declared side channel, only the winner is released."""
+    from dpsynth.dp import accounting
+
     base_dir, _ = tiny_base
-    cfg = dataclasses.replace(BASE_CFG, mode="prompt", prompt_length=4, steps=3)
-    result, trials = finetune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "sweep"), cfg,
-                                learning_rates=[1e-3, 3e-2], clip_norms=[0.5])
-    assert len(trials) == 2
+    out = str(tmp_path / "sweep")
+    result, trials = finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
+                                    clip_norms=[1.0], progress_interval=1e9)
+    composed = finetune.plan_run(SWEEP_CFG, len(TRAIN), compositions=2)
+    single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
+    assert composed.noise_multiplier > single.noise_multiplier
+    assert all(t["noise_multiplier"] == composed.noise_multiplier for t in trials)
+    rep = report.load_report(out)
+    assert sum(e["steps"] for e in rep["ledger"]["entries"]) == 2 * SWEEP_CFG.steps  # both trials accounted
+    expected = accounting.epsilon(composed.sampling_probability, 2 * SWEEP_CFG.steps, composed.noise_multiplier,
+                                  composed.delta, "rdp")
+    assert rep["epsilon"]["rdp"] == pytest.approx(expected) and expected <= SWEEP_CFG.epsilon
+    assert result.epsilon["rdp"] == pytest.approx(expected)
+    assert rep["selection"]["accounting"] == "composed" and rep["selection"]["trials"] == 2
     best = min(trials, key=lambda t: t["valid_loss"])
-    rep = report.load_report(str(tmp_path / "sweep"))
-    assert rep["selection"]["selected"] == best and rep["training"]["learning_rate"] == best["learning_rate"]
-    assert any(c["name"] == "validation-based selection" for c in rep["side_channels"])
-    for t in trials:  # each trial accounted on its own, at the target
-        assert t["epsilon"]["rdp"] <= cfg.epsilon
-    assert load_model(str(tmp_path / "sweep")).manifest["collections"] == ["prompt"]
+    assert rep["selection"]["selected"]["trial"] == best["trial"] and rep["training"]["compositions"] == 2
+    channel = {c["name"]: c["detail"] for c in rep["side_channels"]}["validation-based selection"]
+    assert "cover all 2 trials" in channel and "NOT differentially private" in channel
+    assert load_model(out).manifest["dp_tune"]["epsilon"] == rep["epsilon"]
+    # Only the selected model is released; the trials and the validation losses stay private.
+    assert not os.path.exists(os.path.join(out, "trials")) and not os.path.exists(os.path.join(out, "checkpoints"))
+    _assert_no_losses_released(out)
+    with open(os.path.join(result.state_dir, finetune.SWEEP_FILE)) as f:
+        assert [t["valid_loss"] for t in json.load(f)["trials"]] == [t["valid_loss"] for t in trials]
+    assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
+
+
+def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    out = str(tmp_path / "sweep")
+    result, trials = finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
+                                    clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
+    single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
+    assert all(t["noise_multiplier"] == single.noise_multiplier for t in trials)
+    rep = report.load_report(out)
+    assert sum(e["steps"] for e in rep["ledger"]["entries"]) == SWEEP_CFG.steps  # one trial accounted
+    assert rep["epsilon"]["rdp"] <= SWEEP_CFG.epsilon and rep["selection"]["accounting"] == "selected-only"
+    channel = {c["name"]: c["detail"] for c in rep["side_channels"]}[
+        "validation-based selection (selected-only accounting)"]
+    assert "ONLY THE SELECTED TRIAL IS ACCOUNTED" in channel and "never written to this directory" in channel
+    assert not os.path.exists(os.path.join(out, "trials"))
+    _assert_no_losses_released(out)
+    assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
+    with pytest.raises(finetune.TuneError, match="sweep_accounting"):
+        finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3], clip_norms=[1.0],
+                       sweep_accounting="paper")
+
+
+def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, capsys):
+    """`dpsynth dp-tune --seed 987654321123`: neither the seed (as text or as little-endian int64
+    bytes) nor any training text is in any file under --out; all of it is in the private state."""
+    import struct
+
+    base_dir, _ = tiny_base
+    seed = 987654321123
+    data, valid = tmp_path / "train.jsonl", tmp_path / "valid.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN))
+    valid.write_text("".join(json.dumps(r) + "\n" for r in VALID))
+    out, state = tmp_path / "release" / "model", tmp_path / "owner" / "state"
+    assert _cli(base_dir, data, out, "--steps", "2", "--seed", str(seed), "--valid", str(valid),
+                "--state-dir", str(state)) == 0
+    printed = capsys.readouterr()
+    assert "valid_loss" not in printed.out and str(seed) not in printed.out + printed.err
+    files = _release_files(out)
+    assert {"manifest.json", "privacy_report.json", "privacy_report.md"} <= {rel for rel, _ in files}
+    needles = [str(seed).encode(), struct.pack("<q", seed)]
+    needles += [r["text"].encode() for r in TRAIN + VALID if len(r["text"]) >= 12]
+    for rel, blob in files:
+        for needle in needles:
+            assert needle not in blob, f"{rel} contains {needle!r}"
+    _assert_no_losses_released(out)
+    # The overridden state dir is used (not the default sibling), owner-only, and holds the seed.
+    assert not os.path.exists(finetune.default_state_dir(str(out)))
+    assert os.stat(state).st_mode & 0o777 == 0o700
+    meta = TrainCheckpointer(os.path.join(state, "checkpoints")).read_meta()
+    assert meta["sampling_seed"] == seed
+    assert "fixed seed" in {c["name"] for c in report.load_report(str(out))["side_channels"]}
+    # A state dir inside the released dir is refused.
+    assert _cli(base_dir, data, tmp_path / "o2", "--state-dir", str(tmp_path / "o2" / "state")) == 2
+    assert "inside the released directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -356,7 +468,7 @@ def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
     finetune.dp_tune(base_dir, TRAIN, VALID, out_b, BASE_CFG, progress_interval=1e9)
     la, lb = load_model(out_a).variables["lora"], load_model(out_b).variables["lora"]
     assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(la), jax.tree.leaves(lb)))
-    seed = TrainCheckpointer(os.path.join(out_b, "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out_b), "checkpoints")).read_meta()["sampling_seed"]
     assert seed.bit_length() > 32  # 64-bit entropy (fails with probability 2^-32)
     for name in ("privacy_report.json", "privacy_report.md", "manifest.json"):
         with open(os.path.join(out_b, name)) as f:
@@ -438,7 +550,7 @@ def test_every_mode_in_two_processes_matches_one_process(tiny_base, tmp_path):
             assert r["epsilon"] == one[mode]["epsilon"]
         assert _trainable_diff(str(tmp_path / "one" / mode), str(tmp_path / "two" / mode), mode) < 1e-4
         ra, rb = report.load_report(str(tmp_path / "one" / mode)), report.load_report(str(tmp_path / "two" / mode))
-        assert abs(ra["training"].pop("valid_loss") - rb["training"].pop("valid_loss")) < 1e-5
+        assert "valid_loss" not in ra["training"] and "valid_loss" not in rb["training"]  # private state only
         assert ra == rb  # ledger, epsilon, noise multiplier, side channels: identical
 
 
@@ -455,7 +567,8 @@ def test_secret_seed_shared_by_two_processes_never_logged_and_resumed_across_pro
         a, b = run[0]["modes"]["lora"], run[1]["modes"]["lora"]
         assert a["batches"] == b["batches"] and len(a["batches"]) == steps
     assert second[0]["modes"]["lora"]["steps"] == 4
-    seed = TrainCheckpointer(os.path.join(out, "lora", "checkpoints")).read_meta()["sampling_seed"]
+    state = finetune.default_state_dir(os.path.join(out, "lora"))
+    seed = TrainCheckpointer(os.path.join(state, "checkpoints")).read_meta()["sampling_seed"]
     assert seed.bit_length() > 32
     for r in first + second:
         assert str(seed) not in r["stderr"]

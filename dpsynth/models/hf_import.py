@@ -1,0 +1,238 @@
+"""Import a local Hugging Face checkpoint (Llama 2/3, Mistral, Qwen2/2.5, Gemma 1/2/3, GPT-2).
+
+`import_model(hf_dir, out_dir)` reads `config.json`, `model.safetensors` (or the shards of
+`model.safetensors.index.json`) and the tokenizer (`tokenizer.json` through `tokenizers`, else
+a SentencePiece `tokenizer.model`) and writes a `dpsynth.model` directory (see
+`dpsynth.train.checkpoint`) whose manifest records the source: family, config SHA-256, the
+SHA-256 of every weight file and of the tokenizer. It only reads local files (no network).
+
+Large models: `load_params` walks the checkpoint file by file and tensor by tensor; each tensor
+is memory-mapped, converted to our layout and dtype on its own and `jax.device_put` straight
+into its mesh sharding, so the host never holds more than one converted tensor (and never a
+float32 copy of a bfloat16 model when `param_dtype="bfloat16"`).
+
+Every problem stops the import with an `HFFormatError` naming the file and the field or
+tensor: an unknown architecture, a config option we do not implement, a missing or
+unexpected tensor, a shape mismatch, or a tokenizer larger than the embedding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsynth.models import hf_files
+from dpsynth.models.config import ModelConfig
+from dpsynth.models.hf_files import HFFormatError, TensorInfo
+from dpsynth.models.transformer import Transformer
+
+GENERATION_CONFIG = "generation_config.json"
+PARAM_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jnp.bfloat16)}
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSource:
+    """A checked Hugging Face directory: what to build and where each tensor lives."""
+
+    directory: str
+    family: str
+    config: ModelConfig
+    hf_config: dict[str, Any]
+    special_ids: dict[str, int]
+    tensors: dict[str, tuple[hf_files.Entry, TensorInfo]]  # our path "a/b/c" -> (entry, tensor)
+    files: tuple[str, ...]
+
+
+def _path_key(path: tuple[str, ...]) -> str:
+    return "/".join(path)
+
+
+def abstract_params(config: ModelConfig) -> dict:
+    """ShapeDtypeStructs of the "params" collection of `Transformer(config)`."""
+    shapes = jax.eval_shape(Transformer(config.base()).init, jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
+    return shapes["params"]
+
+
+def inspect(hf_dir: str, *, dtype: str = "float32") -> HFSource:
+    """Reads and checks config.json and the safetensors headers (no tensor data)."""
+    hf_dir = os.path.abspath(hf_dir)
+    config_path = os.path.join(hf_dir, hf_files.CONFIG_FILE)
+    hf = hf_files.read_json(config_path)
+    family, config = hf_files.model_config_from_hf(hf, config_path, dtype=dtype)
+    files = hf_files.checkpoint_files(hf_dir)
+    found: dict[str, TensorInfo] = {}
+    for path in files:
+        for name, info in hf_files.read_header(path).items():
+            if name in found:
+                raise HFFormatError(f"{path}: tensor {name!r} also appears in {found[name].file}")
+            found[name] = info
+    entries = hf_files.tensor_map(family, config)
+    prefixes = hf_files.PREFIXES.get(family, hf_files.DEFAULT_PREFIXES)
+    prefix = next((p for p in prefixes if p + entries[0].hf in found), None)
+    if prefix is None:
+        raise HFFormatError(f"{files[0]}: tensor {prefixes[0] + entries[0].hf!r} (the token embedding) is missing; "
+                            f"is this a {family} checkpoint?")
+    shapes = {_path_key(tuple(str(getattr(k, 'key', k)) for k in path)): leaf.shape
+              for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(config))[0]}
+    tensors: dict[str, tuple[hf_files.Entry, TensorInfo]] = {}
+    used: set[str] = set()
+    for entry in entries:
+        name = prefix + entry.hf
+        if name not in found:
+            raise HFFormatError(f"{files[0] if len(files) == 1 else hf_dir}: tensor {name!r} is missing (needed for "
+                                f"{_path_key(entry.path)})")
+        tensors[_path_key(entry.path)] = (entry, found[name])
+        used.add(name)
+    head_names = hf_files.HEAD.get(family, ("lm_head.weight",))
+    head = next((n for n in head_names if n in found), None)
+    if not config.tie_embeddings:
+        if head is None:
+            raise HFFormatError(f"{config_path}: tie_word_embeddings is false but tensor {head_names[0]!r} is missing "
+                                f"from {', '.join(os.path.basename(f) for f in files)}")
+        tensors["lm_head"] = (hf_files.Entry(head, ("lm_head",), "linear"), found[head])
+        used.add(head)
+    elif head is not None:  # a tied checkpoint that stores the head anyway: it must be the embedding
+        emb = found[prefix + entries[0].hf]
+        if found[head].shape != emb.shape or not np.array_equal(hf_files.read_tensor(found[head]),
+                                                                hf_files.read_tensor(emb)):
+            raise HFFormatError(f"{found[head].file}: tensor {head!r} differs from {emb.name!r} but {config_path} "
+                                "says tie_word_embeddings=true (set it to false to import an untied head)")
+        used.add(head)
+    for name, info in found.items():
+        if name in used or name.startswith(hf_files.IGNORED_PREFIXES) or name.endswith(hf_files.IGNORED_SUFFIXES):
+            continue
+        raise HFFormatError(f"{info.file}: unexpected tensor {name!r} (not part of a {family} model with this "
+                            f"config.json; a config option we do not read?)")
+    for key, (entry, info) in tensors.items():
+        got = hf_files.to_ours(entry, np.empty(info.shape, np.bool_)).shape
+        if key not in shapes:
+            raise HFFormatError(f"{info.file}: tensor {info.name!r} maps to {key}, which this config does not have")
+        if tuple(got) != tuple(shapes[key]):
+            raise HFFormatError(f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, config.json implies "
+                                f"{list(shapes[key]) if entry.kind != 'linear' else list(shapes[key][::-1])}")
+    missing = set(shapes) - set(tensors)
+    if missing:
+        raise HFFormatError(f"{hf_dir}: no tensor for {sorted(missing)}")
+    generation = os.path.join(hf_dir, GENERATION_CONFIG)
+    special = hf_files.special_ids_from_hf(hf, hf_files.read_json(generation) if os.path.exists(generation) else None,
+                                           config.vocab_size, config_path)
+    return HFSource(hf_dir, family, config, hf, special, tensors, tuple(files))
+
+
+def load_params(source: HFSource, *, param_dtype: str = "float32", mesh=None) -> dict:
+    """The "params" tree, loaded file by file, tensor by tensor, into `mesh` shardings.
+
+    Args:
+      source: from `inspect`.
+      param_dtype: "float32" or "bfloat16" (each tensor is converted on its own).
+      mesh: a `jax.sharding.Mesh` ("data", "model" axes; see `dpsynth.train.sharding`), or
+        None for the default device.
+    """
+    from dpsynth.train import sharding as sharding_lib
+
+    dtype = PARAM_DTYPES[param_dtype]
+    abstract = abstract_params(source.config)
+    if mesh is not None:
+        specs = sharding_lib.param_shardings(abstract, mesh)
+        flat_specs = {_path_key(tuple(str(getattr(k, "key", k)) for k in p)): s
+                      for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
+    params: dict[str, Any] = {}
+    by_file: dict[str, list[tuple[str, hf_files.Entry, TensorInfo]]] = {}
+    for key, (entry, info) in source.tensors.items():
+        by_file.setdefault(info.file, []).append((key, entry, info))
+    for file in source.files:  # shard by shard, in file order
+        for key, entry, info in sorted(by_file.get(file, []), key=lambda t: t[2].begin):
+            host = np.ascontiguousarray(hf_files.to_ours(entry, hf_files.read_tensor(info)), dtype=dtype)
+            value = jax.device_put(host, flat_specs[key]) if mesh is not None else jax.device_put(host)
+            del host
+            node = params
+            *parents, leaf = key.split("/")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+    return params
+
+
+def load_hf_tokenizer(source: HFSource):
+    """The source's tokenizer (`tokenizer.json` preferred, else `tokenizer.model`), checked against the embedding."""
+    from dpsynth.tokens import HFTokenizer, Tokenizer
+
+    json_path = os.path.join(source.directory, "tokenizer.json")
+    sp_path = os.path.join(source.directory, "tokenizer.model")
+    try:
+        if os.path.exists(json_path):
+            path = json_path
+            with open(path, "rb") as f:
+                tok = HFTokenizer(f.read(), source.special_ids)
+        elif os.path.exists(sp_path):
+            path = sp_path
+            with open(path, "rb") as f:
+                tok = Tokenizer(f.read(), source.special_ids)
+        else:
+            raise HFFormatError(f"{source.directory}: has neither tokenizer.json nor tokenizer.model")
+    except HFFormatError:
+        raise
+    except Exception as e:  # tokenizers / sentencepiece parse errors, special ids outside the vocabulary
+        raise HFFormatError(f"{path}: cannot be loaded as a tokenizer ({type(e).__name__}: {e})") from e
+    if tok.vocab_size > source.config.vocab_size:
+        entry, info = source.tensors["embedding"]
+        raise HFFormatError(f"{path}: the tokenizer has {tok.vocab_size} ids but tensor {info.name!r} in {info.file} "
+                            f"has only {source.config.vocab_size} rows (vocabulary disagrees with the embedding)")
+    return tok, path
+
+
+def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
+    """The manifest's "source" record: what was imported, with hashes."""
+    return {
+        "format": "huggingface-safetensors", "family": source.family, "path": source.directory,
+        "model_type": source.hf_config.get("model_type"), "architectures": source.hf_config.get("architectures"),
+        "source_dtype": source.hf_config.get("dtype", source.hf_config.get("torch_dtype")),
+        "config_sha256": hf_files.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
+        "weights_sha256": {os.path.basename(f): hf_files.sha256_file(f) for f in source.files},
+        "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": hf_files.sha256_file(tokenizer_path),
+        "pretraining_data_checked": False, "hf_config": source.hf_config,
+    }
+
+
+def import_model(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -> dict[str, Any]:
+    """Imports `hf_dir` into the dpsynth model directory `out_dir`; returns its manifest.
+
+    Args:
+      hf_dir: a local Hugging Face model directory.
+      out_dir: the model directory to write.
+      dtype: "float32" or "bfloat16": parameters and compute dtype.
+      mesh: optional mesh to load the parameters into (see `load_params`).
+    """
+    from dpsynth.train.checkpoint import save_model
+
+    source = inspect(hf_dir, dtype=dtype)
+    tokenizer, tokenizer_path = load_hf_tokenizer(source)
+    params = load_params(source, param_dtype=dtype, mesh=mesh)
+    return save_model(out_dir, source.config, {"params": params}, tokenizer,
+                      {"source": provenance(source, tokenizer_path)}, created_by="dpsynth import-model")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
+    parser = argparse.ArgumentParser(prog="dpsynth import-model", description=__doc__.splitlines()[0])
+    parser.add_argument("--hf", required=True, help="local Hugging Face model directory (config.json, safetensors)")
+    parser.add_argument("--out", required=True, help="dpsynth model directory to write")
+    parser.add_argument("--dtype", choices=sorted(PARAM_DTYPES), default="float32",
+                        help="parameter and compute dtype (bfloat16 halves memory; float32 for exact parity)")
+    args = parser.parse_args(argv)
+    try:
+        manifest = import_model(args.hf, args.out, dtype=args.dtype)
+    except HFFormatError as e:
+        print(f"dpsynth import-model: {e}", file=sys.stderr)
+        return 2
+    src = manifest["source"]
+    print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "
+          f"{args.out}")
+    return 0
