@@ -166,7 +166,10 @@ def _plain_summary(report_dir: str, test_path: str) -> str:
 
     from dpsynth.evaluate.report import plain_summary
 
-    with open(os.path.join(report_dir, "metrics.json"), encoding="utf-8") as f:
+    metrics_path = os.path.join(report_dir, "metrics.json")
+    if not os.path.exists(metrics_path):  # e.g. an evaluate stage cached by an older dpsynth
+        return f"(no plain summary: {metrics_path} does not exist; rerun the evaluate stage to get one)"
+    with open(metrics_path, encoding="utf-8") as f:
         metrics = json.load(f)
     with open(test_path, encoding="utf-8") as f:
         labels = [json.loads(line)["label"] for line in f if line.strip()]

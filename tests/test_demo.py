@@ -39,6 +39,7 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
         if stage != "labels":  # the demo draws no DP label histogram
             assert f"fake report of {stage}" in out
     assert "[8/8] evaluation" in out and "report: " in out
+    assert "no plain summary" in out  # the fake evaluate stage writes no metrics.json: said, not a crash
     # Second run: everything cached, the stored reports are shown again.
     code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
     out = capsys.readouterr().out

@@ -342,7 +342,9 @@ class _Writer:
 
 def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: str, tokenizer_sha: str,
           step: int) -> dict[str, Any]:
-    return {"preset": model_config.preset, "model_config": model_config.to_dict(), "seq_len": cfg.seq_len,
+    # The model config as it reads back from the checkpoint's JSON (tuples become lists).
+    model_json = json.loads(json.dumps(model_config.to_dict()))
+    return {"preset": model_config.preset, "model_config": model_json, "seq_len": cfg.seq_len,
             "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seed": cfg.seed,
             "valid_fraction": cfg.valid_fraction, "valid_unit": cfg.valid_unit, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
             "rows_consumed": step * cfg.batch_size * cfg.grad_accum, "corpus_manifest_sha256": corpus_manifest_sha,
