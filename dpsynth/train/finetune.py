@@ -43,6 +43,7 @@ longer than `max_tokens` are truncated and counted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -572,8 +573,7 @@ def dp_tune(
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
         continuation) would exceed the budget.
     """
-    from dpsynth.progress import Progress
-    from dpsynth.train import core, lm, sharding
+    from dpsynth.train import core, lm, loop, sharding
     from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer, load_model, save_model
 
     t0 = time.monotonic()
@@ -758,7 +758,7 @@ def dp_tune(
         planned = [entry(remaining)] if remaining else []
         ledger.check_budget(planned)  # refuses to start/continue past the budget
 
-        def save_checkpoint():
+        def save_checkpoint(done: int, state) -> None:
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
                     "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
                     **accounted_settings(config, plan)}
@@ -767,23 +767,27 @@ def dp_tune(
                 report_lib.write_report(out_dir, build_run_report())  # the report follows the checkpoints
 
         # ------------------------------------------------------------ the loop
-        train_loss_sum, train_count = 0.0, 0.0
-        end = plan.steps if stop_after is None else min(plan.steps, stop_after)
-        with Progress(total=end - start, desc=f"dp-tune[{config.mode}]", unit="step",
-                      interval=progress_interval, stream=None if primary else io.StringIO()) as progress:
-            for step in range(start, end):
-                indices = mech.batches.microbatches(step) if mech is not None else sampler.microbatches(step)
-                if mech is not None and mech.per_user:  # [users, W] slot matrices (one process, no mesh)
-                    state, metrics = fns.accumulated_step(state, [gather_users(train_arrays, m) for m in indices])
-                else:
-                    mbs = [sampling.gather(train_arrays, m[local]) for m in indices]
-                    state, metrics = fns.accumulated_step(state, mbs, global_rows=config.microbatch_size)
-                ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k != "steps"})
-                train_loss_sum += float(metrics["loss_sum"])
-                train_count += float(metrics["count"])
-                progress.update(1, loss=float(metrics["loss"]))
-                if int(state.step) % config.checkpoint_every == 0 or int(state.step) == end:
-                    save_checkpoint()
+        per_user = mech is not None and mech.per_user  # [users, W] slot matrices (one process, no mesh)
+
+        def batch(step: int) -> list[dict[str, np.ndarray]]:
+            indices = mech.batches.microbatches(step) if mech is not None else sampler.microbatches(step)
+            return [gather_users(train_arrays, m) if per_user else sampling.gather(train_arrays, m[local])
+                    for m in indices]
+
+        losses = {"sum": 0.0, "count": 0.0}  # the non-DP train loss of the steps run (private state only)
+
+        def after_step(done: int, state, metrics) -> dict[str, float]:
+            ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k != "steps"})
+            losses["sum"] += float(metrics["loss_sum"])
+            losses["count"] += float(metrics["count"])
+            return {"loss": float(metrics["loss"])}
+
+        state = loop.run_loop(
+            state, start=start, total=plan.steps, stop_after=stop_after, batch=batch,
+            step=functools.partial(fns.accumulated_step, global_rows=None if per_user else config.microbatch_size),
+            after_step=after_step, save=save_checkpoint, checkpoint_every=config.checkpoint_every,
+            desc=f"dp-tune[{config.mode}]", progress_interval=progress_interval,
+            stream=None if primary else io.StringIO()).state
     finally:
         checkpointer.close()
 
@@ -792,7 +796,7 @@ def dp_tune(
                   if valid_arrays is not None else float("nan"))
     final_vars = sharding.gather(lm.merge_variables(state.params, state.frozen))
     rep = build_run_report()
-    train_loss = train_loss_sum / max(train_count, 1.0)
+    train_loss = losses["sum"] / max(losses["count"], 1.0)
     if primary:
         write_private_json(os.path.join(state_dir, LOSSES_FILE), {
             "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
