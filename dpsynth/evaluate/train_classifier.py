@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from dpsynth.evaluate import classifiers
-from dpsynth.train import core
+from dpsynth.train import core, loop
 
 logger = logging.getLogger("dpsynth.evaluate")
 
@@ -344,45 +344,47 @@ class Trainer:
         opt_state = _set_hyper(self.optimizer.init(params), config.learning_rate, config.weight_decay)
         return fns.init_state(params, self.model.frozen, rng=config.seed if rng is None else rng, opt_state=opt_state)
 
-    def _early_stopping(self, state, step_epoch: Callable, valid: Split, tests: Mapping[str, Split],
-                        config: TrainConfig):
-        best = (-1.0, 0, None)
-        epochs = 0
-        for epoch in range(1, config.max_epochs + 1):
-            state = step_epoch(state, epoch)
-            epochs = epoch
-            acc = self.accuracy(state.params, state.frozen, valid, config.eval_batch_size)
-            if acc > best[0]:
-                best = (acc, epoch, jax.device_get(state.params))
-            elif epoch - best[1] >= config.patience:
-                break
-        params = best[2]
+    def _run(self, state, *, step: Callable, batch: Callable[[int], Any], steps_per_epoch: int, total: int,
+             valid: Split, tests: Mapping[str, Split], config: TrainConfig, patience: int | None, desc: str):
+        """`total` steps on the outer loop, validated after every epoch (early stopping).
+
+        Returns (best valid accuracy, its epoch, epochs run, test accuracies of the best epoch's
+        parameters, steps run).
+        """
+        stopper = _EarlyStopping(lambda state: self.accuracy(state.params, state.frozen, valid, config.eval_batch_size),
+                                 steps_per_epoch, patience)
+        state = loop.run_loop(
+            state, start=0, total=total, batch=batch, step=step,
+            after_step=lambda done, state, metrics: {"epoch": math.ceil(done / steps_per_epoch)},
+            evaluate=stopper.evaluate, eval_every=steps_per_epoch, should_stop=stopper.should_stop, desc=desc,
+            progress_interval=self.progress_interval).state
+        params = stopper.best_params
         tests_acc = {name: self.accuracy(params, state.frozen, s, config.eval_batch_size) for name, s in tests.items()}
-        return best[0], best[1], epochs, tests_acc, int(state.step)
+        return stopper.best_acc, stopper.best_epoch, stopper.epochs, tests_acc, int(state.step)
 
     def train(self, train: Split, valid: Split, tests: Mapping[str, Split], config: TrainConfig,
               desc: str = "classifier") -> TrialResult:
         """Non-private training with shuffled fixed-size batches (last batch padded and masked)."""
-        from dpsynth.progress import Progress
-
         fns = self.fns()
         state = self._init_state(fns, config)
         n, bs = len(train.x), config.batch_size
         examples = {"x": train.x, "y": train.y}
-        bar = Progress(total=config.max_epochs * math.ceil(n / bs), desc=desc, unit="step",
-                       interval=self.progress_interval)
+        steps_per_epoch = math.ceil(n / bs)
+        orders: dict[int, np.ndarray] = {}  # the current epoch's permutation
 
-        def step_epoch(state, epoch):
-            order = np.random.default_rng([config.seed, epoch]).permutation(n)
-            for start in range(0, n, bs):
-                idx = order[start : start + bs]
-                idx = np.concatenate([idx, -np.ones(bs - len(idx), np.int64)])
-                state, _ = fns.train_step(state, fns.shard_batch(_gather(examples, idx)))
-                bar.update(1, epoch=epoch)
-            return state
+        def batch(step: int) -> dict:
+            epoch, k = step // steps_per_epoch + 1, step % steps_per_epoch
+            if epoch not in orders:
+                orders.clear()
+                orders[epoch] = np.random.default_rng([config.seed, epoch]).permutation(n)
+            idx = orders[epoch][k * bs : (k + 1) * bs]
+            idx = np.concatenate([idx, -np.ones(bs - len(idx), np.int64)])
+            return fns.shard_batch(_gather(examples, idx))
 
-        best, best_epoch, epochs, tests_acc, steps = self._early_stopping(state, step_epoch, valid, tests, config)
-        bar.close()
+        best, best_epoch, epochs, tests_acc, steps = self._run(
+            state, step=fns.train_step, batch=batch, steps_per_epoch=steps_per_epoch,
+            total=config.max_epochs * steps_per_epoch, valid=valid, tests=tests, config=config,
+            patience=config.patience, desc=desc)
         return TrialResult(best, tests_acc, best_epoch, epochs, steps)
 
     def dp_strategy(self, dp: DPConfig, sigma: float, expected_batch_size: float):
@@ -411,7 +413,6 @@ class Trainer:
         steps run (the returned `steps`).
         """
         from dpsynth.dp import accounting, sampling, seeds
-        from dpsynth.progress import Progress
 
         n = len(train.x)
         plan = plan if plan is not None else dp.plan(n)
@@ -424,26 +425,44 @@ class Trainer:
         fns = self.fns(strategy, key=("dp", dp.clip_norm, sigma, plan.expected_batch_size, strategy.embedding))
         sampler = sampling.PoissonSampler(n, plan.expected_batch_size, dp.microbatch_size, seed=seed)
         steps_per_epoch = max(1, math.ceil(1.0 / q))
-        num_epochs = math.ceil(total_steps / steps_per_epoch)
         examples = {"x": train.x, "y": train.y}
         state = self._init_state(fns, config, rng=jax.random.fold_in(seeds.jax_key(seed), _NOISE_STREAM))
-        bar = Progress(total=total_steps, desc=desc, unit="step", interval=self.progress_interval)
 
-        def step_epoch(state, epoch):
-            first = (epoch - 1) * steps_per_epoch
-            for step in range(first, min(total_steps, first + steps_per_epoch)):
-                mbs = [sampling.gather(examples, m) for m in sampler.microbatches(step)]
-                state, _ = fns.accumulated_step(state, mbs)
-                bar.update(1, epoch=epoch)
-            return state
+        def batch(step: int) -> list[dict]:
+            return [sampling.gather(examples, m) for m in sampler.microbatches(step)]
 
-        run_config = dataclasses.replace(config, max_epochs=num_epochs, patience=num_epochs)
-        best, best_epoch, epochs, tests_acc, steps = self._early_stopping(state, step_epoch, valid, tests, run_config)
-        bar.close()
+        best, best_epoch, epochs, tests_acc, steps = self._run(
+            state, step=fns.accumulated_step, batch=batch, steps_per_epoch=steps_per_epoch, total=total_steps,
+            valid=valid, tests=tests, config=config, patience=None, desc=desc)
         if steps != total_steps:
             raise RuntimeError(f"DP-on-real ran {steps} steps, the privacy plan has {total_steps}")
         spent = accounting.epsilon(q, total_steps, sigma, plan.delta, plan.accountant)
         return TrialResult(best, tests_acc, best_epoch, epochs, steps, epsilon=spent, noise_multiplier=sigma)
+
+
+class _EarlyStopping:
+    """The `evaluate` and `should_stop` hooks of a classifier run.
+
+    Validation accuracy after every epoch; keeps the parameters of the best epoch (the first of
+    equal ones) and stops once `patience` epochs passed without improvement (None: never).
+    """
+
+    def __init__(self, accuracy: Callable[[Any], float], steps_per_epoch: int, patience: int | None):
+        self._accuracy, self._steps_per_epoch, self._patience = accuracy, steps_per_epoch, patience
+        self.best_acc, self.best_epoch, self.best_params, self.epochs = -1.0, 0, None, 0
+        self._stop = False
+
+    def evaluate(self, done: int, state) -> None:
+        epoch = math.ceil(done / self._steps_per_epoch)
+        self.epochs = epoch
+        acc = self._accuracy(state)
+        if acc > self.best_acc:
+            self.best_acc, self.best_epoch, self.best_params = acc, epoch, jax.device_get(state.params)
+        elif self._patience is not None and epoch - self.best_epoch >= self._patience:
+            self._stop = True
+
+    def should_stop(self, done: int, state) -> bool:
+        return self._stop
 
 
 def _gather(examples: dict, idx: np.ndarray) -> dict:
