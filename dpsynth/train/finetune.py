@@ -67,7 +67,8 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
-from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
+from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
+                                   manifest_fields, template_of)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -664,7 +665,7 @@ def dp_tune(
                     if not config.full_lm else "full LM (label prompt trained on; ablation)",
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            "prompt_template": config.template, "labels": labels,
+            **manifest_fields(config.template, labels),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
         channels = _side_channels(config, labels_from_data, train.truncated, selection)
@@ -799,7 +800,7 @@ def dp_tune(
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished:
-        extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
+        extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels),
                           "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": sigma},
@@ -929,7 +930,7 @@ def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: s
     from dpsynth.train.lm import make_lm_loss
 
     loaded = load_model(model_dir)
-    template = template or loaded.manifest.get("prompt_template") or DEFAULT_TEMPLATE
+    template = template or template_of(loaded.manifest)
     records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
     enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
     loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)

@@ -292,17 +292,10 @@ def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path, capsys):
             buf[0, pos] = nxt
         expected[label] = tok.decode(out)
     assert all(r["text"] == expected[r["label"]] for r in rows)
-    # The shell entry point and the demo function: a rerun of the same job is a no-op resume.
+    # The shell entry point: a rerun of the same job is a no-op resume.
     before = _read(tmp_path / "a" / "train.jsonl")
     assert main(argv) == 0
     assert _read(tmp_path / "a" / "train.jsonl") == before
-    from dpsynth.generate.job import run_generate_demo
-
-    res = run_generate_demo(model_dir, str(tmp_path / "a"), num_examples=10, valid_examples=3, max_len=40,
-                            examples_per_shard=4, batch_size=4, temperature=0.0)
-    printed = capsys.readouterr().out
-    assert "[great]" in printed and "[other]" in printed and "duplicates" in printed
-    assert res["report"]["splits"]["valid"]["duplicates"]["num_examples"] == 3
     # Bad input exits with 2 and a clear message.
     assert main(["--model", model_dir, "--num-examples", "0", "--out", str(tmp_path / "c")]) == 2
 
