@@ -5,7 +5,8 @@ sensitive inputs, build the sensitive index once on the driver, cut every >= k-t
 overlap from each public shard in parallel, write the cleaned corpus and the contamination
 report. `release_tokenizer(...)`: the tokenizer to release, trained on the cleaned corpus
 only (the dedup's own tokenizer has seen the overlaps it cut), and the cleaned corpus
-re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.options`).
+re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.pipeline`, which also describes the
+`pipeline_factory` test hook).
 """
 
 from __future__ import annotations
@@ -22,23 +23,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth import tokens as tok
 from dpsynth.beam import corpus
-from dpsynth.beam.options import make_pipeline_options
+from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import readers
 
 logger = logging.getLogger("dpsynth")
-
-
-def _run_pipeline(build, beam_args: Sequence[str] | None, pipeline: beam.Pipeline | None) -> None:
-    """Builds the graph with `build(pipeline)` and runs it to completion."""
-    p = pipeline if pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
-    build(p)
-    result = p.run()
-    try:
-        result.wait_until_finish()
-    finally:
-        client = getattr(result, "client", None)  # DaskRunner: close the client it opened
-        if client is not None:
-            client.close()
 
 
 def summarize_manifest(manifest: dict[str, Any], out_dir: str) -> str:
@@ -66,9 +54,11 @@ def tokenize(
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline: beam.Pipeline | None = None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Tokenizes one corpus into `out_dir`; returns its manifest.
+
+    `beam_args` are Beam flags; `pipeline_factory` replaces the pipeline they make (tests).
 
     Raises:
       readers.InputError: fatal input problems (before the pipeline starts), or an empty
@@ -90,7 +80,7 @@ def tokenize(
             max_document_bytes=max_document_bytes,
         )
 
-    _run_pipeline(build, beam_args, pipeline)
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     manifest = tok.read_manifest(out_dir)
     corpus.check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
@@ -128,7 +118,7 @@ def dedup(
     tfds_data_dir: str | None = None,
     threads: int = 1,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory=None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Removes every >= `min_tokens` token sequence shared with sensitive data from a public corpus.
 
@@ -136,8 +126,9 @@ def dedup(
       public: the public corpus (paths/dirs/globs) or one token corpus directory.
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
-      pipeline_factory: optional zero-argument callable returning a fresh `beam.Pipeline`
-        (tests); the job runs two pipelines (tokenize, then dedup).
+      beam_args: Beam flags (`--runner`, `--direct_num_workers`, ...).
+      pipeline_factory: returns a fresh pipeline to use instead (tests); called once per
+        pipeline the job runs (tokenize, then dedup).
 
     Returns:
       The contamination report (also written to `out_dir/contamination.json`).
@@ -175,7 +166,6 @@ def dedup(
             sub = "public" if src.kind == "public" else f"sensitive/{src.name}"
             dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
     to_tokenize = [s for s in sources if s.token_dir is None]
-    new_pipeline = pipeline_factory or (lambda: beam.Pipeline(options=make_pipeline_options(beam_args)))
 
     # Stage 1: tokenize every input that is not a token corpus yet (one pipeline).
     t0 = time.monotonic()
@@ -191,7 +181,7 @@ def dedup(
             ]
             _ = tuple(outs) | "TokenizedAll" >> corpus.JoinAll()
 
-        _run_pipeline(build, None, new_pipeline())
+        run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     manifests = {}
     for s in sources:
         manifests[s.name] = tok.read_manifest(dirs[s.name])
@@ -228,7 +218,7 @@ def dedup(
                 extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(dirs["public"], tok.MANIFEST))})
         )
 
-    _run_pipeline(build_dedup, None, new_pipeline())
+    run_pipeline(build_dedup, beam_args=beam_args, pipeline_factory=pipeline_factory)
     t_dedup = time.monotonic() - t0
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
         report = json.loads(f.read())
@@ -255,7 +245,7 @@ def release_tokenizer(
     seed: int = 0,
     num_shards: int | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline: beam.Pipeline | None = None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """The tokenizer to release, trained on the DEDUPLICATED public corpus only, and that corpus
     re-tokenized with it.
@@ -279,6 +269,7 @@ def release_tokenizer(
                                        max_sentences=max_sentences, model_type=model_type, seed=seed)
     tokens_dir = FileSystems.join(out_dir, RELEASED_TOKENS_DIR)
     manifest = tokenize(clean_corpus, tokenizer_path=tokenizer_path, out_dir=tokens_dir, kind="public",
-                        name="public", num_shards=num_shards, beam_args=beam_args, pipeline=pipeline)
+                        name="public", num_shards=num_shards, beam_args=beam_args,
+                        pipeline_factory=pipeline_factory)
     return {"tokenizer": tokenizer_path, "tokens": tokens_dir, "vocab_size": tokenizer.vocab_size,
             "sha256": tokenizer.sha256, "manifest": manifest}
