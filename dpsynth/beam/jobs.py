@@ -133,9 +133,7 @@ def dedup(
     Returns:
       The contamination report (also written to `out_dir/contamination.json`).
     """
-    from dpsynth.dedup.index import SensitiveIndex
     from dpsynth.dedup import report as dedup_report
-    from dpsynth.beam import dedup as bdedup
 
     if min_tokens < 1:
         raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
@@ -143,6 +141,32 @@ def dedup(
         raise readers.InputError("dedup needs at least one --sensitive dataset")
     start = time.monotonic()
     tokenizer = tok.Tokenizer.load(tokenizer_path)
+    sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
+                             tfds_data_dir=tfds_data_dir)
+    dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
+    run = dict(beam_args=beam_args, pipeline_factory=pipeline_factory)
+
+    t0 = time.monotonic()
+    manifests = _tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
+                                  shard_bytes=shard_bytes, max_document_bytes=max_document_bytes, **run)
+    t_tokenize = time.monotonic() - t0
+    t0 = time.monotonic()
+    index_path = _save_sensitive_index([s for s in sources if s.kind == "sensitive"], dirs, out_dir)
+    t_index = time.monotonic() - t0
+    t0 = time.monotonic()
+    report = _cut_overlaps(manifests["public"], dirs["public"], index_path, tokenizer, tokenizer_path, out_dir,
+                           min_tokens=min_tokens, threads=threads, **run)
+    t_dedup = time.monotonic() - t0
+    elapsed = time.monotonic() - start
+    print(dedup_report.summary_text(report))
+    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
+          f"total {elapsed:.1f}s -> {out_dir}")
+    return report
+
+
+def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
+                   label_column: str | None, tfds_data_dir: str | None) -> list[corpus.CorpusSource]:
+    """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
     sources = [corpus.plan_source(public, kind="public", name="public", text_column=text_column)]
     names = set()
     for spec in sensitive:
@@ -153,6 +177,12 @@ def dedup(
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
         sources.append(src)
+    return sources
+
+
+def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer, tokenizer_path: str,
+                out_dir: str) -> dict[str, str]:
+    """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
@@ -165,10 +195,15 @@ def dedup(
         else:
             sub = "public" if src.kind == "public" else f"sensitive/{src.name}"
             dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
-    to_tokenize = [s for s in sources if s.token_dir is None]
+    return dirs
 
-    # Stage 1: tokenize every input that is not a token corpus yet (one pipeline).
-    t0 = time.monotonic()
+
+def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: tok.Tokenizer,
+                      tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
+                      beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, dict]:
+    """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
+    every source's token manifest (each checked not empty)."""
+    to_tokenize = [s for s in sources if s.token_dir is None]
     if to_tokenize:
         def build(p):
             outs = [
@@ -187,46 +222,46 @@ def dedup(
         manifests[s.name] = tok.read_manifest(dirs[s.name])
         corpus.check_not_empty(manifests[s.name], s)
         print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
-    t_tokenize = time.monotonic() - t0
+    return manifests
 
-    # Stage 2: the sensitive index, built once here and broadcast as one file.
-    t0 = time.monotonic()
-    sens = [s for s in sources if s.kind == "sensitive"]
-    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens])
+
+def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
+    """Stage 2: the sensitive index, built once on the driver and saved as one file (broadcast
+    to the workers by path); returns that path."""
+    from dpsynth.dedup.index import SensitiveIndex
+
+    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sensitive])
     index_path = FileSystems.join(out_dir, INDEX_FILE)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
     index.save(index_path)
-    del index
-    t_index = time.monotonic() - t0
+    return index_path
 
-    # Stage 3: cut overlaps per public shard, in parallel; write the clean corpus and the report.
-    t0 = time.monotonic()
-    pub = manifests["public"]
 
-    def build_dedup(p):
+def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: tok.Tokenizer,
+                  tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
+                  beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, Any]:
+    """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
+    the clean corpus and the contamination report; returns the report."""
+    from dpsynth.beam import dedup as bdedup
+
+    def build(p):
         _ = (
             p
             | "ListPublicShards" >> beam.Create(list(pub["shards"]))
             | "Dedup" >> bdedup.DedupShards(
-                public_dir=dirs["public"], dtype=pub["dtype"], index_path=index_path,
+                public_dir=public_dir, dtype=pub["dtype"], index_path=index_path,
                 tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
                 min_tokens=min_tokens, threads=threads)
             | "Report" >> bdedup.WriteDedupReport(
                 out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
                 tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
-                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(dirs["public"], tok.MANIFEST))})
+                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(public_dir, tok.MANIFEST))})
         )
 
-    run_pipeline(build_dedup, beam_args=beam_args, pipeline_factory=pipeline_factory)
-    t_dedup = time.monotonic() - t0
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
-        report = json.loads(f.read())
-    elapsed = time.monotonic() - start
-    print(dedup_report.summary_text(report))
-    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
-          f"total {elapsed:.1f}s -> {out_dir}")
-    return report
+        return json.loads(f.read())
 
 
 # ----------------------------------------------------------------------------- the released tokenizer
