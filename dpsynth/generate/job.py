@@ -588,6 +588,39 @@ def dp_label_distribution(
                                          noise_multiplier=float(noise_multiplier), seed=seed)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DpLabelHistogram:
+    """A request to draw the job's label distribution as a DP label histogram of D_train.
+
+    `generate(..., label_histogram=...)` draws it with `dp_label_distribution`: every call is a
+    new release (Gaussian mechanism on the label counts, sensitivity 1), composed into the
+    output's privacy report. Exactly one of `noise_multiplier` or `epsilon`.
+
+    Attributes:
+      source: the D_train file(s) whose labels are counted.
+      noise_multiplier: sigma of the noise on each count.
+      epsilon: calibrate sigma for the histogram alone at `delta`.
+      delta: delta for `epsilon` (default: the model's).
+      seed: noise seed for tests only; None draws from the OS entropy pool.
+    """
+
+    source: str | None
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    seed: int | None = None
+
+
+def _draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
+    """`config` with the label distribution drawn as `request` asks (one release)."""
+    if config.label_distribution is not None:
+        raise GenerateError("pass either a label distribution or a DP label histogram to draw, not both")
+    dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
+                                 noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
+                                 delta=request.delta, seed=request.seed)
+    return dataclasses.replace(config, label_distribution=dist)
+
+
 def _model_delta(model_dir: str) -> float | None:
     path = os.path.join(model_dir, "privacy_report.json")
     if not os.path.exists(path):
@@ -628,26 +661,28 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
 # ----------------------------------------------------------------------------- the job
 
 
-def run_pipeline(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
-                 test_pipeline=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
-    """Runs the Beam fan-out over `specs` (blocking)."""
-    from dpsynth.beam.options import make_pipeline_options
+def run_shards(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
+               pipeline_factory=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
+    """Runs the Beam fan-out over `specs` (blocking; `dpsynth.beam.pipeline.run_pipeline`)."""
+    from dpsynth.beam.pipeline import run_pipeline
 
-    pipeline = test_pipeline if test_pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
-    with pipeline as p:
+    def build(p):
         _ = (
             p
             | "CreateShardSpecs" >> beam.Create(list(specs))
             | "GenerateSynthetic" >> GenerateSynthetic(plan, loader)
         )
 
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+
 
 def generate(
     config: GenerateConfig,
     *,
     beam_args: Sequence[str] = (),
-    test_pipeline=None,
+    pipeline_factory=None,
     loader: Callable[[str], ModelBundle] = load_bundle,
+    label_histogram: DpLabelHistogram | None = None,
     train_path: str | None = None,
     audit_dir: str | None = None,
     min_shared_tokens: int = 50,
@@ -658,8 +693,12 @@ def generate(
     Args:
       config: the job.
       beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
-      test_pipeline: a `TestPipeline` to run on instead (tests).
+      pipeline_factory: returns the pipeline to run on instead (tests: `TestPipeline`).
       loader: model directory -> `ModelBundle` (default: the checkpoint loader).
+      label_histogram: draw the label distribution as a DP histogram of D_train
+        (`DpLabelHistogram`; a new release on every call, so a rerun draws anew). To share one
+        draw among jobs, draw it once with `dp_label_distribution` and pass it as
+        `config.label_distribution` instead (the experiment runner's `labels` stage does).
       train_path: opt-in post-hoc memorisation audit against D_train (NOT DP; off by default;
         see `dpsynth.generate.report.memorisation_audit`).
       audit_dir: where the audit goes: an owner-only directory (0700; the file is 0600)
@@ -679,13 +718,15 @@ def generate(
             check_outside(audit_dir, config.out_dir, "--audit-dir: the memorisation audit directory")
         except ValueError as e:
             raise GenerateError(str(e)) from e
+    if label_histogram is not None:
+        config = _draw_label_histogram(config, label_histogram)
     info = read_model_info(config.model_dir)
     plan = make_plan(config, info)
     prepare_out_dir(plan)
     missing = [s for s in plan.specs if not shard_complete(plan, s)]
     logger.info("generate: %d shards planned, %d to generate (config %s)", len(plan.specs), len(missing), plan.config_hash[:12])
     if missing:
-        run_pipeline(plan, missing, beam_args=beam_args, test_pipeline=test_pipeline, loader=loader)
+        run_shards(plan, missing, beam_args=beam_args, pipeline_factory=pipeline_factory, loader=loader)
     still = [s.name for s in plan.specs if not shard_complete(plan, s)]
     if still:
         raise GenerateError(f"{plan.out_dir}: {len(still)} shards missing after the pipeline ran (first: {still[0]}); rerun")
