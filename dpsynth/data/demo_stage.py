@@ -11,13 +11,13 @@ deduplicated corpus only, which is then re-tokenized with it
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
 import warnings
 from typing import Any
 
+from dpsynth import fileio
 from dpsynth.data import embedded, readers
 
 PLANT_MIN_WORDS = 80  # long enough to hold a >= 50-token sequence
@@ -106,8 +106,8 @@ def run_contamination_demo(
     hit = [i for i in planted_ids if i in found]
     print(f"demo: {len(hit)} of the {len(planted_ids)} planted reviews were found and cut from the public corpus"
           + ("" if len(hit) == len(planted_ids) else f" (missed: {', '.join(i for i in planted_ids if i not in found)})"))
-    with open(os.path.join(out_dir, "planted.json"), "w", encoding="utf-8") as f:
-        json.dump({"planted_ids": planted_ids, "found": hit}, f, indent=2)
+    fileio.write_json(os.path.join(out_dir, "planted.json"), {"planted_ids": planted_ids, "found": hit},
+                      sort_keys=False, newline=False)
     released = jobs.release_tokenizer(os.path.join(dedup_dir, "clean"), vocab_size=vocab_size,
                                       out_dir=os.path.join(out_dir, "released"), seed=seed,
                                       num_shards=num_shards, beam_args=beam_args)

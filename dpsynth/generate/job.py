@@ -39,6 +39,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.postprocess import PostprocessConfig, filter_samples, keys_of
 from dpsynth.owner_only import check_outside, write_private_json
@@ -120,8 +121,7 @@ class ModelInfo:
 
 def _read_json(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return fileio.read_json(path)
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as e:
@@ -363,24 +363,6 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
 # ----------------------------------------------------------------------------- files
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_json(path: str, obj: Any) -> None:
-    _write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-
-
-def _read_shard(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def shard_complete(plan: GenerationPlan, spec: ShardSpec) -> bool:
     """True when the shard's file exists with exactly the planned number of records."""
     path = plan.shard_path(spec)
@@ -405,10 +387,10 @@ def prepare_out_dir(plan: GenerationPlan) -> None:
         raise GenerateError(f"{out}: has shards but no {CONFIG_FILE}; choose another --out or delete the directory")
     os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
     for name in os.listdir(os.path.join(out, SHARD_DIR)):  # partial writes of a killed run
-        if ".tmp-" in name:
+        if fileio.TMP_MARK in name:
             os.remove(os.path.join(out, SHARD_DIR, name))
     if not os.path.exists(cfg_path):
-        _write_json(cfg_path, plan.config_json)
+        fileio.write_json(cfg_path, plan.config_json)
 
 
 # ----------------------------------------------------------------------------- the shard DoFn
@@ -450,8 +432,8 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
                 lines.append(json.dumps(record, ensure_ascii=False, sort_keys=True))
             progress.update(hi - lo)
     data = ("\n".join(lines) + "\n").encode("utf-8")
-    _write_atomic(plan.shard_path(spec), data)
-    return {"name": spec.name, "split": spec.split, "num_examples": spec.count, "sha256": hashlib.sha256(data).hexdigest()}
+    fileio.write_bytes(plan.shard_path(spec), data)
+    return {"name": spec.name, "split": spec.split, "num_examples": spec.count, "sha256": fileio.sha256_bytes(data)}
 
 
 class GenerateShardFn(beam.DoFn):
@@ -518,9 +500,8 @@ def _write_parquet(path: str, rows: list[dict[str, str]]) -> None:
     import pyarrow.parquet as pq
 
     table = pa.table({"text": [r["text"] for r in rows], "label": [r["label"] for r in rows]})
-    tmp = f"{path}.tmp-{os.getpid()}"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with fileio.atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def _write_tfrecord(path: str, rows: list[dict[str, str]]) -> None:
@@ -528,12 +509,10 @@ def _write_tfrecord(path: str, rows: list[dict[str, str]]) -> None:
         import tensorflow as tf
     except ImportError as e:  # pragma: no cover - depends on the [tf] extra
         raise GenerateError("--format tfrecord needs the [tf] extra (pip install 'dpsynth[tf]')") from e
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.TFRecordWriter(tmp) as writer:
+    with fileio.atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
         for r in rows:
             feature = {k: tf.train.Feature(bytes_list=tf.train.BytesList(value=[r[k].encode("utf-8")])) for k in ("text", "label")}
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    os.replace(tmp, path)
 
 
 def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -561,7 +540,7 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
             if len(shard_rows) != spec.count:
                 raise GenerateError(f"{path}: {len(shard_rows)} records, expected {spec.count} (rerun to regenerate it)")
             rows.extend(shard_rows)
-            shard_entries.append({"name": spec.name, "num_examples": spec.count, "sha256": hashlib.sha256(data).hexdigest()})
+            shard_entries.append({"name": spec.name, "num_examples": spec.count, "sha256": fileio.sha256_bytes(data)})
         counts = None
         if plan.postprocess is not None:
             want = int(plan.config_json["num_examples"][split])
@@ -573,8 +552,8 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
         out_rows = [{"text": r["text"], "label": r["label"]} for r in rows]
         files = {}
         jsonl = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in out_rows).encode("utf-8")
-        _write_atomic(os.path.join(plan.out_dir, f"{split}.jsonl"), jsonl)
-        files["jsonl"] = {"path": f"{split}.jsonl", "sha256": hashlib.sha256(jsonl).hexdigest()}
+        fileio.write_bytes(os.path.join(plan.out_dir, f"{split}.jsonl"), jsonl)
+        files["jsonl"] = {"path": f"{split}.jsonl", "sha256": fileio.sha256_bytes(jsonl)}
         if "parquet" in formats:
             _write_parquet(os.path.join(plan.out_dir, f"{split}.parquet"), out_rows)
             files["parquet"] = {"path": f"{split}.parquet"}
@@ -654,9 +633,9 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
         "reason": f"generated with --allow-non-private from {plan.model_dir}, which has no privacy report",
         "guarantee": "none: this synthetic data may reveal its training data",
     }
-    _write_json(os.path.join(plan.out_dir, "privacy_report.json"), marker)
-    with open(os.path.join(plan.out_dir, "privacy_report.md"), "w", encoding="utf-8") as f:
-        f.write("# Privacy report\n\n**NOT PRIVATE.** " + marker["reason"] + ". " + marker["guarantee"].capitalize() + ".\n")
+    fileio.write_json(os.path.join(plan.out_dir, "privacy_report.json"), marker)
+    fileio.write_text(os.path.join(plan.out_dir, "privacy_report.md"),
+                      "# Privacy report\n\n**NOT PRIVATE.** " + marker["reason"] + ". " + marker["guarantee"].capitalize() + ".\n")
 
 
 # ----------------------------------------------------------------------------- the job
@@ -731,7 +710,7 @@ def generate(
         gen_report["postprocess"] = {"config": dataclasses.asdict(plan.postprocess), "note":
                                      "samples filtered by their own content: post-processing, no privacy cost",
                                      **{split: info["postprocess"] for split, info in splits.items()}}
-    _write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)
+    fileio.write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)
     if train_path is not None:
         if tokenizer is None:
             tokenizer = _load_tokenizer(config.model_dir)
@@ -750,7 +729,7 @@ def generate(
         "splits": splits,
         "files": {"config": CONFIG_FILE, "report": REPORT_FILE, "privacy_report": list(PRIVACY_FILES)},
     }
-    _write_json(os.path.join(plan.out_dir, MANIFEST_FILE), manifest)
+    fileio.write_json(os.path.join(plan.out_dir, MANIFEST_FILE), manifest)
     return manifest
 
 
@@ -800,8 +779,7 @@ def run_generate_demo(
     t0 = time.monotonic()
     manifest = generate(config, beam_args=beam_args, train_path=train_path, audit_dir=audit_dir)
     elapsed = time.monotonic() - t0
-    with open(os.path.join(out_dir, REPORT_FILE), encoding="utf-8") as f:
-        report = json.load(f)
+    report = fileio.read_json(os.path.join(out_dir, REPORT_FILE))
     with open(os.path.join(out_dir, "train.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
@@ -819,8 +797,7 @@ def run_generate_demo(
               f"hit max_len {lt.get('hit_max_len', 0)}, labels {lb}")
     if train_path is not None:
         audit_path = os.path.join(audit_dir or default_audit_dir(out_dir), MEMORISATION_AUDIT_FILE)
-        with open(audit_path, encoding="utf-8") as f:
-            mem = json.load(f)
+        mem = fileio.read_json(audit_path)
         print(f"  memorisation audit (NOT DP, owner-only, do not share; {audit_path}): longest sequence shared with "
               f"D_train {mem['longest_shared_tokens']} tokens; {mem['num_sharing_at_least_min']} examples share "
               f">= {mem['min_shared_tokens']} tokens")

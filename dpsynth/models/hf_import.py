@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.models import hf_files
 from dpsynth.models.config import ModelConfig
 from dpsynth.models.hf_files import HFFormatError, TensorInfo
@@ -194,9 +195,9 @@ def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
         "format": "huggingface-safetensors", "family": source.family, "path": source.directory,
         "model_type": source.hf_config.get("model_type"), "architectures": source.hf_config.get("architectures"),
         "source_dtype": source.hf_config.get("dtype", source.hf_config.get("torch_dtype")),
-        "config_sha256": hf_files.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
-        "weights_sha256": {os.path.basename(f): hf_files.sha256_file(f) for f in source.files},
-        "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": hf_files.sha256_file(tokenizer_path),
+        "config_sha256": fileio.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
+        "weights_sha256": {os.path.basename(f): fileio.sha256_file(f) for f in source.files},
+        "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": fileio.sha256_file(tokenizer_path),
         "pretraining_data_checked": False, "hf_config": source.hf_config,
     }
 
