@@ -23,10 +23,8 @@ does not already release (the report travels with it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 from typing import Any
 
 import numpy as np
@@ -157,23 +155,3 @@ def _write_adapter(loaded, source, prefix: str, out_dir: str) -> None:
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.lora_rank, "lora_alpha": config.lora_alpha,
         "target_modules": sorted(targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
         "use_rslora": False, "inference_mode": True, "base_model_name_or_path": source.get("path")})
-
-
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
-    parser = argparse.ArgumentParser(prog="dpsynth export-model", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="dpsynth model directory (imported, possibly DP-tuned)")
-    parser.add_argument("--format", choices=["hf"], default="hf", help="output layout (Hugging Face safetensors)")
-    parser.add_argument("--out", required=True, help="directory to write")
-    parser.add_argument("--adapter-only", action="store_true",
-                        help="LoRA models: write a PEFT adapter (adapter_config.json + adapter_model.safetensors)")
-    args = parser.parse_args(argv)
-    try:
-        record = export_model(args.model, args.out, adapter_only=args.adapter_only)
-    except HFFormatError as e:
-        print(f"dpsynth export-model: {e}", file=sys.stderr)
-        return 2
-    print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
-    return 0

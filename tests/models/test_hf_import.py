@@ -21,6 +21,7 @@ from dpsynth.models import hf_files, hf_import
 from dpsynth.models.decoding import greedy_decode
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.models.transformer import Transformer
+from trainers import import_model
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3", "gpt2")
@@ -139,7 +140,7 @@ def test_import_model_writes_a_loadable_model_dir(tmp_path):
     from dpsynth.train.checkpoint import load_model
 
     out = tmp_path / "model"
-    assert hf_import.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
+    assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
     loaded = load_model(str(out))
     src = loaded.manifest["source"]
     assert src["family"] == "qwen2" and src["pretraining_data_checked"] is False
