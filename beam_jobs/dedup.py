@@ -18,6 +18,7 @@ import sys
 from dpsynth import logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one entry per sensitive dataset (all its splits)")
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--min-tokens", type=int, default=50, metavar="K", help="cut shared sequences of >= K tokens")
+    p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="K", help="cut shared sequences of >= K tokens")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label", help="'' for unlabeled sensitive text")
     p.add_argument("--num-shards", type=int, default=None, help="public shards (default: one per --shard-mb)")

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from dpsynth import logs
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "written to --audit-dir, never into --out)")
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
                    "outside --out (default: OUT.private beside --out)")
-    p.add_argument("--min-shared-tokens", type=int, default=50, help="memorisation threshold in tokens")
+    p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS, help="memorisation threshold in tokens")
     return p
 
 

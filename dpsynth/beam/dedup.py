@@ -30,6 +30,7 @@ from dpsynth import fileio
 from dpsynth import tokens as tok
 from dpsynth.beam.corpus import remove_stale_shards
 from dpsynth.data.text import complement_ranges
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
@@ -120,7 +121,7 @@ class DedupShards(beam.PTransform):
     """Runs `dedup_shard` on every public shard and writes the cleaned shards and JSONL text."""
 
     def __init__(self, *, public_dir: str, dtype: str, index_path: str, tokenizer_path: str,
-                 out_dir: str, vocab_size: int, min_tokens: int = 50, threads: int = 1):
+                 out_dir: str, vocab_size: int, min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1):
         super().__init__()
         self.fn = _DedupShardFn(public_dir, dtype, index_path, tokenizer_path, out_dir, vocab_size, min_tokens, threads)
 

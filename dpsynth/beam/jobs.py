@@ -24,6 +24,7 @@ from dpsynth import tokens as tok
 from dpsynth.beam import corpus
 from dpsynth.beam.options import make_pipeline_options
 from dpsynth.data import readers
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
 
@@ -119,7 +120,7 @@ def dedup(
     *,
     tokenizer_path: str,
     out_dir: str,
-    min_tokens: int = 50,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,

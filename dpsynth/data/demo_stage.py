@@ -19,6 +19,7 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.data import embedded, readers
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 PLANT_MIN_WORDS = 80  # long enough to hold a >= 50-token sequence
 
@@ -47,7 +48,7 @@ def run_contamination_demo(
     *,
     vocab_size: int = 8000,
     num_planted: int = 5,
-    min_tokens: int = 50,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
     seed: int = 0,
     num_shards: int = 4,
     beam_args: list[str] | None = None,

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp.ledger import PrivacyLedger
 
 FORMAT = "dpsynth.privacy_report"
@@ -62,7 +63,7 @@ LABEL_SET_CHANNEL = {
 PUBLIC_OVERLAP_CHANNEL = {
     "name": "public pretraining corpus",
     "detail": "the base model and the released tokenizer are trained on the public corpus after every sequence of "
-              ">= k tokens (k = 50 by default) shared with the sensitive data was cut (the contamination report's "
+              f">= k tokens (k = {DEFAULT_MIN_TOKENS} by default) shared with the sensitive data was cut (the contamination report's "
               "hash is above); shorter shared sequences remain and are not covered by epsilon. The tokenizer is "
               "trained after that cut, on the cleaned corpus only (the dedup's own tokenizer is never released)",
 }

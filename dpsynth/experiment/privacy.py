@@ -191,7 +191,8 @@ def _gaussian(name: str, sigma: float) -> Release:
 
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
     from dpsynth.evaluate.report import EvaluateConfig
-    from dpsynth.experiment.stages import evaluate_options, make_config
+    from dpsynth.binding import make_config
+    from dpsynth.experiment.stages import evaluate_options
 
     return make_config(EvaluateConfig, evaluate_options(eval_cfg), "evaluate.options")
 

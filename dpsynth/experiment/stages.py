@@ -26,6 +26,7 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -35,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.binding import make_config
 from dpsynth.experiment.cache import StageContext, StageUnavailable
 from dpsynth.owner_only import write_private_json
 
@@ -57,37 +59,6 @@ def _module(stage: str, name: str, attr: str | None = None):
     if attr is not None and not hasattr(module, attr):
         raise StageUnavailable(stage, f"{name}.{attr} does not exist yet")
     return module
-
-
-def make_config(cls: type, kwargs: Mapping[str, Any], where: str):
-    """`cls(**kwargs)` for a library's frozen config dataclass, from plain YAML values.
-
-    Nested mappings become the nested dataclass a field holds by default (e.g. an evaluate
-    `sweep: {repeats: 1}` becomes a `SweepConfig`), lists become tuples. Unknown keys raise
-    ValueError naming `where` and the known keys.
-    """
-    import dataclasses
-    import types
-    import typing
-
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for key, value in kwargs.items():
-        if key not in fields:
-            raise ValueError(f"{where}.{key}: not an option of {cls.__name__} (known: {', '.join(sorted(fields))})")
-        f = fields[key]
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        target = type(default) if dataclasses.is_dataclass(default) else None
-        if target is None and typing.get_origin(hints[key]) in (typing.Union, types.UnionType):
-            target = next((a for a in typing.get_args(hints[key]) if dataclasses.is_dataclass(a)), None)  # `X | None`
-        if isinstance(value, Mapping) and target is not None:
-            value = make_config(target, value, f"{where}.{key}")
-        elif isinstance(value, list):
-            value = tuple(value)
-        out[key] = value
-    return cls(**out)
 
 
 # ----------------------------------------------------------------------------- data
@@ -388,25 +359,22 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- DP tuning
 
 
+# The experiment's seed never fixes the DP noise: the tuner draws a secret one (`options: {seed: N}` fixes it).
+_NOT_TUNE_FIELDS = ("seed",)
+
+
 def tune_config(config: Mapping[str, Any]):
-    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
+    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs).
+
+    Every key named like a `TuneConfig` field is that field (a null value keeps the tuner's
+    default); `loss: full` sets `full_lm`; `options` may set any field.
+    """
     lib = _module("dp_tune", "dpsynth.train.finetune", "TuneConfig")
-    kwargs: dict[str, Any] = dict(
-        mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
-        accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
-        clip_norm=config["clip_norm"], max_tokens=config["max_tokens"], full_lm=config["loss"] == "full",
-    )  # no seed: the tuner draws a secret one (dpsynth.dp.seeds); `options: {seed: N}` fixes it
-    if config.get("steps") is not None:
-        kwargs["steps"] = config["steps"]
-    else:
-        kwargs["epochs"] = config["epochs"]
-    if "lora_rank" in config:
-        kwargs["lora_rank"] = config["lora_rank"]
-    if "prompt_length" in config:
-        kwargs["prompt_length"] = config["prompt_length"]
-    for key in ("privacy_unit", "max_examples_per_user", "mechanism", "bands"):  # absent = the tuner's default
-        if key in config:
-            kwargs[key] = config[key]
+    fields = {f.name for f in dataclasses.fields(lib.TuneConfig)}
+    kwargs: dict[str, Any] = {k: v for k, v in config.items()
+                              if k in fields and k not in _NOT_TUNE_FIELDS and v is not None}
+    kwargs["epsilon"] = float(config["epsilon"])
+    kwargs["full_lm"] = config["loss"] == "full"
     kwargs.update(config.get("options") or {})
     return make_config(lib.TuneConfig, kwargs, "dp_tune.options")
 

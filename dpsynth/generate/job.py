@@ -40,6 +40,7 @@ import apache_beam as beam
 import numpy as np
 
 from dpsynth import fileio
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.postprocess import PostprocessConfig, filter_samples, keys_of
 from dpsynth.owner_only import check_outside, write_private_json
@@ -663,7 +664,7 @@ def generate(
     loader: Callable[[str], ModelBundle] = load_bundle,
     train_path: str | None = None,
     audit_dir: str | None = None,
-    min_shared_tokens: int = 50,
+    min_shared_tokens: int = DEFAULT_MIN_TOKENS,
     tokenizer=None,
 ) -> dict[str, Any]:
     """Runs a whole generation job (plan, fan-out, merge, report); returns the manifest.

@@ -127,34 +127,6 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     assert again.ran == ["dedup", "tokenizer"]
 
 
-def test_make_config_builds_nested_dataclasses():
-    @dataclasses.dataclass(frozen=True)
-    class Inner:
-        a: int = 1
-        b: tuple = ()
-
-    @dataclasses.dataclass(frozen=True)
-    class Outer:
-        x: float = 0.0
-        inner: Inner = Inner()
-
-    got = stages.make_config(Outer, {"x": 2.0, "inner": {"b": [1, 2]}}, "evaluate.options")
-    assert got == Outer(x=2.0, inner=Inner(a=1, b=(1, 2)))
-    with pytest.raises(ValueError, match=r"evaluate.options.inner.c: not an option of Inner"):
-        stages.make_config(Outer, {"inner": {"c": 1}}, "evaluate.options")
-
-
-def test_make_config_builds_optional_nested_dataclasses():
-    from dpsynth.evaluate.report import EvaluateConfig
-    from dpsynth.evaluate.train_classifier import SweepConfig
-
-    got = stages.make_config(EvaluateConfig, {"classifiers": ["wordcnn"], "backbone_sweep": {"learning_rates": [0.01], "repeats": 1}},
-                             "evaluate.options")
-    assert got.backbone_sweep == SweepConfig(learning_rates=(0.01,), repeats=1)
-    assert got.sweep_for("backbone") is got.backbone_sweep and got.sweep_for("wordcnn") == SweepConfig()
-    assert stages.make_config(EvaluateConfig, {}, "evaluate.options").sweep_for("backbone") == SweepConfig()
-
-
 def test_missing_library_is_stage_unavailable():
     with pytest.raises(StageUnavailable, match="stage 'x' is not available: module dpsynth.no_such_module does not exist"):
         stages._module("x", "dpsynth.no_such_module")
