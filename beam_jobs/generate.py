@@ -16,7 +16,7 @@ import sys
 
 from dpsynth import logs
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.generate.job import GenerateConfig, GenerateError, generate
+from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
 
 
@@ -52,30 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv=None, test_pipeline=None) -> dict:
-    """Parses flags and runs the job; returns the output manifest."""
+def run(argv=None, pipeline_factory=None) -> dict:
+    """Parses flags and runs the job; returns the output manifest.
+
+    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
+    """
     args, beam_args = build_parser().parse_known_args(argv)
     labels = tuple(l.strip() for l in args.labels.split(",") if l.strip()) if args.labels else None
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if "jsonl" not in formats:
         formats = ("jsonl",) + formats
-    distribution = None
+    histogram = None
     if args.label_distribution == "dp-histogram":
-        from dpsynth.generate.job import dp_label_distribution
-
-        distribution = dp_label_distribution(
-            args.model, args.label_source, labels=labels, noise_multiplier=args.label_noise_multiplier,
-            epsilon=args.label_epsilon, delta=args.label_delta,
-        )
+        histogram = DpLabelHistogram(source=args.label_source, noise_multiplier=args.label_noise_multiplier,
+                                     epsilon=args.label_epsilon, delta=args.label_delta)
     config = GenerateConfig(
         model_dir=args.model, out_dir=args.out, num_examples=args.num_examples, valid_examples=args.valid_examples,
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, num_decodes=args.num_decodes,
         max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
-        labels=labels, label_distribution=distribution, formats=formats, allow_non_private=args.allow_non_private,
+        labels=labels, formats=formats, allow_non_private=args.allow_non_private,
         cores_per_worker=args.cores_per_worker,
     )
-    return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, train_path=args.train,
-                    audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
+    return generate(config, beam_args=beam_args, pipeline_factory=pipeline_factory, label_histogram=histogram,
+                    train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 
 
 def main(argv=None) -> int:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import apache_beam as beam
-
 from dpsynth import logs
 
 
@@ -57,9 +55,11 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run(argv=None, test_pipeline=None) -> dict:
-    """Parses flags, builds the config and runs the pipeline; returns {"out": DIR}."""
-    from dpsynth.beam.options import make_pipeline_options
+def run(argv=None, pipeline_factory=None) -> dict:
+    """Parses flags, builds the config and runs the job; returns {"out": DIR, "corpora": N}.
+
+    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
+    """
     from dpsynth.evaluate import corpora, pipeline, report
 
     args, beam_args = parser().parse_known_args(argv)
@@ -71,10 +71,8 @@ def run(argv=None, test_pipeline=None) -> dict:
         dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
         dp_accountant=args.dp_accountant)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
-    report.load_real(args.real_train, args.real_test, args.real_valid)  # clear input errors before any compute
-    p = test_pipeline or beam.Pipeline(options=make_pipeline_options(beam_args))
-    with p:
-        pipeline.build(p, dirs, (args.real_train, args.real_test, args.real_valid), args.out, config)
+    pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
+                     beam_args=beam_args, pipeline_factory=pipeline_factory)
     return {"out": args.out, "corpora": len(dirs)}
 
 

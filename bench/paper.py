@@ -227,7 +227,11 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm")
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm", "bandmf")
+# BandMF's bands in the `bandmf` experiment: with ~27 steps, more bands cost more than they save
+# (`bench/bandmf_noise.py --dataset-size 4500 --batch-size 512 --steps 27`: prefix-sum noise vs
+# DP-SGD 1.04 / 1.08 / 1.15 at epsilon 1 and 0.95 / 0.95 / 0.97 at epsilon 3 for b = 2 / 3 / 4).
+CPU_BANDMF_BANDS = 2
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
@@ -289,6 +293,9 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
         # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
         "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
+        # DP-SGD (main) against BandMF correlated noise at the same epsilon (issue 16): two more DP runs.
+        "bandmf": experiment("bandmf", "yelp_sentences", ["lora"], [1, 3], baselines=False,
+                             dp={"mechanism": "bandmf", "bands": CPU_BANDMF_BANDS}),
     }
 
 
@@ -500,6 +507,17 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
     for label, res, mult in (("1x", main, 1), ("3x", results.get("x3"), 3)):
         r = lora3(res["rows"], mult) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
+
+    if scale in CPU_SCALES:
+        md += ["", f"## 3a. DP-SGD against BandMF ({CPU_BANDMF_BANDS} bands), LoRA on Yelp sentences", "",
+               "| epsilon | mechanism | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
+               "|---|---|" + "---|" * (len(classifiers) + 2)]
+        for e in (1.0, 3.0):
+            for label, res in (("DP-SGD", main), (f"BandMF b={CPU_BANDMF_BANDS}", results.get("bandmf"))):
+                r = next((r for r in res["rows"] if r["mode"] == "lora" and r["epsilon"] == e
+                          and float(r["multiple"]) == 1), None) if res else None
+                md.append(f"| {_f(e, 0)} | {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
+                          + f" | {_f(r.get('mauve')) if r else '-'} | {_f(res['valid_loss'].get(r['trial'])) if r else '-'} |")
 
     small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
     if small_only:

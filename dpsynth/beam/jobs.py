@@ -5,7 +5,8 @@ sensitive inputs, build the sensitive index once on the driver, cut every >= k-t
 overlap from each public shard in parallel, write the cleaned corpus and the contamination
 report. `release_tokenizer(...)`: the tokenizer to release, trained on the cleaned corpus
 only (the dedup's own tokenizer has seen the overlaps it cut), and the cleaned corpus
-re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.options`).
+re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.pipeline`, which also describes the
+`pipeline_factory` test hook).
 """
 
 from __future__ import annotations
@@ -22,24 +23,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth import tokens as tok
 from dpsynth.beam import corpus
-from dpsynth.beam.options import make_pipeline_options
+from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
-
-
-def _run_pipeline(build, beam_args: Sequence[str] | None, pipeline: beam.Pipeline | None) -> None:
-    """Builds the graph with `build(pipeline)` and runs it to completion."""
-    p = pipeline if pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
-    build(p)
-    result = p.run()
-    try:
-        result.wait_until_finish()
-    finally:
-        client = getattr(result, "client", None)  # DaskRunner: close the client it opened
-        if client is not None:
-            client.close()
 
 
 def summarize_manifest(manifest: dict[str, Any], out_dir: str) -> str:
@@ -67,9 +55,11 @@ def tokenize(
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline: beam.Pipeline | None = None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Tokenizes one corpus into `out_dir`; returns its manifest.
+
+    `beam_args` are Beam flags; `pipeline_factory` replaces the pipeline they make (tests).
 
     Raises:
       readers.InputError: fatal input problems (before the pipeline starts), or an empty
@@ -91,7 +81,7 @@ def tokenize(
             max_document_bytes=max_document_bytes,
         )
 
-    _run_pipeline(build, beam_args, pipeline)
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     manifest = tok.read_manifest(out_dir)
     corpus.check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
@@ -129,7 +119,7 @@ def dedup(
     tfds_data_dir: str | None = None,
     threads: int = 1,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory=None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Removes every >= `min_tokens` token sequence shared with sensitive data from a public corpus.
 
@@ -137,15 +127,14 @@ def dedup(
       public: the public corpus (paths/dirs/globs) or one token corpus directory.
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
-      pipeline_factory: optional zero-argument callable returning a fresh `beam.Pipeline`
-        (tests); the job runs two pipelines (tokenize, then dedup).
+      beam_args: Beam flags (`--runner`, `--direct_num_workers`, ...).
+      pipeline_factory: returns a fresh pipeline to use instead (tests); called once per
+        pipeline the job runs (tokenize, then dedup).
 
     Returns:
       The contamination report (also written to `out_dir/contamination.json`).
     """
-    from dpsynth.dedup.index import SensitiveIndex
     from dpsynth.dedup import report as dedup_report
-    from dpsynth.beam import dedup as bdedup
 
     if min_tokens < 1:
         raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
@@ -153,6 +142,32 @@ def dedup(
         raise readers.InputError("dedup needs at least one --sensitive dataset")
     start = time.monotonic()
     tokenizer = tok.Tokenizer.load(tokenizer_path)
+    sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
+                             tfds_data_dir=tfds_data_dir)
+    dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
+    run = dict(beam_args=beam_args, pipeline_factory=pipeline_factory)
+
+    t0 = time.monotonic()
+    manifests = _tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
+                                  shard_bytes=shard_bytes, max_document_bytes=max_document_bytes, **run)
+    t_tokenize = time.monotonic() - t0
+    t0 = time.monotonic()
+    index_path = _save_sensitive_index([s for s in sources if s.kind == "sensitive"], dirs, out_dir)
+    t_index = time.monotonic() - t0
+    t0 = time.monotonic()
+    report = _cut_overlaps(manifests["public"], dirs["public"], index_path, tokenizer, tokenizer_path, out_dir,
+                           min_tokens=min_tokens, threads=threads, **run)
+    t_dedup = time.monotonic() - t0
+    elapsed = time.monotonic() - start
+    print(dedup_report.summary_text(report))
+    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
+          f"total {elapsed:.1f}s -> {out_dir}")
+    return report
+
+
+def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
+                   label_column: str | None, tfds_data_dir: str | None) -> list[corpus.CorpusSource]:
+    """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
     sources = [corpus.plan_source(public, kind="public", name="public", text_column=text_column)]
     names = set()
     for spec in sensitive:
@@ -163,6 +178,12 @@ def dedup(
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
         sources.append(src)
+    return sources
+
+
+def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer, tokenizer_path: str,
+                out_dir: str) -> dict[str, str]:
+    """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
@@ -175,11 +196,15 @@ def dedup(
         else:
             sub = "public" if src.kind == "public" else f"sensitive/{src.name}"
             dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
-    to_tokenize = [s for s in sources if s.token_dir is None]
-    new_pipeline = pipeline_factory or (lambda: beam.Pipeline(options=make_pipeline_options(beam_args)))
+    return dirs
 
-    # Stage 1: tokenize every input that is not a token corpus yet (one pipeline).
-    t0 = time.monotonic()
+
+def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: tok.Tokenizer,
+                      tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
+                      beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, dict]:
+    """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
+    every source's token manifest (each checked not empty)."""
+    to_tokenize = [s for s in sources if s.token_dir is None]
     if to_tokenize:
         def build(p):
             outs = [
@@ -192,52 +217,52 @@ def dedup(
             ]
             _ = tuple(outs) | "TokenizedAll" >> corpus.JoinAll()
 
-        _run_pipeline(build, None, new_pipeline())
+        run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     manifests = {}
     for s in sources:
         manifests[s.name] = tok.read_manifest(dirs[s.name])
         corpus.check_not_empty(manifests[s.name], s)
         print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
-    t_tokenize = time.monotonic() - t0
+    return manifests
 
-    # Stage 2: the sensitive index, built once here and broadcast as one file.
-    t0 = time.monotonic()
-    sens = [s for s in sources if s.kind == "sensitive"]
-    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sens])
+
+def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
+    """Stage 2: the sensitive index, built once on the driver and saved as one file (broadcast
+    to the workers by path); returns that path."""
+    from dpsynth.dedup.index import SensitiveIndex
+
+    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sensitive])
     index_path = FileSystems.join(out_dir, INDEX_FILE)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
     index.save(index_path)
-    del index
-    t_index = time.monotonic() - t0
+    return index_path
 
-    # Stage 3: cut overlaps per public shard, in parallel; write the clean corpus and the report.
-    t0 = time.monotonic()
-    pub = manifests["public"]
 
-    def build_dedup(p):
+def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: tok.Tokenizer,
+                  tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
+                  beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, Any]:
+    """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
+    the clean corpus and the contamination report; returns the report."""
+    from dpsynth.beam import dedup as bdedup
+
+    def build(p):
         _ = (
             p
             | "ListPublicShards" >> beam.Create(list(pub["shards"]))
             | "Dedup" >> bdedup.DedupShards(
-                public_dir=dirs["public"], dtype=pub["dtype"], index_path=index_path,
+                public_dir=public_dir, dtype=pub["dtype"], index_path=index_path,
                 tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
                 min_tokens=min_tokens, threads=threads)
             | "Report" >> bdedup.WriteDedupReport(
                 out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
                 tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
-                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(dirs["public"], tok.MANIFEST))})
+                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(public_dir, tok.MANIFEST))})
         )
 
-    _run_pipeline(build_dedup, None, new_pipeline())
-    t_dedup = time.monotonic() - t0
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
-        report = json.loads(f.read())
-    elapsed = time.monotonic() - start
-    print(dedup_report.summary_text(report))
-    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
-          f"total {elapsed:.1f}s -> {out_dir}")
-    return report
+        return json.loads(f.read())
 
 
 # ----------------------------------------------------------------------------- the released tokenizer
@@ -256,7 +281,7 @@ def release_tokenizer(
     seed: int = 0,
     num_shards: int | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline: beam.Pipeline | None = None,
+    pipeline_factory: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """The tokenizer to release, trained on the DEDUPLICATED public corpus only, and that corpus
     re-tokenized with it.
@@ -280,6 +305,7 @@ def release_tokenizer(
                                        max_sentences=max_sentences, model_type=model_type, seed=seed)
     tokens_dir = FileSystems.join(out_dir, RELEASED_TOKENS_DIR)
     manifest = tokenize(clean_corpus, tokenizer_path=tokenizer_path, out_dir=tokens_dir, kind="public",
-                        name="public", num_shards=num_shards, beam_args=beam_args, pipeline=pipeline)
+                        name="public", num_shards=num_shards, beam_args=beam_args,
+                        pipeline_factory=pipeline_factory)
     return {"tokenizer": tokenizer_path, "tokens": tokens_dir, "vocab_size": tokenizer.vocab_size,
             "sha256": tokenizer.sha256, "manifest": manifest}

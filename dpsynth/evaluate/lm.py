@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +24,6 @@ LENGTH_BUCKET = 32  # rows are padded to a multiple of this: few compiled shapes
 
 def _round_up(n: int, m: int) -> int:
     return max(m, -(-n // m) * m)
-
-
-def _find_key(obj: Any, keys: Sequence[str]):
-    if isinstance(obj, Mapping):
-        for k in keys:
-            if isinstance(obj.get(k), str):
-                return obj[k]
-        for v in obj.values():
-            found = _find_key(v, keys)
-            if found:
-                return found
-    return None
 
 
 class LanguageModel:
@@ -69,12 +56,12 @@ class LanguageModel:
 
     @classmethod
     def load(cls, model_dir: str) -> "LanguageModel":
-        """Loads a checkpoint directory (base + adapters) and its label-prompt template if recorded."""
+        """Loads a checkpoint directory (base + adapters) and the label-prompt template its manifest records."""
         from dpsynth.train.checkpoint import load_model
+        from dpsynth.train.prompts import template_of
 
         loaded = load_model(model_dir)
-        template = _find_key(getattr(loaded, "manifest", {}) or {}, ("prompt_template", "label_prompt_template", "template"))
-        return cls(loaded.config, loaded.variables, loaded.tokenizer, template if template and "{label}" in template else None)
+        return cls(loaded.config, loaded.variables, loaded.tokenizer, template_of(loaded.manifest))
 
     def perplexity(self, records: Sequence[Mapping], labels: Sequence[str], *, batch_size: int = 16,
                    max_tokens: int = 512) -> dict[str, float]:

@@ -5,7 +5,8 @@
 
 Each `ScoreCorpusFn` worker loads the real splits, the embedder (with the real-test features)
 and the backbone once in `setup()`; scoring a corpus is `report.Scorer.score_corpus`. The
-report is written once from the collected rows (`report.write_report`).
+report is written once from the collected rows (`report.write_report`). `run_job` is the
+whole job (what `beam_jobs/metrics.py` calls).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 
+from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.evaluate import report
 
 NAMESPACE = "dpsynth.evaluate"
@@ -85,3 +87,23 @@ def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str
                  | "CollectBaselines" >> beam.combiners.ToList())
     return scored | "WriteReport" >> beam.ParDo(WriteReportFn(out_dir, config.classifiers),
                                                 beam.pvalue.AsSingleton(baselines))
+
+
+def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
+            config: report.EvaluateConfig, *, beam_args: Sequence[str] | None = None,
+            pipeline_factory: PipelineFactory | None = None) -> None:
+    """Runs the metric job: every corpus in `synthetic_dirs` against the real splits, one report.
+
+    Args:
+      synthetic_dirs: synthetic corpus directories (train.jsonl, valid.jsonl).
+      real_paths: (real train, real test, real valid or None).
+      out_dir: where metrics.json, metrics.csv, report.html and plots/ go.
+      config: the metric settings.
+      beam_args: Beam flags; pipeline_factory: the test hook (`dpsynth.beam.pipeline`).
+
+    Raises:
+      ValueError, FileNotFoundError: bad real splits (before any compute) or no corpus.
+    """
+    report.load_real(*real_paths)  # clear input errors before any compute
+    run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config),
+                 beam_args=beam_args, pipeline_factory=pipeline_factory)

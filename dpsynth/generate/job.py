@@ -1,8 +1,9 @@
 """Sharded synthetic-data generation as a Beam fan-out: plan, generate shards, merge, report.
 
 Flow of `generate(config)`:
-  1. Read the model directory's manifest (no weights): label set, label-prompt template,
-     maximum length, privacy report (refused without one unless `allow_non_private`).
+  1. Read the model directory's manifest (no weights): label set and label-prompt template
+     (`dpsynth.train.prompts.labels_of` / `template_of`), maximum length, privacy report
+     (refused without one unless `allow_non_private`).
   2. Plan every shard up front: `ShardSpec(split, index, num_shards, start, labels, seed)`
      with `seed = hash(job seed, split, index)` and the labels of its examples (exact,
      shuffled counts from the label distribution). A config hash covers everything that
@@ -37,7 +38,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
 
 from dpsynth import fileio
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
@@ -45,6 +45,7 @@ from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.postprocess import PostprocessConfig, filter_samples, keys_of
 from dpsynth.owner_only import check_outside, write_private_json
 from dpsynth.generate.sampler import DecodeModel, Sampler, SamplerConfig, example_keys, seed_to_key_data
+from dpsynth.train import prompts
 
 logger = logging.getLogger("dpsynth.generate")
 
@@ -105,7 +106,6 @@ class ModelInfo:
       max_len: the model's maximum sequence length.
       labels: the label set the model was tuned on (None if not recorded).
       prompt_template: the label prompt template ("{label}" marks the label).
-      prompt_bos: whether prompts start with BOS (as in the tuner's examples).
       private: whether the directory has a privacy report that does not say "private": false.
       has_report: whether it has a privacy report at all.
     """
@@ -115,7 +115,6 @@ class ModelInfo:
     max_len: int
     labels: tuple[str, ...] | None
     prompt_template: str
-    prompt_bos: bool
     private: bool
     has_report: bool = False
 
@@ -127,19 +126,6 @@ def _read_json(path: str) -> dict[str, Any]:
         raise
     except (OSError, ValueError) as e:
         raise GenerateError(f"{path}: unreadable JSON ({e})") from e
-
-
-def _find(d: dict[str, Any], keys: Sequence[str]) -> Any:
-    """The first present value of `keys` in `d` or in its nested dicts (one level)."""
-    for key in keys:
-        if key in d:
-            return d[key]
-    for value in d.values():
-        if isinstance(value, dict):
-            for key in keys:
-                if key in value:
-                    return value[key]
-    return None
 
 
 def read_model_info(model_dir: str) -> ModelInfo:
@@ -164,24 +150,16 @@ def read_model_info(model_dir: str) -> ModelInfo:
     max_len = model_cfg.get("max_len")
     if not isinstance(max_len, int) or max_len < 2:
         raise GenerateError(f"{config_path}: no valid 'max_len'")
-    # The DP tuner records its label set and `dpsynth.train.prompts.ExampleConfig` (template) in
-    # the manifest (or the privacy report's "training" section); look in both.
-    sources = [manifest] + ([report, report.get("training") or {}] if report else [])
-    for s in list(sources):
-        for key in ("examples", "example_config"):
-            if isinstance(s.get(key), dict):
-                sources.append(s[key])
-    found_labels = next((v for v in (_find(s, ("labels", "label_set")) for s in sources) if v), None)
-    template = next((v for v in (_find(s, ("prompt_template", "label_prompt_template", "template")) for s in sources)
-                     if isinstance(v, str) and v), None)
-    bos = next((v for v in (_find(s, ("prompt_bos", "add_bos")) for s in sources) if v is not None), None)
+    try:
+        template = prompts.template_of(manifest)
+    except prompts.ExampleError as e:
+        raise GenerateError(f"{manifest_path}: {e}") from e
     return ModelInfo(
         model_dir=model_dir,
         fingerprint=digest.hexdigest(),
         max_len=int(max_len),
-        labels=tuple(str(l) for l in found_labels) if found_labels else None,
-        prompt_template=str(template or labels_lib.default_prompt_template()),
-        prompt_bos=bool(True if bos is None else bos),
+        labels=prompts.labels_of(manifest),
+        prompt_template=template,
         private=report is not None and report.get("private") is not False,
         has_report=report is not None,
     )
@@ -287,7 +265,6 @@ class GenerationPlan:
     out_dir: str
     sampler: SamplerConfig
     prompt_template: str
-    prompt_bos: bool
     specs: tuple[ShardSpec, ...]
     config_json: dict[str, Any]
     config_hash: str
@@ -323,8 +300,6 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         if requested is None:
             raise GenerateError(f"{info.model_dir}: the manifest records no label set; pass --labels")
         dist = labels_lib.uniform(labels_lib.check_labels(requested, info.labels, "--labels"))
-    for label in dist.labels:
-        labels_lib.prompt_text(info.prompt_template, label)  # validates the template
     config_json = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -336,7 +311,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         "sampler": dataclasses.asdict(sampler),
         "examples_per_shard": int(config.examples_per_shard),
         "prompt_template": info.prompt_template,
-        "prompt_bos": info.prompt_bos,
+        "prompt_bos": True,  # prompts are `prompts.prompt_ids` (BOS first); kept so config hashes stay valid
         "label_distribution": dist.to_json(),
     }
     post = config.postprocess if config.postprocess is not None and config.postprocess.active else None
@@ -356,7 +331,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
             specs.append(ShardSpec(split, i, num_shards, lo, tuple(assigned[lo:hi]), shard_seed(config.seed, split, i)))
     return GenerationPlan(
         model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
-        prompt_bos=info.prompt_bos, specs=tuple(specs), config_json=config_json, config_hash=config_hash,
+        specs=tuple(specs), config_json=config_json, config_hash=config_hash,
         cores_per_worker=config.cores_per_worker, postprocess=post,
     )
 
@@ -397,19 +372,10 @@ def prepare_out_dir(plan: GenerationPlan) -> None:
 # ----------------------------------------------------------------------------- the shard DoFn
 
 
-def prompt_tokens(tokenizer, template: str, label: str, bos: bool) -> np.ndarray:
-    """Token ids of the label prompt, exactly as the DP tuner builds its prefixes."""
-    from dpsynth.tokens import BOS_ID
-
-    ids = np.asarray(tokenizer.encode(labels_lib.prompt_text(template, label)), np.int32)
-    bos_id = getattr(tokenizer, "bos_id", BOS_ID)  # an imported model's own, else dpsynth's
-    return np.concatenate([np.array([bos_id], np.int32), ids]) if bos else ids
-
-
 def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
     """Samples one shard and writes its file atomically; returns its summary."""
     prompts_by_label = {
-        label: prompt_tokens(bundle.tokenizer, plan.prompt_template, label, plan.prompt_bos) for label in set(spec.labels)
+        label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label) for label in set(spec.labels)
     }
     keys = example_keys(seed_to_key_data(spec.seed), range(spec.count))
     lines = []
@@ -602,6 +568,39 @@ def dp_label_distribution(
                                          noise_multiplier=float(noise_multiplier), seed=seed)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DpLabelHistogram:
+    """A request to draw the job's label distribution as a DP label histogram of D_train.
+
+    `generate(..., label_histogram=...)` draws it with `dp_label_distribution`: every call is a
+    new release (Gaussian mechanism on the label counts, sensitivity 1), composed into the
+    output's privacy report. Exactly one of `noise_multiplier` or `epsilon`.
+
+    Attributes:
+      source: the D_train file(s) whose labels are counted.
+      noise_multiplier: sigma of the noise on each count.
+      epsilon: calibrate sigma for the histogram alone at `delta`.
+      delta: delta for `epsilon` (default: the model's).
+      seed: noise seed for tests only; None draws from the OS entropy pool.
+    """
+
+    source: str | None
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    seed: int | None = None
+
+
+def _draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
+    """`config` with the label distribution drawn as `request` asks (one release)."""
+    if config.label_distribution is not None:
+        raise GenerateError("pass either a label distribution or a DP label histogram to draw, not both")
+    dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
+                                 noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
+                                 delta=request.delta, seed=request.seed)
+    return dataclasses.replace(config, label_distribution=dist)
+
+
 def _model_delta(model_dir: str) -> float | None:
     path = os.path.join(model_dir, "privacy_report.json")
     if not os.path.exists(path):
@@ -642,26 +641,28 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
 # ----------------------------------------------------------------------------- the job
 
 
-def run_pipeline(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
-                 test_pipeline=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
-    """Runs the Beam fan-out over `specs` (blocking)."""
-    from dpsynth.beam.options import make_pipeline_options
+def run_shards(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
+               pipeline_factory=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
+    """Runs the Beam fan-out over `specs` (blocking; `dpsynth.beam.pipeline.run_pipeline`)."""
+    from dpsynth.beam.pipeline import run_pipeline
 
-    pipeline = test_pipeline if test_pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
-    with pipeline as p:
+    def build(p):
         _ = (
             p
             | "CreateShardSpecs" >> beam.Create(list(specs))
             | "GenerateSynthetic" >> GenerateSynthetic(plan, loader)
         )
 
+    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+
 
 def generate(
     config: GenerateConfig,
     *,
     beam_args: Sequence[str] = (),
-    test_pipeline=None,
+    pipeline_factory=None,
     loader: Callable[[str], ModelBundle] = load_bundle,
+    label_histogram: DpLabelHistogram | None = None,
     train_path: str | None = None,
     audit_dir: str | None = None,
     min_shared_tokens: int = DEFAULT_MIN_TOKENS,
@@ -672,8 +673,12 @@ def generate(
     Args:
       config: the job.
       beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
-      test_pipeline: a `TestPipeline` to run on instead (tests).
+      pipeline_factory: returns the pipeline to run on instead (tests: `TestPipeline`).
       loader: model directory -> `ModelBundle` (default: the checkpoint loader).
+      label_histogram: draw the label distribution as a DP histogram of D_train
+        (`DpLabelHistogram`; a new release on every call, so a rerun draws anew). To share one
+        draw among jobs, draw it once with `dp_label_distribution` and pass it as
+        `config.label_distribution` instead (the experiment runner's `labels` stage does).
       train_path: opt-in post-hoc memorisation audit against D_train (NOT DP; off by default;
         see `dpsynth.generate.report.memorisation_audit`).
       audit_dir: where the audit goes: an owner-only directory (0700; the file is 0600)
@@ -693,13 +698,15 @@ def generate(
             check_outside(audit_dir, config.out_dir, "--audit-dir: the memorisation audit directory")
         except ValueError as e:
             raise GenerateError(str(e)) from e
+    if label_histogram is not None:
+        config = _draw_label_histogram(config, label_histogram)
     info = read_model_info(config.model_dir)
     plan = make_plan(config, info)
     prepare_out_dir(plan)
     missing = [s for s in plan.specs if not shard_complete(plan, s)]
     logger.info("generate: %d shards planned, %d to generate (config %s)", len(plan.specs), len(missing), plan.config_hash[:12])
     if missing:
-        run_pipeline(plan, missing, beam_args=beam_args, test_pipeline=test_pipeline, loader=loader)
+        run_shards(plan, missing, beam_args=beam_args, pipeline_factory=pipeline_factory, loader=loader)
     still = [s.name for s in plan.specs if not shard_complete(plan, s)]
     if still:
         raise GenerateError(f"{plan.out_dir}: {len(still)} shards missing after the pipeline ran (first: {still[0]}); rerun")
@@ -743,63 +750,3 @@ def _load_tokenizer(model_dir: str):
     from dpsynth.tokens import load_tokenizer
 
     return load_tokenizer(model_dir)
-
-
-# ----------------------------------------------------------------------------- demo
-
-
-def run_generate_demo(
-    model_dir: str,
-    out_dir: str,
-    *,
-    num_examples: int,
-    valid_examples: int = 0,
-    train_path: str | None = None,
-    audit_dir: str | None = None,
-    per_label: int = 2,
-    max_chars: int = 160,
-    beam_args: Sequence[str] = (),
-    **sampling: Any,
-) -> dict[str, Any]:
-    """The demo's generation stage: generate, then print a few examples per label and the report.
-
-    Args:
-      model_dir: the DP-tuned model directory.
-      out_dir: output directory.
-      num_examples, valid_examples: split sizes (the demo uses 1x the real split sizes).
-      train_path: D_train for the memorisation audit (NOT DP; printed as such, written to the
-        owner-only `audit_dir`), or None.
-      per_label: examples printed per label; max_chars: characters printed per example.
-      beam_args: Beam flags; sampling: extra `GenerateConfig` fields (temperature, top_k...).
-
-    Returns:
-      {"manifest": ..., "report": ...} (the output manifest and generation report).
-    """
-    config = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples=num_examples,
-                            valid_examples=valid_examples, **sampling)
-    t0 = time.monotonic()
-    manifest = generate(config, beam_args=beam_args, train_path=train_path, audit_dir=audit_dir)
-    elapsed = time.monotonic() - t0
-    report = fileio.read_json(os.path.join(out_dir, REPORT_FILE))
-    with open(os.path.join(out_dir, "train.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
-    print(f"== generate: {counts} synthetic examples in {elapsed:.0f}s -> {out_dir} "
-          f"({'DP: privacy report copied' if manifest['private'] else 'NOT PRIVATE'})")
-    for label in report["label_distribution"]["labels"]:
-        shown = [r["text"] for r in rows if r["label"] == label][:per_label]
-        for text in shown:
-            text = " ".join(text.split())
-            print(f"  [{label}] {text[:max_chars]}{'...' if len(text) > max_chars else ''}")
-    for split, s in report["splits"].items():
-        d, lt, lb = s["duplicates"], s["length_tokens"], s["label_balance"]["counts"]
-        print(f"  {split}: duplicates {d['num_duplicates']}/{d['num_examples']} ({100 * d['duplicate_rate']:.1f}%), "
-              f"tokens mean {lt.get('mean', 0):.0f} p50 {lt.get('p50', 0):.0f} max {lt.get('max', 0)}, "
-              f"hit max_len {lt.get('hit_max_len', 0)}, labels {lb}")
-    if train_path is not None:
-        audit_path = os.path.join(audit_dir or default_audit_dir(out_dir), MEMORISATION_AUDIT_FILE)
-        mem = fileio.read_json(audit_path)
-        print(f"  memorisation audit (NOT DP, owner-only, do not share; {audit_path}): longest sequence shared with "
-              f"D_train {mem['longest_shared_tokens']} tokens; {mem['num_sharing_at_least_min']} examples share "
-              f">= {mem['min_shared_tokens']} tokens")
-    return {"manifest": manifest, "report": report}

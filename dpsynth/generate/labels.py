@@ -1,4 +1,4 @@
-"""Which label each synthetic example is conditioned on, and its label prompt.
+"""Which label each synthetic example is conditioned on (its prompt: `dpsynth.train.prompts`).
 
 Two label distributions:
   * uniform over the label set (default): uses nothing from the private data, so it costs no
@@ -29,14 +29,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-
-
-def default_prompt_template() -> str:
-    """The DP tuner's default label prompt (used only when the model directory records none)."""
-    from dpsynth.train.prompts import DEFAULT_TEMPLATE
-
-    return DEFAULT_TEMPLATE
 
 
 class LabelError(ValueError):
@@ -183,13 +175,6 @@ def assign_labels(n: int, distribution: LabelDistribution, seed: int) -> list[st
     ids = np.concatenate([np.full(c, i, np.int32) for i, c in enumerate(counts.values())] or [np.zeros(0, np.int32)])
     np.random.default_rng(seed).shuffle(ids)
     return [distribution.labels[i] for i in ids]
-
-
-def prompt_text(template: str, label: str) -> str:
-    """The label prompt for `label` (the DP tuner's template, e.g. "[{label}] ")."""
-    if "{label}" not in template:
-        raise LabelError(f"label prompt template {template!r} has no '{{label}}' field")
-    return template.replace("{label}", label)
 
 
 def label_balance(labels: Sequence[str], expected: Mapping[str, float] | None = None) -> dict[str, Any]:

@@ -68,7 +68,8 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
-from dpsynth.train.prompts import DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples
+from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
+                                   manifest_fields, template_of)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -660,7 +661,7 @@ def dp_tune(
                     if not config.full_lm else "full LM (label prompt trained on; ablation)",
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            "prompt_template": config.template, "labels": labels,
+            **manifest_fields(config.template, labels),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
         channels = _side_channels(config, labels_from_data, train.truncated, selection)
@@ -795,7 +796,7 @@ def dp_tune(
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished:
-        extra_manifest = {"created_by": "dpsynth dp-tune", "prompt_template": config.template, "labels": labels,
+        extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels),
                           "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": sigma},
@@ -923,7 +924,7 @@ def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: s
     from dpsynth.train.lm import make_lm_loss
 
     loaded = load_model(model_dir)
-    template = template or loaded.manifest.get("prompt_template") or DEFAULT_TEMPLATE
+    template = template or template_of(loaded.manifest)
     records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
     enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
     loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)
@@ -965,37 +966,3 @@ def canary_audit(
 
     return audit.canary_audit(train_records, canaries, train, label=labels[0], epsilon=config.epsilon,
                               delta=config.delta, repeats=repeats)
-
-
-def run_dp_tune_demo(
-    base_dir: str,
-    splits: dict[str, list[dict]],
-    out_dir: str,
-    *,
-    mode: str = "lora",
-    epsilon: float = 3.0,
-    batch_size: int = 128,
-    epochs: float = 1.0,
-    max_tokens: int = 96,
-    learning_rate: float = 1e-2,
-    microbatch_size: int = 32,
-    contamination_sha256: str | None = None,
-    print_fn=print,
-) -> dict:
-    """The demo stage: DP-tunes `base_dir` on splits["train"] (valid: splits["valid"]) and prints the report.
-
-    CPU-friendly defaults (expected batch 128, 1 epoch, 96 tokens per example: about 30 steps
-    on the 3,600 fine-food reviews); the guarantee is the same kind as a full run's. Returns a summary dict (numbers only).
-    """
-    config = TuneConfig(mode=mode, epsilon=epsilon, batch_size=batch_size, epochs=epochs, max_tokens=max_tokens,
-                        learning_rate=learning_rate, microbatch_size=microbatch_size, checkpoint_every=1000)
-    res = dp_tune(base_dir, splits["train"], splits.get("valid", []), out_dir, config,
-                  contamination_sha256=contamination_sha256)
-    print_fn(report_lib.render_markdown(res.report))
-    summary = {"out_dir": out_dir, "mode": mode, "steps": res.steps, "noise_multiplier": res.noise_multiplier,
-               "epsilon_rdp": res.epsilon.get("rdp"), "epsilon_pld": res.epsilon.get("pld"), "delta": res.delta,
-               "train_loss": res.train_loss, "valid_loss": res.valid_loss, "truncated": res.truncated_train,
-               "seconds": res.seconds}
-    print_fn(f"dp-tune demo: {mode} at epsilon {epsilon}: {res.steps} steps, sigma {res.noise_multiplier:.3f}, "
-             f"valid loss {res.valid_loss:.3f}, {res.seconds:.0f}s")
-    return summary

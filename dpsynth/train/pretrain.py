@@ -53,9 +53,8 @@ import numpy as np
 
 from dpsynth import tokens as tokens_lib
 from dpsynth.models import ModelConfig, Transformer, get_config
-from dpsynth.progress import Progress
 from dpsynth.train import checkpoint as ckpt_lib
-from dpsynth.train import core, lm, optim, sharding
+from dpsynth.train import core, lm, loop, optim, sharding
 
 logger = logging.getLogger("dpsynth.pretrain")
 
@@ -340,6 +339,74 @@ class _Writer:
 # ============================================================================ training
 
 
+class _Throughput:
+    """Train metrics of the steps since the last log line, for the metric lines of pretraining.
+
+    The first step's time is the compile time (`compile_s`), kept out of the rates, and so is
+    the time of evaluations and checkpoints (`exclude`).
+    """
+
+    WINDOW_KEYS = ("ce_sum", "tokens", "loss_sum", "count")
+
+    def __init__(self, flops_per_token: float, peak: float | None, num_devices: int):
+        self.flops_per_token, self.peak, self.num_devices = flops_per_token, peak, num_devices
+        self.compile_s: float | None = None
+        self.last: dict[str, float] = {}  # the latest metric line
+        self._window: dict | None = None
+        self._grad_norm = None
+        self._t = time.perf_counter()
+
+    def add(self, metrics: dict, t0: float) -> None:
+        """Adds one step's metrics; `t0` is when the step was called."""
+        self._window = core.sum_metrics(self._window, {k: metrics[k] for k in self.WINDOW_KEYS})
+        self._grad_norm = metrics["grad_norm"]
+        if self.compile_s is None:
+            jax.block_until_ready(metrics["loss"])
+            self.compile_s = time.perf_counter() - t0
+            self._t, self._window = time.perf_counter(), None  # exclude compilation from rates
+
+    def exclude(self, seconds: float) -> None:
+        self._t += seconds
+
+    def read(self) -> dict[str, float] | None:
+        """The metric line of the window (None when it is empty) and a new window."""
+        host = jax.device_get(self._window) if self._window is not None else None
+        now = time.perf_counter()
+        line = None
+        if host is not None:
+            tokens = float(host["tokens"])
+            tok_s = tokens / max(now - self._t, 1e-9)
+            loss = float(host["ce_sum"]) / max(tokens, 1.0)
+            achieved = tok_s * self.flops_per_token
+            line = {"loss": float(host["loss_sum"]) / max(float(host["count"]), 1.0), "ce": loss,
+                    "perplexity": float(math.exp(min(loss, 50.0))), "tokens_per_s": tok_s,
+                    "tflops_per_s": achieved / 1e12, "grad_norm": float(self._grad_norm)}
+            if self.peak:
+                line["mfu"] = achieved / (self.peak * self.num_devices)
+            self.last = line
+        self._t, self._window = now, None
+        return line
+
+
+def _validate(eval_fn, fns: core.TrainFunctions, state: core.TrainState, rows: PackedRows, cfg: PretrainConfig,
+              local: np.ndarray) -> dict[str, float]:
+    """Validation loss and perplexity over the first `eval_batches` batches of `rows` ({} when empty)."""
+    if rows.num_rows == 0:
+        return {}
+    ce = toks = 0.0
+    n = min(rows.num_rows, cfg.eval_batches * cfg.batch_size)
+    for start in range(0, n, cfg.batch_size):
+        idx = np.arange(start, start + cfg.batch_size) % rows.num_rows
+        mask = (start + np.arange(cfg.batch_size) < n).astype(np.float32)
+        batch = rows.rows(idx[local])
+        batch["mask"] = mask[local]
+        aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=cfg.batch_size)))
+        ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
+        toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
+    loss = ce / max(toks, 1.0)
+    return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": toks}
+
+
 def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: str, tokenizer_sha: str,
           step: int) -> dict[str, Any]:
     # The model config as it reads back from the checkpoint's JSON (tuples become lists).
@@ -425,99 +492,79 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     local = fns.process_rows(cfg.batch_size)  # the rows of every batch this process reads and feeds
     primary = jax.process_index() == 0
 
-    def evaluate(valid_rows: PackedRows = valid_rows) -> dict[str, float]:
-        if valid_rows.num_rows == 0:
-            return {}
-        ce = toks = 0.0
-        n = min(valid_rows.num_rows, cfg.eval_batches * cfg.batch_size)
-        for start in range(0, n, cfg.batch_size):
-            idx = np.arange(start, start + cfg.batch_size) % valid_rows.num_rows
-            mask = (start + np.arange(cfg.batch_size) < n).astype(np.float32)
-            batch = valid_rows.rows(idx[local])
-            batch["mask"] = mask[local]
-            aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=cfg.batch_size)))
-            ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
-            toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
-        loss = ce / max(toks, 1.0)
-        return {"loss": loss, "perplexity": float(math.exp(min(loss, 50.0))), "tokens": toks}
+    def evaluate(state, rows: PackedRows = valid_rows) -> dict[str, float]:
+        return _validate(eval_fn, fns, state, rows, cfg, local)
 
     writer = _Writer(out_dir, cfg.tensorboard) if primary else _NullWriter()
     start_step = int(jax.device_get(state.step))
-    flops_per_token = model_config.flops_per_token(cfg.seq_len)
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_device()
-    num_devices = mesh.size if mesh is not None else 1
+    throughput = _Throughput(model_config.flops_per_token(cfg.seq_len), peak, mesh.size if mesh is not None else 1)
     rows_per_step = cfg.batch_size * cfg.grad_accum
-    end_step = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    last: dict[str, float] = {}
     valid_metrics: dict[str, float] = {}
-    compile_s = None
-    window_t, window_tokens, window = time.perf_counter(), 0.0, None
     initial_valid = {}
     if cfg.eval_at_start and start_step == 0:
-        initial_valid = evaluate()
+        initial_valid = evaluate(state)
         if initial_valid:
             writer.write(0, "valid", initial_valid)
-    desc = "pretrain" if start_step == 0 else f"pretrain (resumed at step {start_step})"
-    with Progress(total=end_step - start_step, desc=desc, unit="step", interval=cfg.progress_interval,
-                  stream=None if primary else io.StringIO()) as progress:
-        for step in range(start_step, end_step):
-            idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
-            t0 = time.perf_counter()
-            if cfg.grad_accum == 1:
-                batch = fns.shard_batch(train_rows.rows(idx[local]), global_rows=cfg.batch_size)
-                state, metrics = fns.train_step(state, batch)
-            else:
-                micro = [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size][local])
-                         for i in range(cfg.grad_accum)]
-                state, metrics = fns.accumulated_step(state, micro, global_rows=cfg.batch_size)
-            window = core.sum_metrics(window, {k: metrics[k] for k in ("ce_sum", "tokens", "loss_sum", "count")})
-            done = step + 1
-            if compile_s is None:
-                jax.block_until_ready(metrics["loss"])
-                compile_s = time.perf_counter() - t0
-                window_t, window = time.perf_counter(), None  # exclude compilation from rates
-            if done % cfg.log_every == 0 or done == end_step:
-                host = jax.device_get(window) if window is not None else None
-                now = time.perf_counter()
-                if host is not None:
-                    tokens = float(host["tokens"])
-                    tok_s = tokens / max(now - window_t, 1e-9)
-                    loss = float(host["ce_sum"]) / max(tokens, 1.0)
-                    achieved = tok_s * flops_per_token
-                    last = {"loss": float(host["loss_sum"]) / max(float(host["count"]), 1.0), "ce": loss,
-                            "perplexity": float(math.exp(min(loss, 50.0))), "tokens_per_s": tok_s,
-                            "tflops_per_s": achieved / 1e12, "grad_norm": float(metrics["grad_norm"])}
-                    if peak:
-                        last["mfu"] = achieved / (peak * num_devices)
-                    writer.write(done, "train", last)
-                    progress.metrics.update({k: last[k] for k in ("loss", "perplexity", "tokens_per_s")})
-                window_t, window = now, None
-            do_eval = done % cfg.eval_every == 0 or done == cfg.steps
-            do_save = done % cfg.checkpoint_every == 0 or done == end_step
-            if do_eval or do_save:  # kept out of the tokens/s window
-                jax.block_until_ready(state.params)
-                t_side = time.perf_counter()
-                if do_eval:
-                    valid_metrics = evaluate()
-                    if valid_metrics:
-                        writer.write(done, "valid", valid_metrics)
-                        progress.metrics["valid_ppl"] = valid_metrics["perplexity"]
-                if do_save:
-                    checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
-                window_t += time.perf_counter() - t_side
-            progress.update(1)
+
+    def batch(step: int) -> list[dict[str, np.ndarray]]:  # this process's rows of each microbatch
+        idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
+        return [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size][local])
+                for i in range(cfg.grad_accum)]
+
+    def train_step(state, micro: list[dict[str, np.ndarray]]):
+        t0 = time.perf_counter()
+        if cfg.grad_accum == 1:
+            state, metrics = fns.train_step(state, fns.shard_batch(micro[0], global_rows=cfg.batch_size))
+        else:
+            state, metrics = fns.accumulated_step(state, micro, global_rows=cfg.batch_size)
+        throughput.add(metrics, t0)
+        return state, metrics
+
+    def log(done: int, state) -> dict[str, float] | None:
+        line = throughput.read()
+        if line is None:
+            return None
+        writer.write(done, "train", line)
+        return {k: line[k] for k in ("loss", "perplexity", "tokens_per_s")}
+
+    def side_work(work):  # evaluation and checkpoints are kept out of the tokens/s window
+        def hook(done: int, state):
+            jax.block_until_ready(state.params)
+            t_side = time.perf_counter()
+            shown = work(done, state)
+            throughput.exclude(time.perf_counter() - t_side)
+            return shown
+        return hook
+
+    def validate(done: int, state) -> dict[str, float] | None:
+        nonlocal valid_metrics
+        valid_metrics = evaluate(state)
+        if not valid_metrics:
+            return None
+        writer.write(done, "valid", valid_metrics)
+        return {"valid_ppl": valid_metrics["perplexity"]}
+
+    def save(done: int, state) -> None:
+        checkpointer.save(state, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, done))
+
+    state = loop.run_loop(
+        state, start=start_step, total=cfg.steps, stop_after=stop_after, batch=batch, step=train_step,
+        log=log, log_every=cfg.log_every, evaluate=side_work(validate), eval_every=cfg.eval_every,
+        save=side_work(save), checkpoint_every=cfg.checkpoint_every, desc="pretrain",
+        progress_interval=cfg.progress_interval, stream=None if primary else io.StringIO()).state
     final_step = int(jax.device_get(state.step))
     if final_step >= cfg.steps and not valid_metrics:  # re-run of a finished run: report its validation
-        valid_metrics = evaluate()
+        valid_metrics = evaluate(state)
     group_metrics = {}
     if final_step >= cfg.steps:
         for g, rows in group_rows.items():
-            group_metrics[g] = {**evaluate(rows), "rows": rows.num_rows}
+            group_metrics[g] = {**evaluate(state, rows), "rows": rows.num_rows}
             writer.write(final_step, f"valid/{g}", {k: v for k, v in group_metrics[g].items() if k != "rows"})
     writer.close()
     summary = {"out_dir": out_dir, "preset": model_config.preset, "step": final_step, "steps": cfg.steps,
                "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
-               "valid_rows": valid_rows.num_rows, "compile_s": compile_s, "train": last, "valid": valid_metrics, "initial_valid": initial_valid,
+               "valid_rows": valid_rows.num_rows, "compile_s": throughput.compile_s, "train": throughput.last, "valid": valid_metrics, "initial_valid": initial_valid,
                "valid_groups": group_metrics, "finished": final_step >= cfg.steps}
     if final_step >= cfg.steps:
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
@@ -532,29 +579,3 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
 def final_params(out_dir: str) -> dict:
     """The variables of a finished pretraining run (its model directory)."""
     return ckpt_lib.load_model(out_dir).variables
-
-
-def run_pretrain_demo(clean_corpus_dir: str, tokenizer_path: str, out_dir: str, *, preset: str = "tiny",
-                      steps: int = 200, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
-    """The demo's pretraining stage: a few minutes on 2 CPU cores; prints a short summary.
-
-    Resumes when `out_dir` holds an unfinished run, and returns the existing model's summary
-    when it already holds a finished one of the same settings (so `make demo` can be re-run).
-    """
-    config = PretrainConfig(preset=preset, steps=steps, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                            eval_every=steps, checkpoint_every=max(steps // 4, 1), log_every=25, eval_batches=16,
-                            eval_at_start=True, progress_interval=15.0)
-    t0 = time.perf_counter()
-    summary = run_pretrain(clean_corpus_dir, tokenizer_path, out_dir, config, resume=True)
-    elapsed = time.perf_counter() - t0
-    valid, start = summary["valid"], summary.get("initial_valid") or {}
-    train = summary["train"]
-    print(f"pretrain: preset {summary['preset']} ({summary['num_params'] / 1e6:.2f}M params), {summary['step']} steps x "
-          f"{batch_size} x {seq_len} tokens on {summary['train_rows']} packed training rows, {elapsed:.0f}s "
-          f"({train.get('tokens_per_s', float('nan')):.0f} tokens/s)")
-    if valid:
-        before = f"{start['perplexity']:.0f} -> " if start else ""
-        print(f"pretrain: validation perplexity {before}{valid['perplexity']:.1f} on {valid['tokens']:.0f} held-out "
-              f"tokens ({summary['valid_rows']} rows); model written to {out_dir}")
-    summary["elapsed_s"] = elapsed
-    return summary

@@ -1,9 +1,18 @@
-"""Sensitive examples as Prefix-LM training rows, and the per-example Prefix-LM loss.
+"""The label-prompt contract: label prompts, and sensitive examples as Prefix-LM training rows.
+
+The one home of the label prompt, for tuning (`encode_examples`), generation
+(`dpsynth.generate.job`) and evaluation (`dpsynth.evaluate.lm`): the prefix of label `l` is
+
+    prompt_ids(tokenizer, template, l) = [BOS] + encode(template with "{label}" -> l)
+
+and a tuned model directory records its template and label set in its manifest under
+`TEMPLATE_KEY` ("prompt_template") and `LABELS_KEY` ("labels") (`manifest_fields` writes them,
+`template_of` / `labels_of` read them; docs/models.md, "The model directory").
 
 One labeled example (text, label) becomes the token row
 
-    [BOS] + encode(template.format(label)) + encode(text) + [EOS]
-    '---------- prefix ---------------'   '---- target ----'
+    prompt_ids(tokenizer, template, label) + encode(text) + [EOS]
+    '------------- prefix ---------------'   '---- target ----'
 
 truncated to `max_tokens` in total (default 512: the unit of privacy is one example of at
 most 512 tokens). Truncation cuts the text (the prefix is kept whole; EOS is kept only if the
@@ -12,7 +21,7 @@ fixed length so every microbatch has one shape.
 
 Inputs/targets are the row shifted by one; `weights[t] = 1` where target t is a text or EOS
 token and 0 on the prefix (the label prompt is never trained on) and on padding. The loss of
-one example is the mean over its target tokens (`prefix_lm_loss`), so per-example gradient
+one example is the mean over its target tokens (`dpsynth.train.lm.make_lm_loss`), so per-example gradient
 norms do not grow with length and clipping norms around 1 work out of the box. The full-LM
 variant (`full_lm=True`) also puts weight on the prefix tokens after BOS (paper ablation).
 """
@@ -20,20 +29,61 @@ variant (`full_lm=True`) also puts weight on the prefix tokens after BOS (paper 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_TEMPLATE = "[{label}] "
 DEFAULT_MAX_TOKENS = 512
+TEMPLATE_KEY = "prompt_template"  # the model manifest's key for the label-prompt template
+LABELS_KEY = "labels"  # the model manifest's key for the label set the model was tuned on
 
 
 class ExampleError(ValueError):
     """Bad sensitive examples (unknown label, empty set, bad template); names the record."""
+
+
+def check_template(template: str) -> str:
+    """Returns `template`; raises `ExampleError` unless it is a string with a "{label}" field."""
+    if not isinstance(template, str) or "{label}" not in template:
+        raise ExampleError(f"label prompt template {template!r} has no '{{label}}' field")
+    return template
+
+
+def prompt_text(template: str, label: str) -> str:
+    """The label prompt of `label`, e.g. "[{label}] " -> "[great] "."""
+    return check_template(template).replace("{label}", label)
+
+
+def prompt_ids(tokenizer, template: str, label: str) -> np.ndarray:
+    """int32 token ids of the label prompt: BOS + encode(prompt_text(template, label)).
+
+    The prefix of every tuning row and every generation prompt. BOS is the tokenizer's own
+    (`bos_id`, an imported model's) or dpsynth's `BOS_ID`.
+    """
+    bos_id = getattr(tokenizer, "bos_id", BOS_ID)
+    ids = np.asarray(tokenizer.encode(prompt_text(template, label)), np.int32)
+    return np.concatenate([np.array([bos_id], np.int32), ids])
+
+
+def manifest_fields(template: str, labels: Sequence[str]) -> dict[str, Any]:
+    """The label-prompt entries of a tuned model's manifest (and of its privacy report's training section)."""
+    return {TEMPLATE_KEY: check_template(template), LABELS_KEY: list(labels)}
+
+
+def template_of(manifest: Mapping[str, Any]) -> str:
+    """The label-prompt template a model manifest records (`DEFAULT_TEMPLATE` when it records none)."""
+    template = manifest.get(TEMPLATE_KEY)
+    return DEFAULT_TEMPLATE if template is None else check_template(template)
+
+
+def labels_of(manifest: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The label set a model manifest records (None when it records none, e.g. a pretrained base)."""
+    labels = manifest.get(LABELS_KEY)
+    return tuple(str(l) for l in labels) if labels else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,13 +101,12 @@ class ExampleConfig:
     full_lm: bool = False
 
     def __post_init__(self):
-        if "{label}" not in self.template:
-            raise ExampleError(f"label prompt template {self.template!r} has no '{{label}}' field")
+        check_template(self.template)
         if self.max_tokens < 4:
             raise ExampleError(f"max_tokens must be >= 4, got {self.max_tokens}")
 
     def prompt(self, label: str) -> str:
-        return self.template.replace("{label}", label)
+        return prompt_text(self.template, label)
 
 
 @dataclasses.dataclass
@@ -111,8 +160,7 @@ def encode_examples(
         raise ExampleError(f"{where}: no examples (empty training set)")
     label_set = set(labels)
     # An imported tokenizer carries its model's special ids; dpsynth's own are the constants.
-    bos_id, eos_id, pad_id = (getattr(tokenizer, name, default) for name, default in
-                              (("bos_id", BOS_ID), ("eos_id", EOS_ID), ("pad_id", PAD_ID)))
+    eos_id, pad_id = getattr(tokenizer, "eos_id", EOS_ID), getattr(tokenizer, "pad_id", PAD_ID)
     prefix_cache: dict[str, np.ndarray] = {}
     rows, prefix_lens, ids, truncated = [], [], [], 0
     for n, rec in enumerate(records):
@@ -123,7 +171,7 @@ def encode_examples(
         if label not in label_set:
             raise ExampleError(f"{where}: record {n} (id {rid}) has unknown label {label!r}; labels are {sorted(label_set)}")
         if label not in prefix_cache:
-            prefix_cache[label] = np.concatenate([[bos_id], tokenizer.encode(config.prompt(label))]).astype(np.int32)
+            prefix_cache[label] = prompt_ids(tokenizer, config.template, label)
         prefix = prefix_cache[label]
         if prefix.size + 1 > config.max_tokens:
             raise ExampleError(f"{where}: the label prompt of {label!r} alone has {prefix.size} tokens >= max_tokens")
@@ -149,13 +197,3 @@ def encode_examples(
         weights[i, first - 1 : row.size - 1] = 1.0
     return EncodedExamples(inputs=tokens[:, :-1], targets=tokens[:, 1:], weights=weights, truncated=truncated, ids=ids)
 
-
-def prefix_lm_loss(logits: jnp.ndarray, targets: jnp.ndarray, weights: jnp.ndarray) -> jnp.ndarray:
-    """Per-example loss [B]: mean token cross-entropy over each row's weighted targets.
-
-    Rows with no weighted target (padding rows) get loss 0.
-    """
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    total = jnp.sum(nll * weights, axis=-1)
-    return total / jnp.maximum(jnp.sum(weights, axis=-1), 1.0)

@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_jobs import tokenize as tokenize_job
 from dpsynth import tokens as tok
 from dpsynth.beam import corpus
-from dpsynth.beam.options import make_pipeline_options
+from dpsynth.beam.pipeline import make_pipeline_options
 from dpsynth.data import readers
 from dpsynth.data.text import encode_document
 

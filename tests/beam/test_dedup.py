@@ -11,6 +11,7 @@ import json
 import pathlib
 import random
 
+import apache_beam as beam
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ from beam_jobs import dedup as dedup_job
 from dpsynth import tokens as tok
 from dpsynth.beam import jobs
 from dpsynth.beam.dedup import clean_text
+from dpsynth.beam.pipeline import make_pipeline_options
 from dpsynth.data.text import complement_ranges
 
 from .conftest import make_text
@@ -107,10 +109,10 @@ def corpora(tmp_path_factory):
     return root
 
 
-def _run(corpora, tokenizer_path, out, extra=()):
+def _run(corpora, tokenizer_path, out, extra=(), pipeline_factory=None):
     return dedup_job.run(["--public", str(corpora / "pub"), "--sensitive", f"reviews={corpora / 'sens'}",
                           "--tokenizer", tokenizer_path, "--out", str(out), "--min-tokens", str(K),
-                          "--num-shards", "3", *extra])
+                          "--num-shards", "3", *extra], pipeline_factory=pipeline_factory)
 
 
 def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
@@ -153,8 +155,15 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
     assert {"s3", "s5", "s10", "s12"} <= hit
     assert "contamination" in capsys.readouterr().out.lower()
     first = _tree_digest(tmp_path / "out")
-    _run(corpora, tokenizer_path, tmp_path / "out")
+    made = []  # the test hook: one fresh pipeline per pipeline the job runs (tokenize, dedup)
+
+    def factory():
+        made.append(beam.Pipeline(options=make_pipeline_options()))
+        return made[-1]
+
+    _run(corpora, tokenizer_path, tmp_path / "out", pipeline_factory=factory)
     assert _tree_digest(tmp_path / "out") == first
+    assert len(made) == 2 and made[0] is not made[1]
 
     # Already tokenized inputs are accepted and give the same clean corpus and report.
     again = dedup_job.run(["--public", str(tmp_path / "out" / "tokens" / "public"), "--sensitive",

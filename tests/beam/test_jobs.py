@@ -12,7 +12,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOption
 from beam_jobs import dedup as dedup_job
 from beam_jobs import tokenize as tokenize_job
 from dpsynth.beam import jobs
-from dpsynth.beam.options import make_pipeline_options
+from dpsynth.beam.pipeline import make_pipeline_options, run_pipeline
 
 from .conftest import REPO
 
@@ -43,6 +43,27 @@ def test_beam_flags_pass_through_unchanged_for_dataflow(job, flags):
 
 def test_local_runner_is_the_default():
     assert make_pipeline_options([]).view_as(StandardOptions).runner.endswith("FnApiRunner")
+
+
+def test_run_pipeline_builds_and_runs_a_fresh_pipeline_per_call():
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    made = []
+
+    def factory():
+        made.append(beam.Pipeline(options=make_pipeline_options()))
+        return made[-1]
+
+    def build(p):
+        assert p is made[-1]
+        assert_that(p | "Create" >> beam.Create([1, 2]) | "Double" >> beam.Map(lambda x: 2 * x), equal_to([2, 4]))
+
+    run_pipeline(build, pipeline_factory=factory)
+    run_pipeline(build, pipeline_factory=factory)
+    assert len(made) == 2 and made[0] is not made[1]
+    with pytest.raises(Exception, match="Failed assert"):  # a failing pipeline raises (it was waited for)
+        run_pipeline(lambda p: assert_that(p | beam.Create([1]), equal_to([2])))
 
 
 def _sdist(tmp_path) -> pathlib.Path:

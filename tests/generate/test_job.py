@@ -263,7 +263,7 @@ def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path, capsys):
     model_dir, tok = tiny_model_dir
     argv = ["--model", model_dir, "--num-examples", "10", "--valid-examples", "3", "--out", str(tmp_path / "a"),
             "--max-len", "40", "--examples-per-shard", "4", "--batch-size", "4", "--temperature", "0.0"]
-    manifest = run(argv, test_pipeline=TestPipeline())
+    manifest = run(argv, pipeline_factory=TestPipeline)
     assert manifest["private"] and manifest["splits"]["train"]["num_examples"] == 10
     rows = [json.loads(l) for l in _read(tmp_path / "a" / "train.jsonl").decode().splitlines()]
     assert len(rows) == 10 and {r["label"] for r in rows} == {"great", "other"}
@@ -292,17 +292,10 @@ def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path, capsys):
             buf[0, pos] = nxt
         expected[label] = tok.decode(out)
     assert all(r["text"] == expected[r["label"]] for r in rows)
-    # The shell entry point and the demo function: a rerun of the same job is a no-op resume.
+    # The shell entry point: a rerun of the same job is a no-op resume.
     before = _read(tmp_path / "a" / "train.jsonl")
     assert main(argv) == 0
     assert _read(tmp_path / "a" / "train.jsonl") == before
-    from dpsynth.generate.job import run_generate_demo
-
-    res = run_generate_demo(model_dir, str(tmp_path / "a"), num_examples=10, valid_examples=3, max_len=40,
-                            examples_per_shard=4, batch_size=4, temperature=0.0)
-    printed = capsys.readouterr().out
-    assert "[great]" in printed and "[other]" in printed and "duplicates" in printed
-    assert res["report"]["splits"]["valid"]["duplicates"]["num_examples"] == 3
     # Bad input exits with 2 and a clear message.
     assert main(["--model", model_dir, "--num-examples", "0", "--out", str(tmp_path / "c")]) == 2
 
@@ -371,3 +364,32 @@ def test_dp_label_distribution_from_training_file(model_dir, tmp_path):
         dp_label_distribution(model_dir, str(train))
     with pytest.raises(ValueError, match="unknown label"):
         dp_label_distribution(model_dir, str(train), labels=("great", "nope"), noise_multiplier=1.0)
+
+
+def test_generate_draws_the_dp_label_histogram(model_dir, tmp_path, capsys):
+    from beam_jobs.generate import main
+    from dpsynth.generate.job import DpLabelHistogram, dp_label_distribution
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"t{i}", "label": "great" if i < 90 else "other"}) + "\n"
+                             for i in range(100)))
+    request = DpLabelHistogram(source=str(train), noise_multiplier=0.5, seed=0)
+    generate(_config(model_dir, tmp_path / "out", num_examples=20, valid_examples=0), loader=load_fake_bundle,
+             label_histogram=request)
+    drawn = dp_label_distribution(model_dir, str(train), noise_multiplier=0.5, seed=0)
+    config = json.loads(_read(tmp_path / "out" / "generation_config.json"))
+    assert LabelDistribution.from_json(config["label_distribution"]) == drawn
+    # The release is accounted: composed into the output's privacy report, the model's unchanged.
+    model_report = json.loads(_read(os.path.join(model_dir, "privacy_report.json")))
+    out_report = json.loads(_read(tmp_path / "out" / "privacy_report.json"))
+    assert [e["mechanism"] for e in out_report["ledger"]["entries"]] == ["dpsgd", "gaussian"]
+    assert out_report["ledger"]["entries"][1]["noise_multiplier"] == 0.5
+    assert all(out_report["epsilon"][a] > model_report["epsilon"][a] for a in ("rdp", "pld"))
+    with pytest.raises(GenerateError, match="not both"):
+        generate(_config(model_dir, tmp_path / "o2", label_distribution=drawn), loader=load_fake_bundle,
+                 label_histogram=request)
+    # The CLI asks the library for the draw: its checks surface as a clean exit 2.
+    assert main(["--model", model_dir, "--num-examples", "4", "--out", str(tmp_path / "o3"),
+                 "--label-distribution", "dp-histogram", "--label-noise-multiplier", "1"]) == 2
+    assert "--label-source" in capsys.readouterr().err
+    assert not (tmp_path / "o3").exists()

@@ -62,15 +62,12 @@ def test_calibration_hits_target_epsilon():
     assert L.calibrate_histogram_noise(0.5, 1e-5, accountant="rdp") >= sigma * (1 - 1e-3)
 
 
-def test_check_labels_and_templates():
+def test_check_labels_and_distribution():
     assert L.check_labels(["a"], ["a", "b"], "x") == ("a",)
     with pytest.raises(L.LabelError, match="unknown label"):
         L.check_labels(["q"], ["a", "b"], "--labels")
     with pytest.raises(L.LabelError, match="duplicate"):
         L.check_labels(["a", "a"], None, "--labels")
-    assert L.prompt_text("[{label}] ", "great") == "[great] "
-    with pytest.raises(L.LabelError, match="label"):
-        L.prompt_text("no field", "great")
     with pytest.raises(L.LabelError, match="sum to 1"):
         L.LabelDistribution(labels=("a", "b"), weights=(0.5, 0.6))
 

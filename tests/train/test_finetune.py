@@ -78,9 +78,9 @@ def test_prefix_targets_get_no_gradient_through_the_model():
     for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     # Per-example normalisation: each row's loss is the mean over its weighted target tokens,
-    # computed independently from the model's logits (dpsynth.train.prompts.prefix_lm_loss).
-    from dpsynth.train.prompts import prefix_lm_loss
+    # computed independently from the model's logits (tests.train.reference.prefix_lm_loss).
     from dpsynth.models import Transformer
+    from tests.train.reference import prefix_lm_loss
 
     model_config = finetune._tuned_model_config(SMALL, finetune.TuneConfig(mode="lora", lora_rank=2))
     logits = Transformer(model_config).apply(lm.merge_variables(params, frozen), batch["inputs"])
@@ -132,6 +132,43 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
     init = finetune.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(tuned.variables["lora"]), jax.tree.leaves(init)))
     assert math.isfinite(res.valid_loss)
+
+
+def test_tuning_and_generation_use_identical_prefix_ids(full_run, tmp_path):
+    """The label-prompt contract end to end: the rows the tuner trained on and the prompts the
+    generator samples from the tuned directory (template and labels read from its manifest)."""
+    import types
+
+    from dpsynth.generate import job
+    from dpsynth.train.prompts import encode_examples
+
+    _, out, _ = full_run
+    tok = load_model(out).tokenizer
+    enc = encode_examples(TRAIN, tok, ["great", "other"], BASE_CFG.example_config())
+    tuned = {}
+    for i, rec in enumerate(TRAIN):
+        row = np.concatenate([enc.inputs[i, :1], enc.targets[i]])
+        tuned.setdefault(rec["label"], row[: int(np.argmax(enc.weights[i] > 0)) + 1])  # BOS + label prompt
+
+    class RecordingSampler:
+        def __init__(self):
+            self.seen = []
+
+        def sample(self, params, prompts, keys):
+            self.seen += [np.asarray(p) for p in prompts]
+            n = len(prompts)
+            return types.SimpleNamespace(tokens=np.zeros((n, 1), np.int32), lengths=np.zeros(n, np.int32),
+                                         finished=np.ones(n, bool), scores=np.zeros(n))
+
+    info = job.read_model_info(out)
+    plan = job.make_plan(job.GenerateConfig(model_dir=out, out_dir=str(tmp_path), num_examples=8, max_len=32), info)
+    os.makedirs(os.path.join(str(tmp_path), job.SHARD_DIR))
+    sampler, spec = RecordingSampler(), plan.specs[0]
+    job.generate_shard(plan, job.ModelBundle(decoder=None, params=None, tokenizer=tok), sampler, spec)
+    assert set(spec.labels) == set(tuned) == {"great", "other"}
+    for label, ids in zip(spec.labels, sampler.seen, strict=True):
+        assert ids.dtype == np.int32
+        np.testing.assert_array_equal(ids, tuned[label])
 
 
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
@@ -433,16 +470,6 @@ def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, c
     # A state dir inside the released dir is refused.
     assert _cli(base_dir, data, tmp_path / "o2", "--state-dir", str(tmp_path / "o2" / "state")) == 2
     assert "inside the released directory" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_demo_function_on_embedded_style_splits(tiny_base, tmp_path):
-    base_dir, _ = tiny_base
-    lines = []
-    summary = finetune.run_dp_tune_demo(base_dir, {"train": TRAIN, "valid": VALID}, str(tmp_path / "demo"),
-                                    batch_size=24, epochs=1.0, max_tokens=32, print_fn=lines.append)
-    assert summary["epsilon_rdp"] <= 3.0 and summary["steps"] == 5
-    assert "Privacy report" in lines[0]
 
 
 def test_prompt_initialisations():

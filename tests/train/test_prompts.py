@@ -1,12 +1,15 @@
-"""Prefix-LM rows: prefix gets no loss (and no gradient), per-example normalisation, truncation."""
+"""The label-prompt contract and Prefix-LM rows: prefix gets no loss (and no gradient),
+per-example normalisation, truncation."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsynth.train.prompts import ExampleConfig, ExampleError, encode_examples, prefix_lm_loss
 from dpsynth.tokens import BOS_ID, EOS_ID
+from dpsynth.train import prompts
+from dpsynth.train.prompts import ExampleConfig, ExampleError, encode_examples
+from tests.train.reference import prefix_lm_loss
 
 
 class CharTokenizer:
@@ -60,3 +63,23 @@ def test_per_example_normalisation_and_no_gradient_into_prefix_targets():
     prefix_positions = np.asarray(weights) == 0
     assert np.all(np.asarray(g)[prefix_positions] == 0)
     assert np.any(np.asarray(g)[~prefix_positions] != 0)
+
+
+def test_prompt_ids_manifest_fields_and_bad_templates():
+    tok = CharTokenizer()
+    ids = prompts.prompt_ids(tok, "[{label}] ", "pos")
+    assert ids.dtype == np.int32 and ids[0] == BOS_ID and list(ids[1:]) == list(tok.encode("[pos] "))
+    assert prompts.prompt_text("[{label}] ", "great") == "[great] "
+    # The tuner's rows start with exactly these ids.
+    enc = encode_examples(RECORDS, tok, ["pos", "neg"], ExampleConfig(template="[{label}] "))
+    np.testing.assert_array_equal(enc.inputs[0][: ids.size], ids)
+    # One manifest key for the template and one for the labels, written and read by this module.
+    manifest = prompts.manifest_fields("<{label}>", ["pos", "neg"])
+    assert manifest == {prompts.TEMPLATE_KEY: "<{label}>", prompts.LABELS_KEY: ["pos", "neg"]}
+    assert prompts.TEMPLATE_KEY == "prompt_template" and prompts.LABELS_KEY == "labels"
+    assert prompts.template_of(manifest) == "<{label}>" and prompts.labels_of(manifest) == ("pos", "neg")
+    assert prompts.template_of({}) == prompts.DEFAULT_TEMPLATE and prompts.labels_of({}) is None
+    for bad in (lambda: prompts.prompt_text("no field", "great"), lambda: prompts.template_of({"prompt_template": "x"}),
+                lambda: prompts.manifest_fields("x", ["pos"])):
+        with pytest.raises(ExampleError, match="label"):
+            bad()
