@@ -85,3 +85,12 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     # Rerun: nothing recomputed.
     result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))
     assert result.ok and result.ran == []
+    # The dedup found and cut every planted review; its temporary tokenizer (it saw them) and
+    # that tokenizer's ids are not in its stage directory; the released tokenizer came after
+    # the dedup and re-tokenized the clean corpus.
+    from dpsynth.tokens import read_manifest
+
+    dedup, tok = result.outputs["dedup"], result.outputs["tokenizer"]
+    assert dedup.summary["planted"] == 2 and dedup.summary["planted_found"] == 2
+    assert not os.path.exists(dedup.path("dedup_tokenizer.model")) and not os.path.exists(dedup.path("clean_tokens"))
+    assert read_manifest(tok.path("clean_tokens"))["tokenizer_sha256"] == tok.summary["sha256"]

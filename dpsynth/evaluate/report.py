@@ -697,34 +697,3 @@ def _as_float(v) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
-
-
-def run_evaluate_demo(synthetic_dirs: Sequence[str], real_splits: Mapping[str, Sequence[Mapping]], out_dir: str, *,
-                      model_dir: str | None = None, dp_epsilons: Sequence[float] = (3.0,), quick: bool = True) -> dict:
-    """Evaluates the demo's synthetic corpora against the real fine-food splits; prints a summary.
-
-    Args:
-      synthetic_dirs: generation output directories.
-      real_splits: {"train", "valid", "test"} record lists (e.g. `fine_food_splits()`).
-      out_dir: where metrics.json/csv, report.html and plots/ go.
-      model_dir: the pretrained LM (MAUVE features; the generator's perplexity comes from
-        each corpus's generation_config).
-      dp_epsilons: DP-on-real baselines.
-      quick: CPU-sized settings (small WordCNN, 1 repeat, 3 epochs, 2 MAUVE seeds, DP-on-real for
-        one expected epoch with one clipping norm); False = the paper's sizes and 3 repeats.
-
-    Returns:
-      `evaluate`'s result dict (rows, baselines, paths).
-    """
-    real = RealData(list(real_splits["train"]), list(real_splits["test"]),
-                    list(real_splits["valid"]) if real_splits.get("valid") else None)
-    if quick:
-        config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons, repeats=1, max_epochs=3, cnn="small",
-                                   mauve_seeds=2)
-        config = dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, clip_norms=(1.0,)), dp_epochs=1.0)
-    else:
-        config = config_from_flags(model_dir=model_dir, dp_epsilons=dp_epsilons)
-    result = evaluate(list(synthetic_dirs), real, out_dir, config)
-    print(f"evaluation report: {result['paths']['report_html']}")
-    print(summary_table(result, config.classifiers))
-    return result

@@ -972,37 +972,3 @@ def canary_audit(
 
     return audit.canary_audit(train_records, canaries, train, label=labels[0], epsilon=config.epsilon,
                               delta=config.delta, repeats=repeats)
-
-
-def run_dp_tune_demo(
-    base_dir: str,
-    splits: dict[str, list[dict]],
-    out_dir: str,
-    *,
-    mode: str = "lora",
-    epsilon: float = 3.0,
-    batch_size: int = 128,
-    epochs: float = 1.0,
-    max_tokens: int = 96,
-    learning_rate: float = 1e-2,
-    microbatch_size: int = 32,
-    contamination_sha256: str | None = None,
-    print_fn=print,
-) -> dict:
-    """The demo stage: DP-tunes `base_dir` on splits["train"] (valid: splits["valid"]) and prints the report.
-
-    CPU-friendly defaults (expected batch 128, 1 epoch, 96 tokens per example: about 30 steps
-    on the 3,600 fine-food reviews); the guarantee is the same kind as a full run's. Returns a summary dict (numbers only).
-    """
-    config = TuneConfig(mode=mode, epsilon=epsilon, batch_size=batch_size, epochs=epochs, max_tokens=max_tokens,
-                        learning_rate=learning_rate, microbatch_size=microbatch_size, checkpoint_every=1000)
-    res = dp_tune(base_dir, splits["train"], splits.get("valid", []), out_dir, config,
-                  contamination_sha256=contamination_sha256)
-    print_fn(report_lib.render_markdown(res.report))
-    summary = {"out_dir": out_dir, "mode": mode, "steps": res.steps, "noise_multiplier": res.noise_multiplier,
-               "epsilon_rdp": res.epsilon.get("rdp"), "epsilon_pld": res.epsilon.get("pld"), "delta": res.delta,
-               "train_loss": res.train_loss, "valid_loss": res.valid_loss, "truncated": res.truncated_train,
-               "seconds": res.seconds}
-    print_fn(f"dp-tune demo: {mode} at epsilon {epsilon}: {res.steps} steps, sigma {res.noise_multiplier:.3f}, "
-             f"valid loss {res.valid_loss:.3f}, {res.seconds:.0f}s")
-    return summary

@@ -579,29 +579,3 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
 def final_params(out_dir: str) -> dict:
     """The variables of a finished pretraining run (its model directory)."""
     return ckpt_lib.load_model(out_dir).variables
-
-
-def run_pretrain_demo(clean_corpus_dir: str, tokenizer_path: str, out_dir: str, *, preset: str = "tiny",
-                      steps: int = 200, seq_len: int = 128, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
-    """The demo's pretraining stage: a few minutes on 2 CPU cores; prints a short summary.
-
-    Resumes when `out_dir` holds an unfinished run, and returns the existing model's summary
-    when it already holds a finished one of the same settings (so `make demo` can be re-run).
-    """
-    config = PretrainConfig(preset=preset, steps=steps, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                            eval_every=steps, checkpoint_every=max(steps // 4, 1), log_every=25, eval_batches=16,
-                            eval_at_start=True, progress_interval=15.0)
-    t0 = time.perf_counter()
-    summary = run_pretrain(clean_corpus_dir, tokenizer_path, out_dir, config, resume=True)
-    elapsed = time.perf_counter() - t0
-    valid, start = summary["valid"], summary.get("initial_valid") or {}
-    train = summary["train"]
-    print(f"pretrain: preset {summary['preset']} ({summary['num_params'] / 1e6:.2f}M params), {summary['step']} steps x "
-          f"{batch_size} x {seq_len} tokens on {summary['train_rows']} packed training rows, {elapsed:.0f}s "
-          f"({train.get('tokens_per_s', float('nan')):.0f} tokens/s)")
-    if valid:
-        before = f"{start['perplexity']:.0f} -> " if start else ""
-        print(f"pretrain: validation perplexity {before}{valid['perplexity']:.1f} on {valid['tokens']:.0f} held-out "
-              f"tokens ({summary['valid_rows']} rows); model written to {out_dir}")
-    summary["elapsed_s"] = elapsed
-    return summary

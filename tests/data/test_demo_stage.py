@@ -1,10 +1,6 @@
-"""Tests for dpsynth.data.demo_stage: planting, and the whole demo on the embedded data (slow)."""
+"""Tests for dpsynth.data.demo_stage: planting (the demo's dedup check is in tests/test_demo.py)."""
 
-import json
-
-import pytest
-
-from dpsynth.data import demo_stage, embedded
+from dpsynth.data import demo_stage
 
 
 def test_plant_inserts_every_review_once_at_paragraph_boundaries():
@@ -18,22 +14,3 @@ def test_plant_inserts_every_review_once_at_paragraph_boundaries():
         p for d in docs for p in d["text"].split("\n\n"))
     assert out == demo_stage.plant(docs, reviews, seed=1)
 
-
-@pytest.mark.slow
-def test_demo_finds_every_planted_review(tmp_path, capsys):
-    try:
-        embedded.fine_food_splits()
-    except embedded.EmbeddedDataMissing:
-        pytest.skip("embedded data not fetched (make data)")
-    result = demo_stage.run_contamination_demo(None, str(tmp_path), vocab_size=4000, num_planted=3)
-    assert len(result["planted_ids"]) == 3 and result["found_ids"] == result["planted_ids"]
-    assert "PLANTING 3 sensitive training reviews" in capsys.readouterr().out
-    report = json.loads(open(result["contamination"]).read())
-    assert report == result["report"]
-    # The released tokenizer comes after the dedup and re-tokenized the clean corpus; the
-    # dedup's temporary tokenizer (it saw the planted reviews) is gone.
-    from dpsynth.tokens import Tokenizer, read_manifest
-
-    released = Tokenizer.load(result["tokenizer"])
-    assert read_manifest(result["clean_tokens"])["tokenizer_sha256"] == released.sha256
-    assert not (tmp_path / "dedup_tokenizer.model").exists() and not (tmp_path / "dedup" / "clean_tokens").exists()

@@ -473,16 +473,6 @@ def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, c
     assert "inside the released directory" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_demo_function_on_embedded_style_splits(tiny_base, tmp_path):
-    base_dir, _ = tiny_base
-    lines = []
-    summary = finetune.run_dp_tune_demo(base_dir, {"train": TRAIN, "valid": VALID}, str(tmp_path / "demo"),
-                                    batch_size=24, epochs=1.0, max_tokens=32, print_fn=lines.append)
-    assert summary["epsilon_rdp"] <= 3.0 and summary["steps"] == 5
-    assert "Privacy report" in lines[0]
-
-
 def test_prompt_initialisations():
     from dpsynth.models import Transformer
 
