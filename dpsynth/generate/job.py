@@ -77,7 +77,7 @@ logger = logging.getLogger("dpsynth.generate")
 
 
 def run_shards(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
-               pipeline_factory=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
+               test_pipeline=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
     """Runs the Beam fan-out over `specs` (blocking; `dpsynth.beam.pipeline.run_pipeline`)."""
     from dpsynth.beam.pipeline import run_pipeline
 
@@ -88,14 +88,14 @@ def run_shards(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: S
             | "GenerateSynthetic" >> GenerateSynthetic(plan, loader)
         )
 
-    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+    run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
 
 
 def generate(
     config: GenerateConfig,
     *,
     beam_args: Sequence[str] = (),
-    pipeline_factory=None,
+    test_pipeline=None,
     loader: Callable[[str], ModelBundle] = load_bundle,
     label_histogram: DpLabelHistogram | None = None,
     train_path: str | None = None,
@@ -108,7 +108,7 @@ def generate(
     Args:
       config: the job.
       beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
-      pipeline_factory: returns the pipeline to run on instead (tests: `TestPipeline`).
+      test_pipeline: returns the pipeline to run on instead (tests: `TestPipeline`).
       loader: model directory -> `ModelBundle` (default: the checkpoint loader).
       label_histogram: draw the label distribution as a DP histogram of D_train
         (`DpLabelHistogram`; a new release on every call, so a rerun draws anew). To share one
@@ -139,7 +139,7 @@ def generate(
     missing = [s for s in plan.specs if not shard_complete(plan, s)]
     logger.info("generate: %d shards planned, %d to generate (config %s)", len(plan.specs), len(missing), plan.config_hash[:12])
     if missing:
-        run_shards(plan, missing, beam_args=beam_args, pipeline_factory=pipeline_factory, loader=loader)
+        run_shards(plan, missing, beam_args=beam_args, test_pipeline=test_pipeline, loader=loader)
     still = [s.name for s in plan.specs if not shard_complete(plan, s)]
     if still:
         raise GenerateError(f"{plan.out_dir}: {len(still)} shards missing after the pipeline ran (first: {still[0]}); rerun")
