@@ -121,7 +121,6 @@ def run_demo(
     from dpsynth.experiment.plan import build_plan
 
     config = config or demo_config()
-    runner.use_data_dir(data_dir)
     plan = build_plan(config, out, data_dir=data_dir)
     runner.write_experiment_files(plan, config)
     total = len(plan.nodes)

@@ -92,6 +92,7 @@ class StageContext:
             stages only; for the others it is always a fresh, empty directory).
         private_dir: the stage instance's owner-only directory outside every stage directory
             (`ROOT/private/<stage>/<hash16>`, see `private_path`), or None (tests).
+        data_dir: the embedded default's directory (`Plan.data_dir`; None: the reader's default).
     """
 
     key: str
@@ -102,6 +103,7 @@ class StageContext:
     out_dir: str
     resume: bool = False
     private_dir: str | None = None
+    data_dir: str | None = None
 
     def private_path(self, *parts: str) -> str:
         """A path in the stage's private state (created 0700; write it with `dpsynth.owner_only`).
@@ -177,7 +179,8 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=True, default=str))
 
 
-def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]) -> StageOutput:
+def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any], *,
+              data_dir: str | None = None) -> StageOutput:
     """Runs `fn` for `node` unless its output is cached; completes atomically.
 
     Args:
@@ -185,6 +188,7 @@ def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]
         node: the stage instance.
         fn: the stage function, `fn(StageContext) -> summary dict | None`.
         inputs: role -> upstream `StageOutput` (or tuple of them), as in `node.inputs`.
+        data_dir: the embedded default's directory, passed to `fn` as `ctx.data_dir`.
 
     Returns:
         The stage's `StageOutput` (`cached=True` when nothing ran).
@@ -210,7 +214,7 @@ def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]
         os.makedirs(work, exist_ok=True)
         ctx = StageContext(
             key=node.key, stage=node.stage, hash=node.hash, config=node.config, inputs=inputs, out_dir=work, resume=resume,
-            private_dir=private_dir(root, node),
+            private_dir=private_dir(root, node), data_dir=data_dir,
         )
         started, t0 = _now(), time.perf_counter()
         try:

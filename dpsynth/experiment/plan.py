@@ -115,11 +115,17 @@ class Trial:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The whole graph in topological order, the trials and the output root."""
+    """The whole graph in topological order, the trials and the output root.
+
+    `data_dir` is the embedded default's directory the stages read (None: the reader's
+    default, `$DPSYNTH_EMBEDDED_DIR` or `data/embedded`); only its files' fingerprints enter
+    the hashes, not its path.
+    """
 
     root: str
     nodes: tuple[StageNode, ...]
     trials: tuple[Trial, ...]
+    data_dir: str | None = None
 
     def node(self, key: str) -> StageNode:
         for n in self.nodes:
@@ -333,4 +339,5 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     if label_nodes:
         eval_inputs["labels"] = label_nodes
     add("evaluate", "evaluate", eval_cfg, eval_inputs)
-    return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials))
+    return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials),
+                data_dir=os.path.abspath(data_dir) if data_dir else None)

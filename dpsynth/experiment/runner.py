@@ -1,10 +1,11 @@
 """`dpsynth experiment CONFIG.yaml [--dry-run] [--jobs N]`: a cached grid of pipeline runs.
 
 The runner builds the stage graph of the config (`plan.build_plan`), then runs each stage
-instance whose output is not cached (`cache.run_stage`), in dependency order. With
-`--jobs N > 1`, independent stage instances (the trials' DP tuning and generation) run in
-N worker processes (`concurrent.futures.ProcessPoolExecutor`, spawn start method: JAX does
-not survive fork). The end of an experiment is the evaluate stage's batch metric report,
+instance whose output is not cached (`cache.run_stage`), in dependency order. One scheduler
+starts every ready instance, in plan order, while fewer than `--jobs N` run: with N = 1 the
+instance runs in this process, so the run is strictly sequential in plan order; with N > 1
+independent instances (the trials' DP tuning and generation) run in N worker processes
+(`concurrent.futures.ProcessPoolExecutor`, spawn start method: JAX does not survive fork). The end of an experiment is the evaluate stage's batch metric report,
 linked at `ROOT/report`.
 
 Interrupting a run (Ctrl-C, a kill, a crash) loses only the stage instances in flight;
@@ -157,82 +158,76 @@ def run_plan(
             raise StageUnavailable(node.stage, "no stage function registered")
         return registry[node.stage]
 
-    if jobs <= 1:
-        for node in todo:
-            if on_stage is not None:
-                on_stage(node)
-            out = cache.cached_output(plan.root, node)
-            if out is None:
-                _log(f"({len(outputs) + 1}/{total}) {node.key}: running ({node.hash[:12]})")
-                try:
-                    out = cache.run_stage(plan.root, node, fn_of(node), _inputs_of(node, outputs))
-                except StageUnavailable as e:
-                    result.missing = e
-                    break
-                except StageFailed as e:
-                    result.failed = e
-                    break
-            finish(node, out)
-    else:
-        _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs, on_stage)
+    _schedule(plan, todo, fn_of, outputs, result, finish, jobs, on_stage)
     result.seconds = time.perf_counter() - t0
     if "evaluate" in outputs:
         _link(outputs["evaluate"].dir, os.path.join(plan.root, "report"))
     return result
 
 
-def _run_parallel(plan, todo, fn_of, outputs, result, finish, jobs, on_stage) -> None:
-    pending = {n.key: n for n in todo}
+class _InProcess:
+    """The one-job executor: runs each submitted stage at once, in this process (so a registry
+    need not be picklable); its future is already done when `submit` returns."""
+
+    def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as e:  # re-raised by `future.result()`, as a worker's would be
+            future.set_exception(e)
+        return future
+
+    def __enter__(self) -> "_InProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _schedule(plan, todo, fn_of, outputs, result, finish, jobs, on_stage) -> None:
+    """Runs `todo` (plan order, topological): resolves cached nodes and starts ready ones, in
+    order, while fewer than `jobs` run, until done or a stage is missing or failed (the
+    stages in flight then finish; nothing new starts)."""
+    jobs = max(jobs, 1)
+    pending = list(todo)
     running: dict[concurrent.futures.Future, StageNode] = {}
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        stop = False
-        while pending or running:
-            if not stop:
-                progressed = True
-                while progressed:  # resolve cached nodes and submit every ready one
-                    progressed = False
-                    for key, node in list(pending.items()):
-                        if not all(k in outputs for k in node.input_keys()):
-                            continue
-                        if on_stage is not None:
-                            on_stage(node)
-                        out = cache.cached_output(plan.root, node)
-                        del pending[key]
-                        progressed = True
-                        if out is not None:
-                            finish(node, out)
-                            continue
-                        try:
-                            fn = fn_of(node)
-                        except StageUnavailable as e:
-                            result.missing, stop = e, True
-                            break
-                        _log(f"{node.key}: submitted ({node.hash[:12]})")
-                        running[pool.submit(cache.run_stage, plan.root, node, fn, _inputs_of(node, outputs))] = node
-                    if stop:
-                        break
+    executor = (_InProcess() if jobs == 1 else
+                concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")))
+    with executor as pool:
+        while True:
+            for node in list(pending) if result.ok else ():
+                if len(running) >= jobs:
+                    break
+                if not all(k in outputs for k in node.input_keys()):
+                    continue
+                pending.remove(node)
+                if on_stage is not None:
+                    on_stage(node)
+                out = cache.cached_output(plan.root, node)
+                if out is not None:
+                    finish(node, out)
+                    continue
+                try:
+                    fn = fn_of(node)
+                except StageUnavailable as e:
+                    result.missing = e
+                    break
+                _log(f"({len(outputs) + len(running) + 1}/{len(todo)}) {node.key}: running ({node.hash[:12]})")
+                running[pool.submit(cache.run_stage, plan.root, node, fn, _inputs_of(node, outputs),
+                                    data_dir=plan.data_dir)] = node
             if not running:
-                break  # nothing in flight; anything still pending is blocked by a failure
+                break  # done, or stopped with nothing in flight
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 node = running.pop(fut)
                 try:
                     finish(node, fut.result())
                 except StageUnavailable as e:
-                    result.missing, stop = result.missing or e, True
+                    result.missing = result.missing or e
                 except StageFailed as e:
-                    result.failed, stop = result.failed or e, True
+                    result.failed = result.failed or e
                 except concurrent.futures.process.BrokenProcessPool as e:
-                    result.failed, stop = result.failed or StageFailed(f"stage {node.key}: worker died ({e})"), True
-
-
-def use_data_dir(data_dir: str | None) -> None:
-    """Points the embedded-data reader (in this process and in spawned workers) at `data_dir`."""
-    if data_dir:
-        from dpsynth.data.embedded import ENV_DIR
-
-        os.environ[ENV_DIR] = os.path.abspath(data_dir)
+                    result.failed = result.failed or StageFailed(f"stage {node.key}: worker died ({e})")
 
 
 def run_experiment(
@@ -248,7 +243,6 @@ def run_experiment(
     root = root or config.out
     if not root:
         raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
-    use_data_dir(data_dir)
     plan = build_plan(config, root, data_dir=data_dir)
     write_experiment_files(plan, config)
     _log(f"'{config.name}': {len(plan.trials)} trial(s), {len(plan.nodes)} stage instance(s), root {plan.root}")
@@ -267,7 +261,7 @@ def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
     try:
         from dpsynth.experiment import stages
 
-        return stages.count_train(node.config), "counted"
+        return stages.count_train(node.config, data_dir=plan.data_dir), "counted"
     except Exception as e:  # the data may be absent at planning time; the plan still prints
         return None, f"unknown ({type(e).__name__}: {e})"
 
@@ -281,7 +275,7 @@ def train_users(plan: Plan) -> int | None:
     try:
         from dpsynth.experiment import stages
 
-        return stages.count_train_users(node.config)
+        return stages.count_train_users(node.config, data_dir=plan.data_dir)
     except Exception:  # the data may be absent at planning time
         return None
 
@@ -322,7 +316,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             p = finetune.plan_run(tc, num_train, num_users=num_users)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
                        accountant=p.accountant, max_batch_size=p.max_batch_size)
-        except (ImportError, StageUnavailable) as e:
+        except ImportError as e:
             row["note"] = f"tuner not available ({e})"
         except ValueError as e:
             row["note"] = str(e)
@@ -401,7 +395,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
         if args.dry_run:
-            use_data_dir(args.data_dir)
             plan = build_plan(config, root, data_dir=args.data_dir)
             print(describe_plan(plan, config))
             return 0

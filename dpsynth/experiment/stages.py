@@ -3,8 +3,7 @@
 Each function takes a `cache.StageContext` (its config subset, its inputs' output
 directories, a directory to write) and calls ONE library function of its stage; it returns a
 small JSON summary (counts, metrics, hashes: never private text) and writes a short human
-report with `ctx.report`. A stage whose library is not installed raises `StageUnavailable`
-naming the module, and the runner stops there. What must not be published (the DP-tuned
+report with `ctx.report`. What must not be published (the DP-tuned
 model's non-DP train/valid losses, the opt-in memorisation audit against D_train) goes to the
 stage's private state (`ctx.private_path`, `ROOT/private/<stage>/<hash16>/`), never into its
 stage directory, `report.txt` or `stage.json`.
@@ -27,8 +26,6 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import os
 import random
 import shutil
@@ -37,28 +34,10 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.binding import make_config
-from dpsynth.experiment.cache import StageContext, StageUnavailable
+from dpsynth.experiment.cache import StageContext
 from dpsynth.owner_only import write_private_json
 
 PLANT_MIN_WORDS = 80  # planted reviews must be long enough to hold a >= 50-token sequence
-
-
-def _module(stage: str, name: str, attr: str | None = None):
-    """Imports `name` (and checks `attr`), or raises StageUnavailable when it does not exist.
-
-    A module that exists but fails to import is a bug, not a missing stage: that error
-    propagates unchanged.
-    """
-    try:
-        spec = importlib.util.find_spec(name)
-    except ModuleNotFoundError:
-        spec = None
-    if spec is None:
-        raise StageUnavailable(stage, f"module {name} does not exist yet")
-    module = importlib.import_module(name)
-    if attr is not None and not hasattr(module, attr):
-        raise StageUnavailable(stage, f"{name}.{attr} does not exist yet")
-    return module
 
 
 # ----------------------------------------------------------------------------- data
@@ -79,10 +58,11 @@ def _quiet(fn):
         return fn()
 
 
-def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[Any]]:
+def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
+                          ) -> tuple[dict[str, list[dict[str, Any]]], list[Any]]:
     """The train/valid/test records of the `sensitive` config subset, plus dead letters.
 
-    Embedded: the fine-food reviews (`dpsynth.data.embedded`). Files: read with
+    Embedded: the fine-food reviews (`dpsynth.data.embedded`, from `data_dir`). Files: read with
     `dpsynth.data.readers.read_sensitive` and split by `dpsynth.data.splits.make_splits`
     (the `split` options; by default, without a valid file, the last 10% of train is valid,
     and `max_*` keep the first N records of each split).
@@ -94,7 +74,7 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
     spec = splits_lib.SplitSpec(**dict(config.get("split") or {}))
     max_sizes = {s: config.get(f"max_{s}") for s in splits_lib.SPLITS}
     if config["embedded"]:
-        splits = _quiet(_embedded().fine_food_splits)
+        splits = _quiet(lambda: _embedded().fine_food_splits(data_dir))
         splits = {s: splits_lib.subsample(r, max_sizes[s], spec.subsample, spec.seed) if max_sizes[s] else r
                   for s, r in splits.items()}
     else:
@@ -127,17 +107,17 @@ def load_sensitive_splits(config: Mapping[str, Any]) -> tuple[dict[str, list[dic
     return splits, dead
 
 
-def count_train(config: Mapping[str, Any]) -> int:
+def count_train(config: Mapping[str, Any], data_dir: str | None = None) -> int:
     """|D_train| of a `sensitive` config subset (reads the data; used by dry runs)."""
-    splits, _ = load_sensitive_splits(config)
+    splits, _ = load_sensitive_splits(config, data_dir)
     return len(splits["train"])
 
 
-def count_train_users(config: Mapping[str, Any]) -> int | None:
+def count_train_users(config: Mapping[str, Any], data_dir: str | None = None) -> int | None:
     """The distinct users of D_train (None without a user column; reads the data; dry runs)."""
     if not config.get("user_column"):
         return None
-    splits, _ = load_sensitive_splits(config)
+    splits, _ = load_sensitive_splits(config, data_dir)
     return len({r["user"] for r in splits["train"]})
 
 
@@ -145,7 +125,7 @@ def sensitive_data(ctx: StageContext) -> dict[str, Any]:
     """Reads the sensitive dataset once into `train/valid/test.jsonl` (the stages' one copy)."""
     from dpsynth.data import readers
 
-    splits, dead = load_sensitive_splits(ctx.config)
+    splits, dead = load_sensitive_splits(ctx.config, ctx.data_dir)
     for split, records in splits.items():
         if not records:
             raise readers.EmptyDatasetError(f"sensitive.{split}: no records")
@@ -193,7 +173,7 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 
     docs: list[dict[str, Any]] = []
     if ctx.config["embedded"]:
-        docs += [{"id": f"austen/{d['id']}", "text": d["text"]} for d in _quiet(_embedded().austen_documents)]
+        docs += [{"id": f"austen/{d['id']}", "text": d["text"]} for d in _quiet(lambda: _embedded().austen_documents(ctx.data_dir))]
     if ctx.config["paths"]:
         ds = readers.read_public(list(ctx.config["paths"]))
         docs += [{"id": r["id"], "text": r["text"]} for r in ds.records]
@@ -223,7 +203,8 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 def tokenizer(ctx: StageContext) -> dict[str, Any]:
     """The RELEASED tokenizer: SentencePiece on the deduplicated public corpus only, and that
     corpus re-tokenized with it (`dpsynth.beam.jobs.release_tokenizer`)."""
-    jobs = _module("tokenizer", "dpsynth.beam.jobs", "release_tokenizer")
+    from dpsynth.beam import jobs
+
     out = jobs.release_tokenizer(
         [ctx.inputs["dedup"].path("clean")],
         vocab_size=ctx.config["vocab_size"],
@@ -262,9 +243,10 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     """
     import shutil
 
-    jobs = _module("dedup", "dpsynth.beam.jobs", "dedup")
-    report_lib = _module("dedup", "dpsynth.dedup.report", "summarize")
-    training = _module("dedup", "dpsynth.data.tokenizer_training", "train_public_tokenizer")
+    from dpsynth.beam import jobs
+    from dpsynth.data import tokenizer_training as training
+    from dpsynth.dedup import report as report_lib
+
     tok = ctx.config["tokenizer"]
     temporary = ctx.private_path(DEDUP_TOKENIZER)
     training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
@@ -312,7 +294,8 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 
     Resumable: an interrupted run continues from its last checkpoint in the work directory.
     """
-    lib = _module("pretrain", "dpsynth.train.pretrain", "run_pretrain")
+    from dpsynth.train import pretrain as lib
+
     c = ctx.config
     options = dict(c.get("options") or {})
     # The model's vocabulary is exactly the tokenizer's (no padding to a multiple of 128), so
@@ -369,7 +352,8 @@ def tune_config(config: Mapping[str, Any]):
     Every key named like a `TuneConfig` field is that field (a null value keeps the tuner's
     default); `loss: full` sets `full_lm`; `options` may set any field.
     """
-    lib = _module("dp_tune", "dpsynth.train.finetune", "TuneConfig")
+    from dpsynth.train import finetune as lib
+
     fields = {f.name for f in dataclasses.fields(lib.TuneConfig)}
     kwargs: dict[str, Any] = {k: v for k, v in config.items()
                               if k in fields and k not in _NOT_TUNE_FIELDS and v is not None}
@@ -384,8 +368,9 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
 
     Resumable: the tuner resumes from its checkpoint (ledger included, nothing double-counted).
     """
-    lib = _module("dp_tune", "dpsynth.train.finetune", "dp_tune")
-    report_lib = _module("dp_tune", "dpsynth.dp.report", "render_markdown")
+    from dpsynth.dp import report as report_lib
+    from dpsynth.train import finetune as lib
+
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
     model_dir = os.path.join(ctx.out_dir, "model")
@@ -448,9 +433,9 @@ def labels(ctx: StageContext) -> dict[str, Any]:
     reads this draw, so the root releases one histogram per model. The noise seed is secret
     (OS entropy); the draw (noisy counts, weights) is DP and is what this stage writes.
     """
+    from dpsynth.generate import job as lib
     from dpsynth.generate.labels import LabelDistribution
 
-    lib = _module("labels", "dpsynth.generate.job", "dp_label_distribution")
     sigma = ctx.config["noise_multiplier"]
     path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
     if ctx.resume and os.path.exists(path):  # an interrupted stage: reuse its draw, never draw twice
@@ -477,7 +462,8 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     Sizes: train = multiple x |D_train|, valid = valid_fraction x train. Resumable: the job
     regenerates only the shards missing from the work directory.
     """
-    lib = _module("generate", "dpsynth.generate.job", "generate")
+    from dpsynth.generate import job as lib
+
     c = ctx.config
     sens = ctx.inputs["sensitive"]
     num_train = max(1, int(round(c["multiple"] * sens.summary["num_train"])))
@@ -554,7 +540,8 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     Each trial's corpus is linked as `corpora/<trial id>` (relative links to the generate
     stage directories) so the report's rows carry readable names.
     """
-    lib = _module("evaluate", "dpsynth.evaluate.report", "summary_table")
+    from dpsynth.evaluate import report as lib
+
     c = ctx.config
     sens = ctx.inputs["sensitive"]
     links = os.path.join(ctx.out_dir, "corpora")

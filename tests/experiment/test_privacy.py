@@ -3,7 +3,6 @@
 import json
 import math
 import os
-from types import SimpleNamespace
 
 import dp_accounting
 import pytest
@@ -151,9 +150,8 @@ def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, m
             f.write("<html><body></body></html>")
         return {"rows": [], "baselines": [], "paths": {"html": os.path.join(out_dir, "report.html")}}
 
-    lib = SimpleNamespace(load_real=evaluate_lib.load_real, EvaluateConfig=evaluate_lib.EvaluateConfig,
-                          evaluate=fake_evaluate, summary_table=lambda result, kinds: "table")
-    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: lib)
+    monkeypatch.setattr(evaluate_lib, "evaluate", fake_evaluate)
+    monkeypatch.setattr(evaluate_lib, "summary_table", lambda result, kinds: "table")
     trials = [{"id": "a-t1", "epsilon": 3.0, "dp_tune": "dp_tune[a]", "labels": None}]
     node = StageNode(key="evaluate", stage="evaluate", hash="f" * 64, inputs={},
                      config={"trials": trials, "baselines": False, "classifiers": [], "options": {}})

@@ -154,6 +154,34 @@ def test_parallel_failure_stops_and_reports(env, tmp_path, monkeypatch):
     assert all(k in result.outputs for k in ("pretrain",))
 
 
+def test_one_job_runs_in_this_process_in_plan_order_with_the_data_dir(env, tmp_path):
+    """jobs=1 is the scheduler with one slot: plan order, this process (a closure registry
+    works: nothing is pickled), a failure stops it at once; `data_dir` reaches every stage as
+    `ctx.data_dir`, and the environment is left alone."""
+    from dpsynth.data.embedded import ENV_DIR
+
+    seen = []
+
+    def record(ctx):
+        seen.append((ctx.key, os.getpid(), ctx.data_dir))
+        return fakes._fake(ctx)
+
+    registry = {stage: record for stage in fakes.REGISTRY}
+    env_before = os.environ.get(ENV_DIR)
+    result = run_experiment(from_dict(env["data"]), root=env["root"], registry=registry, data_dir=str(tmp_path / "emb"))
+    assert result.ok and os.environ.get(ENV_DIR) == env_before
+    assert [k for k, _, _ in seen] == [n.key for n in result.plan.nodes] == result.ran
+    assert {(pid, d) for _, pid, d in seen} == {(os.getpid(), str(tmp_path / "emb"))}
+    # A failure: nothing after the failed stage starts.
+    seen.clear()
+    fail_at = next(n for n in result.plan.nodes if n.stage == "dp_tune")
+    failed = run_experiment(from_dict(env["data"]), root=str(tmp_path / "other"), registry={
+        **registry, "dp_tune": lambda ctx: (_ for _ in ()).throw(RuntimeError("boom"))})
+    assert failed.failed is not None and fail_at.key in str(failed.failed)
+    keys = [n.key for n in failed.plan.nodes]
+    assert [k for k, _, _ in seen] == keys[: keys.index(fail_at.key)]
+
+
 def test_missing_stage_stops_with_its_name(env, capsys):
     registry = {k: v for k, v in fakes.REGISTRY.items() if k != "dp_tune"}
     result = run_experiment(from_dict(env["data"]), root=env["root"], registry=registry)

@@ -1,13 +1,11 @@
 """The real stage adapters that run in seconds (data, public corpus, tokenizer) and helpers."""
 
-import dataclasses
 import json
 import os
 
 import pytest
 
 from dpsynth.experiment import stages
-from dpsynth.experiment.cache import StageUnavailable
 from dpsynth.experiment.config import from_dict
 from dpsynth.experiment.plan import build_plan
 from dpsynth.experiment.runner import run_plan
@@ -127,13 +125,6 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     assert again.ran == ["dedup", "tokenizer"]
 
 
-def test_missing_library_is_stage_unavailable():
-    with pytest.raises(StageUnavailable, match="stage 'x' is not available: module dpsynth.no_such_module does not exist"):
-        stages._module("x", "dpsynth.no_such_module")
-    with pytest.raises(StageUnavailable, match="dpsynth.tokens.no_such_function does not exist"):
-        stages._module("x", "dpsynth.tokens", "no_such_function")
-
-
 def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):
     import dataclasses as dc
 
@@ -158,7 +149,9 @@ def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):
     ctx = StageContext(key="labels[x]", stage="labels", hash="1" * 64, config={"noise_multiplier": 2.0},
                        out_dir=str(tmp_path / "work"), inputs={"model": out("model"), "sensitive": out("sensitive")})
     mp = pytest.MonkeyPatch()
-    mp.setattr(stages, "_module", lambda stage, name, attr=None: FakeLib)
+    from dpsynth.generate import job
+
+    mp.setattr(job, "dp_label_distribution", FakeLib.dp_label_distribution)
     try:
         first = stages.labels(ctx)
         again = stages.labels(dc.replace(ctx, resume=True))  # an interrupted stage: the saved draw, no second release
@@ -260,9 +253,10 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
         return SimpleNamespace(report=privacy, epsilon=ledger.epsilons(), steps=10, noise_multiplier=1.0, delta=1e-3,
                                train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=0)
 
+    from dpsynth.train import finetune
+
     monkeypatch.setattr(stages, "tune_config", lambda c: SimpleNamespace(mode="lora", epsilon=3.0))
-    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: (
-        report_lib if name == "dpsynth.dp.report" else SimpleNamespace(dp_tune=fake_tune)))
+    monkeypatch.setattr(finetune, "dp_tune", fake_tune)
     node = StageNode(key="dp_tune[x]", stage="dp_tune", config={"mode": "lora"}, inputs={}, hash="d" * 64)
     root = tmp_path / "root"
     out = cache.run_stage(str(root), node, stages.dp_tune, {
@@ -282,25 +276,9 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
     assert calls[0]["state_dir"] == str(private.parent / stages.TUNE_STATE_DIR)
 
 
-def _fake_generate_lib(calls):
-    from types import SimpleNamespace
-
+def _fake_generate(calls):
+    """Stands in for `dpsynth.generate.job.generate`: writes a one-example corpus and its report."""
     from dpsynth.owner_only import write_private_json
-
-    @dataclasses.dataclass(frozen=True)
-    class Config:
-        model_dir: str
-        out_dir: str
-        num_examples: int
-        valid_examples: int
-        seed: int
-        temperature: float
-        top_k: int
-        num_decodes: int
-        max_len: int
-        batch_size: int
-        allow_non_private: bool
-        label_distribution: object
 
     def generate(config, train_path=None, audit_dir=None):
         calls.append((train_path, audit_dir))
@@ -311,8 +289,7 @@ def _fake_generate_lib(calls):
         if train_path is not None:
             write_private_json(os.path.join(audit_dir, "memorisation_audit.json"), {"longest_shared_tokens": 7654321})
 
-    return SimpleNamespace(GenerateConfig=Config, generate=generate, REPORT_FILE="generation_report.json",
-                           MEMORISATION_AUDIT_FILE="memorisation_audit.json")
+    return generate
 
 
 @pytest.mark.parametrize("audit", [False, True])
@@ -323,7 +300,9 @@ def test_memorisation_audit_is_opt_in_and_private(tmp_path, monkeypatch, audit):
 
     assert GenerateConfig().audit_memorisation is False  # off by default
     calls = []
-    monkeypatch.setattr(stages, "_module", lambda stage, name, attr=None: _fake_generate_lib(calls))
+    from dpsynth.generate import job
+
+    monkeypatch.setattr(job, "generate", _fake_generate(calls))
     cfg = {"multiple": 1, "valid_fraction": 0.5, "sampling": {"temperature": 1.0, "top_k": 0, "num_decodes": 1},
            "seed": 0, "max_tokens": 16, "batch_size": 2, "audit_memorisation": audit}
     node = StageNode(key="generate[x]", stage="generate", config=cfg, inputs={}, hash="e" * 64)
