@@ -18,6 +18,7 @@ import sys
 from dpsynth import logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one entry per sensitive dataset (all its splits)")
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--min-tokens", type=int, default=50, metavar="K", help="cut shared sequences of >= K tokens")
+    p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="K", help="cut shared sequences of >= K tokens")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label", help="'' for unlabeled sensitive text")
     p.add_argument("--num-shards", type=int, default=None, help="public shards (default: one per --shard-mb)")
@@ -38,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv=None, pipeline_factory=None) -> dict:
+def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags and runs the job; returns the contamination report.
 
-    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline` (called once per
+    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline` (called once per
     pipeline; the job runs two).
     """
     args, beam_args = build_parser().parse_known_args(argv)
@@ -50,7 +51,7 @@ def run(argv=None, pipeline_factory=None) -> dict:
         min_tokens=args.min_tokens, text_column=args.text_column, label_column=args.label_column or None,
         num_shards=args.num_shards, shard_bytes=int(args.shard_mb * (1 << 20)),
         max_document_bytes=args.max_document_bytes, tfds_data_dir=args.tfds_data_dir,
-        threads=args.threads, beam_args=beam_args, pipeline_factory=pipeline_factory,
+        threads=args.threads, beam_args=beam_args, test_pipeline=test_pipeline,
     )
 
 

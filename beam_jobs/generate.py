@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from dpsynth import logs
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
 
@@ -47,14 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "written to --audit-dir, never into --out)")
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
                    "outside --out (default: OUT.private beside --out)")
-    p.add_argument("--min-shared-tokens", type=int, default=50, help="memorisation threshold in tokens")
+    p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS, help="memorisation threshold in tokens")
     return p
 
 
-def run(argv=None, pipeline_factory=None) -> dict:
+def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags and runs the job; returns the output manifest.
 
-    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
+    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
     args, beam_args = build_parser().parse_known_args(argv)
     labels = tuple(l.strip() for l in args.labels.split(",") if l.strip()) if args.labels else None
@@ -72,7 +73,7 @@ def run(argv=None, pipeline_factory=None) -> dict:
         labels=labels, formats=formats, allow_non_private=args.allow_non_private,
         cores_per_worker=args.cores_per_worker,
     )
-    return generate(config, beam_args=beam_args, pipeline_factory=pipeline_factory, label_histogram=histogram,
+    return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
                     train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 
 

@@ -55,10 +55,10 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run(argv=None, pipeline_factory=None) -> dict:
+def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags, builds the config and runs the job; returns {"out": DIR, "corpora": N}.
 
-    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
+    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
     from dpsynth.evaluate import corpora, pipeline, report
 
@@ -72,7 +72,7 @@ def run(argv=None, pipeline_factory=None) -> dict:
         dp_accountant=args.dp_accountant)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
-                     beam_args=beam_args, pipeline_factory=pipeline_factory)
+                     beam_args=beam_args, test_pipeline=test_pipeline)
     return {"out": args.out, "corpora": len(dirs)}
 
 

@@ -37,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv=None, pipeline_factory=None) -> dict:
+def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags and runs the job; returns the written manifest.
 
-    `pipeline_factory`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
+    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
     args, beam_args = build_parser().parse_known_args(argv)
     return jobs.tokenize(
@@ -56,7 +56,7 @@ def run(argv=None, pipeline_factory=None) -> dict:
         max_document_bytes=args.max_document_bytes,
         tfds_data_dir=args.tfds_data_dir,
         beam_args=beam_args,
-        pipeline_factory=pipeline_factory,
+        test_pipeline=test_pipeline,
     )
 
 

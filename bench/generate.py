@@ -143,7 +143,9 @@ def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int
 _STEADY_WORKER = r"""
 import json, os, sys, time
 sys.path.insert(0, {repo!r})
-from dpsynth.generate.job import GenerateConfig, load_bundle, make_plan, read_model_info, generate_shard
+from dpsynth.generate.model_info import load_bundle, read_model_info
+from dpsynth.generate.plan import GenerateConfig, make_plan
+from dpsynth.generate.transforms import generate_shard
 from dpsynth.generate.sampler import Sampler
 import dataclasses
 rank, world, model_dir, out_dir, barrier = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

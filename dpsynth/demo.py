@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
+
 # The demo experiment (mirrored in configs/demo.yaml).
 DEMO_CONFIG: dict[str, Any] = {
     "name": "demo",
@@ -35,7 +37,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "public": {"embedded": True, "plant": 5},
     "sensitive": {"embedded": True},
     "tokenizer": {"vocab_size": 4000},
-    "dedup": {"min_tokens": 50},
+    "dedup": {"min_tokens": DEFAULT_MIN_TOKENS},
     "pretrain": {"preset": "tiny", "steps": 2000, "seq_len": 128, "batch_size": 16, "learning_rate": 0.003},
     "dp_tune": {
         "modes": ["lora"],

@@ -10,9 +10,10 @@ refuses a private path inside a released one.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+from dpsynth import fileio
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -42,23 +43,12 @@ def make_private_dir(path: str) -> str:
 def write_private_text(path: str, text: str) -> str:
     """Writes `text` to `path` atomically as a 0600 file in a 0700 directory; returns the path."""
     make_private_dir(os.path.dirname(os.path.abspath(path)))
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    os.replace(tmp, path)
-    return path
+    return fileio.write_text(path, text, mode=FILE_MODE)
 
 
 def write_private_json(path: str, value: Any) -> str:
     """`write_private_text` of `value` as indented JSON."""
-    return write_private_text(path, json.dumps(value, indent=2, sort_keys=True, allow_nan=True) + "\n")
+    return write_private_text(path, fileio.dumps_json(value))
 
 
 def is_inside(path: str, directory: str) -> bool:

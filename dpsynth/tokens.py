@@ -26,18 +26,18 @@ filesystem installed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import io
 import json
 import os
 import random
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+
+from dpsynth.fileio import dumps_json, sha256_bytes, write_bytes_fs
 
 FORMAT = "dpsynth.tokens"
 FORMAT_VERSION = 1
@@ -70,25 +70,8 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def _write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes `path` via a temporary sibling and a rename (atomic on local disks).
-
-    The temporary name is unique, so duplicate executions of one bundle (runner retries,
-    speculative execution) never write into each other's temporary file.
-    """
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(tmp) as f:
-        f.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def sha256_file(path: str) -> str:
+    """Hex SHA-256 of a file read through `FileSystems` (`gs://` too)."""
     return sha256_bytes(_read_bytes(path))
 
 
@@ -187,7 +170,7 @@ def write_shard(
     FileSystems.mkdirs(directory) if not FileSystems.exists(directory) else None
     hashes = {}
     for suffix, data in payloads.items():
-        _write_bytes_atomic(_join(directory, name + suffix), data)
+        write_bytes_fs(_join(directory, name + suffix), data)
         hashes[suffix.lstrip(".")] = sha256_bytes(data)
     return {
         "name": name,
@@ -221,8 +204,8 @@ def write_manifest(
     }
     if extra:
         manifest.update(extra)
-    data = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-    _write_bytes_atomic(_join(directory, MANIFEST), data)
+    data = dumps_json(manifest).encode("utf-8")
+    write_bytes_fs(_join(directory, MANIFEST), data)
     return manifest
 
 
@@ -330,7 +313,7 @@ class Tokenizer:
         return cls(_read_bytes(path))
 
     def save(self, path: str) -> None:
-        _write_bytes_atomic(path, self.model_proto)
+        write_bytes_fs(path, self.model_proto)
 
     @property
     def vocab_size(self) -> int:
@@ -389,7 +372,7 @@ class HFTokenizer(Tokenizer):
         raise TypeError("load an HFTokenizer with load_tokenizer(directory) (it needs its special ids)")
 
     def save(self, path: str) -> None:
-        _write_bytes_atomic(path, self.json_bytes)
+        write_bytes_fs(path, self.json_bytes)
 
     @property
     def model_proto(self):
@@ -419,8 +402,8 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str) -> None:
     """Writes the tokenizer file (and its special ids when not dpsynth's) into a model directory."""
     tokenizer.save(_join(directory, tokenizer.filename))
     if not tokenizer.native:
-        _write_bytes_atomic(_join(directory, SPECIAL_IDS_FILE),
-                            (json.dumps(tokenizer.special_ids, sort_keys=True, indent=2) + "\n").encode())
+        write_bytes_fs(_join(directory, SPECIAL_IDS_FILE),
+                       dumps_json(tokenizer.special_ids).encode())
 
 
 def load_tokenizer(directory: str) -> Tokenizer:

@@ -20,7 +20,7 @@ import json
 import math
 import sys
 
-from dpsynth import logs
+from dpsynth import binding, logs
 from trainers import distributed
 
 
@@ -29,10 +29,10 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting
+    from dpsynth.dp import accounting, plan
+    from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import finetune as tune
 
-    d = tune.TuneConfig()
     p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="pretrained model directory (dpsynth pretrain output)")
     p.add_argument("--train", required=True, nargs="+", help="sensitive training file(s)")
@@ -42,32 +42,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=None,
                    help="the private state directory (checkpoints with the secret seed, non-DP losses, sweep trials; "
                         "created 0700, never publish it); default: OUT.private next to --out")
-    p.add_argument("--mode", choices=tune.MODES, default=d.mode)
-    p.add_argument("--epsilon", type=_float_or_inf, default=d.epsilon, help="target epsilon; 'inf' = non-private")
-    p.add_argument("--delta", type=float, default=None, help="target delta (default 1/|train|)")
-    p.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=d.accountant)
-    p.add_argument("--batch-size", type=float, default=d.batch_size, help="expected Poisson batch size")
-    p.add_argument("--microbatch-size", type=int, default=d.microbatch_size)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=int, default=None)
-    g.add_argument("--epochs", type=float, default=d.epochs)
-    p.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    p.add_argument("--clip-norm", type=float, default=d.clip_norm)
-    p.add_argument("--optimizer", choices=tune.OPTIMIZERS, default=d.optimizer)
-    p.add_argument("--lora-rank", type=int, default=d.lora_rank)
-    p.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
-    p.add_argument("--lora-targets", choices=("attention", "mlp", "all"), default=d.lora_targets)
-    p.add_argument("--prompt-length", type=int, default=d.prompt_length)
-    p.add_argument("--prompt-init", choices=tune.PROMPT_INITS, default=d.prompt_init)
-    p.add_argument("--template", default=d.template, help="label prompt; {label} is replaced by the label")
+    binding.add_flags(p, tune.TuneConfig, defaults=tune.TuneConfig(), overrides={
+        "mode": {"choices": tune.MODES},
+        "epsilon": {"type": _float_or_inf, "help": "target epsilon; 'inf' = non-private"},
+        "delta": {"help": "target delta (default 1/|train|)"},
+        "accountant": {"choices": accounting.ACCOUNTANTS},
+        "batch_size": {"help": "expected Poisson batch size"},
+        "steps": {"container": g},
+        "epochs": {"container": g},
+        "optimizer": {"choices": tune.OPTIMIZERS},
+        "lora_targets": {"choices": LORA_TARGETS},
+        "prompt_init": {"choices": tune.PROMPT_INITS},
+        "template": {"help": "label prompt; {label} is replaced by the label"},
+        "full_lm": {"help": "train on the label prompt too (ablation)"},
+        "z_loss": {"help": "z-loss coefficient of the LM loss"},
+        "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
+        "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "
+                         "default: a secret seed from the OS entropy pool, kept in the private checkpoint"},
+        "privacy_unit": {"choices": plan.PRIVACY_UNITS,
+                         "help": "unit of privacy: one example (default) or one user (needs --user-column and "
+                                 "--max-examples-per-user; delta then defaults to 1/|users|, --batch-size counts users)"},
+        "max_examples_per_user": {"help": "K: at most K rows per user are kept (chosen with the secret seed)"},
+        "mechanism": {"choices": plan.MECHANISMS,
+                      "help": "dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)"},
+        "bands": {"help": "BandMF bands (= sampling cycle length)"},
+    })
     p.add_argument("--labels", nargs="*", default=None, help="label set (default: read from --train, a side channel)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--full-lm", action="store_true", help="train on the label prompt too (ablation)")
-    p.add_argument("--max-batch-size", type=int, default=None, help="cap on the Poisson batch (needs --accountant pld)")
-    p.add_argument("--seed", type=int, default=d.seed,
-                   help="fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "
-                        "default: a secret seed from the OS entropy pool, kept in the private checkpoint")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (refused when "
                    "the privacy plan, clipping norm or mode differs from the checkpoint's)")
@@ -76,15 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the same flags and --resume")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
-    p.add_argument("--privacy-unit", choices=("example", "user"), default=d.privacy_unit,
-                   help="unit of privacy: one example (default) or one user (needs --user-column and "
-                        "--max-examples-per-user; delta then defaults to 1/|users|, --batch-size counts users)")
     p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
-    p.add_argument("--max-examples-per-user", type=int, default=d.max_examples_per_user,
-                   help="K: at most K rows per user are kept (chosen with the secret seed)")
-    p.add_argument("--mechanism", choices=("dpsgd", "bandmf"), default=d.mechanism,
-                   help="dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)")
-    p.add_argument("--bands", type=int, default=d.bands, help="BandMF bands (= sampling cycle length)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
@@ -110,15 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
         return 2
     try:
-        config = tune.TuneConfig(
-            mode=args.mode, epsilon=args.epsilon, delta=args.delta, accountant=args.accountant,
-            batch_size=args.batch_size, microbatch_size=args.microbatch_size, steps=args.steps, epochs=args.epochs,
-            learning_rate=args.learning_rate, clip_norm=args.clip_norm, optimizer=args.optimizer,
-            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-            prompt_length=args.prompt_length, prompt_init=args.prompt_init, template=args.template,
-            max_tokens=args.max_tokens, full_lm=args.full_lm, max_batch_size=args.max_batch_size, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, privacy_unit=args.privacy_unit,
-            max_examples_per_user=args.max_examples_per_user, mechanism=args.mechanism, bands=args.bands)
+        config = binding.from_args(tune.TuneConfig, args)
         if args.privacy_unit == "user" and not args.user_column:
             raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
         if args.user_column and args.privacy_unit != "user":

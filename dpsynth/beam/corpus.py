@@ -39,6 +39,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from dpsynth import fileio
 from dpsynth import tokens as tok
 from dpsynth.data import readers
 from dpsynth.data.text import DEFAULT_MAX_CHUNK_CHARS, encode_document
@@ -309,7 +310,7 @@ class _WriteManifestFn(beam.DoFn):
         dead.sort(key=lambda d: d[0])
         dead_rows = [d[1] for d in dead]
         data = "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead_rows).encode("utf-8")
-        tok._write_bytes_atomic(FileSystems.join(self.out_dir, DEAD_LETTERS), data)
+        fileio.write_bytes_fs(FileSystems.join(self.out_dir, DEAD_LETTERS), data)
         num_docs = sum(e["num_documents"] for e in entries)
         extra = dict(self.extra)
         extra.update(

@@ -26,9 +26,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from dpsynth import fileio
 from dpsynth import tokens as tok
 from dpsynth.beam.corpus import remove_stale_shards
 from dpsynth.data.text import complement_ranges
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
@@ -100,7 +102,7 @@ class _DedupShardFn(beam.DoFn):
                 continue
             lines.append(json.dumps({"id": shard.docs[i]["id"], "text": text}, ensure_ascii=False, sort_keys=True))
         data = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
-        tok._write_bytes_atomic(FileSystems.join(self.out_dir, CLEAN_TEXT, shard.name + ".jsonl"), data)
+        fileio.write_bytes_fs(FileSystems.join(self.out_dir, CLEAN_TEXT, shard.name + ".jsonl"), data)
         self.c_docs.inc(shard.num_documents)
         self.c_touched.inc(touched)
         self.c_tokens.inc(shard.num_tokens)
@@ -119,7 +121,7 @@ class DedupShards(beam.PTransform):
     """Runs `dedup_shard` on every public shard and writes the cleaned shards and JSONL text."""
 
     def __init__(self, *, public_dir: str, dtype: str, index_path: str, tokenizer_path: str,
-                 out_dir: str, vocab_size: int, min_tokens: int = 50, threads: int = 1):
+                 out_dir: str, vocab_size: int, min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1):
         super().__init__()
         self.fn = _DedupShardFn(public_dir, dtype, index_path, tokenizer_path, out_dir, vocab_size, min_tokens, threads)
 
@@ -160,8 +162,8 @@ class _FinishFn(beam.DoFn):
             extra={"kind": "public", "min_tokens": self.min_tokens, "contamination_sha256": rep["report_sha256"],
                    "jsonl_documents": counts.get("jsonl_documents", 0), **self.extra},
         )
-        data = json.dumps(rep, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-        tok._write_bytes_atomic(FileSystems.join(self.out_dir, CONTAMINATION), data)
+        data = fileio.dumps_json(rep).encode("utf-8")
+        fileio.write_bytes_fs(FileSystems.join(self.out_dir, CONTAMINATION), data)
         yield rep
 
 

@@ -6,7 +6,7 @@ overlap from each public shard in parallel, write the cleaned corpus and the con
 report. `release_tokenizer(...)`: the tokenizer to release, trained on the cleaned corpus
 only (the dedup's own tokenizer has seen the overlaps it cut), and the cleaned corpus
 re-tokenized with it. All run on any Beam runner (see `dpsynth.beam.pipeline`, which also describes the
-`pipeline_factory` test hook).
+`test_pipeline` test hook).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dpsynth import tokens as tok
 from dpsynth.beam import corpus
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import readers
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
 
@@ -54,11 +55,11 @@ def tokenize(
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory: PipelineFactory | None = None,
+    test_pipeline: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Tokenizes one corpus into `out_dir`; returns its manifest.
 
-    `beam_args` are Beam flags; `pipeline_factory` replaces the pipeline they make (tests).
+    `beam_args` are Beam flags; `test_pipeline` replaces the pipeline they make (tests).
 
     Raises:
       readers.InputError: fatal input problems (before the pipeline starts), or an empty
@@ -80,7 +81,7 @@ def tokenize(
             max_document_bytes=max_document_bytes,
         )
 
-    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+    run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifest = tok.read_manifest(out_dir)
     corpus.check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
@@ -109,7 +110,7 @@ def dedup(
     *,
     tokenizer_path: str,
     out_dir: str,
-    min_tokens: int = 50,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,
@@ -118,7 +119,7 @@ def dedup(
     tfds_data_dir: str | None = None,
     threads: int = 1,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory: PipelineFactory | None = None,
+    test_pipeline: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Removes every >= `min_tokens` token sequence shared with sensitive data from a public corpus.
 
@@ -127,7 +128,7 @@ def dedup(
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
       beam_args: Beam flags (`--runner`, `--direct_num_workers`, ...).
-      pipeline_factory: returns a fresh pipeline to use instead (tests); called once per
+      test_pipeline: returns a fresh pipeline to use instead (tests); called once per
         pipeline the job runs (tokenize, then dedup).
 
     Returns:
@@ -144,7 +145,7 @@ def dedup(
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
                              tfds_data_dir=tfds_data_dir)
     dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
-    run = dict(beam_args=beam_args, pipeline_factory=pipeline_factory)
+    run = dict(beam_args=beam_args, test_pipeline=test_pipeline)
 
     t0 = time.monotonic()
     manifests = _tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
@@ -200,7 +201,7 @@ def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer
 
 def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: tok.Tokenizer,
                       tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
-                      beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, dict]:
+                      beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
     every source's token manifest (each checked not empty)."""
     to_tokenize = [s for s in sources if s.token_dir is None]
@@ -216,7 +217,7 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
             ]
             _ = tuple(outs) | "TokenizedAll" >> corpus.JoinAll()
 
-        run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+        run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifests = {}
     for s in sources:
         manifests[s.name] = tok.read_manifest(dirs[s.name])
@@ -240,7 +241,7 @@ def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[s
 
 def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: tok.Tokenizer,
                   tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
-                  beam_args: Sequence[str] | None, pipeline_factory: PipelineFactory | None) -> dict[str, Any]:
+                  beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, Any]:
     """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
     the clean corpus and the contamination report; returns the report."""
     from dpsynth.beam import dedup as bdedup
@@ -259,7 +260,7 @@ def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokeniz
                 extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(public_dir, tok.MANIFEST))})
         )
 
-    run_pipeline(build, beam_args=beam_args, pipeline_factory=pipeline_factory)
+    run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
         return json.loads(f.read())
 
@@ -280,7 +281,7 @@ def release_tokenizer(
     seed: int = 0,
     num_shards: int | None = None,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory: PipelineFactory | None = None,
+    test_pipeline: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """The tokenizer to release, trained on the DEDUPLICATED public corpus only, and that corpus
     re-tokenized with it.
@@ -305,6 +306,6 @@ def release_tokenizer(
     tokens_dir = FileSystems.join(out_dir, RELEASED_TOKENS_DIR)
     manifest = tokenize(clean_corpus, tokenizer_path=tokenizer_path, out_dir=tokens_dir, kind="public",
                         name="public", num_shards=num_shards, beam_args=beam_args,
-                        pipeline_factory=pipeline_factory)
+                        test_pipeline=test_pipeline)
     return {"tokenizer": tokenizer_path, "tokens": tokens_dir, "vocab_size": tokenizer.vocab_size,
             "sha256": tokenizer.sha256, "manifest": manifest}

@@ -8,8 +8,8 @@ locally. Its multi-process mode is `--direct_running_mode=multi_processing
 
 Every job (tokenize, dedup, generate, evaluate) builds and runs its pipelines with
 `run_pipeline`. The one test hook, everywhere (library jobs and `beam_jobs/*.run`), is
-`pipeline_factory`: a zero-argument callable returning a fresh `beam.Pipeline`, called once
-per pipeline the job runs (dedup runs two). Tests pass e.g. `pipeline_factory=TestPipeline`.
+`test_pipeline`: a zero-argument callable returning a fresh `beam.Pipeline`, called once
+per pipeline the job runs (dedup runs two). Tests pass e.g. `test_pipeline=TestPipeline`.
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ def run_pipeline(
     build: Callable[[beam.Pipeline], Any],
     *,
     beam_args: Sequence[str] | None = None,
-    pipeline_factory: PipelineFactory | None = None,
+    test_pipeline: PipelineFactory | None = None,
 ) -> None:
     """Makes a fresh pipeline, adds the job's graph with `build(p)` and runs it to completion.
 
     Args:
       build: adds the job's transforms to the pipeline it is given.
-      beam_args: Beam flags for `make_pipeline_options` (ignored with `pipeline_factory`).
-      pipeline_factory: returns the pipeline to use instead (tests: `TestPipeline`).
+      beam_args: Beam flags for `make_pipeline_options` (ignored with `test_pipeline`).
+      test_pipeline: returns the pipeline to use instead (tests: `TestPipeline`).
     """
-    p = pipeline_factory() if pipeline_factory is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
+    p = test_pipeline() if test_pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
     build(p)
     result = p.run()
     try:

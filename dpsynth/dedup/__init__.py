@@ -6,3 +6,7 @@
   `count_shared` / `longest_shared` check generated text for memorisation.
 * `report`: `contamination.json` from the shards' statistics.
 """
+
+# k: the dedup cuts every public sequence of >= k tokens shared with the sensitive data (the
+# paper's 50); the generation's memorisation audit counts synthetic examples sharing >= k.
+DEFAULT_MIN_TOKENS = 50

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth.fileio import write_bytes_fs
 from dpsynth.tokens import FormatError, TokenShard
 
 FORMAT = "dpsynth.sensitive_index"
@@ -185,12 +186,7 @@ class SensitiveIndex:
             offsets=self.offsets,
             meta=np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8),
         )
-        tmp = path + ".tmp"
-        with FileSystems.create(tmp) as f:
-            f.write(buf.getvalue())
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-        FileSystems.rename([tmp], [path])
+        write_bytes_fs(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: str) -> "SensitiveIndex":

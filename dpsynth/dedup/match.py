@@ -24,13 +24,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dedup.index import SensitiveIndex, check_token_arrays
 from dpsynth.dedup.suffix_array import check_threads
 from dpsynth.tokens import TokenShard
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MIN_TOKENS = 50
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.dedup.index import SensitiveIndex
 from dpsynth.dedup.match import ShardStats
+from dpsynth.fileio import dumps_json, write_bytes_fs
 
 FORMAT = "dpsynth.contamination"
 FORMAT_VERSION = 1
@@ -122,9 +123,7 @@ def write_report(directory: str, report: dict) -> str:
     if report.get("report_sha256") != report_sha256(report):
         raise ValueError("report_sha256 does not match the report content")
     path = FileSystems.join(directory, REPORT_FILE)
-    data = json.dumps(report, indent=2, sort_keys=True).encode("utf-8") + b"\n"
-    with FileSystems.create(path) as f:
-        f.write(data)
+    write_bytes_fs(path, dumps_json(report).encode("utf-8"))
     return path
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from jax_privacy import batch_selection, noise_addition
 from jax_privacy.matrix_factorization import toeplitz
 
+from dpsynth import fileio
 from dpsynth.dp import sampling
 from dpsynth.dp.strategy import DPSGDStrategy, UserDPSGDStrategy
 
@@ -101,8 +102,7 @@ def optimized_coefs(steps: int, bands: int, *, directory: str | None = None) -> 
     directory = directory or cache_dir()
     path = os.path.join(directory, f"toeplitz_n{int(steps)}_b{int(bands)}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
+        data = fileio.read_json(path)
         coefs = _check_coefs(np.asarray(data.get("coefs", []), np.float64), bands, path)
         if data.get("format") != CACHE_FORMAT or data.get("sha256") != strategy_sha256(steps, bands, data["coefs"]):
             raise ValueError(f"{path}: corrupt BandMF strategy cache entry (delete it to re-optimise)")
@@ -114,10 +114,7 @@ def optimized_coefs(steps: int, bands: int, *, directory: str | None = None) -> 
             "sha256": strategy_sha256(steps, bands, coefs),
             "optimizer": "jax_privacy.matrix_factorization.toeplitz.optimize_banded_toeplitz",
             "max_optimizer_steps": OPTIMIZER_STEPS}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    fileio.write_json(path, data, indent=1, newline=False)
     return coefs
 
 

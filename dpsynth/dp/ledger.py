@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import dp_accounting
 
+from dpsynth import fileio
 from dpsynth.dp import accounting
 
 FORMAT = "dpsynth.privacy_ledger"
@@ -199,15 +198,11 @@ class PrivacyLedger:
         return ledger
 
     def save(self, path: str) -> None:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        fileio.write_json(path, self.to_json(), indent=1, newline=False)
 
     @classmethod
     def load(cls, path: str) -> "PrivacyLedger":
-        with open(path) as f:
-            return cls.from_json(json.load(f), where=path)
+        return cls.from_json(fileio.read_json(path), where=path)
 
     def copy(self) -> "PrivacyLedger":
         return PrivacyLedger.from_json(self.to_json())

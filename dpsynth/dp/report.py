@@ -28,12 +28,13 @@ Schema (format "dpsynth.privacy_report", version 1):
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from dpsynth import fileio
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp.ledger import PrivacyLedger
 
 FORMAT = "dpsynth.privacy_report"
@@ -62,7 +63,7 @@ LABEL_SET_CHANNEL = {
 PUBLIC_OVERLAP_CHANNEL = {
     "name": "public pretraining corpus",
     "detail": "the base model and the released tokenizer are trained on the public corpus after every sequence of "
-              ">= k tokens (k = 50 by default) shared with the sensitive data was cut (the contamination report's "
+              f">= k tokens (k = {DEFAULT_MIN_TOKENS} by default) shared with the sensitive data was cut (the contamination report's "
               "hash is above); shorter shared sequences remain and are not covered by epsilon. The tokenizer is "
               "trained after that cut, on the cleaned corpus only (the dedup's own tokenizer is never released)",
 }
@@ -190,22 +191,15 @@ def check_report(report: dict[str, Any], where: str = "privacy report") -> dict[
 def write_report(directory: str, report: dict[str, Any]) -> tuple[str, str]:
     """Writes `privacy_report.json` and `.md` into `directory` (atomically); returns both paths."""
     os.makedirs(directory, exist_ok=True)
-    paths = []
-    for name, text in ((REPORT_JSON, json.dumps(report, indent=1, sort_keys=True)), (REPORT_MD, render_markdown(report))):
-        path = os.path.join(directory, name)
-        with open(path + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(path + ".tmp", path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return (fileio.write_json(os.path.join(directory, REPORT_JSON), report, indent=1),
+            fileio.write_text(os.path.join(directory, REPORT_MD), render_markdown(report) + "\n"))
 
 
 def load_report(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, REPORT_JSON)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no privacy report (was this model DP-tuned by `dpsynth dp-tune`?)")
-    with open(path) as f:
-        return check_report(json.load(f), where=path)
+    return check_report(fileio.read_json(path), where=path)
 
 
 def _num(x) -> str:

@@ -16,6 +16,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from dpsynth import fileio
+
 
 class CorpusError(ValueError):
     """A synthetic corpus or real split that cannot be evaluated (names the file and reason)."""
@@ -81,8 +83,7 @@ def _read_json(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return fileio.read_json(path)
     except (OSError, json.JSONDecodeError) as e:
         raise CorpusError(f"{path}: unreadable JSON ({e})") from e
 

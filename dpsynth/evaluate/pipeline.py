@@ -91,7 +91,7 @@ def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str
 
 def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
             config: report.EvaluateConfig, *, beam_args: Sequence[str] | None = None,
-            pipeline_factory: PipelineFactory | None = None) -> None:
+            test_pipeline: PipelineFactory | None = None) -> None:
     """Runs the metric job: every corpus in `synthetic_dirs` against the real splits, one report.
 
     Args:
@@ -99,11 +99,11 @@ def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | Non
       real_paths: (real train, real test, real valid or None).
       out_dir: where metrics.json, metrics.csv, report.html and plots/ go.
       config: the metric settings.
-      beam_args: Beam flags; pipeline_factory: the test hook (`dpsynth.beam.pipeline`).
+      beam_args: Beam flags; test_pipeline: the test hook (`dpsynth.beam.pipeline`).
 
     Raises:
       ValueError, FileNotFoundError: bad real splits (before any compute) or no corpus.
     """
     report.load_real(*real_paths)  # clear input errors before any compute
     run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config),
-                 beam_args=beam_args, pipeline_factory=pipeline_factory)
+                 beam_args=beam_args, test_pipeline=test_pipeline)

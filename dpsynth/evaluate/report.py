@@ -21,7 +21,6 @@ import csv
 import dataclasses
 import html
 import io
-import json
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.evaluate import classifiers as cls_lib
 from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking
 from dpsynth.evaluate import train_classifier as tc
@@ -352,9 +352,8 @@ def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str) 
     os.makedirs(out_dir, exist_ok=True)
     jpath, cpath = os.path.join(out_dir, METRICS_JSON), os.path.join(out_dir, METRICS_CSV)
     clean = lambda r: {k: _json_value(v) for k, v in r.items()}  # noqa: E731
-    with open(jpath, "w", encoding="utf-8") as f:
-        json.dump({"format": "dpsynth.metrics", "format_version": 1, "corpora": [clean(r) for r in rows],
-                   "baselines": [clean(b) for b in baselines]}, f, indent=1, sort_keys=True)
+    fileio.write_json(jpath, {"format": "dpsynth.metrics", "format_version": 1, "corpora": [clean(r) for r in rows],
+                              "baselines": [clean(b) for b in baselines]}, indent=1, newline=False)
     columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(cpath, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns)

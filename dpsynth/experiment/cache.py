@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from dpsynth import fileio
 from dpsynth.experiment.plan import HASH_PREFIX, StageNode, private_dir, stage_dir
 from dpsynth.owner_only import make_private_dir
 
@@ -134,8 +135,7 @@ StageFn = Callable[[StageContext], "Mapping[str, Any] | None"]
 def read_marker(directory: str) -> dict[str, Any] | None:
     """The `stage.json` of a completed stage directory, or None if it is not complete."""
     try:
-        with open(os.path.join(directory, MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
+        marker = fileio.read_json(os.path.join(directory, MARKER))
     except (FileNotFoundError, NotADirectoryError):
         return None
     except json.JSONDecodeError:
@@ -243,12 +243,7 @@ def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]
             "python": sys.version.split()[0],
             "summary": _jsonable(dict(summary)),
         }
-        tmp_marker = os.path.join(work, MARKER + ".tmp")
-        with open(tmp_marker, "w", encoding="utf-8") as f:
-            json.dump(marker, f, indent=2, sort_keys=True, allow_nan=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_marker, os.path.join(work, MARKER))
+        fileio.write_json(os.path.join(work, MARKER), marker, newline=False)
         if os.path.exists(final):  # an incomplete leftover (no valid marker): replace it
             shutil.rmtree(final)
         os.rename(work, final)

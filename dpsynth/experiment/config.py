@@ -87,6 +87,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
+
 MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
 ACCOUNTANTS = ("rdp", "pld")
@@ -179,7 +181,7 @@ class TokenizerConfig:
 class DedupConfig:
     """Removal of >= min_tokens sequences shared with the sensitive data."""
 
-    min_tokens: int = 50
+    min_tokens: int = DEFAULT_MIN_TOKENS
     also_against: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsynth import fileio
 from dpsynth.dp import compose as compose_lib
 from dpsynth.dp.compose import Release
 
@@ -141,15 +141,9 @@ def render(root: RootPrivacy, *, title: str) -> str:
 
 def write(root: RootPrivacy, out_dir: str, *, title: str) -> tuple[str, str]:
     """Writes `privacy_composition.json` and `.md` into `out_dir`; returns both paths."""
-    paths = []
-    for name, text in ((FILE_JSON, json.dumps(root.to_json(), indent=1, sort_keys=True)),
-                       (FILE_MD, "# Privacy of the whole experiment root\n\n```\n" + render(root, title=title) + "\n```")):
-        path = os.path.join(out_dir, name)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(path + ".tmp", path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return (fileio.write_json(os.path.join(out_dir, FILE_JSON), root.to_json(), indent=1),
+            fileio.write_text(os.path.join(out_dir, FILE_MD),
+                              "# Privacy of the whole experiment root\n\n```\n" + render(root, title=title) + "\n```\n"))
 
 
 def html_section(root: RootPrivacy) -> str:
@@ -183,9 +177,7 @@ def add_to_html(path: str, section: str) -> None:
     i = i if i >= 0 else text.rfind("</body>")
     if i < 0:
         return
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text[:i] + section + text[i:])
-    os.replace(path + ".tmp", path)
+    fileio.write_text(path, text[:i] + section + text[i:])
 
 
 # ----------------------------------------------------------------------------- the releases
@@ -199,7 +191,8 @@ def _gaussian(name: str, sigma: float) -> Release:
 
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
     from dpsynth.evaluate.report import EvaluateConfig
-    from dpsynth.experiment.stages import evaluate_options, make_config
+    from dpsynth.binding import make_config
+    from dpsynth.experiment.stages import evaluate_options
 
     return make_config(EvaluateConfig, evaluate_options(eval_cfg), "evaluate.options")
 
@@ -281,8 +274,7 @@ def _baseline_release(row: Mapping[str, Any], out_dir: str) -> Release | None:
     """The ledger of one DP-on-real baseline row of the evaluation (`privacy_report` dict or path)."""
     rep = row.get("privacy_report")
     if isinstance(rep, str):
-        with open(os.path.join(out_dir, rep), encoding="utf-8") as f:
-            rep = json.load(f)
+        rep = fileio.read_json(os.path.join(out_dir, rep))
     if not isinstance(rep, Mapping) or "ledger" not in rep:
         return None
     return Release(name=f"dp-on-real [{row['classifier']}, eps={float(row['epsilon']):g}]", kind="dp_on_real",
@@ -322,8 +314,7 @@ def completed_releases(
         delta = delta if delta is not None else float(rep["delta"])
         releases.append(Release(name=out.key, kind="dp_tune", entries=tuple(dict(e) for e in rep["ledger"]["entries"])))
     for out in labels:
-        with open(out.path(LABEL_DISTRIBUTION_FILE), encoding="utf-8") as f:
-            releases.append(_gaussian(out.key, json.load(f)["noise_multiplier"]))
+        releases.append(_gaussian(out.key, fileio.read_json(out.path(LABEL_DISTRIBUTION_FILE))["noise_multiplier"]))
     missing = False
     for row in baselines:
         if row.get("baseline") == "real":

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dpsynth import fileio
 from dpsynth.experiment import cache
 from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
@@ -98,10 +99,7 @@ def write_experiment_files(plan: Plan, config: ExperimentConfig) -> None:
             for t in plan.trials
         ],
     }
-    tmp = os.path.join(plan.root, "experiment.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, allow_nan=True)
-    os.replace(tmp, os.path.join(plan.root, "experiment.json"))
+    fileio.write_json(os.path.join(plan.root, "experiment.json"), record, sort_keys=False, newline=False)
 
 
 def _link(target: str, link: str) -> None:

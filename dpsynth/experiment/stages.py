@@ -25,58 +25,19 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import random
 import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsynth import fileio
+from dpsynth.binding import make_config
 from dpsynth.experiment.cache import StageContext
 from dpsynth.owner_only import write_private_json
 
 PLANT_MIN_WORDS = 80  # planted reviews must be long enough to hold a >= 50-token sequence
-
-
-def make_config(cls: type, kwargs: Mapping[str, Any], where: str):
-    """`cls(**kwargs)` for a library's frozen config dataclass, from plain YAML values.
-
-    Nested mappings become the nested dataclass a field holds by default (e.g. an evaluate
-    `sweep: {repeats: 1}` becomes a `SweepConfig`), lists become tuples. Unknown keys raise
-    ValueError naming `where` and the known keys.
-    """
-    import dataclasses
-    import types
-    import typing
-
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for key, value in kwargs.items():
-        if key not in fields:
-            raise ValueError(f"{where}.{key}: not an option of {cls.__name__} (known: {', '.join(sorted(fields))})")
-        f = fields[key]
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        target = type(default) if dataclasses.is_dataclass(default) else None
-        if target is None and typing.get_origin(hints[key]) in (typing.Union, types.UnionType):
-            target = next((a for a in typing.get_args(hints[key]) if dataclasses.is_dataclass(a)), None)  # `X | None`
-        if isinstance(value, Mapping) and target is not None:
-            value = make_config(target, value, f"{where}.{key}")
-        elif isinstance(value, list):
-            value = tuple(value)
-        out[key] = value
-    return cls(**out)
-
-
-def _write_json(path: str, value: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True, allow_nan=True)
-
-
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ----------------------------------------------------------------------------- data
@@ -222,11 +183,11 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
         docs = docs[: ctx.config["max_documents"]]
     planted: list[str] = []
     if ctx.config["plant"]:
-        train = _read_jsonl(ctx.inputs["sensitive"].path("data", "train.jsonl"))
+        train = fileio.read_jsonl(ctx.inputs["sensitive"].path("data", "train.jsonl"))
         docs, planted = plant_documents(docs, train, ctx.config["plant"], ctx.config["seed"])
     os.makedirs(os.path.join(ctx.out_dir, "corpus"))
     readers.write_jsonl(os.path.join(ctx.out_dir, "corpus", "public.jsonl"), docs)
-    _write_json(os.path.join(ctx.out_dir, "planted.json"), {"planted_ids": planted})
+    fileio.write_json(os.path.join(ctx.out_dir, "planted.json"), {"planted_ids": planted}, newline=False)
     size = sum(len(d["text"].encode("utf-8")) for d in docs)
     text = f"public corpus: {len(docs)} documents, {size / 1e6:.2f} MB"
     if planted:
@@ -306,7 +267,7 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
     planted = list(ctx.inputs["public"].summary.get("planted_ids", []))
-    sha = report.get("report_sha256") or _sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
+    sha = report.get("report_sha256") or fileio.sha256_file(os.path.join(ctx.out_dir, "contamination.json"))
     summary: dict[str, Any] = {
         "contamination_sha256": sha,
         "tokens_removed": report.get("public", {}).get("tokens_removed"),
@@ -320,17 +281,6 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
         ctx.report(f"DEMO check: {len(hit)} of the {len(planted)} planted reviews were found and cut from the public corpus"
                    + ("" if len(hit) == len(planted) else f" (missed: {', '.join(i for i in planted if i not in found)})"))
     return summary
-
-
-def _sha256_file(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 
 # ----------------------------------------------------------------------------- pretrain
@@ -392,26 +342,23 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- DP tuning
 
 
+# The experiment's seed never fixes the DP noise: the tuner draws a secret one (`options: {seed: N}` fixes it).
+_NOT_TUNE_FIELDS = ("seed",)
+
+
 def tune_config(config: Mapping[str, Any]):
-    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs)."""
+    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs).
+
+    Every key named like a `TuneConfig` field is that field (a null value keeps the tuner's
+    default); `loss: full` sets `full_lm`; `options` may set any field.
+    """
     from dpsynth.train import finetune as lib
 
-    kwargs: dict[str, Any] = dict(
-        mode=config["mode"], epsilon=float(config["epsilon"]), delta=config.get("delta"),
-        accountant=config["accountant"], batch_size=config["batch_size"], learning_rate=config["learning_rate"],
-        clip_norm=config["clip_norm"], max_tokens=config["max_tokens"], full_lm=config["loss"] == "full",
-    )  # no seed: the tuner draws a secret one (dpsynth.dp.seeds); `options: {seed: N}` fixes it
-    if config.get("steps") is not None:
-        kwargs["steps"] = config["steps"]
-    else:
-        kwargs["epochs"] = config["epochs"]
-    if "lora_rank" in config:
-        kwargs["lora_rank"] = config["lora_rank"]
-    if "prompt_length" in config:
-        kwargs["prompt_length"] = config["prompt_length"]
-    for key in ("privacy_unit", "max_examples_per_user", "mechanism", "bands"):  # absent = the tuner's default
-        if key in config:
-            kwargs[key] = config[key]
+    fields = {f.name for f in dataclasses.fields(lib.TuneConfig)}
+    kwargs: dict[str, Any] = {k: v for k, v in config.items()
+                              if k in fields and k not in _NOT_TUNE_FIELDS and v is not None}
+    kwargs["epsilon"] = float(config["epsilon"])
+    kwargs["full_lm"] = config["loss"] == "full"
     kwargs.update(config.get("options") or {})
     return make_config(lib.TuneConfig, kwargs, "dp_tune.options")
 
@@ -437,8 +384,8 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         shutil.rmtree(model_dir)  # killed before its first checkpoint: nothing to resume
     result = lib.dp_tune(
         ctx.inputs["pretrain"].path("model"),
-        _read_jsonl(sens.path("data", "train.jsonl")),
-        _read_jsonl(sens.path("data", "valid.jsonl")),
+        fileio.read_jsonl(sens.path("data", "train.jsonl")),
+        fileio.read_jsonl(sens.path("data", "valid.jsonl")),
         model_dir,
         config,
         labels=sens.summary.get("labels"),
@@ -492,14 +439,11 @@ def labels(ctx: StageContext) -> dict[str, Any]:
     sigma = ctx.config["noise_multiplier"]
     path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
     if ctx.resume and os.path.exists(path):  # an interrupted stage: reuse its draw, never draw twice
-        with open(path, encoding="utf-8") as f:
-            dist = LabelDistribution.from_json(json.load(f))
+        dist = LabelDistribution.from_json(fileio.read_json(path))
     else:
         dist = lib.dp_label_distribution(ctx.inputs["model"].path("model"),
                                          ctx.inputs["sensitive"].path("data", "train.jsonl"), noise_multiplier=float(sigma))
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(dist.to_json(), f, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        fileio.write_json(path, dist.to_json(), newline=False)
     ctx.report(f"DP label histogram of D_train (Gaussian, sigma {float(sigma):g}, sensitivity 1; one draw for this model): "
                + ", ".join(f"{l} {w:.3f}" for l, w in zip(dist.labels, dist.weights)))
     return {"noise_multiplier": float(sigma), "labels": list(dist.labels), "weights": list(dist.weights)}
@@ -509,8 +453,7 @@ def _label_distribution(ctx: StageContext):
     """The model's DP label histogram (the `labels` node's one draw)."""
     from dpsynth.generate.labels import LabelDistribution
 
-    with open(ctx.inputs["labels"].path(LABEL_DISTRIBUTION_FILE), encoding="utf-8") as f:
-        return LabelDistribution.from_json(json.load(f))
+    return LabelDistribution.from_json(fileio.read_json(ctx.inputs["labels"].path(LABEL_DISTRIBUTION_FILE)))
 
 
 def generate(ctx: StageContext) -> dict[str, Any]:
@@ -544,9 +487,8 @@ def generate(ctx: StageContext) -> dict[str, Any]:
               f"{os.path.join(audit_dir, lib.MEMORISATION_AUDIT_FILE)}", flush=True)
     else:
         lib.generate(config)
-    with open(os.path.join(ctx.out_dir, lib.REPORT_FILE), encoding="utf-8") as f:
-        report = json.load(f)
-    records = _read_jsonl(os.path.join(ctx.out_dir, "train.jsonl"))
+    report = fileio.read_json(os.path.join(ctx.out_dir, lib.REPORT_FILE))
+    records = fileio.read_jsonl(os.path.join(ctx.out_dir, "train.jsonl"))
     ctx.report(_render_generation(records, report))
     train_split = report.get("splits", {}).get("train", {})
     return {

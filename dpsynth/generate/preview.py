@@ -19,7 +19,7 @@ from dpsynth.tokens import BOS_ID
 def preview_samples(model_dir: str, n: int = 3, *, prompts: Sequence[str] = (), max_len: int = 64, seed: int = 0,
                     temperature: float = 1.0, top_k: int = 40, loader=None) -> list[str]:
     """`n` sampled texts (each prompt, if given, is repeated in turn and prefixed to its text)."""
-    from dpsynth.generate.job import load_bundle
+    from dpsynth.generate.model_info import load_bundle
 
     bundle = (loader or load_bundle)(model_dir)
     tok = bundle.tokenizer

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.dedup import DEFAULT_MIN_TOKENS
+
 NOT_DP_NOTICE = (
     "The memorisation section reads D_train and is NOT differentially private: it is a post-hoc "
     "audit for the data owner and must not be shared alongside the synthetic data."
@@ -72,7 +74,7 @@ def length_stats(lengths: Sequence[int], finished: Sequence[bool], max_len: int 
 
 
 def memorisation_stats(
-    train_docs: Sequence[np.ndarray], synth_docs: Sequence[np.ndarray], min_tokens: int = 50
+    train_docs: Sequence[np.ndarray], synth_docs: Sequence[np.ndarray], min_tokens: int = DEFAULT_MIN_TOKENS
 ) -> dict[str, Any]:
     """Longest token sequence each synthetic doc shares with any training doc (dpsynth.dedup).
 
@@ -133,7 +135,7 @@ def memorisation_audit(
     *,
     tokenizer,
     train_path: str,
-    min_shared_tokens: int = 50,
+    min_shared_tokens: int = DEFAULT_MIN_TOKENS,
 ) -> dict[str, Any]:
     """The owner-only memorisation audit of the synthetic records against D_train (NOT DP).
 

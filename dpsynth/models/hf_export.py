@@ -23,16 +23,13 @@ does not already release (the report travels with it).
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
 import shutil
-import sys
 from typing import Any
 
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.models import hf_files
 from dpsynth.models.hf_files import HFFormatError
 
@@ -121,7 +118,7 @@ def export_model(model_dir: str, out_dir: str, *, adapter_only: bool = False) ->
         params = merged_params(loaded.variables, config)
         hf_files.write_safetensors(os.path.join(out_dir, hf_files.SINGLE_FILE),
                                    hf_tensors(family, config.base(), params, prefix))
-        _write_json(os.path.join(out_dir, hf_files.CONFIG_FILE), _hf_config(source))
+        fileio.write_json(os.path.join(out_dir, hf_files.CONFIG_FILE), _hf_config(source))
         mode = "merged"
         if config.prompt_length:
             prompt = np.asarray(loaded.variables["prompt"]["embedding"], np.float32)
@@ -133,12 +130,11 @@ def export_model(model_dir: str, out_dir: str, *, adapter_only: bool = False) ->
     for name in PRIVACY_FILES:
         if os.path.exists(os.path.join(model_root, name)):
             shutil.copy2(os.path.join(model_root, name), os.path.join(out_dir, name))
-    with open(manifest_path, "rb") as f:
-        manifest_sha = hashlib.sha256(f.read()).hexdigest()
+    manifest_sha = fileio.sha256_file(manifest_path)
     record = {"exported_from": model_root, "manifest_sha256": manifest_sha, "mode": mode, "family": family,
               "source": {k: v for k, v in source.items() if k != "hf_config"},
               "privacy_report": os.path.exists(os.path.join(model_root, PRIVACY_FILES[0]))}
-    _write_json(os.path.join(out_dir, EXPORT_RECORD), record)
+    fileio.write_json(os.path.join(out_dir, EXPORT_RECORD), record)
     return record
 
 
@@ -155,32 +151,7 @@ def _write_adapter(loaded, source, prefix: str, out_dir: str) -> None:
                 tensors[f"{name}.lora_B.weight"] = np.ascontiguousarray(np.asarray(ab["b"], np.float32).T)
                 targets.add(_HF_PROJ[proj].split(".")[1])
     hf_files.write_safetensors(os.path.join(out_dir, ADAPTER_WEIGHTS), tensors)
-    _write_json(os.path.join(out_dir, ADAPTER_CONFIG), {
+    fileio.write_json(os.path.join(out_dir, ADAPTER_CONFIG), {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.lora_rank, "lora_alpha": config.lora_alpha,
         "target_modules": sorted(targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
         "use_rslora": False, "inference_mode": True, "base_model_name_or_path": source.get("path")})
-
-
-def _write_json(path: str, obj: Any) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
-    parser = argparse.ArgumentParser(prog="dpsynth export-model", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="dpsynth model directory (imported, possibly DP-tuned)")
-    parser.add_argument("--format", choices=["hf"], default="hf", help="output layout (Hugging Face safetensors)")
-    parser.add_argument("--out", required=True, help="directory to write")
-    parser.add_argument("--adapter-only", action="store_true",
-                        help="LoRA models: write a PEFT adapter (adapter_config.json + adapter_model.safetensors)")
-    args = parser.parse_args(argv)
-    try:
-        record = export_model(args.model, args.out, adapter_only=args.adapter_only)
-    except HFFormatError as e:
-        print(f"dpsynth export-model: {e}", file=sys.stderr)
-        return 2
-    print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
-    return 0

@@ -21,7 +21,6 @@ no per-head permutation.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.models.config import ModelConfig
 
 SINGLE_FILE, INDEX_FILE, CONFIG_FILE = "model.safetensors", "model.safetensors.index.json", "config.json"
@@ -126,21 +126,11 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with fileio.atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in names:
             f.write(np.ascontiguousarray(tensors[name]).tobytes())
-    os.replace(tmp, path)
-
-
-def sha256_file(path: str, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ============================================================================ config.json
@@ -150,8 +140,7 @@ def read_json(path: str) -> dict[str, Any]:
     if not os.path.exists(path):
         raise HFFormatError(f"{path}: missing")
     try:
-        with open(path) as f:
-            return json.load(f)
+        return fileio.read_json(path)
     except ValueError as e:
         raise HFFormatError(f"{path}: not valid JSON ({e})") from e
 

@@ -18,16 +18,15 @@ unexpected tensor, a shape mismatch, or a tokenizer larger than the embedding.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.models import hf_files
 from dpsynth.models.config import ModelConfig
 from dpsynth.models.hf_files import HFFormatError, TensorInfo
@@ -194,9 +193,9 @@ def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
         "format": "huggingface-safetensors", "family": source.family, "path": source.directory,
         "model_type": source.hf_config.get("model_type"), "architectures": source.hf_config.get("architectures"),
         "source_dtype": source.hf_config.get("dtype", source.hf_config.get("torch_dtype")),
-        "config_sha256": hf_files.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
-        "weights_sha256": {os.path.basename(f): hf_files.sha256_file(f) for f in source.files},
-        "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": hf_files.sha256_file(tokenizer_path),
+        "config_sha256": fileio.sha256_file(os.path.join(source.directory, hf_files.CONFIG_FILE)),
+        "weights_sha256": {os.path.basename(f): fileio.sha256_file(f) for f in source.files},
+        "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": fileio.sha256_file(tokenizer_path),
         "pretraining_data_checked": False, "hf_config": source.hf_config,
     }
 
@@ -217,22 +216,3 @@ def import_model(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None
     params = load_params(source, param_dtype=dtype, mesh=mesh)
     return save_model(out_dir, source.config, {"params": params}, tokenizer,
                       {"source": provenance(source, tokenizer_path)}, created_by="dpsynth import-model")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
-    parser = argparse.ArgumentParser(prog="dpsynth import-model", description=__doc__.splitlines()[0])
-    parser.add_argument("--hf", required=True, help="local Hugging Face model directory (config.json, safetensors)")
-    parser.add_argument("--out", required=True, help="dpsynth model directory to write")
-    parser.add_argument("--dtype", choices=sorted(PARAM_DTYPES), default="float32",
-                        help="parameter and compute dtype (bfloat16 halves memory; float32 for exact parity)")
-    args = parser.parse_args(argv)
-    try:
-        manifest = import_model(args.hf, args.out, dtype=args.dtype)
-    except HFFormatError as e:
-        print(f"dpsynth import-model: {e}", file=sys.stderr)
-        return 2
-    src = manifest["source"]
-    print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "
-          f"{args.out}")
-    return 0

@@ -26,8 +26,6 @@ manifest); `load_model` loads the base's "params" and overlays the adapters.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +34,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dpsynth import fileio
 from dpsynth.models.config import ModelConfig
 from dpsynth.tokens import Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.train import sharding
@@ -52,14 +51,6 @@ class CheckpointError(ValueError):
 
 def _abs(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 # ============================================================================ training state
@@ -136,11 +127,6 @@ class LoadedModel:
     manifest: dict
 
 
-def _sha256_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: Tokenizer,
                extra_manifest: dict[str, Any] | None = None, *, collections: Sequence[str] | None = None,
                base_dir: str | None = None, created_by: str = "dpsynth") -> dict[str, Any]:
@@ -169,7 +155,7 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
     if base_dir is not None:
         base_dir = _abs(base_dir)
         base_manifest = _read_manifest(base_dir)
-        base = {"path": base_dir, "manifest_sha256": _sha256_file(os.path.join(base_dir, MANIFEST)),
+        base = {"path": base_dir, "manifest_sha256": fileio.sha256_file(os.path.join(base_dir, MANIFEST)),
                 "preset": base_manifest.get("preset")}
     ckpt = ocp.StandardCheckpointer()  # multi-host: every process takes part, Orbax coordinates the writes
     ckpt.save(os.path.join(directory, VARIABLES), {c: variables[c] for c in collections}, force=True)
@@ -180,8 +166,8 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
     manifest.update(extra_manifest or {})
     if jax.process_index() == 0:  # the small files: one writer
         save_tokenizer(tokenizer, directory)
-        _write_json(os.path.join(directory, CONFIG), config.to_dict())
-        _write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
+        fileio.write_json(os.path.join(directory, CONFIG), config.to_dict())
+        fileio.write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
     sharding.sync(f"dpsynth save_model {directory}")  # the others return once the directory is complete
     return manifest
 
@@ -192,8 +178,7 @@ def _read_manifest(directory: str) -> dict[str, Any]:
         raise CheckpointError(f"{path}: missing; {directory!r} is not a dpsynth model directory "
                               "(written by `dpsynth pretrain` or `dpsynth dp-tune`), or its save was interrupted")
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        manifest = fileio.read_json(path)
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     if manifest.get("format") != MODEL_FORMAT:
@@ -213,8 +198,7 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
     """
     directory = _abs(directory)
     manifest = _read_manifest(directory)
-    with open(os.path.join(directory, CONFIG)) as f:
-        config = ModelConfig.from_dict(json.load(f))
+    config = ModelConfig.from_dict(fileio.read_json(os.path.join(directory, CONFIG)))
     if expect_preset is not None and config.preset != expect_preset:
         raise CheckpointError(f"{directory}: holds preset {config.preset!r}, expected {expect_preset!r}; pass "
                               f"--preset {config.preset} or point to a checkpoint of preset {expect_preset!r}")
@@ -228,7 +212,7 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
         if not os.path.exists(base_manifest_path):
             raise CheckpointError(f"{directory}: its base model {base['path']!r} is missing; copy the base model "
                                   "directory there (the adapters were trained on it)")
-        if _sha256_file(base_manifest_path) != base["manifest_sha256"]:
+        if fileio.sha256_file(base_manifest_path) != base["manifest_sha256"]:
             raise CheckpointError(f"{directory}: base model {base['path']!r} changed since these adapters were "
                                   "trained (manifest hash differs); restore the original base model")
         loaded_base = load_model(base["path"])

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpsynth import fileio
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
 from dpsynth.dp.mechanism import build_run_mechanism, count_users
@@ -522,11 +523,6 @@ def _released_config(config: TuneConfig) -> dict[str, Any]:
     return d
 
 
-def _read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def dp_tune(
     base_dir: str,
     train_records: Sequence[dict],
@@ -649,7 +645,7 @@ def dp_tune(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
 
-    base_manifest_sha256 = hashlib.sha256(open(os.path.join(base_dir, "manifest.json"), "rb").read()).hexdigest()
+    base_manifest_sha256 = fileio.sha256_file(os.path.join(base_dir, "manifest.json"))
 
     def build_run_report() -> dict:
         """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
@@ -911,12 +907,10 @@ def sweep(
     if primary:
         report_lib.write_report(out_dir, rep)
         manifest_path = os.path.join(out_dir, "manifest.json")
-        manifest = _read_json(manifest_path)
+        manifest = fileio.read_json(manifest_path)
         manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
                                                                    "selected": selection["selected"]})
-        with open(manifest_path, "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.write("\n")
+        fileio.write_json(manifest_path, manifest)
     chosen = results[best["trial"]]
     result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
                         epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],

@@ -1,7 +1,7 @@
 """The label-prompt contract: label prompts, and sensitive examples as Prefix-LM training rows.
 
 The one home of the label prompt, for tuning (`encode_examples`), generation
-(`dpsynth.generate.job`) and evaluation (`dpsynth.evaluate.lm`): the prefix of label `l` is
+(`dpsynth.generate.transforms`) and evaluation (`dpsynth.evaluate.lm`): the prefix of label `l` is
 
     prompt_ids(tokenizer, template, l) = [BOS] + encode(template with "{label}" -> l)
 

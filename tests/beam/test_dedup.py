@@ -109,10 +109,10 @@ def corpora(tmp_path_factory):
     return root
 
 
-def _run(corpora, tokenizer_path, out, extra=(), pipeline_factory=None):
+def _run(corpora, tokenizer_path, out, extra=(), test_pipeline=None):
     return dedup_job.run(["--public", str(corpora / "pub"), "--sensitive", f"reviews={corpora / 'sens'}",
                           "--tokenizer", tokenizer_path, "--out", str(out), "--min-tokens", str(K),
-                          "--num-shards", "3", *extra], pipeline_factory=pipeline_factory)
+                          "--num-shards", "3", *extra], test_pipeline=test_pipeline)
 
 
 def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
@@ -161,7 +161,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
         made.append(beam.Pipeline(options=make_pipeline_options()))
         return made[-1]
 
-    _run(corpora, tokenizer_path, tmp_path / "out", pipeline_factory=factory)
+    _run(corpora, tokenizer_path, tmp_path / "out", test_pipeline=factory)
     assert _tree_digest(tmp_path / "out") == first
     assert len(made) == 2 and made[0] is not made[1]
 

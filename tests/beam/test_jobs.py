@@ -59,8 +59,8 @@ def test_run_pipeline_builds_and_runs_a_fresh_pipeline_per_call():
         assert p is made[-1]
         assert_that(p | "Create" >> beam.Create([1, 2]) | "Double" >> beam.Map(lambda x: 2 * x), equal_to([2, 4]))
 
-    run_pipeline(build, pipeline_factory=factory)
-    run_pipeline(build, pipeline_factory=factory)
+    run_pipeline(build, test_pipeline=factory)
+    run_pipeline(build, test_pipeline=factory)
     assert len(made) == 2 and made[0] is not made[1]
     with pytest.raises(Exception, match="Failed assert"):  # a failing pipeline raises (it was waited for)
         run_pipeline(lambda p: assert_that(p | beam.Create([1]), equal_to([2])))

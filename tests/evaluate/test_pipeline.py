@@ -30,7 +30,7 @@ def test_beam_job_scores_every_corpus_and_marks_bad_ones(tmp_path):
     argv = ["--synthetic-root", str(root), "--real-train", str(tmp_path / "real_train.jsonl"), "--real-test",
             str(tmp_path / "real_test.jsonl"), "--out", str(out), "--classifiers", "none", "--embedder", "hashing:64",
             "--mauve-seeds", "1", "--no-perplexity"]
-    res = job.run(argv, pipeline_factory=BeamTestPipeline)
+    res = job.run(argv, test_pipeline=BeamTestPipeline)
     assert res["corpora"] == 3
     saved = json.loads((out / "metrics.json").read_text())
     rows = {r["corpus"]: r for r in saved["corpora"]}

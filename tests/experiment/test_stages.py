@@ -1,6 +1,5 @@
 """The real stage adapters that run in seconds (data, public corpus, tokenizer) and helpers."""
 
-import dataclasses
 import json
 import os
 
@@ -124,34 +123,6 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     # A new vocabulary size reruns the dedup (its temporary tokenizer) and the tokenizer only.
     again = run_plan(build_plan(cfg.replace(tokenizer={"vocab_size": 390}), str(tmp_path / "run")), until="tokenizer")
     assert again.ran == ["dedup", "tokenizer"]
-
-
-def test_make_config_builds_nested_dataclasses():
-    @dataclasses.dataclass(frozen=True)
-    class Inner:
-        a: int = 1
-        b: tuple = ()
-
-    @dataclasses.dataclass(frozen=True)
-    class Outer:
-        x: float = 0.0
-        inner: Inner = Inner()
-
-    got = stages.make_config(Outer, {"x": 2.0, "inner": {"b": [1, 2]}}, "evaluate.options")
-    assert got == Outer(x=2.0, inner=Inner(a=1, b=(1, 2)))
-    with pytest.raises(ValueError, match=r"evaluate.options.inner.c: not an option of Inner"):
-        stages.make_config(Outer, {"inner": {"c": 1}}, "evaluate.options")
-
-
-def test_make_config_builds_optional_nested_dataclasses():
-    from dpsynth.evaluate.report import EvaluateConfig
-    from dpsynth.evaluate.train_classifier import SweepConfig
-
-    got = stages.make_config(EvaluateConfig, {"classifiers": ["wordcnn"], "backbone_sweep": {"learning_rates": [0.01], "repeats": 1}},
-                             "evaluate.options")
-    assert got.backbone_sweep == SweepConfig(learning_rates=(0.01,), repeats=1)
-    assert got.sweep_for("backbone") is got.backbone_sweep and got.sweep_for("wordcnn") == SweepConfig()
-    assert stages.make_config(EvaluateConfig, {}, "evaluate.options").sweep_for("backbone") == SweepConfig()
 
 
 def test_dp_label_histogram_is_drawn_once_per_model(tmp_path):

@@ -129,7 +129,7 @@ def load_fake_bundle(model_dir):
     """`loader` for the job: the bigram decoder, its tables and the fake tokenizer."""
     import os
 
-    from dpsynth.generate.job import ModelBundle
+    from dpsynth.generate.model_info import ModelBundle
 
     z = np.load(os.path.join(model_dir, "fake_tables.npz"))
     return ModelBundle(decoder=BigramDecoder(), params={"table": z["table"], "pos_bias": z["pos_bias"]}, tokenizer=FakeTokenizer())

@@ -263,7 +263,7 @@ def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path, capsys):
     model_dir, tok = tiny_model_dir
     argv = ["--model", model_dir, "--num-examples", "10", "--valid-examples", "3", "--out", str(tmp_path / "a"),
             "--max-len", "40", "--examples-per-shard", "4", "--batch-size", "4", "--temperature", "0.0"]
-    manifest = run(argv, pipeline_factory=TestPipeline)
+    manifest = run(argv, test_pipeline=TestPipeline)
     assert manifest["private"] and manifest["splits"]["train"]["num_examples"] == 10
     rows = [json.loads(l) for l in _read(tmp_path / "a" / "train.jsonl").decode().splitlines()]
     assert len(rows) == 10 and {r["label"] for r in rows} == {"great", "other"}

@@ -12,6 +12,7 @@ from dpsynth.models import hf_export, hf_files, hf_import
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.models.transformer import Transformer
 from dpsynth.train.checkpoint import load_model, save_model
+from trainers import export_model
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -29,7 +30,7 @@ def _tokens(family):
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
 def test_export_reimport_round_trip(tmp_path, family):
     hf_import.import_model(str(FIXTURES / family), str(tmp_path / "m"))
-    assert hf_export.main(["--model", str(tmp_path / "m"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert export_model.main(["--model", str(tmp_path / "m"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     exported = hf_files.read_header(str(tmp_path / "hf" / hf_files.SINGLE_FILE))
     original = hf_files.read_header(str(FIXTURES / family / hf_files.SINGLE_FILE))
     assert set(exported) == set(original)  # same tensor names as transformers wrote

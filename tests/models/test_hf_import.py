@@ -5,6 +5,7 @@ transformers and CPU torch; their logits and greedy continuations are the refere
 1e-5 (float32): a wrong rotary layout changes these logits by ~1e-2.
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -20,6 +21,7 @@ from dpsynth.models import hf_files, hf_import
 from dpsynth.models.decoding import greedy_decode
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.models.transformer import Transformer
+from trainers import import_model
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3", "gpt2")
@@ -138,12 +140,12 @@ def test_import_model_writes_a_loadable_model_dir(tmp_path):
     from dpsynth.train.checkpoint import load_model
 
     out = tmp_path / "model"
-    assert hf_import.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
+    assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
     loaded = load_model(str(out))
     src = loaded.manifest["source"]
     assert src["family"] == "qwen2" and src["pretraining_data_checked"] is False
-    assert src["weights_sha256"]["model.safetensors"] == hf_files.sha256_file(str(FIXTURES / "qwen2" /
-                                                                                 "model.safetensors"))
+    assert src["weights_sha256"]["model.safetensors"] == hashlib.sha256(
+        (FIXTURES / "qwen2" / "model.safetensors").read_bytes()).hexdigest()
     assert len(src["config_sha256"]) == 64 and loaded.config.preset == "hf:qwen2"
     hf_cfg = json.loads((FIXTURES / "qwen2" / "config.json").read_text())
     assert loaded.tokenizer.kind == "hf" and loaded.tokenizer.eos_id == hf_cfg["eos_token_id"]

@@ -139,7 +139,7 @@ def test_tuning_and_generation_use_identical_prefix_ids(full_run, tmp_path):
     generator samples from the tuned directory (template and labels read from its manifest)."""
     import types
 
-    from dpsynth.generate import job
+    from dpsynth.generate import model_info, plan as plan_lib, transforms
     from dpsynth.train.prompts import encode_examples
 
     _, out, _ = full_run
@@ -160,11 +160,12 @@ def test_tuning_and_generation_use_identical_prefix_ids(full_run, tmp_path):
             return types.SimpleNamespace(tokens=np.zeros((n, 1), np.int32), lengths=np.zeros(n, np.int32),
                                          finished=np.ones(n, bool), scores=np.zeros(n))
 
-    info = job.read_model_info(out)
-    plan = job.make_plan(job.GenerateConfig(model_dir=out, out_dir=str(tmp_path), num_examples=8, max_len=32), info)
-    os.makedirs(os.path.join(str(tmp_path), job.SHARD_DIR))
+    info = model_info.read_model_info(out)
+    plan = plan_lib.make_plan(plan_lib.GenerateConfig(model_dir=out, out_dir=str(tmp_path), num_examples=8, max_len=32),
+                              info)
+    os.makedirs(os.path.join(str(tmp_path), plan_lib.SHARD_DIR))
     sampler, spec = RecordingSampler(), plan.specs[0]
-    job.generate_shard(plan, job.ModelBundle(decoder=None, params=None, tokenizer=tok), sampler, spec)
+    transforms.generate_shard(plan, model_info.ModelBundle(decoder=None, params=None, tokenizer=tok), sampler, spec)
     assert set(spec.labels) == set(tuned) == {"great", "other"}
     for label, ids in zip(spec.labels, sampler.seen, strict=True):
         assert ids.dtype == np.int32

@@ -1,0 +1,145 @@
+"""The file helpers every stage shares: atomic writes, JSON, SHA-256, owner-only modes.
+
+An atomic write goes to a uniquely named temporary sibling (`<path>.tmp-<pid>-<hex>`, so
+concurrent writers of one path never share it) and is renamed onto `path` only once it is
+complete: a reader sees the old file or the new one, never a partial one, and a failed write
+removes its temporary file. `TMP_MARK` is the infix every temporary name carries, for code
+that clears the leftovers of a killed process.
+
+Local paths use `os`; `write_bytes_fs` writes through Beam's `FileSystems` (`gs://`, ...).
+The owner-only policy for private state (directories 0700, files 0600) lives in
+`dpsynth.owner_only`, which writes through `write_bytes(..., mode=0o600)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+TMP_MARK = ".tmp-"
+CHUNK_BYTES = 1 << 20
+
+
+def temp_path(path: str) -> str:
+    """A fresh temporary sibling name for `path` (unique per process and call)."""
+    return f"{path}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str, *, mode: int | None = None) -> Iterator[str]:
+    """Yields a temporary path to write (by any writer); renames it onto `path` on success.
+
+    On an exception the temporary file is removed and `path` is left as it was.
+
+    Args:
+        path: The final local path.
+        mode: If given, the file's permission bits (set before the rename, whatever the umask).
+    """
+    tmp = temp_path(path)
+    try:
+        yield tmp
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def write_bytes(path: str, data: bytes, *, mode: int | None = None, fsync: bool = True) -> str:
+    """Writes `data` to the local `path` atomically; returns `path`.
+
+    Args:
+        path: The final path (its directory must exist).
+        data: The complete content.
+        mode: If given, the permission bits of the new file, whatever the umask (the
+            temporary file is created with them, so the content is never readable wider).
+        fsync: Flush the content to disk before the rename.
+    """
+    tmp = temp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    return path
+
+
+def write_text(path: str, text: str, *, mode: int | None = None) -> str:
+    """`write_bytes` of `text` encoded as UTF-8; returns `path`."""
+    return write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def dumps_json(value: Any, *, indent: int | None = 2, sort_keys: bool = True, newline: bool = True) -> str:
+    """`value` as JSON text (NaN/inf allowed, as `json.dump` writes them), optionally `\\n`-terminated."""
+    return json.dumps(value, indent=indent, sort_keys=sort_keys, allow_nan=True) + ("\n" if newline else "")
+
+
+def write_json(path: str, value: Any, *, indent: int | None = 2, sort_keys: bool = True, newline: bool = True,
+               mode: int | None = None) -> str:
+    """Writes `value` as JSON (`dumps_json`) to `path` atomically; returns `path`.
+
+    The value is serialised before anything is written, so an unserialisable value leaves
+    `path` untouched.
+    """
+    return write_text(path, dumps_json(value, indent=indent, sort_keys=sort_keys, newline=newline), mode=mode)
+
+
+def read_json(path: str) -> Any:
+    """The JSON value stored in the local `path` (UTF-8)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_jsonl(path: str) -> list[Any]:
+    """The JSON values of the non-blank lines of the local `path` (UTF-8)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex SHA-256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str, chunk_bytes: int = CHUNK_BYTES) -> str:
+    """Hex SHA-256 of the local file `path`, read in chunks of `chunk_bytes`."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_bytes_fs(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through Beam's `FileSystems` via a temporary sibling and a rename.
+
+    Atomic on local disks; on object stores the rename is a copy, so a reader may briefly see
+    no file, never a partial one.
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    tmp = temp_path(path)
+    with FileSystems.create(tmp) as f:
+        f.write(data)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])

@@ -1,0 +1,271 @@
+"""The generation job's configuration and its plan: every shard specified up front.
+
+`make_plan(config, info)` validates the job against the model (`ModelInfo`) and creates every
+`ShardSpec(split, index, num_shards, start, labels, seed)` with `seed = hash(job seed, split,
+index)` and the labels of its examples (exact, shuffled counts from the label distribution).
+A config hash covers everything that determines the output. The label distribution is
+uniform, given, or a DP label histogram of D_train drawn here (`dp_label_distribution`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dpsynth.generate import labels as labels_lib
+from dpsynth.generate.model_info import GenerateError, ModelInfo, model_delta, read_model_info
+from dpsynth.generate.postprocess import PostprocessConfig
+from dpsynth.generate.sampler import SamplerConfig
+
+FORMAT = "dpsynth.synthetic"
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid")
+OUTPUT_FORMATS = ("jsonl", "parquet", "tfrecord")
+DEFAULT_MAX_LEN = 512
+SHARD_DIR = "shards"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """One generation job.
+
+    Attributes:
+      model_dir: checkpoint directory (DP-tuned: has `privacy_report.json`).
+      out_dir: output directory.
+      num_examples: synthetic training examples (> 0).
+      valid_examples: synthetic validation examples (>= 0; 0 = no valid split).
+      seed: job seed; shard seeds are hashes of (seed, split, shard index).
+      temperature, top_k, num_decodes: sampling (see `SamplerConfig`).
+      max_len: total tokens per example (prompt + text); None = min(512, the model's).
+      batch_size: prompts per compiled sampler call.
+      examples_per_shard: examples per output shard (the unit of work and of resume).
+      labels: labels to generate (a subset of the model's; None = all of them).
+      label_distribution: None = uniform over `labels`; else e.g. a DP label histogram.
+      formats: output formats: "jsonl" (always) plus optionally "parquet", "tfrecord".
+      allow_non_private: accept a model directory without a privacy report (the output is
+        then marked non-private).
+      cores_per_worker: 0 = workers use every core they see; N = each worker process pins
+        itself to N cores no other worker on its machine holds (`dpsynth.beam.affinity`),
+        for several workers per machine (`--direct_num_workers`, `--sdk_worker_parallelism`).
+        Does not change the output.
+      postprocess: drop empty / truncated / duplicate samples and draw extra ones to make up
+        for them (`dpsynth.generate.postprocess`; no privacy cost); None = keep all.
+    """
+
+    model_dir: str
+    out_dir: str
+    num_examples: int
+    valid_examples: int = 0
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    num_decodes: int = 1
+    max_len: int | None = None
+    batch_size: int = 16
+    examples_per_shard: int = 256
+    labels: tuple[str, ...] | None = None
+    label_distribution: labels_lib.LabelDistribution | None = None
+    formats: tuple[str, ...] = ("jsonl",)
+    allow_non_private: bool = False
+    cores_per_worker: int = 0
+    postprocess: PostprocessConfig | None = None
+
+    def __post_init__(self):
+        if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
+            raise GenerateError(f"--num-examples must be a positive integer, got {self.num_examples}")
+        if int(self.valid_examples) != self.valid_examples or self.valid_examples < 0:
+            raise GenerateError(f"--valid-examples must be an integer >= 0, got {self.valid_examples}")
+        if self.examples_per_shard < 1:
+            raise GenerateError(f"--examples-per-shard must be >= 1, got {self.examples_per_shard}")
+        if self.cores_per_worker < 0:
+            raise GenerateError(f"--cores-per-worker must be >= 0, got {self.cores_per_worker}")
+        bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
+        if bad or "jsonl" not in self.formats:
+            raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
+        SamplerConfig(  # validates the sampling flags early
+            temperature=self.temperature, top_k=self.top_k, num_decodes=self.num_decodes,
+            max_len=self.max_len or DEFAULT_MAX_LEN, batch_size=self.batch_size,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """One unit of work: `len(labels)` examples of `split` starting at global index `start`."""
+
+    split: str
+    index: int
+    num_shards: int
+    start: int
+    labels: tuple[str, ...]
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.split}-{self.index:05d}-of-{self.num_shards:05d}"
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+
+def shard_seed(job_seed: int, split: str, index: int) -> int:
+    """A 64-bit seed from (job seed, split, shard index) (SHA-256, stable across runs)."""
+    digest = hashlib.sha256(f"dpsynth.generate/{int(job_seed)}/{split}/{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationPlan:
+    """Everything a worker needs besides the model, and the job's identity."""
+
+    model_dir: str
+    out_dir: str
+    sampler: SamplerConfig
+    prompt_template: str
+    specs: tuple[ShardSpec, ...]
+    config_json: dict[str, Any]
+    config_hash: str
+    cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
+    postprocess: PostprocessConfig | None = None  # in config_json when active
+
+    def shard_path(self, spec: ShardSpec) -> str:
+        return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
+
+
+def _label_distribution(config: GenerateConfig, info: ModelInfo) -> labels_lib.LabelDistribution:
+    """The job's label distribution (given, else uniform over the requested or the model's
+    labels), checked against the model's label set."""
+    if config.label_distribution is not None:
+        dist = config.label_distribution
+        labels_lib.check_labels(dist.labels, info.labels, "label distribution")
+        if config.labels is not None and tuple(config.labels) != dist.labels:
+            raise GenerateError("--labels and the label distribution name different label sets")
+        return dist
+    requested = config.labels if config.labels is not None else info.labels
+    if requested is None:
+        raise GenerateError(f"{info.model_dir}: the manifest records no label set; pass --labels")
+    return labels_lib.uniform(labels_lib.check_labels(requested, info.labels, "--labels"))
+
+
+def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
+    """Validates the job against the model and creates every shard spec up front."""
+    if not info.private and not config.allow_non_private:
+        why = "its privacy report says it is NOT private" if info.has_report else "no privacy_report.json"
+        raise GenerateError(
+            f"{info.model_dir}: {why}, so this model is not known to be DP; "
+            "use a DP-tuned model directory, or pass --allow-non-private (the output is then marked non-private)"
+        )
+    max_len = config.max_len or min(DEFAULT_MAX_LEN, info.max_len)
+    if max_len > info.max_len:
+        raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")
+    sampler = SamplerConfig(
+        temperature=config.temperature, top_k=config.top_k, num_decodes=config.num_decodes,
+        max_len=max_len, batch_size=config.batch_size,
+    )
+    dist = _label_distribution(config, info)
+    config_json = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model_dir": os.path.abspath(config.model_dir),
+        "model_fingerprint": info.fingerprint,
+        "private": info.private,
+        "num_examples": {"train": int(config.num_examples), "valid": int(config.valid_examples)},
+        "seed": int(config.seed),
+        "sampler": dataclasses.asdict(sampler),
+        "examples_per_shard": int(config.examples_per_shard),
+        "prompt_template": info.prompt_template,
+        "prompt_bos": True,  # prompts are `prompts.prompt_ids` (BOS first); kept so config hashes stay valid
+        "label_distribution": dist.to_json(),
+    }
+    post = config.postprocess if config.postprocess is not None and config.postprocess.active else None
+    if post is not None:  # only when used: the hashes of earlier jobs stay valid
+        config_json["postprocess"] = dataclasses.asdict(post)
+    config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
+    config_json["config_hash"] = config_hash
+    specs = []
+    for split, n in (("train", config.num_examples), ("valid", config.valid_examples)):
+        if n == 0:
+            continue
+        n = post.drawn(n) if post is not None else n
+        assigned = labels_lib.assign_labels(n, dist, seed=shard_seed(config.seed, split, -1) % (1 << 63))
+        num_shards = -(-n // config.examples_per_shard)
+        for i in range(num_shards):
+            lo, hi = i * config.examples_per_shard, min(n, (i + 1) * config.examples_per_shard)
+            specs.append(ShardSpec(split, i, num_shards, lo, tuple(assigned[lo:hi]), shard_seed(config.seed, split, i)))
+    return GenerationPlan(
+        model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
+        specs=tuple(specs), config_json=config_json, config_hash=config_hash,
+        cores_per_worker=config.cores_per_worker, postprocess=post,
+    )
+
+
+def dp_label_distribution(
+    model_dir: str,
+    label_source: str | None,
+    *,
+    labels: Sequence[str] | None = None,
+    noise_multiplier: float | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    seed: int | None = None,
+) -> labels_lib.LabelDistribution:
+    """A DP label histogram of D_train (`label_source`) for the model's label set.
+
+    Exactly one of `noise_multiplier` (sigma) or `epsilon` (calibrates sigma for the histogram
+    alone at `delta`, default the model's delta). Its cost is composed into the output's
+    privacy report by `generate` (`dpsynth.dp.report.compose_gaussian`).
+    """
+    from dpsynth.data.readers import read_sensitive
+
+    if not label_source:
+        raise GenerateError("--label-distribution dp-histogram needs --label-source (the D_train file(s))")
+    if (noise_multiplier is None) == (epsilon is None):
+        raise GenerateError("the DP label histogram needs exactly one of --label-noise-multiplier or --label-epsilon")
+    info = read_model_info(model_dir)
+    label_set = labels_lib.check_labels(labels if labels is not None else (info.labels or ()), info.labels, "--labels")
+    if epsilon is not None:
+        if delta is None:
+            delta = model_delta(model_dir)
+        if delta is None:
+            raise GenerateError(f"{model_dir}: no privacy report to take delta from; pass --label-delta")
+        noise_multiplier = labels_lib.calibrate_histogram_noise(epsilon, delta)
+    data = read_sensitive(label_source)
+    return labels_lib.dp_label_histogram([r["label"] for r in data.records], label_set,
+                                         noise_multiplier=float(noise_multiplier), seed=seed)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DpLabelHistogram:
+    """A request to draw the job's label distribution as a DP label histogram of D_train.
+
+    `generate(..., label_histogram=...)` draws it with `dp_label_distribution`: every call is a
+    new release (Gaussian mechanism on the label counts, sensitivity 1), composed into the
+    output's privacy report. Exactly one of `noise_multiplier` or `epsilon`.
+
+    Attributes:
+      source: the D_train file(s) whose labels are counted.
+      noise_multiplier: sigma of the noise on each count.
+      epsilon: calibrate sigma for the histogram alone at `delta`.
+      delta: delta for `epsilon` (default: the model's).
+      seed: noise seed for tests only; None draws from the OS entropy pool.
+    """
+
+    source: str | None
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    seed: int | None = None
+
+
+def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
+    """`config` with the label distribution drawn as `request` asks (one release)."""
+    if config.label_distribution is not None:
+        raise GenerateError("pass either a label distribution or a DP label histogram to draw, not both")
+    dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
+                                 noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
+                                 delta=request.delta, seed=request.seed)
+    return dataclasses.replace(config, label_distribution=dist)

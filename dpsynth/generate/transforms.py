@@ -1,0 +1,114 @@
+"""The generation fan-out's Beam transforms: one DoFn call samples and writes one whole shard.
+
+Each worker loads the model once (`GenerateShardFn.setup`), samples its shards in fixed-shape
+batches with the KV cache and writes `DIR/shards/{split}-{index:05d}-of-{n:05d}.jsonl`
+atomically. Example i of a shard is sampled with key `fold_in(shard_key, i)`, so a shard's
+bytes depend only on its spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import apache_beam as beam
+
+from dpsynth import fileio
+from dpsynth.generate.model_info import ModelBundle, load_bundle
+from dpsynth.generate.outputs import shard_complete
+from dpsynth.generate.plan import GenerationPlan, ShardSpec
+from dpsynth.generate.sampler import Sampler, example_keys, seed_to_key_data
+from dpsynth.train import prompts
+
+logger = logging.getLogger("dpsynth.generate")
+
+
+def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
+    """Samples one shard and writes its file atomically; returns its summary."""
+    prompts_by_label = {
+        label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label) for label in set(spec.labels)
+    }
+    keys = example_keys(seed_to_key_data(spec.seed), range(spec.count))
+    lines = []
+    step = max(plan.sampler.batch_size * 4, 1)
+    from dpsynth.progress import Progress
+
+    with Progress(total=spec.count, desc=f"generate {spec.name}", unit="example", interval=30.0) as progress:
+        for lo in range(0, spec.count, step):
+            hi = min(spec.count, lo + step)
+            out = sampler.sample(bundle.params, [prompts_by_label[l] for l in spec.labels[lo:hi]], keys[lo:hi])
+            for r in range(hi - lo):
+                ids = out.tokens[r, : out.lengths[r]]
+                record = {
+                    "id": f"{spec.split}-{spec.start + lo + r:08d}",
+                    "text": bundle.tokenizer.decode(ids.tolist()),
+                    "label": spec.labels[lo + r],
+                    "num_tokens": int(out.lengths[r]),
+                    "finished": bool(out.finished[r]),
+                    "score": round(float(out.scores[r]), 4),
+                }
+                lines.append(json.dumps(record, ensure_ascii=False, sort_keys=True))
+            progress.update(hi - lo)
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    fileio.write_bytes(plan.shard_path(spec), data)
+    return {"name": spec.name, "split": spec.split, "num_examples": spec.count, "sha256": fileio.sha256_bytes(data)}
+
+
+class GenerateShardFn(beam.DoFn):
+    """Loads the model once per worker (`setup`) and generates whole shards."""
+
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle):
+        self._plan = plan
+        self._loader = loader
+        self._shards = beam.metrics.Metrics.counter("generate", "shards_generated")
+        self._skipped = beam.metrics.Metrics.counter("generate", "shards_already_done")
+        self._examples = beam.metrics.Metrics.counter("generate", "examples")
+
+    def setup(self):
+        if self._plan.cores_per_worker:  # before the model load starts XLA's thread pools
+            from dpsynth.beam.affinity import claim_cores
+
+            claim_cores(self._plan.cores_per_worker)
+        self._bundle = self._loader(self._plan.model_dir)
+        tok = self._bundle.tokenizer
+        vocab = getattr(tok, "vocab_size", None)
+        ids = {}
+        if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
+            ids = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} -
+                                                                                      {tok.eos_id})))
+        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab, **ids))
+
+    def process(self, spec: ShardSpec):
+        if shard_complete(self._plan, spec):
+            self._skipped.inc()
+            return
+        if self._bundle.on_shard is not None:
+            self._bundle.on_shard(spec)
+        t0 = time.monotonic()
+        summary = generate_shard(self._plan, self._bundle, self._sampler, spec)
+        logger.info("generate: wrote %s (%d examples, %.1fs)", spec.name, spec.count, time.monotonic() - t0)
+        self._shards.inc()
+        self._examples.inc(spec.count)
+        yield summary
+
+
+class GenerateSynthetic(beam.PTransform):
+    """Generates the shards of a `GenerationPlan` (each written to its own file)."""
+
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle, label: str | None = None):
+        super().__init__(label)
+        self._plan = plan
+        self._loader = loader
+
+    def expand(self, specs):
+        """PCollection[ShardSpec] -> PCollection[dict] (one summary per shard written:
+        name, split, num_examples, sha256). Shards already complete are skipped."""
+        return (
+            specs
+            | "SpreadShards" >> beam.Reshuffle()
+            | "GenerateShards" >> beam.ParDo(GenerateShardFn(self._plan, self._loader))
+        )

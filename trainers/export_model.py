@@ -1,0 +1,40 @@
+"""`dpsynth export-model`: an imported (DP-tuned) model back to the Hugging Face layout.
+
+    dpsynth export-model --model runs/tuned --format hf --out runs/hf [--adapter-only]
+
+Binds the flags and calls `dpsynth.models.hf_export.export_model` (docs/hf.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dpsynth.models import hf_export
+from dpsynth.models.hf_files import HFFormatError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpsynth export-model", description=hf_export.__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="dpsynth model directory (imported, possibly DP-tuned)")
+    parser.add_argument("--format", choices=["hf"], default="hf", help="output layout (Hugging Face safetensors)")
+    parser.add_argument("--out", required=True, help="directory to write")
+    parser.add_argument("--adapter-only", action="store_true",
+                        help="LoRA models: write a PEFT adapter (adapter_config.json + adapter_model.safetensors)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
+    args = build_parser().parse_args(argv)
+    try:
+        record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
+    except HFFormatError as e:
+        print(f"dpsynth export-model: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
