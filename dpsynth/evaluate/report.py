@@ -16,11 +16,9 @@ privacy report are marked NON-PRIVATE. No metric is ever silently filled in.
 
 from __future__ import annotations
 
-import base64
 import csv
 import dataclasses
 import html
-import io
 import logging
 import math
 import os
