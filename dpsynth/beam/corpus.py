@@ -97,26 +97,40 @@ def batch_items(items, max_records: int = BATCH_RECORDS, max_bytes: int = BATCH_
 
 
 class _ReadFileFn(beam.DoFn):
-    """(file_index, InputFile) -> batches of the Items of every record of the file."""
+    """(file_index, InputFile) -> batches of the Items of every record of the file.
 
-    def __init__(self, columns: readers.Columns, max_document_bytes: int):
+    With `columns=None` it reads the files of several corpora instead (`ReadCorpora`):
+    (corpus name, file_index, InputFile, Columns) -> (corpus name, batch).
+    """
+
+    def __init__(self, columns: readers.Columns | None, max_document_bytes: int):
         self.columns, self.max_document_bytes = columns, max_document_bytes
         self.docs = Metrics.counter(NAMESPACE, "records_read")
         self.dead = Metrics.counter(NAMESPACE, "dead_letters")
         self.files = Metrics.counter(NAMESPACE, "files_read")
 
     def process(self, element):
-        index, f = element
-        self.files.inc()
-        yield from batch_items(self._items(index, f))
+        if self.columns is None:
+            name, index, f, columns = element
+            for batch in self._batches(index, f, columns):
+                yield name, batch
+        else:
+            index, f = element
+            yield from self._batches(index, f, self.columns)
 
-    def _items(self, index, f):
-        for n, item in enumerate(readers.iter_file(f, self.columns, self.max_document_bytes), start=1):
+    def _batches(self, index, f, columns):
+        self.files.inc()
+        for batch in batch_items(self._items(index, f, columns)):
+            dead = sum(1 for item in batch if item[0] == "dead")
+            self.dead.inc(dead)  # once per batch, not per record
+            self.docs.inc(len(batch) - dead)
+            yield batch
+
+    def _items(self, index, f, columns):
+        for n, item in enumerate(readers.iter_file(f, columns, self.max_document_bytes), start=1):
             if isinstance(item, readers.DeadLetter):
-                self.dead.inc()
                 yield ("dead", (index, n), item.to_json())
             else:
-                self.docs.inc()
                 yield ("doc", (index, n), item)
 
 
@@ -136,6 +150,40 @@ class ReadDocuments(beam.PTransform):
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadRecords" >> beam.ParDo(_ReadFileFn(self.columns, self.max_document_bytes))
         )
+
+
+class ReadCorpora(beam.PTransform):
+    """Reads the files of several corpora in ONE step (`TokenizeCorpus` then picks its own).
+
+    A runner that executes its steps one after another (Beam's local `FnApiRunner`, also
+    in multi-process mode) spreads the elements of one step over its workers; with one read
+    step per corpus, a corpus of one file is read by one worker while the others wait.
+    Reading every file of every corpus in one step lets the workers read them side by side.
+    The Items are the same as `ReadDocuments`' (file indices count within each corpus).
+    """
+
+    def __init__(self, sources: Sequence["CorpusSource"],
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
+        super().__init__()
+        if any(s.records is not None or s.token_dir is not None for s in sources):
+            raise ValueError("ReadCorpora reads text files only (not in-memory records or token corpora)")
+        self.files = [(s.name, i, f, s.columns) for s in sources for i, f in enumerate(s.files)]
+        self.max_document_bytes = max_document_bytes
+
+    def expand(self, pbegin):
+        """PBegin -> PCollection[(corpus name, list[Item])]."""
+        return (
+            pbegin
+            | "ListFiles" >> beam.Create(self.files)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadRecords" >> beam.ParDo(_ReadFileFn(None, self.max_document_bytes))
+        )
+
+
+def select_corpus(element, name):
+    """A (corpus name, batch) of `ReadCorpora` -> the batch when it is of corpus `name`."""
+    if element[0] == name:
+        yield element[1]
 
 
 def validate_records(records: Sequence[dict[str, Any]], source: str,
@@ -187,7 +235,9 @@ class _TokenizeFn(beam.DoFn):
         short = [i for i, item in enumerate(batch)
                  if item[0] == "doc" and len(item[2]["text"]) <= self.max_chunk_chars]
         encoded = dict(zip(short, self.tokenizer.encode_batch([batch[i][2]["text"] for i in short])))
-        yield [self._encode(item, encoded.get(i)) for i, item in enumerate(batch)]
+        out = [self._encode(item, encoded.get(i)) for i, item in enumerate(batch)]
+        self._count(batch, out)
+        yield out
 
     def _encode(self, item, ids=None):
         kind, key, payload = item
@@ -195,11 +245,15 @@ class _TokenizeFn(beam.DoFn):
             return item
         if ids is None:
             ids = encode_document(self.tokenizer, payload["text"], self.max_chunk_chars)
-        self.docs.inc()
-        self.tokens.inc(int(ids.size))
-        self.bytes.inc(len(payload["text"].encode("utf-8")))
         meta = {k: v for k, v in payload.items() if k != "text"}
         return ("doc", key, (meta, ids.astype(self.dtype).tobytes()))  # ids < vocab_size: exact
+
+    def _count(self, batch, out):
+        """Updates the counters once per batch (not three Beam counter updates per document)."""
+        docs = [(item, enc) for item, enc in zip(batch, out) if item[0] == "doc"]
+        self.docs.inc(len(docs))
+        self.tokens.inc(sum(len(enc[2][1]) for _, enc in docs) // self.dtype.itemsize)
+        self.bytes.inc(sum(len(item[2]["text"].encode("utf-8")) for item, _ in docs))
 
 
 class TokenizeDocuments(beam.PTransform):
@@ -459,13 +513,20 @@ class TokenizeCorpus(beam.PTransform):
         self.num_shards = num_shards or source.num_shards()
         self.max_document_bytes, self.max_chunk_chars = max_document_bytes, max_chunk_chars
 
-    def expand(self, pbegin):
-        """PBegin -> PCollection[manifest dict] (one element, after every shard is written)."""
-        if self.source.records is not None:
-            items = pbegin | "Create" >> CreateDocuments(self.source.records, ",".join(self.source.specs),
+    def expand(self, pinput):
+        """PBegin -> PCollection[manifest dict] (one element, after every shard is written).
+
+        The input may instead be the output of a `ReadCorpora` that read this source's files
+        with those of other corpora (PCollection[(corpus name, list[Item])]); the source's own
+        batches are picked from it.
+        """
+        if not isinstance(pinput, beam.pvalue.PBegin):
+            items = pinput | "Select" >> beam.FlatMap(select_corpus, self.source.name)
+        elif self.source.records is not None:
+            items = pinput | "Create" >> CreateDocuments(self.source.records, ",".join(self.source.specs),
                                                          self.max_document_bytes)
         else:
-            items = pbegin | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
+            items = pinput | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
         return (
             items
             | "SpreadDocuments" >> beam.Reshuffle()  # tokenize in parallel even when files are few

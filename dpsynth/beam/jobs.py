@@ -203,12 +203,17 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
                       tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
                       beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
-    every source's token manifest (each checked not empty)."""
+    every source's token manifest (each checked not empty).
+
+    The files of all corpora are read in one step (`corpus.ReadCorpora`), so that a runner
+    spreads them over its workers even when each corpus is one file."""
     to_tokenize = [s for s in sources if s.token_dir is None]
     if to_tokenize:
         def build(p):
+            files = [s for s in to_tokenize if s.records is None]
+            read = p | "ReadCorpora" >> corpus.ReadCorpora(files, max_document_bytes) if files else None
             outs = [
-                p | f"Tokenize[{s.name}]" >> corpus.TokenizeCorpus(
+                (p if s.records is not None else read) | f"Tokenize[{s.name}]" >> corpus.TokenizeCorpus(
                     s, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
                     tokenizer_sha256=tokenizer.sha256, out_dir=dirs[s.name],
                     num_shards=(num_shards if s.kind == "public" else None) or s.num_shards(shard_bytes),

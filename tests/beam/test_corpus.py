@@ -155,6 +155,44 @@ def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
     assert counters["dead_letters"] == 1 == manifest["dead_lettered"]
     assert counters["tokens"] == manifest["num_tokens"]
     assert counters["shards_written"] == len(manifest["shards"])
+    assert counters["records_read"] == len(texts) and counters["files_read"] == len(source.files)
+    assert counters["text_bytes"] == sum(len(t.encode("utf-8")) for t in texts.values())
+
+
+def test_read_corpora_reads_several_corpora_in_one_step_with_the_same_items(tmp_path, tokenizer_path):
+    _write_public(tmp_path / "pub", seed=4)
+    (tmp_path / "s.jsonl").write_text('{"text": "good food", "label": "a"}\n\n{"text": "bad", "label": "b"}\n')
+    public = corpus.plan_source(str(tmp_path / "pub"), kind="public")
+    sensitive = corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive")
+    with beam.Pipeline(options=make_pipeline_options()) as p:
+        read = p | corpus.ReadCorpora([public, sensitive])
+        for src in (public, sensitive):
+            alone = p | f"Alone[{src.name}]" >> corpus.ReadDocuments(src.files, src.columns)
+            together = read | f"Pick[{src.name}]" >> beam.FlatMap(corpus.select_corpus, src.name)
+            assert_that(together | f"Items[{src.name}]" >> beam.FlatMap(list),
+                        equal_to(list(_reader_items(src))), label=f"Same[{src.name}]")
+            assert_that(alone | f"AloneItems[{src.name}]" >> beam.FlatMap(list),
+                        equal_to(list(_reader_items(src))), label=f"Ref[{src.name}]")
+
+    # Tokenized from the shared read step: the same bytes as from its own read step.
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    kw = dict(tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size, tokenizer_sha256=tokenizer.sha256,
+              num_shards=2)
+    with beam.Pipeline(options=make_pipeline_options()) as p:
+        _ = p | corpus.TokenizeCorpus(public, out_dir=str(tmp_path / "alone"), **kw)
+    with beam.Pipeline(options=make_pipeline_options()) as p:
+        read = p | corpus.ReadCorpora([sensitive, public])
+        _ = read | "Pub" >> corpus.TokenizeCorpus(public, out_dir=str(tmp_path / "shared"), **kw)
+        _ = read | "Sens" >> corpus.TokenizeCorpus(sensitive, out_dir=str(tmp_path / "sens"), **kw)
+    assert _tree_digest(tmp_path / "shared") == _tree_digest(tmp_path / "alone")
+    assert tok.read_manifest(str(tmp_path / "sens"))["num_documents"] == 2
+
+
+def _reader_items(src):
+    """The Items `ReadDocuments` makes of a source, read directly."""
+    for index, f in enumerate(src.files):
+        for n, item in enumerate(readers.iter_file(f, src.columns), start=1):
+            yield ("dead", (index, n), item.to_json()) if isinstance(item, readers.DeadLetter) else ("doc", (index, n), item)
 
 
 def test_batch_items_limits():

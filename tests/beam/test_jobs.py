@@ -101,3 +101,25 @@ def test_worker_style_build_from_the_sdist(tmp_path):
     import zipfile
 
     assert any(n.startswith("dpsynth/_native") for n in zipfile.ZipFile(wheel).namelist())
+
+
+def test_dedup_tokenizes_file_and_in_memory_corpora_in_one_pipeline(tmp_path, tokenizer_path):
+    """Files of every corpus are read in one step; an in-memory (TFDS) corpus is created on its own."""
+    from dpsynth import tokens as tok
+    from dpsynth.beam import corpus
+    from dpsynth.data import readers
+
+    (tmp_path / "pub.jsonl").write_text('{"text": "a public text"}\n{"text": "another one"}\n')
+    (tmp_path / "s.jsonl").write_text('{"text": "good food", "label": "a"}\n')
+    records = ({"id": "m1", "text": "kept in memory", "label": "b"}, {"id": "m2", "text": " ", "label": "b"})
+    sources = [corpus.plan_source(str(tmp_path / "pub.jsonl"), kind="public", name="public"),
+               corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive", name="files"),
+               corpus.CorpusSource("memory", "sensitive", ("tfds:x",), readers.Columns(text="text", label="label"),
+                                   records=records)]
+    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    dirs = {s.name: str(tmp_path / "tok" / s.name) for s in sources}
+    manifests = jobs._tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=None,
+                                       shard_bytes=1 << 20, max_document_bytes=1 << 20, beam_args=None,
+                                       test_pipeline=None)
+    assert {n: m["num_documents"] for n, m in manifests.items()} == {"public": 2, "files": 1, "memory": 1}
+    assert manifests["memory"]["dead_lettered"] == 1 and manifests["files"]["labels"] == {"a": 1}
