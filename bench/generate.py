@@ -19,16 +19,40 @@
    together. The ratio printed for each is against the 1-worker run of the same kind, plus
    pinned 2 workers against the unpinned single worker. Target: >= 1.7x.
 
+3. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
+   initialised), `--examples` synthetic examples of `--scale-length` tokens, `--workers`
+   worker processes (each pinned to `--cores-per-worker` cores), three jobs on the same plan:
+   - uninterrupted: wall time, examples/s of the whole job, the sampling rate of one worker
+     (its shards after the first, which includes compilation: from the per-shard log lines),
+     peak RSS of each worker
+     process and of the driver (VmHWM from /proc, polled);
+   - interrupted: the same job into a fresh directory, SIGKILLed once `--kill-after-shards`
+     shards are written (`--kill worker`: one worker process holding an unfinished shard, the
+     job must then fail by itself; `--kill job`: the whole process group), then rerun into the
+     same directory (the resume). Checked: every planned shard file exactly once and whole,
+     no temporary file left, the shards written before the kill untouched (same inode), the
+     resume regenerates only the others, and every output file byte-identical to the
+     uninterrupted job's;
+   - the peer: the same job with `--peer-workers` workers (default 1; 0 skips it).
+   Ratios printed: workers vs the peer (examples/s), and interrupted + resumed vs
+   uninterrupted (total wall time).
+
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers]
+    .venv/bin/python bench/generate.py --scale --examples 100000 --workers 2 [--kill-after-shards K]
+        [--kill worker|job] [--scale-length 64] [--scale-batch 32] [--examples-per-shard 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,18 +243,276 @@ def bench_workers(preset: str, examples: int, length: int, batch: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------- generation at scale
+
+_SCALE_JOB = (
+    "import sys; sys.path.insert(0, {repo!r})\n"
+    "from dpsynth import logs\n"
+    "from dpsynth.generate.job import GenerateConfig, generate\n"
+    "logs.configure(fmt='%(message)s')\n"
+    "generate(GenerateConfig(model_dir={model!r}, out_dir={out!r}, num_examples={examples}, examples_per_shard={per_shard},"
+    " batch_size={batch}, max_len={length}, temperature=1.0, seed=0, cores_per_worker={cores}),"
+    " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers={workers}'])\n"
+)
+POLL_S = 0.2
+
+
+def _vm_hwm(pid: int) -> int:
+    """Peak resident set size (bytes) of a live process so far, or 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of a live process so far (clock ticks), or 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _shard_files(out: str) -> list[str]:
+    d = os.path.join(out, "shards")
+    return sorted(n for n in os.listdir(d) if n.endswith(".jsonl")) if os.path.isdir(d) else []
+
+
+def _run_scale_job(code: str, out: str, log_path: str, lock_dir: str, *, kill_after: int | None = None,
+                   kill: str = "worker", timeout_s: float = 24 * 3600) -> dict:
+    """Runs one job in its own session; polls its workers' peak RSS; optionally kills it.
+
+    With `kill_after`, once that many shard files exist: `kill="worker"` SIGKILLs one worker
+    process (the job must then exit by itself: `dpsynth.beam.workers`), `kill="job"` the whole
+    process group.
+    """
+    from dpsynth.beam.workers import worker_processes
+
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", TMPDIR=lock_dir)
+    with open(log_path, "ab") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    peaks: dict[int, int] = {}
+    cpu: dict[int, int] = {}
+    driver_peak, killed_at, killed = 0, None, None
+    try:
+        while proc.poll() is None:
+            if time.perf_counter() - t0 > timeout_s:
+                raise RuntimeError(f"job still running after {timeout_s:.0f}s (see {log_path})")
+            driver_peak = max(driver_peak, _vm_hwm(proc.pid))
+            pids = worker_processes(proc.pid)
+            busy = {}
+            for pid in pids:
+                peaks[pid] = max(peaks.get(pid, 0), _vm_hwm(pid))
+                ticks = _cpu_ticks(pid)
+                busy[pid], cpu[pid] = ticks - cpu.get(pid, ticks), ticks
+            if kill_after is not None and killed_at is None and len(_shard_files(out)) >= kill_after:
+                killed_at = time.perf_counter()
+                if kill == "job":
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed = "job"
+                elif busy:  # the busiest worker: one still generating (an idle one has no shard left)
+                    victim = max(busy, key=busy.get)
+                    os.kill(victim, signal.SIGKILL)
+                    killed = f"worker pid {victim}"
+            time.sleep(POLL_S)
+    finally:
+        try:  # whatever is left of the job (nothing, normally)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    end = time.perf_counter()
+    return {"rc": proc.returncode, "seconds": end - t0, "worker_peak_rss": sorted(peaks.values()),
+            "driver_peak_rss": driver_peak, "killed": killed,
+            "exit_after_kill_s": None if killed_at is None else end - killed_at}
+
+
+def _shard_state(out: str) -> dict[str, tuple[int, str]]:
+    """{shard file: (inode, sha256)} of the shard files now in `out`."""
+    d = os.path.join(out, "shards")
+    state = {}
+    for name in _shard_files(out):
+        path = os.path.join(d, name)
+        with open(path, "rb") as f:
+            state[name] = (os.stat(path).st_ino, hashlib.sha256(f.read()).hexdigest())
+    return state
+
+
+_WROTE = re.compile(r"generate: wrote (\S+) \((\d+) examples, ([0-9.]+)s\)")
+
+
+def _sampling_rate(log_path: str, workers: int) -> float | None:
+    """Examples/s of one worker while it samples: from the job log's per-shard lines ("wrote
+    NAME (N examples, Ts)"), leaving out the first shard written by each worker (it includes
+    the compilation), i.e. the `workers` shards logged first."""
+    shards: dict[str, tuple[int, float]] = {}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = _WROTE.search(line)
+            if m and m.group(1) not in shards:  # a worker's line may also come back through Beam's log
+                shards[m.group(1)] = (int(m.group(2)), float(m.group(3)))
+    rest = list(shards.values())[workers:]
+    seconds = sum(t for _, t in rest)
+    return sum(n for n, _ in rest) / seconds if rest and seconds > 0 else None
+
+
+def bench_scale(*, examples: int, workers: int, length: int, batch: int, per_shard: int, preset: str = "tiny",
+                kill_after: int | None = None, kill: str = "worker", peer_workers: int = 1,
+                cores_per_worker: int = 1, keep: str | None = None) -> dict:
+    """Generation at scale: throughput, peak memory per worker, an interrupted run resumed."""
+    tmp = keep or tempfile.mkdtemp(prefix="dpsynth-bench-gen-scale-")
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        model_dir = os.path.join(tmp, "model")
+        if not os.path.isdir(model_dir):
+            _save_model_dir(preset, length, model_dir)
+        num_shards = -(-examples // per_shard)
+        kill_after = kill_after if kill_after is not None else max(1, num_shards // 2)
+        if not 1 <= kill_after < num_shards:
+            raise ValueError(f"--kill-after-shards must be in [1, {num_shards}) for {num_shards} shards")
+
+        runs = itertools.count()
+
+        def job(name, n_workers, **kw):
+            out, locks = os.path.join(tmp, name), os.path.join(tmp, f"locks-{next(runs)}")
+            os.makedirs(locks)  # fresh core claims per job
+            code = _SCALE_JOB.format(repo=REPO, model=model_dir, out=out, examples=examples, per_shard=per_shard,
+                                     batch=batch, length=length, cores=cores_per_worker, workers=n_workers)
+            return out, _run_scale_job(code, out, os.path.join(tmp, f"{name}.log"), locks, **kw)
+
+        res: dict = {"preset": preset, "examples": examples, "length": length, "batch": batch,
+                     "examples_per_shard": per_shard, "num_shards": num_shards, "workers": workers,
+                     "cores_per_worker": cores_per_worker}
+        ref_out, ref = job("uninterrupted", workers)
+        if ref["rc"] != 0:
+            raise RuntimeError(f"uninterrupted job failed (rc {ref['rc']}); see {tmp}/uninterrupted.log")
+        ref["examples_per_s"] = examples / ref["seconds"]
+        ref["sampling_examples_per_s_per_worker"] = _sampling_rate(os.path.join(tmp, "uninterrupted.log"), workers)
+        res["uninterrupted"] = ref
+
+        out, first = job("interrupted", workers, kill_after=kill_after, kill=kill)
+        before = _shard_state(out)
+        _, resume = job("interrupted", workers)
+        after = _shard_state(out)
+        ref_state = _shard_state(ref_out)
+        leftovers = sorted(n for n in os.listdir(os.path.join(out, "shards")) if not n.endswith(".jsonl"))
+        same_files = {}
+        for name in ("train.jsonl", "manifest.json", "generation_report.json"):
+            with open(os.path.join(out, name), "rb") as a, open(os.path.join(ref_out, name), "rb") as b:
+                same_files[name] = a.read() == b.read()
+        with open(os.path.join(out, "manifest.json")) as f:
+            manifest = json.load(f)
+        res["interrupted"] = {
+            "first_run": first, "resume": resume, "kill_after_shards": kill_after, "kill": kill,
+            "shards_kept": len(before), "shards_regenerated": len(set(after) - set(before)),
+            "kept_untouched": all(after.get(n) == v for n, v in before.items()),
+            "every_shard_once": sorted(after) == sorted(ref_state) and not leftovers,
+            "shards_equal_uninterrupted": {n: v[1] for n, v in after.items()} == {n: v[1] for n, v in ref_state.items()},
+            "outputs_identical": same_files,
+            "num_examples": manifest["splits"]["train"]["num_examples"],
+            "total_seconds": first["seconds"] + resume["seconds"],
+        }
+        res["interrupted"]["ok"] = (first["rc"] != 0 and resume["rc"] == 0 and res["interrupted"]["kept_untouched"]
+                                    and res["interrupted"]["every_shard_once"]
+                                    and res["interrupted"]["shards_equal_uninterrupted"]
+                                    and all(same_files.values()) and res["interrupted"]["num_examples"] == examples
+                                    and 0 < len(before) < num_shards)
+        if peer_workers:
+            peer_out, peer = job(f"peer-{peer_workers}-workers", peer_workers)
+            if peer["rc"] != 0:
+                raise RuntimeError(f"peer job failed (rc {peer['rc']}); see {tmp}")
+            peer["examples_per_s"] = examples / peer["seconds"]
+            peer["sampling_examples_per_s_per_worker"] = _sampling_rate(
+                os.path.join(tmp, f"peer-{peer_workers}-workers.log"), peer_workers)
+            with open(os.path.join(peer_out, "train.jsonl"), "rb") as a, open(os.path.join(ref_out, "train.jsonl"), "rb") as b:
+                peer["identical_output"] = a.read() == b.read()
+            res["peer"] = {"workers": peer_workers, **peer}
+        return res
+    finally:
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MB"
+
+
+def print_scale(r: dict) -> None:
+    u, i = r["uninterrupted"], r["interrupted"]
+    print(f"[{r['preset']}, {r['examples']} examples x {r['length']} tokens, batch {r['batch']}, {r['num_shards']} shards of"
+          f" {r['examples_per_shard']}, {r['workers']} workers x {r['cores_per_worker'] or 'all'} core(s)]", flush=True)
+    rate = u["sampling_examples_per_s_per_worker"]
+    print(f"  uninterrupted: {u['seconds']:.1f}s, {u['examples_per_s']:.1f} examples/s whole job; sampling"
+          f" {f'{rate:.1f}' if rate else 'n/a'} examples/s per worker (after its first shard); peak RSS per worker {', '.join(_mb(b) for b in u['worker_peak_rss'])}; driver"
+          f" {_mb(u['driver_peak_rss'])}", flush=True)
+    f, res = i["first_run"], i["resume"]
+    print(f"  interrupted: killed ({f['killed']}) after {i['kill_after_shards']} shards; the job exited"
+          f" {f['exit_after_kill_s']:.1f}s later with status {f['rc']} ({f['seconds']:.1f}s), keeping {i['shards_kept']}"
+          f" shards{' (it FINISHED before the kill took effect: use more examples or fewer --kill-after-shards)' if f['rc'] == 0 else ''};"
+          f" resume {res['seconds']:.1f}s regenerated {i['shards_regenerated']}; every shard once:"
+          f" {i['every_shard_once']}, kept shards untouched: {i['kept_untouched']}, outputs byte-identical to the"
+          f" uninterrupted job: {all(i['outputs_identical'].values())}; {i['num_examples']} examples: "
+          f"{'OK' if i['ok'] else 'FAILED'}", flush=True)
+    print(f"  interrupted + resumed vs uninterrupted (wall): {i['total_seconds']:.1f}s vs {u['seconds']:.1f}s:"
+          f" {i['total_seconds'] / u['seconds']:.2f}x", flush=True)
+    if "peer" in r:
+        p = r["peer"]
+        print(f"  {r['workers']} workers vs {p['workers']} worker(s) (whole job): {u['examples_per_s']:.1f} vs"
+              f" {p['examples_per_s']:.1f} examples/s: {u['examples_per_s'] / p['examples_per_s']:.2f}x"
+              + (f"; sampling per worker {u['sampling_examples_per_s_per_worker']:.1f} vs"
+                 f" {p['sampling_examples_per_s_per_worker']:.1f} examples/s:"
+                 f" {u['sampling_examples_per_s_per_worker'] / p['sampling_examples_per_s_per_worker']:.2f}x"
+                 if u["sampling_examples_per_s_per_worker"] and p["sampling_examples_per_s_per_worker"] else "")
+              + f"; peer peak RSS"
+              f" per worker {', '.join(_mb(b) for b in p['worker_peak_rss'])}; identical output: {p['identical_output']}",
+              flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
     p.add_argument("--length", type=int, default=256, help="total tokens per row (prompt + generated)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--examples", type=int, default=64, help="examples for the 1-vs-2-worker job")
+    p.add_argument("--examples", type=int, default=None,
+                   help="examples for the 1-vs-2-worker job (default 64), or with --scale (default 100000)")
     p.add_argument("--worker-preset", default="small")
     p.add_argument("--worker-length", type=int, default=128)
     p.add_argument("--skip-workers", action="store_true")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    g = p.add_argument_group("generation at scale (--scale: only this part runs)")
+    g.add_argument("--scale", action="store_true")
+    g.add_argument("--workers", type=int, default=2)
+    g.add_argument("--kill-after-shards", type=int, default=None, help="default: half the shards")
+    g.add_argument("--kill", choices=("worker", "job"), default="worker",
+                   help="SIGKILL one worker process, or the job's whole process group")
+    g.add_argument("--peer-workers", type=int, default=1, help="workers of the peer job (0: no peer)")
+    g.add_argument("--scale-preset", default="tiny")
+    g.add_argument("--scale-length", type=int, default=64, help="total tokens per example")
+    g.add_argument("--scale-batch", type=int, default=32)
+    g.add_argument("--examples-per-shard", type=int, default=256)
+    g.add_argument("--cores-per-worker", type=int, default=1, help="0: unpinned workers")
+    g.add_argument("--keep", default=None, help="work in this directory and keep it (default: a temporary one)")
     args = p.parse_args(argv)
     results = {}
+    if args.scale:
+        r = bench_scale(examples=args.examples or 100_000, workers=args.workers, length=args.scale_length,
+                        batch=args.scale_batch, per_shard=args.examples_per_shard, preset=args.scale_preset,
+                        kill_after=args.kill_after_shards, kill=args.kill, peer_workers=args.peer_workers,
+                        cores_per_worker=args.cores_per_worker, keep=args.keep)
+        print_scale(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"scale": r}, f, indent=2)
+        return 0 if r["interrupted"]["ok"] else 1
+    args.examples = args.examples or 64
     r = bench_cache_vs_recompute(args.preset, args.length, args.batch)
     results["kv_cache_vs_recompute"] = r
     print(f"[{r['preset']}, {r['length']} tokens, batch {r['batch']}] KV-cache sampler {r['kv_cache_tokens_per_s']:.0f} tok/s"

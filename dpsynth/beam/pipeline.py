@@ -3,7 +3,8 @@
 Beam's `DirectRunner` first tries to download the Prism binary and only then falls back;
 dpsynth therefore defaults to the in-process portable `FnApiRunner`, which runs everything
 locally. Its multi-process mode is `--direct_running_mode=multi_processing
---direct_num_workers=N`. Any other runner is chosen with the standard `--runner` flag
+--direct_num_workers=N`; there a worker process that dies fails the job instead of hanging it
+(`dpsynth.beam.workers`). Any other runner is chosen with the standard `--runner` flag
 (`DataflowRunner`, `DaskRunner`, `FlinkRunner`, ...) and is used unchanged.
 
 Every job (tokenize, dedup, generate, evaluate) builds and runs its pipelines with
@@ -19,6 +20,8 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from dpsynth.beam import workers
 
 LOCAL_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
@@ -53,6 +56,7 @@ def run_pipeline(
       beam_args: Beam flags for `make_pipeline_options` (ignored with `test_pipeline`).
       test_pipeline: returns the pipeline to use instead (tests: `TestPipeline`).
     """
+    workers.install()
     p = test_pipeline() if test_pipeline is not None else beam.Pipeline(options=make_pipeline_options(beam_args))
     build(p)
     result = p.run()

@@ -167,3 +167,25 @@ class SlowFake:
         bundle = load_fake_bundle(model_dir)
         bundle.on_shard = lambda spec: time.sleep(self.seconds)
         return bundle
+
+
+class MarkShards:
+    """A loader whose bundle, before each shard, leaves a marker `DIR/{shard}.{pid}` and sleeps
+    `seconds` (tests see which worker process holds an unfinished shard, and kill it)."""
+
+    def __init__(self, marker_dir, seconds):
+        self.marker_dir = marker_dir
+        self.seconds = seconds
+
+    def __call__(self, model_dir):
+        bundle = load_fake_bundle(model_dir)
+        bundle.on_shard = self._mark
+        return bundle
+
+    def _mark(self, spec):
+        import os
+        import time
+
+        os.makedirs(self.marker_dir, exist_ok=True)
+        open(os.path.join(self.marker_dir, f"{spec.name}.{os.getpid()}"), "w").close()
+        time.sleep(self.seconds)

@@ -349,6 +349,70 @@ def test_killed_process_then_rerun_equals_uninterrupted(reference_run, model_dir
         assert _read(out / name) == _read(ref / name), name
 
 
+def test_killed_worker_fails_the_job_then_rerun_resumes_exactly(reference_run, model_dir, tmp_path):
+    """2 worker processes; SIGKILL the one holding an unfinished shard once a first shard is
+    finished: the job fails promptly (not a hang), keeps its finished shards, and a rerun
+    regenerates only the others, every shard once, byte-identical to an uninterrupted run."""
+    import hashlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dpsynth.beam.workers import WORKER_LOST, worker_processes
+
+    ref, ref_manifest = reference_run
+    out, markers = tmp_path / "out", tmp_path / "markers"
+    code = (
+        "from dpsynth.generate.job import GenerateConfig, generate\n"
+        "from tests.generate.fakes import MarkShards\n"
+        f"generate(GenerateConfig(model_dir={str(model_dir)!r}, out_dir={str(out)!r}, num_examples=37, valid_examples=11,"
+        f" examples_per_shard=8, batch_size=4, seed=5), loader=MarkShards({str(markers)!r}, 1.0),"
+        " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=2'])\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(tmp_path / "job.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, env=dict(os.environ, PYTHONPATH=repo),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    shard_dir = out / "shards"
+    try:
+        victim, deadline = None, time.time() + 240
+        while victim is None and proc.poll() is None and time.time() < deadline:
+            finished = {p.stem for p in shard_dir.glob("*.jsonl")} if shard_dir.exists() else set()
+            started = [m.name.rsplit(".", 1) for m in markers.iterdir()] if markers.exists() else []
+            unfinished = [(name, int(pid)) for name, pid in started if name not in finished]
+            if finished and unfinished:
+                victim = unfinished[0]
+            time.sleep(0.02)
+        assert victim is not None, (tmp_path / "job.log").read_text()[-3000:]
+        assert victim[1] in worker_processes(proc.pid)
+        os.kill(victim[1], signal.SIGKILL)
+        rc = proc.wait(timeout=120)  # before dpsynth.beam.workers, the job waited forever
+    finally:
+        try:  # whatever is left of the job
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert rc != 0 and WORKER_LOST in (tmp_path / "job.log").read_text()
+    kept = {p.name: os.stat(p).st_ino for p in shard_dir.glob("*.jsonl")}
+    assert 1 <= len(kept) < 7 and victim[0] + ".jsonl" not in kept, kept
+    planned = {e["name"] + ".jsonl": e for split in ref_manifest["splits"].values() for e in split["shards"]}
+    for name in kept:  # a visible shard file is always the whole shard
+        data = _read(shard_dir / name)
+        assert len(data.splitlines()) == planned[name]["num_examples"]
+        assert hashlib.sha256(data).hexdigest() == planned[name]["sha256"]
+    assert not (out / "train.jsonl").exists()
+    generate(_config(model_dir, out), loader=load_fake_bundle)
+    after = {p.name: os.stat(p).st_ino for p in shard_dir.iterdir()}
+    assert len(after) == 7 and all(after[n] == ino for n, ino in kept.items())  # kept shards untouched
+    for name in ("train.jsonl", "valid.jsonl", "manifest.json", "generation_report.json"):
+        assert _read(out / name) == _read(ref / name), name
+    manifest = json.loads(_read(out / "manifest.json"))
+    assert [e["name"] for e in manifest["splits"]["train"]["shards"]] == [f"train-{i:05d}-of-00005" for i in range(5)]
+    assert (manifest["splits"]["train"]["num_examples"], manifest["splits"]["valid"]["num_examples"]) == (37, 11)
+
+
 def test_dp_label_distribution_from_training_file(model_dir, tmp_path):
     from dpsynth.generate.job import dp_label_distribution
 
