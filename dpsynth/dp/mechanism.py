@@ -70,6 +70,11 @@ class RunMechanism:
     def per_user(self) -> bool:
         return self.plan.privacy_unit == "user"
 
+    @property
+    def rows_per_microbatch(self) -> int:
+        """The leading dimension of every microbatch: rows, or users at user level."""
+        return self.batches.rows_per_microbatch if self.per_user else self.batches.microbatch_size
+
     def microbatches(self, examples: dict[str, np.ndarray], step: int) -> list[dict[str, np.ndarray]]:
         """The host microbatches of `step` (padded, fixed shapes)."""
         gather = users.gather_users if self.per_user else sampling.gather
@@ -121,12 +126,15 @@ def build_run_mechanism(
     user_ids: Sequence | None = None,
     max_examples_per_user: int | None = None,
     strategy_cache_dir: str | None = None,
+    data_shards: int = 1,
 ) -> RunMechanism:
     """The strategy and batches of a run of `plan` over `num_rows` training rows.
 
     User level (`plan.privacy_unit == "user"`) needs `user_ids` (one per row) and
     `max_examples_per_user`; user microbatches hold floor(microbatch_size / W) users of W
-    row slots each, so a compiled microbatch stays about `microbatch_size` rows.
+    row slots each, so a compiled microbatch stays about `microbatch_size` rows; they are padded
+    with empty users to a multiple of `data_shards` (the mesh's data axis), which changes no
+    step. Example-level microbatches are `microbatch_size` rows (the caller makes it divisible).
 
     Raises:
         users.UserColumnError: missing user ids, or a user count other than the plan's.
@@ -160,8 +168,8 @@ def build_run_mechanism(
                                                    max_batch_size=plan.max_batch_size)
             strategy = UserDPSGDStrategy(**common)
         return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=strategy,
-                            batches=users.UserBatches(groups, unit_sampler, per_mb), groups=groups, coefs=coefs,
-                            strategy_sha256=sha)
+                            batches=users.UserBatches(groups, unit_sampler, per_mb, pad_multiple=data_shards),
+                            groups=groups, coefs=coefs, strategy_sha256=sha)
     if num_rows != plan.dataset_size:
         raise ValueError(f"the plan is for {plan.dataset_size} examples but the data has {num_rows}")
     if plan.mechanism == "bandmf":

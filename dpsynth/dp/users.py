@@ -11,10 +11,11 @@ With `privacy_unit="user"` the unit of privacy is a person (every row they wrote
   U users with rate q = B / U (`dpsynth.dp.sampling.poisson_batch`, a per-step stream), or
   cyclic Poisson sampling over users for BandMF (`dpsynth.dp.bandmf.CyclicPoissonSampler`).
   A drawn user contributes all of its kept rows: the batch is a [users, K] matrix of row
-  indices, padded with -1. This is the draw of jax-privacy's
-  `batch_selection.UserSelectionStrategy(CyclicPoissonSampling(q), K)` (tested equal on
-  the same generator) without its per-user cyclic repeats, which would weight a user's rows
-  unequally when it has fewer than K of them.
+  indices, padded with -1 (on a device mesh also with empty users, up to a multiple of its
+  data axis: a user's rows stay on one device and the step is unchanged). This is the draw
+  of jax-privacy's `batch_selection.UserSelectionStrategy(CyclicPoissonSampling(q), K)`
+  (tested equal on the same generator) without its per-user cyclic repeats, which would
+  weight a user's rows unequally when it has fewer than K of them.
 * **Gradient**: each drawn user's gradient is the mean of its rows' gradients, clipped to C
   (`dpsynth.dp.strategy.UserDPSGDStrategy`).
 
@@ -130,20 +131,35 @@ class UserBatches:
         groups: the bounded user groups.
         unit_sampler: a sampler over user indices with `batch_indices(step)` (Poisson:
             `dpsynth.dp.sampling.PoissonSampler` over U units; BandMF: the cyclic sampler).
-        microbatch_users: users per compiled microbatch (padded with all -1 rows).
+        microbatch_users: users drawn into each compiled microbatch.
+        pad_multiple: each microbatch is padded with empty users (all -1 rows) to a multiple
+            of this many users (a mesh's data axis, so it splits evenly over the devices); the
+            padding users contribute exactly zero, so the drawn users of each microbatch, and
+            the step, are the same for every value.
     """
 
     groups: UserGroups
     unit_sampler: object
     microbatch_users: int
+    pad_multiple: int = 1
+
+    def __post_init__(self):
+        if self.microbatch_users < 1 or self.pad_multiple < 1:
+            raise ValueError(f"microbatch_users ({self.microbatch_users}) and pad_multiple ({self.pad_multiple}) "
+                             "must be >= 1")
+
+    @property
+    def rows_per_microbatch(self) -> int:
+        """The leading dimension of every slot matrix: microbatch_users rounded up to pad_multiple."""
+        return -(-self.microbatch_users // self.pad_multiple) * self.pad_multiple
 
     def microbatches(self, step: int) -> list[np.ndarray]:
-        """[microbatch_users, W] slot matrices of the users drawn at `step` (>= 1 microbatch)."""
+        """[rows_per_microbatch, W] slot matrices of the users drawn at `step` (>= 1 microbatch)."""
         users = np.asarray(self.unit_sampler.batch_indices(step), np.int64)
         out = []
         for chunk in sampling.pad_microbatches(users, self.microbatch_users):
-            rows = np.full((len(chunk), self.groups.slots.shape[1]), -1, np.int64)
+            rows = np.full((self.rows_per_microbatch, self.groups.slots.shape[1]), -1, np.int64)
             real = chunk >= 0
-            rows[real] = self.groups.slots[chunk[real]]
+            rows[: len(chunk)][real] = self.groups.slots[chunk[real]]
             out.append(rows)
         return out

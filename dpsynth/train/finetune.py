@@ -559,7 +559,9 @@ def dp_tune(
         stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
-            device. Required with several processes, over all of their devices.
+            device. Required with several processes, over all of their devices. Every privacy
+            unit and mechanism runs on it with the privacy of one device (one clipped term per
+            unit, noise once on the global sum, BandMF noise state sharded and checkpointed).
         state_dir: the private state directory (created 0700): checkpoints with the secret seed,
             `losses.json` (non-DP train/valid losses). Default `<out_dir>.private/`; must lie
             outside `out_dir`.
@@ -586,11 +588,10 @@ def dp_tune(
     if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
         raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
-    if mesh is not None and config.microbatch_size % mesh[0]:
+    user_level = config.private and config.privacy_unit == "user"
+    # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
+    if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
-    if mesh is not None and (config.private and (config.privacy_unit == "user" or config.mechanism == "bandmf")):
-        raise TuneError("user-level DP and BandMF run on one process without a mesh for now (drop --mesh-data/"
-                        "--mesh-model)")
     state_dir = _state_dir(out_dir, state_dir)
     ckpt_dir = os.path.join(state_dir, "checkpoints")
     if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
@@ -698,7 +699,8 @@ def dp_tune(
         try:
             mech = build_run_mechanism(plan, clip_norm=config.clip_norm, microbatch_size=config.microbatch_size,
                                        seed=run_seed, num_rows=len(train_records), user_ids=train_users,
-                                       max_examples_per_user=config.max_examples_per_user)
+                                       max_examples_per_user=config.max_examples_per_user,
+                                       data_shards=mesh[0] if mesh is not None else 1)
         except (UserColumnError, ValueError) as e:
             checkpointer.close()
             raise TuneError(str(e)) from e
@@ -715,7 +717,9 @@ def dp_tune(
         strategy = core.MeanGradient()
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
-    local = fns.process_rows(config.microbatch_size)  # the rows of every microbatch this process feeds
+    per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices
+    mb_rows = mech.rows_per_microbatch if mech is not None else config.microbatch_size
+    local = fns.process_rows(mb_rows)  # the rows (users) of every microbatch this process feeds
     primary = jax.process_index() == 0
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
     state = fns.init_state(params, frozen, rng=rng)
@@ -764,11 +768,9 @@ def dp_tune(
                 report_lib.write_report(out_dir, build_run_report())  # the report follows the checkpoints
 
         # ------------------------------------------------------------ the loop
-        per_user = mech is not None and mech.per_user  # [users, W] slot matrices (one process, no mesh)
-
         def batch(step: int) -> list[dict[str, np.ndarray]]:
             indices = mech.batches.microbatches(step) if mech is not None else sampler.microbatches(step)
-            return [gather_users(train_arrays, m) if per_user else sampling.gather(train_arrays, m[local])
+            return [gather_users(train_arrays, m[local]) if per_user else sampling.gather(train_arrays, m[local])
                     for m in indices]
 
         losses = {"sum": 0.0, "count": 0.0}  # the non-DP train loss of the steps run (private state only)
@@ -781,7 +783,7 @@ def dp_tune(
 
         state = loop.run_loop(
             state, start=start, total=plan.steps, stop_after=stop_after, batch=batch,
-            step=functools.partial(fns.accumulated_step, global_rows=None if per_user else config.microbatch_size),
+            step=functools.partial(fns.accumulated_step, global_rows=mb_rows),
             after_step=after_step, save=save_checkpoint, checkpoint_every=config.checkpoint_every,
             desc=f"dp-tune[{config.mode}]", progress_interval=progress_interval,
             stream=None if primary else io.StringIO()).state

@@ -191,3 +191,38 @@ def test_resume_through_a_checkpoint_is_exact(tmp_path):
                                                           opt_state=restored.opt_state)
     other = run(fresh, 3)
     assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(other.params)))
+
+
+def test_on_a_mesh_noise_state_and_resume_equal_one_device(tmp_path):
+    """Under a (data, model) mesh the correlated noise is the one-device noise (added once to the
+    global sum), its state is placed on the mesh, and an Orbax checkpoint of the sharded state
+    resumes exactly."""
+    from dpsynth.train import sharding
+    from dpsynth.train.checkpoint import TrainCheckpointer
+
+    params, frozen, batch = make(4, n=8)
+    params = {**params, "w2": jnp.concatenate([params["w2"]] * 2, axis=1)}  # [7, 4]: splittable over model
+    batch = {**batch, "y": jnp.concatenate([batch["y"]] * 2, axis=1)}
+    strat = bandmf.BandMFStrategy(clip_norm=0.5, noise_multiplier=2.0, expected_batch_size=6.0,
+                                  coefs=(0.8, 0.5, 0.33), steps=6)
+
+    def run(fns, state, steps):
+        for _ in range(steps):
+            state, _ = fns.train_step(state, fns.shard_batch(batch))
+        return state
+
+    one = core.make_train_functions(toy_loss, optax.adam(0.05), strat, donate=False)
+    straight = run(one, one.init_state(params, frozen, rng=9), 6)
+    mesh = sharding.make_mesh(4, 2)
+    fns = core.make_train_functions(toy_loss, optax.adam(0.05), strat, mesh=mesh, donate=False)
+    half = run(fns, fns.init_state(params, frozen, rng=9), 3)
+    assert all(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(half.noise_state))
+    ckpt = TrainCheckpointer(str(tmp_path / "ckpt"))
+    ckpt.save(half, {"k": 1})
+    restored, _ = ckpt.restore(fns.init_state(params, frozen, rng=9))
+    ckpt.close()
+    resumed = run(fns, fns.place_state(restored), 3)
+    assert int(resumed.step) == 6
+    for a, b in zip(jax.tree.leaves((straight.params, straight.noise_state)),
+                    jax.tree.leaves(jax.device_get((resumed.params, resumed.noise_state)))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

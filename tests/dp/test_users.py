@@ -134,3 +134,45 @@ def test_user_level_accounting_equals_jax_privacy(num_users, batch, steps, sigma
     # The ledger entry of the plan carries the unit and is accounted the same way.
     entry = plan.ledger_entry(steps=steps, clip_norm=1.0)
     assert entry["unit"] == "user" and entry["dataset_size"] == num_users
+
+
+@pytest.mark.parametrize("pad_multiple", [1, 3, 8])
+def test_user_microbatches_padded_to_a_multiple_hold_the_same_users(pad_multiple):
+    g = users.group_by_user(repeated_users(seed=2, num_users=30), 4, seed=3)
+    poisson = sampling.PoissonSampler(g.num_users, 12, 5, seed=11)
+    plain = users.UserBatches(g, poisson, microbatch_users=5)
+    padded = users.UserBatches(g, poisson, microbatch_users=5, pad_multiple=pad_multiple)
+    assert padded.rows_per_microbatch % pad_multiple == 0 and 5 <= padded.rows_per_microbatch < 5 + pad_multiple
+    for step in range(4):
+        a, b = plain.microbatches(step), padded.microbatches(step)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):  # the same users in the same microbatch; the rest is empty users
+            assert y.shape == (padded.rows_per_microbatch, g.slots.shape[1])
+            np.testing.assert_array_equal(x, y[:5])
+            assert np.all(y[5:] == -1)
+
+
+def test_user_level_step_on_a_mesh_equals_one_device():
+    """User batches padded to the data axis on a mesh of 8 devices: the same noisy step as on one
+    device (each user clipped once, noise added once to the global sum)."""
+    import optax
+
+    from dpsynth.train import core, sharding
+
+    params, frozen, examples, g = _user_data()
+    strat = UserDPSGDStrategy(clip_norm=0.5, noise_multiplier=1.5, expected_batch_size=3.0)
+    poisson = sampling.PoissonSampler(g.num_users, 3.0, 3, seed=5)
+    results = {}
+    for name, mesh, multiple in (("one", None, 1), ("mesh", sharding.make_mesh(8, 1), 8)):
+        batches = users.UserBatches(g, poisson, microbatch_users=3, pad_multiple=multiple)
+        fns = core.make_train_functions(toy_loss, optax.sgd(0.1), strat, mesh=mesh)
+        state = fns.init_state(params, frozen, rng=4)
+        losses = []
+        for step in range(3):
+            mbs = [users.gather_users(examples, m) for m in batches.microbatches(step)]
+            state, m = fns.accumulated_step(state, mbs, global_rows=batches.rows_per_microbatch)
+            losses.append(float(m["loss"]))
+        results[name] = losses, jax.device_get(state.params)
+    np.testing.assert_allclose(results["one"][0], results["mesh"][0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(results["one"][1]), jax.tree.leaves(results["mesh"][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -42,10 +42,16 @@ def _strategy_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPSYNTH_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def test_user_level_run_reports_users(tiny_base, tmp_path):
+@pytest.fixture(scope="module")
+def user_run(tiny_base, tmp_path_factory):
+    """A user-level run on one device (seed 3): the report test's and the mesh test's reference."""
     base_dir, _ = tiny_base
-    out = str(tmp_path / "user")
-    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, USER_CFG, progress_interval=1e9)
+    out = str(tmp_path_factory.mktemp("user") / "one")
+    return finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(USER_CFG, seed=3), progress_interval=1e9)
+
+
+def test_user_level_run_reports_users(user_run):
+    res, out = user_run, user_run.out_dir
     rep = report.load_report(out)
     assert res.steps == 3 and rep["private"] and rep["epsilon"]["rdp"] <= 4.0
     assert rep["privacy_unit"] == "user" and "one user" in rep["unit_of_privacy"] and "user" in rep["adjacency"]
@@ -111,3 +117,90 @@ def test_bandmf_run_and_exact_resume(tiny_base, tmp_path):
     assert entry["mechanism"] == "bandmf" and entry["steps"] == 4 and entry["strategy_sha256"] == rep["strategy_sha256"]
     assert rep["epsilon"] == report.load_report(out_full)["epsilon"] and rep["epsilon"]["rdp"] <= 4.0
     assert "BandMF" in open(os.path.join(out, "privacy_report.md")).read()
+
+
+# ---------------------------------------------------------------------------------- on a device mesh
+
+
+def _lora_diff(a_dir, b_dir):
+    a, b = load_model(a_dir).variables["lora"], load_model(b_dir).variables["lora"]
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _same_run(one, on_mesh):
+    """The properties a mesh must keep: losses (1e-5), trainable parameters (1e-4), ledger and report."""
+    assert on_mesh.steps == one.steps
+    assert abs(on_mesh.train_loss - one.train_loss) < 1e-5 and abs(on_mesh.valid_loss - one.valid_loss) < 1e-5
+    assert on_mesh.epsilon == one.epsilon and on_mesh.noise_multiplier == one.noise_multiplier
+    assert _lora_diff(one.out_dir, on_mesh.out_dir) < 1e-4
+    ra, rb = report.load_report(one.out_dir), report.load_report(on_mesh.out_dir)
+    assert ra["ledger"] == rb["ledger"] and ra == rb
+
+
+def test_user_level_on_a_mesh_equals_one_device(tiny_base, tmp_path, user_run):
+    """User-level DP-SGD under an 8 x 1 mesh: the 4 users of a microbatch are padded with empty
+    users to the data axis (8); each user is still clipped once and the noise added once."""
+    base_dir, _ = tiny_base
+    on_mesh = finetune.dp_tune(base_dir, TRAIN, VALID, str(tmp_path / "mesh"), dataclasses.replace(USER_CFG, seed=3),
+                               mesh=(8, 1), progress_interval=1e9)
+    _same_run(user_run, on_mesh)
+    assert report.load_report(on_mesh.out_dir)["privacy_unit"] == "user"
+
+
+def test_bandmf_on_a_mesh_equals_one_device(tiny_base, tmp_path):
+    """BandMF under a 4 x 2 mesh (LoRA kernels split over `model`): the same correlated noise as on
+    one device, so the same losses, parameters, ledger and report."""
+    base_dir, _ = tiny_base
+    records = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
+    cfg = dataclasses.replace(BANDMF_CFG, seed=3)
+    one = finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "one"), cfg, progress_interval=1e9)
+    on_mesh = finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "mesh"), cfg, mesh=(4, 2),
+                               progress_interval=1e9)
+    _same_run(one, on_mesh)
+    assert report.load_report(on_mesh.out_dir)["mechanism"] == "bandmf"
+
+
+def _in_processes(n, base_dir, out, config, train, mesh, **kw):
+    from tests import multiprocess
+
+    results = multiprocess.run("tests.train.multihost_cases:finetune_case", num_processes=n, devices=8 // n,
+                               kwargs=dict(base_dir=base_dir, out=out, modes=["lora"], config=config, train=train,
+                                           valid=VALID, mesh=list(mesh), **kw), timeout=900, with_stderr=True)
+    assert [(r["process"], r["processes"]) for r in results] == [(i, n) for i in range(n)]
+    return [r["modes"]["lora"] for r in results]
+
+
+@pytest.mark.slow  # three multi-process tuner runs
+def test_two_processes_match_one_device_at_user_level_and_with_bandmf(tiny_base, tmp_path, user_run):
+    """2 processes x 4 CPU devices: user-level DP-SGD (each process feeds 4 of the 8 padded users
+    of a microbatch) equals one device; BandMF stopped at step 2 and resumed in 2 processes (its
+    noise state restored from the multi-host checkpoint) equals an uninterrupted run on one device."""
+    from dpsynth.dp import bandmf
+
+    base_dir, _ = tiny_base
+    fields = ("epsilon", "batch_size", "steps", "microbatch_size", "max_tokens", "checkpoint_every", "lora_rank",
+              "learning_rate")
+    user_cfg = {**{f: getattr(USER_CFG, f) for f in fields}, "privacy_unit": "user", "max_examples_per_user": 4,
+                "seed": 3}
+    two = _in_processes(2, base_dir, str(tmp_path / "user"), user_cfg, TRAIN, (8, 1))
+    for r in two:
+        assert r["steps"] == 3 and r["epsilon"] == user_run.epsilon
+        assert abs(r["train_loss"] - user_run.train_loss) < 1e-5 and abs(r["valid_loss"] - user_run.valid_loss) < 1e-5
+    assert two[0]["report_writes"] > 0 and two[1]["report_writes"] == 0
+    out = str(tmp_path / "user" / "lora")
+    assert _lora_diff(user_run.out_dir, out) < 1e-4
+    assert report.load_report(user_run.out_dir) == report.load_report(out)
+
+    records = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
+    bandmf.optimized_coefs(BANDMF_CFG.steps, BANDMF_CFG.bands)  # cached before the processes start
+    one = finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "one"), dataclasses.replace(BANDMF_CFG, seed=3),
+                           progress_interval=1e9)
+    band_cfg = {**{f: getattr(BANDMF_CFG, f) for f in fields}, "mechanism": "bandmf", "bands": 2, "seed": 3}
+    part = _in_processes(2, base_dir, str(tmp_path / "band"), band_cfg, records, (4, 2), stop_after=2)
+    assert [r["steps"] for r in part] == [2, 2]
+    rest = _in_processes(2, base_dir, str(tmp_path / "band"), band_cfg, records, (4, 2), resume=True)
+    for r in rest:  # (the resumed run's train loss covers steps 2..4 only)
+        assert r["steps"] == 4 and abs(r["valid_loss"] - one.valid_loss) < 1e-5 and r["epsilon"] == one.epsilon
+    out = str(tmp_path / "band" / "lora")
+    assert _lora_diff(one.out_dir, out) < 1e-4
+    assert report.load_report(one.out_dir) == report.load_report(out)
