@@ -227,7 +227,14 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm", "bandmf")
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "yelp_polarity_prior", "yelp_polarity_inf",
+                   "yelp_polarity_long", "yelp_polarity_long512", "post", "x3", "full_lm", "bandmf")
+# Levers on Yelp polarity (where LoRA at epsilon 3 with the main recipe fell below the majority rate):
+# sigma of the DP label histogram (on 4,036 counts sigma 10 moves each count by ~10; composed into the
+# privacy report), and the longer DP run's batch / passes (more steps at about the same noise per
+# averaged gradient: B 1024, 10 epochs = 39 steps at sigma 2.26 vs 24 steps at sigma 1.20 for B 512, 3 epochs).
+CPU_LABEL_SIGMA = 10.0
+CPU_LONG = {"batch_size": 1024, "epochs": 10}
 # BandMF's bands in the `bandmf` experiment: with ~27 steps, more bands cost more than they save
 # (`bench/bandmf_noise.py --dataset-size 4500 --batch-size 512 --steps 27`: prefix-sum noise vs
 # DP-SGD 1.04 / 1.08 / 1.15 at epsilon 1 and 0.95 / 0.95 / 0.97 at epsilon 3 for b = 2 / 3 / 4).
@@ -255,9 +262,11 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         public["max_documents"] = s["public_max_documents"]
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
-                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None) -> dict[str, Any]:
+                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None,
+                   eval_options: dict | None = None) -> dict[str, Any]:
         sizes = s["sets"][dataset]
         ev = _cpu_eval(max(32, sizes["tokens"]), quick)
+        ev["options"].update(eval_options or {})
         if classifiers:
             ev["classifiers"] = classifiers
         generate = {"max_tokens": sizes["tokens"], "batch_size": s["generate_batch"], "multiples": [1]}
@@ -278,6 +287,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     # 16 more tokens of room than DP tuning saw, so that fewer samples are cut before their EOS
     # (the smoke run cut most of its samples at max_tokens; dropped ones are counted, and kept < N
     # shows in the generation report).
+    prior = {"label_distribution": "dp_histogram", "label_noise_multiplier": CPU_LABEL_SIGMA}
     post = {"max_tokens": s["sets"]["yelp_sentences"]["tokens"] + 16,
             "options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.5}}}
     return {
@@ -287,6 +297,17 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], [3]),
         "sst2": experiment("sst2", "sst2", ["lora"], [3]),
         "ag_news": experiment("ag_news", "ag_news", ["lora"], [3]),
+        # Levers on Yelp polarity, LoRA at epsilon 3: (1) the label distribution as a DP histogram
+        # instead of uniform (the real data is 73% positive; reuses yelp_polarity's DP model);
+        # (2) the non-private upper bound (epsilon inf) of the same recipe; (3) a longer DP run,
+        # with DP-on-real given the same number of passes (a fair peer).
+        "yelp_polarity_prior": experiment("yelp_polarity_prior", "yelp_polarity", ["lora"], [3], prior, baselines=False),
+        "yelp_polarity_inf": experiment("yelp_polarity_inf", "yelp_polarity", ["lora"], ["inf"], prior, baselines=False),
+        "yelp_polarity_long": experiment("yelp_polarity_long", "yelp_polarity", ["lora"], [3], prior,
+                                         dp=dict(CPU_LONG), eval_options={"dp_epochs": float(CPU_LONG["epochs"]),
+                                                                          "dp_expected_batch_size": CPU_LONG["batch_size"]}),
+        "yelp_polarity_long512": experiment("yelp_polarity_long512", "yelp_polarity", ["lora"], [3], prior,
+                                            dp={"epochs": CPU_LONG["epochs"]}, baselines=False),
         # Levers on the main set that reuse main's LoRA epsilon-3 model (only generation + evaluation run):
         # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
         "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
@@ -329,12 +350,49 @@ def render_cpu_targets(results: dict[str, dict[str, Any]]) -> list[str]:
                   + ("-" if syn is None or dp is None else ("yes" if syn > dp else "NO")) + " |")
     md += ["", "Targets (issue 12): synthetic beats DP-on-real and the majority rate by >= 10 points on Yelp polarity"
            " and Yelp sentences; moonshot: within 5 points of the real-data WordCNN on Yelp sentences.", ""]
+    md += render_polarity_levers(results)
     for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data")):
         res = results.get(name)
         if res:
             row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
             md.append(f"- Lever, LoRA eps 3 on Yelp sentences, {extra}: WordCNN {_f(row.get('wordcnn_accuracy'))}, "
                       f"MAUVE {_f(row.get('mauve'))}")
+    return md + [""]
+
+
+def _baseline(res: dict[str, Any], kind: str, epsilon: float | None = None) -> float | None:
+    return next((float(b["accuracy"]) for b in res["metrics"].get("baselines", [])
+                 if b.get("baseline") == kind and b.get("classifier") == "wordcnn"
+                 and (epsilon is None or _eps(b.get("epsilon")) == epsilon)), None)
+
+
+def render_polarity_levers(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The Yelp polarity levers (LoRA, WordCNN on the real test set), one row per experiment."""
+    rows = [("yelp_polarity", "main recipe (B 512, 3 epochs), uniform labels", "yelp_polarity"),
+            ("yelp_polarity_prior", f"main recipe, DP label histogram (sigma {CPU_LABEL_SIGMA:g})", "yelp_polarity"),
+            ("yelp_polarity_long512", f"B 512, {CPU_LONG['epochs']} epochs, DP label histogram", "yelp_polarity"),
+            ("yelp_polarity_long", f"B {CPU_LONG['batch_size']}, {CPU_LONG['epochs']} epochs, DP label histogram "
+                                   "(DP-on-real given the same batch and passes)", "yelp_polarity_long"),
+            ("yelp_polarity_inf", "main recipe at epsilon inf (non-private upper bound), DP label histogram", None)]
+    if not any(results.get(name) for name, _, _ in rows[1:]):
+        return []
+    md = ["", "### Levers on Yelp polarity (LoRA; WordCNN on the real test set)", "",
+          "| experiment | DP steps | epsilon of the corpus (RDP, model + label histogram) | synthetic | MAUVE | DP-on-real | majority |",
+          "|---|---|---|---|---|---|---|"]
+    for name, what, peer in rows:
+        res = results.get(name)
+        if not res:
+            md.append(f"| {what} | not run | | | | | |")
+            continue
+        row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
+        eps = row.get("epsilon")
+        peer_res = results.get(peer) if peer else None
+        dp = _baseline(peer_res, "dp_on_real", 3) if peer_res else None
+        _, maj = _majority(res.get("test_labels") or [])
+        md.append(f"| {what} | {_f(row.get('steps'), 0)} | "
+                  f"{'inf' if eps == math.inf else _f(row.get('reported_epsilon'))} | "
+                  f"{_f(None if row.get('wordcnn_accuracy') is None else float(row['wordcnn_accuracy']))} | "
+                  f"{_f(row.get('mauve'))} | {_f(dp)} | {maj:.3f} |")
     return md + [""]
 
 
@@ -405,14 +463,24 @@ def load_metrics(report_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def _reported_epsilon(generate_dir: str) -> float | None:
-    """The epsilon (RDP accountant) of a synthetic corpus's own privacy report."""
+def _privacy_report(generate_dir: str) -> dict[str, Any]:
     path = os.path.join(generate_dir, "privacy_report.json")
     if not os.path.exists(path):
-        return None
+        return {}
     with open(path, encoding="utf-8") as f:
-        eps = json.load(f).get("epsilon")
+        return json.load(f)
+
+
+def _reported_epsilon(generate_dir: str) -> float | None:
+    """The epsilon (RDP accountant) of a synthetic corpus's own privacy report."""
+    eps = _privacy_report(generate_dir).get("epsilon")
     return float(eps["rdp"]) if isinstance(eps, dict) and eps.get("rdp") is not None else None
+
+
+def _dp_steps(generate_dir: str) -> int | None:
+    """The DP training steps of a synthetic corpus's model, from its privacy report."""
+    steps = (_privacy_report(generate_dir).get("training") or {}).get("steps")
+    return None if steps is None else int(steps)
 
 
 def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -422,7 +490,7 @@ def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> lis
         row = dict(by_name.get(t["id"], {"status": "missing"}))
         row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"],
                    learning_rate=t["learning_rate"],
-                   reported_epsilon=t.get("reported_epsilon"))
+                   reported_epsilon=t.get("reported_epsilon"), steps=t.get("steps"))
         out.append(row)
     return out
 
@@ -609,7 +677,8 @@ def run(args) -> int:
         code = report_result(result)
         if code:
             return code
-        trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
+        trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir),
+                   "steps": _dp_steps(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
         valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
