@@ -10,7 +10,6 @@ splits and JSON files are written atomically (temporary file + rename).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -169,7 +168,7 @@ def write_generation_report(plan: GenerationPlan, splits: dict[str, Any],
     gen_report = report_lib.generation_report(records, plan.config_json["label_distribution"],
                                               max_len=plan.sampler.max_len)
     if plan.postprocess is not None:
-        gen_report["postprocess"] = {"config": dataclasses.asdict(plan.postprocess), "note":
+        gen_report["postprocess"] = {"config": plan.postprocess.to_json(), "note":
                                      "samples filtered by their own content: post-processing, no privacy cost",
                                      **{split: entry["postprocess"] for split, entry in splits.items()}}
     fileio.write_json(os.path.join(plan.out_dir, REPORT_FILE), gen_report)

@@ -131,6 +131,7 @@ class GenerationPlan:
     config_hash: str
     cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
     postprocess: PostprocessConfig | None = None  # in config_json when active
+    score_labels: tuple[str, ...] = ()  # the model's labels, when samples get a `label_margin` (off_label)
 
     def shard_path(self, spec: ShardSpec) -> str:
         return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
@@ -183,7 +184,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     }
     post = config.postprocess if config.postprocess is not None and config.postprocess.active else None
     if post is not None:  # only when used: the hashes of earlier jobs stay valid
-        config_json["postprocess"] = dataclasses.asdict(post)
+        config_json["postprocess"] = post.to_json()
     config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
     config_json["config_hash"] = config_hash
     specs = []
@@ -200,6 +201,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         model_dir=config.model_dir, out_dir=config.out_dir, sampler=sampler, prompt_template=info.prompt_template,
         specs=tuple(specs), config_json=config_json, config_hash=config_hash,
         cores_per_worker=config.cores_per_worker, postprocess=post,
+        score_labels=tuple(info.labels or dist.labels) if post is not None and post.scores_labels else (),
     )
 
 

@@ -133,6 +133,10 @@ class TransformerDecodeModel:
     def decode_step(self, params, token, cache):
         return self._decoding.decode_step(self.model, params, token, cache)
 
+    def sequence_logits(self, params, tokens):
+        """Logits `[B, T, V]` of a teacher-forced pass (scoring: `dpsynth.generate.label_scores`)."""
+        return self.model.apply(params, tokens)
+
     # Hash/eq by config so two wrappers of the same model share compiled functions.
     def __hash__(self):
         return hash(("TransformerDecodeModel", repr(self.config)))

@@ -17,7 +17,10 @@ from typing import Any
 
 import apache_beam as beam
 
+import numpy as np
+
 from dpsynth import fileio
+from dpsynth.generate import label_scores
 from dpsynth.generate.model_info import ModelBundle, load_bundle
 from dpsynth.generate.outputs import shard_complete
 from dpsynth.generate.plan import GenerationPlan, ShardSpec
@@ -33,6 +36,9 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
         label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label) for label in set(spec.labels)
     }
     keys = example_keys(seed_to_key_data(spec.seed), range(spec.count))
+    score_prompts = {label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label)
+                     for label in plan.score_labels}
+    label_column = {label: j for j, label in enumerate(plan.score_labels)}
     lines = []
     step = max(plan.sampler.batch_size * 4, 1)
     from dpsynth.progress import Progress
@@ -41,6 +47,15 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
         for lo in range(0, spec.count, step):
             hi = min(spec.count, lo + step)
             out = sampler.sample(bundle.params, [prompts_by_label[l] for l in spec.labels[lo:hi]], keys[lo:hi])
+            margins = None
+            if score_prompts:  # the off_label filter: each sample's margin under the model's label prompts
+                cfg = sampler.config
+                samples = [np.append(out.tokens[r, : out.lengths[r]], [cfg.eos_id] if out.finished[r] else [])
+                           for r in range(hi - lo)]
+                loglik = label_scores.label_log_likelihoods(
+                    bundle.decoder, bundle.params, score_prompts, samples, batch_size=cfg.batch_size,
+                    pad_id=cfg.pad_id, vocab_limit=cfg.vocab_limit, banned_ids=cfg.banned_ids)
+                margins = label_scores.label_margins(loglik, [label_column[l] for l in spec.labels[lo:hi]])
             for r in range(hi - lo):
                 ids = out.tokens[r, : out.lengths[r]]
                 record = {
@@ -51,6 +66,8 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
                     "finished": bool(out.finished[r]),
                     "score": round(float(out.scores[r]), 4),
                 }
+                if margins is not None:
+                    record["label_margin"] = round(float(margins[r]), 4)
                 lines.append(json.dumps(record, ensure_ascii=False, sort_keys=True))
             progress.update(hi - lo)
     data = ("\n".join(lines) + "\n").encode("utf-8")

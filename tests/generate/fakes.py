@@ -43,6 +43,11 @@ class BigramDecoder:
         cache = {"last": token, "pos": cache["pos"] + 1}
         return self._logits(params, token, cache["pos"]), cache
 
+    def sequence_logits(self, params, tokens):
+        """Teacher-forced logits `[B, T, V]`: position p predicts token p + 1."""
+        pos = jnp.arange(1, tokens.shape[1] + 1)[None, :]
+        return self._logits(params, tokens, pos)
+
     def __hash__(self):
         return hash("BigramDecoder")
 
