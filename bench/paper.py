@@ -227,11 +227,33 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "post", "x3", "full_lm", "bandmf")
+CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "yelp_polarity_prior", "yelp_polarity_inf",
+                   "yelp_polarity_inf_uniform", "yelp_polarity_filter", "post", "filter", "x3", "full_lm", "yelp_polarity_long",
+                   "yelp_polarity_long1024", "bandmf",
+                   "dpsgd_many", "bandmf_many")
+# Levers on Yelp polarity (where LoRA at epsilon 3 with the main recipe fell below the majority rate):
+# sigma of the DP label histogram (on 4,036 counts sigma 10 moves each count by ~10; composed into the
+# privacy report), and the longer DP run's batch / passes: B 512, 10 epochs = 79 steps at sigma 1.70
+# vs 24 steps at sigma 1.20 for 3 epochs (the epsilon-inf run of the 3-epoch recipe stayed at the
+# majority rate, so the recipe needs more steps, not less noise); B 1024, 10 epochs = 39 steps at 2.26.
+# At lr 0.02 the 79-step run's batch loss rose (4.72 at step 1, 4.82 at step 45: Adam's steps follow the
+# noise), so the long run takes lr 0.005 (about the same total movement, 79 x 0.005 vs 24 x 0.02).
+CPU_LABEL_SIGMA = 10.0
+CPU_LONG = {"batch_size": 512, "epochs": 10, "learning_rates": [0.005]}
+# The label-consistency lever (`off_label`, dpsynth.generate.postprocess): keep a sample only when
+# the DP model finds it likelier under its own label prompt than under the other labels' (free:
+# post-processing); 3x drawn, as about half survive when the conditioning is weak.
+CPU_FILTER = {"options": {"postprocess": {"drop": ["empty", "off_label"], "oversample": 3.0}}}
 # BandMF's bands in the `bandmf` experiment: with ~27 steps, more bands cost more than they save
 # (`bench/bandmf_noise.py --dataset-size 4500 --batch-size 512 --steps 27`: prefix-sum noise vs
 # DP-SGD 1.04 / 1.08 / 1.15 at epsilon 1 and 0.95 / 0.95 / 0.97 at epsilon 3 for b = 2 / 3 / 4).
 CPU_BANDMF_BANDS = 2
+# The many-step pair (issue 16: "enough steps for correlation to matter"): expected batch 64, 3 epochs
+# of the 5,000 Yelp-sentence training examples = 235 steps, where 4 bands cut the prefix-sum noise
+# to 0.695x (epsilon 3) and 0.833x (epsilon 1) of DP-SGD's (`bench/bandmf_noise.py --dataset-size 5000
+# --batch-size 64 --steps 235 --bands 4 --epsilon 3`; at N 4,500 / 211 steps, b = 2 / 4 / 8 gave
+# 0.82 / 0.70 / 0.65 at epsilon 3 and 0.89 / 0.85 / 0.87 at epsilon 1).
+CPU_MANY = {"batch_size": 64, "epochs": 3, "bands": 4}
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
@@ -255,9 +277,11 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         public["max_documents"] = s["public_max_documents"]
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
-                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None) -> dict[str, Any]:
+                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None,
+                   eval_options: dict | None = None) -> dict[str, Any]:
         sizes = s["sets"][dataset]
         ev = _cpu_eval(max(32, sizes["tokens"]), quick)
+        ev["options"].update(eval_options or {})
         if classifiers:
             ev["classifiers"] = classifiers
         generate = {"max_tokens": sizes["tokens"], "batch_size": s["generate_batch"], "multiples": [1]}
@@ -278,6 +302,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     # 16 more tokens of room than DP tuning saw, so that fewer samples are cut before their EOS
     # (the smoke run cut most of its samples at max_tokens; dropped ones are counted, and kept < N
     # shows in the generation report).
+    prior = {"label_distribution": "dp_histogram", "label_noise_multiplier": CPU_LABEL_SIGMA}
     post = {"max_tokens": s["sets"]["yelp_sentences"]["tokens"] + 16,
             "options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.5}}}
     return {
@@ -287,15 +312,37 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], [3]),
         "sst2": experiment("sst2", "sst2", ["lora"], [3]),
         "ag_news": experiment("ag_news", "ag_news", ["lora"], [3]),
+        # Levers on Yelp polarity, LoRA at epsilon 3: (1) the label distribution as a DP histogram
+        # instead of uniform (the real data is 73% positive; reuses yelp_polarity's DP model);
+        # (2) the non-private upper bound (epsilon inf) of the same recipe; (3) a longer DP run,
+        # with DP-on-real given the same number of passes (a fair peer).
+        "yelp_polarity_prior": experiment("yelp_polarity_prior", "yelp_polarity", ["lora"], [3], prior, baselines=False),
+        "yelp_polarity_inf": experiment("yelp_polarity_inf", "yelp_polarity", ["lora"], ["inf"], prior, baselines=False),
+        "yelp_polarity_inf_uniform": experiment("yelp_polarity_inf_uniform", "yelp_polarity", ["lora"], ["inf"],
+                                                baselines=False),
+        "yelp_polarity_filter": experiment("yelp_polarity_filter", "yelp_polarity", ["lora"], [3],
+                                           {**prior, **copy.deepcopy(CPU_FILTER)}, baselines=False),
+        "yelp_polarity_long": experiment("yelp_polarity_long", "yelp_polarity", ["lora"], [3], prior,
+                                         dp=dict(CPU_LONG), eval_options={"dp_epochs": float(CPU_LONG["epochs"]),
+                                                                          "dp_expected_batch_size": CPU_LONG["batch_size"]}),
+        "yelp_polarity_long1024": experiment("yelp_polarity_long1024", "yelp_polarity", ["lora"], [3], prior,
+                                             dp={"batch_size": 1024, "epochs": CPU_LONG["epochs"]}, baselines=False),
         # Levers on the main set that reuse main's LoRA epsilon-3 model (only generation + evaluation run):
         # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
         "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
         "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
+        "filter": experiment("filter", "yelp_sentences", ["lora"], [3], copy.deepcopy(CPU_FILTER), baselines=False),
         # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
         "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
         # DP-SGD (main) against BandMF correlated noise at the same epsilon (issue 16): two more DP runs.
         "bandmf": experiment("bandmf", "yelp_sentences", ["lora"], [1, 3], baselines=False,
                              dp={"mechanism": "bandmf", "bands": CPU_BANDMF_BANDS}),
+        # The same comparison where correlation matters: 211 steps at expected batch 64, both mechanisms.
+        "dpsgd_many": experiment("dpsgd_many", "yelp_sentences", ["lora"], [1, 3], baselines=False,
+                                 dp={"batch_size": CPU_MANY["batch_size"], "epochs": CPU_MANY["epochs"]}),
+        "bandmf_many": experiment("bandmf_many", "yelp_sentences", ["lora"], [1, 3], baselines=False,
+                                  dp={"batch_size": CPU_MANY["batch_size"], "epochs": CPU_MANY["epochs"],
+                                      "mechanism": "bandmf", "bands": CPU_MANY["bands"]}),
     }
 
 
@@ -329,12 +376,54 @@ def render_cpu_targets(results: dict[str, dict[str, Any]]) -> list[str]:
                   + ("-" if syn is None or dp is None else ("yes" if syn > dp else "NO")) + " |")
     md += ["", "Targets (issue 12): synthetic beats DP-on-real and the majority rate by >= 10 points on Yelp polarity"
            " and Yelp sentences; moonshot: within 5 points of the real-data WordCNN on Yelp sentences.", ""]
-    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data")):
+    md += render_polarity_levers(results)
+    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data"),
+                        ("filter", "off-label samples dropped (3x drawn)")):
         res = results.get(name)
         if res:
             row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
             md.append(f"- Lever, LoRA eps 3 on Yelp sentences, {extra}: WordCNN {_f(row.get('wordcnn_accuracy'))}, "
                       f"MAUVE {_f(row.get('mauve'))}")
+    return md + [""]
+
+
+def _baseline(res: dict[str, Any], kind: str, epsilon: float | None = None) -> float | None:
+    return next((float(b["accuracy"]) for b in res["metrics"].get("baselines", [])
+                 if b.get("baseline") == kind and b.get("classifier") == "wordcnn"
+                 and (epsilon is None or _eps(b.get("epsilon")) == epsilon)), None)
+
+
+def render_polarity_levers(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The Yelp polarity levers (LoRA, WordCNN on the real test set), one row per experiment."""
+    rows = [("yelp_polarity", "main recipe (B 512, 3 epochs), uniform labels", "yelp_polarity"),
+            ("yelp_polarity_prior", f"main recipe, DP label histogram (sigma {CPU_LABEL_SIGMA:g})", "yelp_polarity"),
+            ("yelp_polarity_long", f"B {CPU_LONG['batch_size']}, {CPU_LONG['epochs']} epochs, lr "
+                                   f"{CPU_LONG['learning_rates'][0]:g}, DP label histogram "
+                                   "(DP-on-real given the same batch and passes)", "yelp_polarity_long"),
+            ("yelp_polarity_long1024", f"B 1024, {CPU_LONG['epochs']} epochs, DP label histogram", "yelp_polarity_long"),
+            ("yelp_polarity_filter", "main recipe, DP label histogram, off-label samples dropped (3x drawn)",
+             "yelp_polarity"),
+            ("yelp_polarity_inf", "main recipe at epsilon inf (non-private upper bound), DP label histogram", None),
+            ("yelp_polarity_inf_uniform", "main recipe at epsilon inf, uniform labels", None)]
+    if not any(results.get(name) for name, _, _ in rows[1:]):
+        return []
+    md = ["", "### Levers on Yelp polarity (LoRA; WordCNN on the real test set)", "",
+          "| experiment | DP steps | epsilon of the corpus (RDP, model + label histogram) | synthetic | MAUVE | DP-on-real | majority |",
+          "|---|---|---|---|---|---|---|"]
+    for name, what, peer in rows:
+        res = results.get(name)
+        if not res:
+            md.append(f"| {what} | not run | | | | | |")
+            continue
+        row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
+        eps = row.get("epsilon")
+        peer_res = results.get(peer) if peer else None
+        dp = _baseline(peer_res, "dp_on_real", 3) if peer_res else None
+        _, maj = _majority(res.get("test_labels") or [])
+        md.append(f"| {what} | {_f(row.get('steps'), 0)} | "
+                  f"{'inf' if eps == math.inf else _f(row.get('reported_epsilon'))} | "
+                  f"{_f(None if row.get('wordcnn_accuracy') is None else float(row['wordcnn_accuracy']))} | "
+                  f"{_f(row.get('mauve'))} | {_f(dp)} | {maj:.3f} |")
     return md + [""]
 
 
@@ -405,14 +494,24 @@ def load_metrics(report_dir: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def _reported_epsilon(generate_dir: str) -> float | None:
-    """The epsilon (RDP accountant) of a synthetic corpus's own privacy report."""
+def _privacy_report(generate_dir: str) -> dict[str, Any]:
     path = os.path.join(generate_dir, "privacy_report.json")
     if not os.path.exists(path):
-        return None
+        return {}
     with open(path, encoding="utf-8") as f:
-        eps = json.load(f).get("epsilon")
+        return json.load(f)
+
+
+def _reported_epsilon(generate_dir: str) -> float | None:
+    """The epsilon (RDP accountant) of a synthetic corpus's own privacy report."""
+    eps = _privacy_report(generate_dir).get("epsilon")
     return float(eps["rdp"]) if isinstance(eps, dict) and eps.get("rdp") is not None else None
+
+
+def _dp_steps(generate_dir: str) -> int | None:
+    """The DP training steps of a synthetic corpus's model, from its privacy report."""
+    steps = (_privacy_report(generate_dir).get("training") or {}).get("steps")
+    return None if steps is None else int(steps)
 
 
 def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -422,7 +521,7 @@ def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> lis
         row = dict(by_name.get(t["id"], {"status": "missing"}))
         row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"],
                    learning_rate=t["learning_rate"],
-                   reported_epsilon=t.get("reported_epsilon"))
+                   reported_epsilon=t.get("reported_epsilon"), steps=t.get("steps"))
         out.append(row)
     return out
 
@@ -509,15 +608,22 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
 
     if scale in CPU_SCALES:
-        md += ["", f"## 3a. DP-SGD against BandMF ({CPU_BANDMF_BANDS} bands), LoRA on Yelp sentences", "",
+        md += ["", "## 3a. DP-SGD against BandMF at the same epsilon, LoRA on Yelp sentences", "",
                "| epsilon | mechanism | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
                "|---|---|" + "---|" * (len(classifiers) + 2)]
+        md[-2] = md[-2].replace("| epsilon |", "| epsilon | DP steps |")
+        md[-1] = md[-1] + "---|"
+        pairs = ((f"DP-SGD, B {512}", main), (f"BandMF b={CPU_BANDMF_BANDS}, B 512", results.get("bandmf")),
+                 (f"DP-SGD, B {CPU_MANY['batch_size']}", results.get("dpsgd_many")),
+                 (f"BandMF b={CPU_MANY['bands']}, B {CPU_MANY['batch_size']}", results.get("bandmf_many")))
         for e in (1.0, 3.0):
-            for label, res in (("DP-SGD", main), (f"BandMF b={CPU_BANDMF_BANDS}", results.get("bandmf"))):
+            for label, res in pairs:
                 r = next((r for r in res["rows"] if r["mode"] == "lora" and r["epsilon"] == e
                           and float(r["multiple"]) == 1), None) if res else None
-                md.append(f"| {_f(e, 0)} | {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
+                md.append(f"| {_f(e, 0)} | {_f(r.get('steps'), 0) if r else '-'} | {label} | "
+                          + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
                           + f" | {_f(r.get('mauve')) if r else '-'} | {_f(res['valid_loss'].get(r['trial'])) if r else '-'} |")
+        md += ["", "(dp_tune valid loss: the study author's non-DP loss on D_valid, from the private state; never released.)"]
 
     small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
     if small_only:
@@ -609,7 +715,8 @@ def run(args) -> int:
         code = report_result(result)
         if code:
             return code
-        trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir)}
+        trials = [{**t.params(), "reported_epsilon": _reported_epsilon(result.outputs[t.generate].dir),
+                   "steps": _dp_steps(result.outputs[t.generate].dir)}
                   for t in result.plan.trials]
         valid_loss = {t.id: _private_valid_loss(result.plan, t.dp_tune) for t in result.plan.trials}
         metrics = load_metrics(result.report_dir)
