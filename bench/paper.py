@@ -555,8 +555,9 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         top = max(counts, key=counts.get)
         md += [f"Real test set: {len(labels)} examples, " + ", ".join(f"{l} {c}" for l, c in counts.items())
                + f". Always answering '{top}' scores **{counts[top] / len(labels):.3f}** (the majority-class rate). The"
-               " synthetic data is generated with uniform labels (no privacy cost), so its classifiers do not inherit"
-               " the real class prior, while the real-data and DP-on-real classifiers do.", ""]
+               " main grid's synthetic data is generated with uniform labels (no privacy cost), so its classifiers do not inherit"
+               " the real class prior, while the real-data and DP-on-real classifiers do (the lever tables say which"
+               " runs draw their labels from a DP histogram instead).", ""]
 
     def acc(row, k):
         v = row.get(f"{k}_accuracy")
