@@ -115,8 +115,9 @@ def filter_samples(records: Sequence[Mapping[str, Any]], config: PostprocessConf
     Raises:
       ValueError: `off_label` is on and a record has no `label_margin`.
     """
-    active = [f for f in FILTERS if f in config.drop or f != "off_label"]
-    counts = {"drawn": len(records), "kept": 0, "unused": 0, **{f"dropped_{f}": 0 for f in active}}
+    # off_label is counted only when on, so the counts of earlier jobs keep their keys
+    counted = [f for f in FILTERS if f != "off_label" or config.scores_labels]
+    counts = {"drawn": len(records), "kept": 0, "unused": 0, **{f"dropped_{f}": 0 for f in counted}}
     quotas = label_quotas([str(r["label"]) for r in records], want) if config.scores_labels else None
     keys = set(seen)
     kept: list[dict[str, Any]] = []

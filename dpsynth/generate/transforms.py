@@ -50,7 +50,8 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
             margins = None
             if score_prompts:  # the off_label filter: each sample's margin under the model's label prompts
                 cfg = sampler.config
-                samples = [np.append(out.tokens[r, : out.lengths[r]], [cfg.eos_id] if out.finished[r] else [])
+                samples = [np.concatenate([out.tokens[r, : out.lengths[r]],
+                                           np.asarray([cfg.eos_id] if out.finished[r] else [], np.int32)])
                            for r in range(hi - lo)]
                 loglik = label_scores.label_log_likelihoods(
                     bundle.decoder, bundle.params, score_prompts, samples, batch_size=cfg.batch_size,

@@ -144,50 +144,48 @@ class InjectedFault(RuntimeError):
     pass
 
 
-class FailOnShard:
-    """A loader whose bundle raises when it reaches shard `name` (simulates a worker crash)."""
+class ShardHookLoader:
+    """A loader (`generate(..., loader=)`) whose fake bundle calls `self.on_shard(spec)` before
+    each shard; subclasses define `on_shard`."""
+
+    def __call__(self, model_dir):
+        bundle = load_fake_bundle(model_dir)
+        bundle.on_shard = self.on_shard
+        return bundle
+
+
+class FailOnShard(ShardHookLoader):
+    """Raises when it reaches shard `name` (simulates a worker crash)."""
 
     def __init__(self, name):
         self.name = name
 
-    def __call__(self, model_dir):
-        bundle = load_fake_bundle(model_dir)
-        bundle.on_shard = self._check
-        return bundle
-
-    def _check(self, spec):
+    def on_shard(self, spec):
         if spec.name == self.name:
             raise InjectedFault(f"injected failure on {spec.name}")
 
 
-class SlowFake:
-    """A loader whose bundle sleeps `seconds` before each shard (to kill a job midway)."""
+class SlowFake(ShardHookLoader):
+    """Sleeps `seconds` before each shard (to kill a job midway)."""
 
     def __init__(self, seconds):
         self.seconds = seconds
 
-    def __call__(self, model_dir):
+    def on_shard(self, spec):
         import time
 
-        bundle = load_fake_bundle(model_dir)
-        bundle.on_shard = lambda spec: time.sleep(self.seconds)
-        return bundle
+        time.sleep(self.seconds)
 
 
-class MarkShards:
-    """A loader whose bundle, before each shard, leaves a marker `DIR/{shard}.{pid}` and sleeps
-    `seconds` (tests see which worker process holds an unfinished shard, and kill it)."""
+class MarkShards(ShardHookLoader):
+    """Before each shard, leaves a marker `DIR/{shard}.{pid}` and sleeps `seconds` (tests see
+    which worker process holds an unfinished shard, and kill it)."""
 
     def __init__(self, marker_dir, seconds):
         self.marker_dir = marker_dir
         self.seconds = seconds
 
-    def __call__(self, model_dir):
-        bundle = load_fake_bundle(model_dir)
-        bundle.on_shard = self._mark
-        return bundle
-
-    def _mark(self, spec):
+    def on_shard(self, spec):
         import os
         import time
 
