@@ -115,6 +115,15 @@ def read_jsonl(path: str) -> list[Any]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def parse_jsonl(data: bytes) -> list[Any]:
+    """The JSON values of the non-blank lines of JSONL `data` (UTF-8 bytes).
+
+    Lines end at b"\n" only: `json.dumps(..., ensure_ascii=False)` leaves U+2028, U+2029 and
+    U+0085 unescaped, and `str.splitlines()` would cut a record there.
+    """
+    return [json.loads(line) for line in data.split(b"\n") if line.strip()]
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex SHA-256 of `data`."""
     return hashlib.sha256(data).hexdigest()

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth.fileio import dumps_json, sha256_bytes, write_bytes_fs
+from dpsynth.fileio import dumps_json, parse_jsonl, sha256_bytes, write_bytes_fs
 
 FORMAT = "dpsynth.tokens"
 FORMAT_VERSION = 1
@@ -241,7 +241,7 @@ def read_shard(directory: str, entry: dict[str, Any], dtype: str | np.dtype, ver
             raise FormatError(f"{path}: SHA-256 does not match the manifest (corrupt or replaced shard)")
     tokens = np.frombuffer(raw[TOKENS_SUFFIX], dtype=np.dtype(dtype).newbyteorder("<"))
     offsets = np.frombuffer(raw[OFFSETS_SUFFIX], dtype="<i8")
-    docs = [json.loads(line) for line in raw[DOCS_SUFFIX].decode("utf-8").splitlines() if line]
+    docs = parse_jsonl(raw[DOCS_SUFFIX])
     where = _join(directory, name)
     if len(offsets) != entry["num_documents"] + 1 or len(docs) != entry["num_documents"]:
         raise FormatError(f"{where}: document count does not match the manifest")

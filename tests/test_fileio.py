@@ -128,3 +128,10 @@ def test_write_bytes_fs_writes_through_filesystems(tmp_path):
     fileio.write_bytes_fs(path, b"two")
     assert open(path, "rb").read() == b"two"
     assert os.listdir(tmp_path) == ["via_beam.bin"]
+
+
+def test_parse_jsonl_splits_at_newline_bytes_only():
+    rows = [{"text": "a\u2028b\u2029c\x85d\x1ce"}, {"text": "é"}]
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8") + b"\n  \n"
+    assert len(data.decode().splitlines()) > 3  # str.splitlines would cut the first record
+    assert fileio.parse_jsonl(data) == rows

@@ -28,7 +28,7 @@ def test_token_dtype_boundaries():
 def test_shard_roundtrip_and_manifest(tmp_path, vocab_size):
     rng = np.random.default_rng(vocab_size)
     docs = [rng.integers(0, vocab_size, size=n) for n in (0, 1, 17, 5)]
-    meta = [{"id": f"d{i}", "label": "x"} for i in range(len(docs))]
+    meta = [{"id": f"d{i}\u2028\x85", "label": "x\u2029"} for i in range(len(docs))]  # not line breaks in JSONL
     entry = tok.write_shard(str(tmp_path), tok.shard_name(0), docs, meta, vocab_size)
     manifest = tok.write_manifest(str(tmp_path), name="c", shards=[entry], vocab_size=vocab_size, tokenizer_sha256="h")
     assert manifest["num_tokens"] == 23 and manifest["num_documents"] == 4

@@ -99,7 +99,7 @@ def merge_outputs(plan: GenerationPlan, formats: Sequence[str]) -> tuple[dict[st
             path = plan.shard_path(spec)
             with open(path, "rb") as f:
                 data = f.read()
-            shard_rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+            shard_rows = fileio.parse_jsonl(data)
             if len(shard_rows) != spec.count:
                 raise GenerateError(f"{path}: {len(shard_rows)} records, expected {spec.count} (rerun to regenerate it)")
             rows.extend(shard_rows)

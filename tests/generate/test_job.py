@@ -151,6 +151,21 @@ def test_resume_regenerates_only_missing_shards(reference_run, model_dir, tmp_pa
         assert _read(tmp_path / name) == _read(ref / name), name
 
 
+def test_texts_with_unicode_line_separators_survive_the_merge(model_dir, tmp_path):
+    # json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 unescaped; a merge that
+    # split shard files with str.splitlines() cut such a record in two (seen at 100k examples).
+    with pytest.raises(Exception, match="injected failure"):
+        generate(_config(model_dir, tmp_path), loader=FailOnShard("train-00002-of-00005"))
+    shard = tmp_path / "shards" / "train-00000-of-00005.jsonl"
+    rows = [json.loads(line) for line in _read(shard).split(b"\n") if line]
+    rows[0]["text"] = "a\u2028b\u2029c\x85d"
+    shard.write_bytes("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows).encode())
+    assert len(_read(shard).decode().splitlines()) > len(rows)  # the trap is set
+    generate(_config(model_dir, tmp_path), loader=load_fake_bundle)
+    train = [json.loads(line) for line in _read(tmp_path / "train.jsonl").split(b"\n") if line]
+    assert len(train) == 37 and rows[0]["text"] in [r["text"] for r in train]
+
+
 def test_parquet_output(model_dir, tmp_path):
     import pyarrow.parquet as pq
 
@@ -361,13 +376,14 @@ def test_killed_worker_fails_the_job_then_rerun_resumes_exactly(reference_run, m
 
     from dpsynth.beam.workers import WORKER_LOST, worker_processes
 
+    HOOK_SECONDS = 2.0
     ref, ref_manifest = reference_run
     out, markers = tmp_path / "out", tmp_path / "markers"
     code = (
         "from dpsynth.generate.job import GenerateConfig, generate\n"
         "from tests.generate.fakes import MarkShards\n"
         f"generate(GenerateConfig(model_dir={str(model_dir)!r}, out_dir={str(out)!r}, num_examples=37, valid_examples=11,"
-        f" examples_per_shard=8, batch_size=4, seed=5), loader=MarkShards({str(markers)!r}, 1.0),"
+        f" examples_per_shard=8, batch_size=4, seed=5), loader=MarkShards({str(markers)!r}, {HOOK_SECONDS}),"
         " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=2'])\n"
     )
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -379,8 +395,12 @@ def test_killed_worker_fails_the_job_then_rerun_resumes_exactly(reference_run, m
         victim, deadline = None, time.time() + 240
         while victim is None and proc.poll() is None and time.time() < deadline:
             finished = {p.stem for p in shard_dir.glob("*.jsonl")} if shard_dir.exists() else set()
-            started = [m.name.rsplit(".", 1) for m in markers.iterdir()] if markers.exists() else []
-            unfinished = [(name, int(pid)) for name, pid in started if name not in finished]
+            # A shard whose marker is younger than half the hook's sleep is surely unfinished
+            # when the kill lands (an older one may finish in between).
+            now = time.time()
+            started = [(m.name.rsplit(".", 1), m.stat().st_mtime) for m in markers.iterdir()] if markers.exists() else []
+            unfinished = [(name, int(pid)) for (name, pid), t in started
+                          if name not in finished and now - t < HOOK_SECONDS / 2]
             if finished and unfinished:
                 victim = unfinished[0]
             time.sleep(0.02)
