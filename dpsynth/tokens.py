@@ -130,6 +130,17 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 
 
+def _ensure_dir(directory: str) -> None:
+    """Creates `directory` unless it exists; safe when several writers race to create it."""
+    if FileSystems.exists(directory):
+        return
+    try:
+        FileSystems.mkdirs(directory)
+    except OSError:  # Beam's local filesystem raises when another writer created it first
+        if not FileSystems.exists(directory):
+            raise
+
+
 def write_shard(
     directory: str,
     name: str,
@@ -167,7 +178,7 @@ def write_shard(
         OFFSETS_SUFFIX: offsets.tobytes(),
         DOCS_SUFFIX: ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"),
     }
-    FileSystems.mkdirs(directory) if not FileSystems.exists(directory) else None
+    _ensure_dir(directory)
     hashes = {}
     for suffix, data in payloads.items():
         write_bytes_fs(_join(directory, name + suffix), data)
@@ -178,6 +189,21 @@ def write_shard(
         "num_tokens": int(offsets[-1]),
         "sha256": hashes,
     }
+
+
+def copy_shard(src_dir: str, dst_dir: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Copies the three files of a shard listed in a manifest; returns the same entry.
+
+    For a shard that a stage leaves unchanged: the files `write_shard` would write are the
+    same bytes, so they are copied, not re-serialised.
+    """
+    _ensure_dir(dst_dir)
+    for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX, DOCS_SUFFIX):
+        data = _read_bytes(_join(src_dir, entry["name"] + suffix))
+        if sha256_bytes(data) != entry["sha256"][suffix.lstrip(".")]:
+            raise FormatError(f"{_join(src_dir, entry['name'] + suffix)}: SHA-256 does not match the manifest")
+        write_bytes_fs(_join(dst_dir, entry["name"] + suffix), data)
+    return dict(entry)
 
 
 def write_manifest(
@@ -323,8 +349,10 @@ class Tokenizer:
         """Token ids of one text (no bos/eos added), as int32."""
         return np.asarray(self._sp.encode(text), dtype=np.int32)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [np.asarray(ids, dtype=np.int32) for ids in self._sp.encode(list(texts))]
+    def encode_batch(self, texts: Sequence[str], dtype=np.int32) -> list[np.ndarray]:
+        """`encode` of each text in one call to SentencePiece's batched encoder, as `dtype`
+        (an unsigned dtype too small for an id raises OverflowError)."""
+        return [np.array(ids, dtype=dtype) for ids in self._sp.encode(list(texts))]
 
     def _strip(self, ids: Iterable[int]) -> np.ndarray:
         arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
@@ -335,11 +363,28 @@ class Tokenizer:
 
     def decode_batch(self, docs: Sequence[np.ndarray]) -> list[str]:
         """`decode` of each array, in one call to SentencePiece's batched (threaded) decoder."""
-        lists = []
-        for ids in docs:
-            arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-            lists.append(arr[(arr != PAD_ID) & (arr != BOS_ID) & (arr != EOS_ID)].tolist())
-        return list(self._sp.decode(lists)) if lists else []
+        arrays = [np.asarray(ids).reshape(-1) for ids in docs]
+        if not arrays:
+            return []
+        ends = np.cumsum([a.size for a in arrays])
+        return self.decode_spans(np.concatenate(arrays), ends - [a.size for a in arrays], ends)
+
+    def decode_spans(self, tokens: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> list[str]:
+        """`decode(tokens[starts[i]:ends[i]])` for every i, in one batched call.
+
+        One pass over `tokens` (pad/bos/eos dropped, one `tolist`), then list slices: no
+        NumPy call per span, which dominated for many short documents.
+        """
+        tokens = np.asarray(tokens).reshape(-1)
+        starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        special = (tokens == PAD_ID) | (tokens == BOS_ID) | (tokens == EOS_ID)
+        if special.any():  # spans in the coordinates of the kept tokens
+            kept = np.zeros(tokens.size + 1, np.int64)
+            np.cumsum(~special, out=kept[1:])
+            starts, ends, tokens = kept[starts], kept[ends], tokens[~special]
+        ids = tokens.tolist()
+        pieces = [ids[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        return list(self._sp.decode(pieces)) if pieces else []
 
     def __getstate__(self):
         return {"model_proto": self.model_proto, "special_ids": None if self.native else self.special_ids}
@@ -385,8 +430,8 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [np.asarray(e.ids, dtype=np.int32) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    def encode_batch(self, texts: Sequence[str], dtype=np.int32) -> list[np.ndarray]:
+        return [np.array(e.ids, dtype=dtype) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(self._strip(ids).tolist(), skip_special_tokens=False)

@@ -137,3 +137,30 @@ def test_train_tokenizer_uses_lines_longer_than_sentencepiece_accepts():
     assert all(len(c.encode()) <= 8192 for c in chunks)
     tok = train_tokenizer([line], vocab_size=400)  # used to fail: no sentence left
     assert tok.decode(tok.encode("w1 w2 w3")) == "w1 w2 w3"
+
+
+def test_decode_spans_equals_decode_of_each_span(tokenizer):
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, tokenizer.vocab_size, size=400)
+    tokens[[5, 6, 100, 399]] = [tok.PAD_ID, tok.BOS_ID, tok.EOS_ID, tok.PAD_ID]  # dropped, as by decode
+    starts = np.array([0, 3, 3, 50, 120, 399, 0])
+    ends = np.array([10, 3, 101, 200, 400, 400, 400])
+    expected = [tokenizer.decode(tokens[a:b]) for a, b in zip(starts, ends)]
+    assert tokenizer.decode_spans(tokens, starts, ends) == expected
+    assert tokenizer.decode_batch([tokens[a:b] for a, b in zip(starts, ends)]) == expected
+    assert tokenizer.decode_batch([]) == [] and tokenizer.decode_spans(tokens, [], []) == []
+
+
+def test_copy_shard_is_what_write_shard_writes(tmp_path):
+    docs = [np.arange(7), np.arange(3) + 40]
+    meta = [{"id": "a\u2028", "label": "1"}, {"id": "b"}]
+    entry = tok.write_shard(str(tmp_path / "src"), "shard-00000", docs, meta, 300)
+    assert tok.copy_shard(str(tmp_path / "src"), str(tmp_path / "dst"), entry) == entry
+    again = tok.write_shard(str(tmp_path / "re"), "shard-00000", docs, meta, 300)
+    for suffix in (tok.TOKENS_SUFFIX, tok.OFFSETS_SUFFIX, tok.DOCS_SUFFIX):
+        name = "shard-00000" + suffix
+        assert (tmp_path / "dst" / name).read_bytes() == (tmp_path / "re" / name).read_bytes()
+    assert again == entry
+    (tmp_path / "src" / ("shard-00000" + tok.DOCS_SUFFIX)).write_bytes(b"{}\n{}\n")
+    with pytest.raises(tok.FormatError, match="SHA-256"):
+        tok.copy_shard(str(tmp_path / "src"), str(tmp_path / "dst2"), entry)

@@ -9,7 +9,8 @@ Elements flowing between the transforms are plain tuples, so every runner can ca
   dtype (bytes cross Beam's coders without a pickle per document); a "dead" payload is a `DeadLetter.to_json()` dict.
 * Items travel in batches (`list[Item]`, consecutive records of one file, at most
   `BATCH_RECORDS` records or `BATCH_BYTES` of text), which keeps Beam's per-element cost
-  negligible for corpora of many small documents.
+  negligible for corpora of many small documents; each batch is tagged with its corpus
+  name, `(name, batch)`, so that several corpora share every step (`TokenizeCorpora`).
 
 Runner portability: no tagged outputs, side inputs or `finish_bundle` outputs (Beam's
 DaskRunner drops or mixes those); each job ends in one step that depends on every branch
@@ -97,34 +98,22 @@ def batch_items(items, max_records: int = BATCH_RECORDS, max_bytes: int = BATCH_
 
 
 class _ReadFileFn(beam.DoFn):
-    """(file_index, InputFile) -> batches of the Items of every record of the file.
+    """(corpus name, file_index, InputFile, Columns) -> (corpus name, batch of the Items of its records)."""
 
-    With `columns=None` it reads the files of several corpora instead (`ReadCorpora`):
-    (corpus name, file_index, InputFile, Columns) -> (corpus name, batch).
-    """
-
-    def __init__(self, columns: readers.Columns | None, max_document_bytes: int):
-        self.columns, self.max_document_bytes = columns, max_document_bytes
+    def __init__(self, max_document_bytes: int):
+        self.max_document_bytes = max_document_bytes
         self.docs = Metrics.counter(NAMESPACE, "records_read")
         self.dead = Metrics.counter(NAMESPACE, "dead_letters")
         self.files = Metrics.counter(NAMESPACE, "files_read")
 
     def process(self, element):
-        if self.columns is None:
-            name, index, f, columns = element
-            for batch in self._batches(index, f, columns):
-                yield name, batch
-        else:
-            index, f = element
-            yield from self._batches(index, f, self.columns)
-
-    def _batches(self, index, f, columns):
+        name, index, f, columns = element
         self.files.inc()
         for batch in batch_items(self._items(index, f, columns)):
             dead = sum(1 for item in batch if item[0] == "dead")
             self.dead.inc(dead)  # once per batch, not per record
             self.docs.inc(len(batch) - dead)
-            yield batch
+            yield name, batch
 
     def _items(self, index, f, columns):
         for n, item in enumerate(readers.iter_file(f, columns, self.max_document_bytes), start=1):
@@ -134,32 +123,14 @@ class _ReadFileFn(beam.DoFn):
                 yield ("doc", (index, n), item)
 
 
-class ReadDocuments(beam.PTransform):
-    """Reads resolved input files (one file per DoFn call, after a reshuffle)."""
-
-    def __init__(self, files: Sequence[readers.InputFile], columns: readers.Columns,
-                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
-        super().__init__()
-        self.files, self.columns, self.max_document_bytes = list(files), columns, max_document_bytes
-
-    def expand(self, pbegin):
-        """PBegin -> PCollection[list[Item]] (batches of "doc" records and "dead" letters)."""
-        return (
-            pbegin
-            | "ListFiles" >> beam.Create(list(enumerate(self.files)))
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadRecords" >> beam.ParDo(_ReadFileFn(self.columns, self.max_document_bytes))
-        )
-
-
 class ReadCorpora(beam.PTransform):
-    """Reads the files of several corpora in ONE step (`TokenizeCorpus` then picks its own).
+    """Reads the files of one or more corpora in ONE step.
 
     A runner that executes its steps one after another (Beam's local `FnApiRunner`, also
     in multi-process mode) spreads the elements of one step over its workers; with one read
     step per corpus, a corpus of one file is read by one worker while the others wait.
     Reading every file of every corpus in one step lets the workers read them side by side.
-    The Items are the same as `ReadDocuments`' (file indices count within each corpus).
+    File indices (the first part of an Item's key) count within each corpus.
     """
 
     def __init__(self, sources: Sequence["CorpusSource"],
@@ -171,19 +142,13 @@ class ReadCorpora(beam.PTransform):
         self.max_document_bytes = max_document_bytes
 
     def expand(self, pbegin):
-        """PBegin -> PCollection[(corpus name, list[Item])]."""
+        """PBegin -> PCollection[(corpus name, list[Item])] (batches of "doc" records and "dead" letters)."""
         return (
             pbegin
             | "ListFiles" >> beam.Create(self.files)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadRecords" >> beam.ParDo(_ReadFileFn(None, self.max_document_bytes))
+            | "ReadRecords" >> beam.ParDo(_ReadFileFn(self.max_document_bytes))
         )
-
-
-def select_corpus(element, name):
-    """A (corpus name, batch) of `ReadCorpora` -> the batch when it is of corpus `name`."""
-    if element[0] == name:
-        yield element[1]
 
 
 def validate_records(records: Sequence[dict[str, Any]], source: str,
@@ -200,15 +165,15 @@ def validate_records(records: Sequence[dict[str, Any]], source: str,
 
 
 class CreateDocuments(beam.PTransform):
-    """In-memory records (e.g. a TFDS dataset loaded by the driver) as Items."""
+    """In-memory records (e.g. a TFDS dataset loaded by the driver) as Items of corpus `name`."""
 
-    def __init__(self, records: Sequence[dict[str, Any]], source: str = "memory",
+    def __init__(self, records: Sequence[dict[str, Any]], name: str, source: str = "memory",
                  max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
         super().__init__()
-        self.batches = list(batch_items(validate_records(records, source, max_document_bytes)))
+        self.batches = [(name, b) for b in batch_items(validate_records(records, source, max_document_bytes))]
 
     def expand(self, pbegin):
-        """PBegin -> PCollection[list[Item]] (batches of "doc" records and "dead" letters)."""
+        """PBegin -> PCollection[(corpus name, list[Item])] (batches of "doc" records and "dead" letters)."""
         return pbegin | "CreateRecords" >> beam.Create(self.batches)
 
 
@@ -216,7 +181,7 @@ class CreateDocuments(beam.PTransform):
 
 
 class _TokenizeFn(beam.DoFn):
-    """Encodes the "doc" Items of a batch with the tokenizer loaded once per worker."""
+    """Encodes the "doc" Items of a (corpus name, batch) with the tokenizer loaded once per worker."""
 
     def __init__(self, tokenizer_path: str, max_chunk_chars: int):
         self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
@@ -229,15 +194,17 @@ class _TokenizeFn(beam.DoFn):
         self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
         self.dtype = tok.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
 
-    def process(self, batch):
+    def process(self, element):
+        name, batch = element
         # Documents up to max_chunk_chars go through SentencePiece's batched encoder in one
         # call (C++ threads, no per-document Python call); longer ones are chunked.
         short = [i for i, item in enumerate(batch)
                  if item[0] == "doc" and len(item[2]["text"]) <= self.max_chunk_chars]
-        encoded = dict(zip(short, self.tokenizer.encode_batch([batch[i][2]["text"] for i in short])))
+        texts = [batch[i][2]["text"] for i in short]
+        encoded = dict(zip(short, self.tokenizer.encode_batch(texts, self.dtype)))  # ids < vocab_size: exact
         out = [self._encode(item, encoded.get(i)) for i, item in enumerate(batch)]
         self._count(batch, out)
-        yield out
+        yield name, out
 
     def _encode(self, item, ids=None):
         kind, key, payload = item
@@ -246,7 +213,7 @@ class _TokenizeFn(beam.DoFn):
         if ids is None:
             ids = encode_document(self.tokenizer, payload["text"], self.max_chunk_chars)
         meta = {k: v for k, v in payload.items() if k != "text"}
-        return ("doc", key, (meta, ids.astype(self.dtype).tobytes()))  # ids < vocab_size: exact
+        return ("doc", key, (meta, ids.astype(self.dtype, copy=False).tobytes()))  # ids < vocab_size: exact
 
     def _count(self, batch, out):
         """Updates the counters once per batch (not three Beam counter updates per document)."""
@@ -264,96 +231,116 @@ class TokenizeDocuments(beam.PTransform):
         self.tokenizer_path, self.max_chunk_chars = tokenizer_path, max_chunk_chars
 
     def expand(self, items):
-        """PCollection[list[Item(doc=record)]] -> PCollection[list[Item(doc=(meta, token bytes in the stored dtype))]]."""
+        """PCollection[(corpus name, list[Item(doc=record)])]
+        -> PCollection[(corpus name, list[Item(doc=(meta, token bytes in the stored dtype))])]."""
         return items | "Encode" >> beam.ParDo(_TokenizeFn(self.tokenizer_path, self.max_chunk_chars))
 
 
 # ----------------------------------------------------------------------------- writing
 
 
-class _WriteShardFn(beam.DoFn):
-    """(shard_index, [[(key, meta, tokens)], ...]) -> manifest entry (+ label counts); writes the shard."""
+@dataclasses.dataclass(frozen=True)
+class CorpusOutput:
+    """Where and how one corpus is written: its directory, shard count and manifest extras."""
 
-    def __init__(self, out_dir: str, vocab_size: int):
-        self.out_dir, self.vocab_size = out_dir, vocab_size
+    out_dir: str
+    num_shards: int
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.num_shards < 1:
+            raise ValueError(f"{self.out_dir}: num_shards must be >= 1, got {self.num_shards}")
+
+
+class _WriteShardFn(beam.DoFn):
+    """((corpus name, shard_index), [[(key, meta, tokens)], ...]) -> (corpus name, shard result); writes the shard."""
+
+    def __init__(self, out_dirs: dict[str, str], vocab_size: int):
+        self.out_dirs, self.vocab_size = out_dirs, vocab_size
         self.dtype = tok.token_dtype(vocab_size)
         self.shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, element):
-        index, parts = element
+        (name, index), parts = element
+        out_dir = self.out_dirs[name]
         docs = sorted((d for part in parts for d in part), key=lambda d: d[0])
         entry = tok.write_shard(
-            self.out_dir, tok.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
+            out_dir, tok.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
             [d[1] for d in docs], self.vocab_size,
         )
         labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
         self.shards.inc()
-        logger.info("tokenize: wrote %s/%s (%d documents, %d tokens)", self.out_dir, entry["name"],
+        logger.info("tokenize: wrote %s/%s (%d documents, %d tokens)", out_dir, entry["name"],
                     entry["num_documents"], entry["num_tokens"])
-        yield ("shard", index, {"entry": entry, "labels": dict(labels)})
+        yield name, ("shard", index, {"entry": entry, "labels": dict(labels)})
 
 
-def _docs_by_shard(batch, num_shards):
-    """A tokenized batch -> (shard, [(key, meta, tokens)]) for each shard it touches."""
+def _docs_by_shard(element, num_shards: dict[str, int]):
+    """(corpus name, tokenized batch) -> ((name, shard), [(key, meta, tokens)]) for each shard it touches."""
+    name, batch = element
     by_shard: dict[int, list] = {}
     for kind, key, payload in batch:
         if kind == "doc":
             meta, ids = payload
-            by_shard.setdefault(shard_of(meta["id"], num_shards), []).append((key, meta, ids))
-    return sorted(by_shard.items(), key=lambda kv: kv[0])
+            by_shard.setdefault(shard_of(meta["id"], num_shards[name]), []).append((key, meta, ids))
+    return [((name, shard), docs) for shard, docs in sorted(by_shard.items(), key=lambda kv: kv[0])]
 
 
-def _dead_letters(batch):
-    return [item for item in batch if item[0] == "dead"]
+def _dead_letters(element):
+    name, batch = element
+    return [(name, item) for item in batch if item[0] == "dead"]
 
 
-class WriteTokenCorpus(beam.PTransform):
-    """Groups tokenized documents into shards, writes them, the dead letters and the manifest.
+class WriteTokenCorpora(beam.PTransform):
+    """Groups the tokenized documents of one or more corpora into shards, writes them, the
+    dead letters and each corpus's manifest, in steps shared by all corpora.
 
-    The manifest's `extra` fields: `records_in`, `dead_lettered`, `dead_letter_reasons`
+    A runner that executes its steps one after another (Beam's local `FnApiRunner`) pays a
+    round over its workers per step; shared steps keep that cost independent of the number
+    of corpora.
+
+    Each manifest's `extra` fields: `records_in`, `dead_lettered`, `dead_letter_reasons`
     (counts by reason with numbers masked), `labels` (label counts, labeled data only) and
-    whatever `extra` the caller passes (inputs, columns). `DIR/dead_letters.jsonl` lists every
+    the corpus's `CorpusOutput.extra` (inputs, columns). `DIR/dead_letters.jsonl` lists every
     rejected record as `{"file", "record", "reason"}`, sorted; it never holds text.
     """
 
-    def __init__(self, out_dir: str, *, name: str, vocab_size: int, tokenizer_sha256: str,
-                 num_shards: int, extra: dict[str, Any] | None = None):
+    def __init__(self, outputs: dict[str, CorpusOutput], *, vocab_size: int, tokenizer_sha256: str):
         super().__init__()
-        if num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        self.out_dir, self.name, self.vocab_size = out_dir, name, vocab_size
-        self.tokenizer_sha256, self.num_shards, self.extra = tokenizer_sha256, num_shards, dict(extra or {})
+        if not outputs:
+            raise ValueError("WriteTokenCorpora needs at least one corpus")
+        self.outputs, self.vocab_size, self.tokenizer_sha256 = dict(outputs), vocab_size, tokenizer_sha256
 
     def expand(self, items):
-        """PCollection[list[Item(doc=(meta, tokens)) | Item(dead)]] -> PCollection[manifest dict] (one)."""
+        """PCollection[(corpus name, list[Item(doc=(meta, tokens)) | Item(dead)])]
+        -> PCollection[(corpus name, manifest dict)] (one per corpus)."""
         dead = items | "KeepDead" >> beam.FlatMap(_dead_letters)
         written = (
             items
-            | "KeyByShard" >> beam.FlatMap(_docs_by_shard, self.num_shards)
+            | "KeyByShard" >> beam.FlatMap(_docs_by_shard, {n: o.num_shards for n, o in self.outputs.items()})
             | "GroupShards" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(_WriteShardFn(self.out_dir, self.vocab_size))
+            | "WriteShards" >> beam.ParDo(_WriteShardFn({n: o.out_dir for n, o in self.outputs.items()}, self.vocab_size))
         )
-        seed = items.pipeline | "Seed" >> beam.Create([("seed", None, None)])  # a manifest even when empty
+        seed = items.pipeline | "Seed" >> beam.Create(  # a manifest even when a corpus is empty
+            [(name, ("seed", None, None)) for name in sorted(self.outputs)])
         return (
             (written, dead, seed)
             | "MergeResults" >> beam.Flatten()
-            | "KeyAll" >> beam.Map(lambda x: (None, x))
             | "GatherResults" >> beam.GroupByKey()
-            | "WriteManifest" >> beam.ParDo(
-                _WriteManifestFn(self.out_dir, self.name, self.vocab_size, self.tokenizer_sha256, self.extra)
-            )
+            | "WriteManifest" >> beam.ParDo(_WriteManifestFn(self.outputs, self.vocab_size, self.tokenizer_sha256))
         )
 
 
 class _WriteManifestFn(beam.DoFn):
-    """(None, [shard results and dead letters]) -> manifest; writes dead_letters.jsonl and the manifest."""
+    """(corpus name, [shard results and dead letters]) -> (corpus name, manifest); writes
+    dead_letters.jsonl and the manifest."""
 
-    def __init__(self, out_dir, name, vocab_size, tokenizer_sha256, extra):
-        self.out_dir, self.name, self.vocab_size = out_dir, name, vocab_size
-        self.tokenizer_sha256, self.extra = tokenizer_sha256, extra
+    def __init__(self, outputs: dict[str, CorpusOutput], vocab_size: int, tokenizer_sha256: str):
+        self.outputs, self.vocab_size, self.tokenizer_sha256 = outputs, vocab_size, tokenizer_sha256
 
     def process(self, element):
-        _, results = element
+        name, results = element
+        output = self.outputs[name]
         entries, labels, dead = [], Counter(), []
         for kind, key, payload in results:
             if kind == "shard":
@@ -364,9 +351,9 @@ class _WriteManifestFn(beam.DoFn):
         dead.sort(key=lambda d: d[0])
         dead_rows = [d[1] for d in dead]
         data = "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead_rows).encode("utf-8")
-        fileio.write_bytes_fs(FileSystems.join(self.out_dir, DEAD_LETTERS), data)
+        fileio.write_bytes_fs(FileSystems.join(output.out_dir, DEAD_LETTERS), data)
         num_docs = sum(e["num_documents"] for e in entries)
-        extra = dict(self.extra)
+        extra = dict(output.extra)
         extra.update(
             records_in=num_docs + len(dead_rows),
             dead_lettered=len(dead_rows),
@@ -374,24 +361,10 @@ class _WriteManifestFn(beam.DoFn):
         )
         if labels:
             extra["labels"] = dict(sorted(labels.items()))
-        remove_stale_shards(self.out_dir, {e["name"] for e in entries})
-        yield tok.write_manifest(
-            self.out_dir, name=self.name, shards=entries, vocab_size=self.vocab_size,
+        remove_stale_shards(output.out_dir, {e["name"] for e in entries})
+        yield name, tok.write_manifest(
+            output.out_dir, name=name, shards=entries, vocab_size=self.vocab_size,
             tokenizer_sha256=self.tokenizer_sha256, extra=extra,
-        )
-
-
-class JoinAll(beam.PTransform):
-    """Waits for several branches; the last step of a job so every runner runs every branch."""
-
-    def expand(self, pcolls):
-        """tuple[PCollection[Any], ...] -> PCollection[list[Any]] (one element: all inputs)."""
-        return (
-            tuple(pcolls)
-            | "FlattenBranches" >> beam.Flatten()
-            | "KeyBranches" >> beam.Map(lambda x: (None, x))
-            | "JoinBranches" >> beam.GroupByKey()
-            | "DropKey" >> beam.Map(lambda kv: list(kv[1]))
         )
 
 
@@ -498,45 +471,58 @@ def plan_source(
     return CorpusSource(name, kind, specs, columns, files=files)
 
 
+class TokenizeCorpora(beam.PTransform):
+    """Read -> tokenize -> write shards, dead letters and manifest for several `CorpusSource`s,
+    every step shared by all of them (see `ReadCorpora`, `WriteTokenCorpora`)."""
+
+    def __init__(self, sources: Sequence[CorpusSource], outputs: dict[str, CorpusOutput], *, tokenizer_path: str,
+                 vocab_size: int, tokenizer_sha256: str,
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
+                 max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
+        super().__init__()
+        names = [s.name for s in sources]
+        if not sources or len(set(names)) != len(names) or set(names) != set(outputs):
+            raise ValueError(f"sources {names} and outputs {sorted(outputs)} must name the same, distinct corpora")
+        for s in sources:
+            if s.token_dir is not None:
+                raise ValueError(f"{s.token_dir}: already tokenized; nothing to do")
+        self.sources, self.outputs, self.tokenizer_path = list(sources), dict(outputs), tokenizer_path
+        self.vocab_size, self.tokenizer_sha256 = vocab_size, tokenizer_sha256
+        self.max_document_bytes, self.max_chunk_chars = max_document_bytes, max_chunk_chars
+
+    def expand(self, pbegin):
+        """PBegin -> PCollection[(corpus name, manifest dict)] (one per source, after every shard is written)."""
+        files = [s for s in self.sources if s.records is None]
+        parts = [pbegin | "ReadCorpora" >> ReadCorpora(files, self.max_document_bytes)] if files else []
+        parts += [pbegin | f"Create[{s.name}]" >> CreateDocuments(s.records, s.name, ",".join(s.specs),
+                                                                  self.max_document_bytes)
+                  for s in self.sources if s.records is not None]
+        items = parts[0] if len(parts) == 1 else tuple(parts) | "AllCorpora" >> beam.Flatten()
+        return (
+            items
+            | "SpreadDocuments" >> beam.Reshuffle()  # tokenize in parallel even when files are few
+            | "Tokenize" >> TokenizeDocuments(self.tokenizer_path, self.max_chunk_chars)
+            | "Write" >> WriteTokenCorpora(self.outputs, vocab_size=self.vocab_size,
+                                           tokenizer_sha256=self.tokenizer_sha256)
+        )
+
+
 class TokenizeCorpus(beam.PTransform):
-    """Read -> tokenize -> write shards, dead letters and manifest for one `CorpusSource`."""
+    """`TokenizeCorpora` of one `CorpusSource`."""
 
     def __init__(self, source: CorpusSource, *, tokenizer_path: str, vocab_size: int, tokenizer_sha256: str,
                  out_dir: str, num_shards: int | None = None,
                  max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
                  max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
         super().__init__()
-        if source.token_dir is not None:
-            raise ValueError(f"{source.token_dir}: already tokenized; nothing to do")
-        self.source, self.tokenizer_path, self.out_dir = source, tokenizer_path, out_dir
-        self.vocab_size, self.tokenizer_sha256 = vocab_size, tokenizer_sha256
-        self.num_shards = num_shards or source.num_shards()
-        self.max_document_bytes, self.max_chunk_chars = max_document_bytes, max_chunk_chars
+        output = CorpusOutput(out_dir, num_shards or source.num_shards(), source.manifest_extra())
+        self.corpora = TokenizeCorpora([source], {source.name: output}, tokenizer_path=tokenizer_path,
+                                       vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
+                                       max_document_bytes=max_document_bytes, max_chunk_chars=max_chunk_chars)
 
-    def expand(self, pinput):
-        """PBegin -> PCollection[manifest dict] (one element, after every shard is written).
-
-        The input may instead be the output of a `ReadCorpora` that read this source's files
-        with those of other corpora (PCollection[(corpus name, list[Item])]); the source's own
-        batches are picked from it.
-        """
-        if not isinstance(pinput, beam.pvalue.PBegin):
-            items = pinput | "Select" >> beam.FlatMap(select_corpus, self.source.name)
-        elif self.source.records is not None:
-            items = pinput | "Create" >> CreateDocuments(self.source.records, ",".join(self.source.specs),
-                                                         self.max_document_bytes)
-        else:
-            items = pinput | "Read" >> ReadDocuments(self.source.files, self.source.columns, self.max_document_bytes)
-        return (
-            items
-            | "SpreadDocuments" >> beam.Reshuffle()  # tokenize in parallel even when files are few
-            | "Tokenize" >> TokenizeDocuments(self.tokenizer_path, self.max_chunk_chars)
-            | "Write" >> WriteTokenCorpus(
-                self.out_dir, name=self.source.name, vocab_size=self.vocab_size,
-                tokenizer_sha256=self.tokenizer_sha256, num_shards=self.num_shards,
-                extra=self.source.manifest_extra(),
-            )
-        )
+    def expand(self, pbegin):
+        """PBegin -> PCollection[manifest dict] (one element, after every shard is written)."""
+        return pbegin | "Corpora" >> self.corpora | "DropName" >> beam.Map(lambda kv: kv[1])
 
 
 def check_not_empty(manifest: dict[str, Any], source: CorpusSource) -> None:

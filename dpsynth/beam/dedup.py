@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from json.encoder import encode_basestring
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -41,21 +43,35 @@ CONTAMINATION = "contamination.json"
 
 def clean_text(tokenizer, document, ranges) -> str:
     """The kept pieces of one tokenized document, decoded one by one and joined by newlines."""
-    return clean_texts(tokenizer, [document], [ranges])[0]
+    document = np.asarray(document)
+    return clean_texts(tokenizer, document, np.array([0, document.size]), [ranges])[0]
 
 
-def clean_texts(tokenizer, documents, ranges) -> list[str]:
-    """`clean_text` of every document, with all pieces in one batched decode."""
-    pieces, owner = [], []
-    for j, (doc, cut) in enumerate(zip(documents, ranges)):
-        for a, b in complement_ranges(len(doc), cut) if cut else [(0, len(doc))]:
-            pieces.append(doc[a:b])
+def clean_texts(tokenizer, tokens, offsets, ranges) -> list[str]:
+    """`clean_text` of every document of a shard (`tokens`, `offsets`), all pieces in one
+    batched decode."""
+    starts, ends, owner = [], [], []
+    for j, (start, end, cut) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), ranges)):
+        if not cut:
+            starts.append(start)
+            ends.append(end)
             owner.append(j)
-    texts: list[list[str]] = [[] for _ in documents]
-    for j, text in zip(owner, tokenizer.decode_batch(pieces)):
+            continue
+        for a, b in complement_ranges(end - start, cut):
+            starts.append(start + a)
+            ends.append(start + b)
+            owner.append(j)
+    texts: list[list[str]] = [[] for _ in ranges]
+    for j, text in zip(owner, tokenizer.decode_spans(tokens, starts, ends)):
         if text:
             texts[j].append(text)
     return ["\n".join(t) for t in texts]
+
+
+def _jsonl_line(doc_id: str, text: str) -> str:
+    """`json.dumps({"id": doc_id, "text": text}, ensure_ascii=False, sort_keys=True)`, without
+    the generic encoder's per-call setup."""
+    return '{"id": ' + encode_basestring(doc_id) + ', "text": ' + encode_basestring(text) + "}"
 
 
 class _DedupShardFn(beam.DoFn):
@@ -86,13 +102,14 @@ class _DedupShardFn(beam.DoFn):
         start = time.monotonic()
         shard = tok.read_shard(self.public_dir, entry, self.dtype)
         result = dedup_shard(self.index, shard, min_tokens=self.min_tokens, threads=self.threads)
-        cleaned = result.cleaned
-        clean_entry = tok.write_shard(
-            FileSystems.join(self.out_dir, CLEAN_TOKENS), shard.name,
-            [cleaned.document(i) for i in range(cleaned.num_documents)], cleaned.docs, self.vocab_size,
-        )
+        cleaned, clean_dir = result.cleaned, FileSystems.join(self.out_dir, CLEAN_TOKENS)
+        if result.stats.tokens_removed:
+            clean_entry = tok.write_shard(clean_dir, shard.name, [cleaned.document(i) for i in range(cleaned.num_documents)],
+                                          cleaned.docs, self.vocab_size)
+        else:  # nothing cut: write_shard would write the same bytes
+            clean_entry = tok.copy_shard(self.public_dir, clean_dir, entry)
         lines, emptied, touched, removed = [], 0, 0, 0
-        texts = clean_texts(self.tokenizer, [shard.document(i) for i in range(shard.num_documents)], result.ranges)
+        texts = clean_texts(self.tokenizer, shard.tokens, shard.offsets, result.ranges)
         for i, (ranges, text) in enumerate(zip(result.ranges, texts)):
             if ranges:
                 touched += 1
@@ -100,7 +117,7 @@ class _DedupShardFn(beam.DoFn):
             if not text.strip():
                 emptied += 1
                 continue
-            lines.append(json.dumps({"id": shard.docs[i]["id"], "text": text}, ensure_ascii=False, sort_keys=True))
+            lines.append(_jsonl_line(shard.docs[i]["id"], text))
         data = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
         fileio.write_bytes_fs(FileSystems.join(self.out_dir, CLEAN_TEXT, shard.name + ".jsonl"), data)
         self.c_docs.inc(shard.num_documents)

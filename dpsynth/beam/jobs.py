@@ -205,22 +205,18 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
     every source's token manifest (each checked not empty).
 
-    The files of all corpora are read in one step (`corpus.ReadCorpora`), so that a runner
-    spreads them over its workers even when each corpus is one file."""
+    All corpora go through the same steps (`corpus.TokenizeCorpora`): a runner spreads the
+    files of all of them over its workers, and runs each step once, not once per corpus."""
     to_tokenize = [s for s in sources if s.token_dir is None]
     if to_tokenize:
+        outputs = {s.name: corpus.CorpusOutput(
+            dirs[s.name], (num_shards if s.kind == "public" else None) or s.num_shards(shard_bytes), s.manifest_extra())
+            for s in to_tokenize}
+
         def build(p):
-            files = [s for s in to_tokenize if s.records is None]
-            read = p | "ReadCorpora" >> corpus.ReadCorpora(files, max_document_bytes) if files else None
-            outs = [
-                (p if s.records is not None else read) | f"Tokenize[{s.name}]" >> corpus.TokenizeCorpus(
-                    s, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
-                    tokenizer_sha256=tokenizer.sha256, out_dir=dirs[s.name],
-                    num_shards=(num_shards if s.kind == "public" else None) or s.num_shards(shard_bytes),
-                    max_document_bytes=max_document_bytes)
-                for s in to_tokenize
-            ]
-            _ = tuple(outs) | "TokenizedAll" >> corpus.JoinAll()
+            _ = p | "TokenizeCorpora" >> corpus.TokenizeCorpora(
+                to_tokenize, outputs, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
+                tokenizer_sha256=tokenizer.sha256, max_document_bytes=max_document_bytes)
 
         run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifests = {}

@@ -1,5 +1,6 @@
 """Tests for dpsynth.beam.corpus through the tokenize job (`dpsynth.beam.jobs.tokenize`)."""
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -99,13 +100,13 @@ def test_fatal_inputs_fail_before_the_pipeline(tmp_path, tokenizer_path):
                           "--out", str(tmp_path / "o")])
 
 
-def test_read_documents_ptransform_keys(tmp_path):
+def test_read_corpora_ptransform_keys(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x y"}\n\n{"text": "z"}\n')
-    files = readers.resolve_inputs(str(tmp_path))
+    source = corpus.plan_source(str(tmp_path), kind="public", name="c")
     with beam.Pipeline(options=make_pipeline_options()) as p:
-        batches = p | corpus.ReadDocuments(files, readers.Columns.public())
-        assert_that(batches | beam.FlatMap(lambda b: [(it[0], it[1]) for it in b]),
-                    equal_to([("doc", (0, 1)), ("dead", (0, 2)), ("doc", (0, 3))]))
+        batches = p | corpus.ReadCorpora([source])
+        assert_that(batches | beam.FlatMap(lambda nb: [(nb[0], it[0], it[1]) for it in nb[1]]),
+                    equal_to([("c", "doc", (0, 1)), ("c", "dead", (0, 2)), ("c", "doc", (0, 3))]))
 
 
 def test_shard_of_is_stable():
@@ -159,37 +160,59 @@ def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
     assert counters["text_bytes"] == sum(len(t.encode("utf-8")) for t in texts.values())
 
 
-def test_read_corpora_reads_several_corpora_in_one_step_with_the_same_items(tmp_path, tokenizer_path):
+def test_tokenize_corpora_shares_its_steps_and_writes_what_each_corpus_alone_writes(tmp_path, tokenizer_path):
     _write_public(tmp_path / "pub", seed=4)
     (tmp_path / "s.jsonl").write_text('{"text": "good food", "label": "a"}\n\n{"text": "bad", "label": "b"}\n')
     public = corpus.plan_source(str(tmp_path / "pub"), kind="public")
     sensitive = corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive")
-    with beam.Pipeline(options=make_pipeline_options()) as p:
+    memory = corpus.CorpusSource("mem", "sensitive", ("memory",), sensitive.columns,
+                                 records=({"id": "m1", "text": "good good food", "label": "a"}, {"id": "m2", "text": " "}))
+    with beam.Pipeline(options=make_pipeline_options()) as p:  # the read step: every file of every corpus
         read = p | corpus.ReadCorpora([public, sensitive])
-        for src in (public, sensitive):
-            alone = p | f"Alone[{src.name}]" >> corpus.ReadDocuments(src.files, src.columns)
-            together = read | f"Pick[{src.name}]" >> beam.FlatMap(corpus.select_corpus, src.name)
-            assert_that(together | f"Items[{src.name}]" >> beam.FlatMap(list),
-                        equal_to(list(_reader_items(src))), label=f"Same[{src.name}]")
-            assert_that(alone | f"AloneItems[{src.name}]" >> beam.FlatMap(list),
-                        equal_to(list(_reader_items(src))), label=f"Ref[{src.name}]")
+        expected = [(src.name, item) for src in (public, sensitive) for item in _reader_items(src)]
+        assert_that(read | beam.FlatMap(lambda kv: [(kv[0], item) for item in kv[1]]), equal_to(expected))
 
-    # Tokenized from the shared read step: the same bytes as from its own read step.
     tokenizer = tok.Tokenizer.load(tokenizer_path)
-    kw = dict(tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size, tokenizer_sha256=tokenizer.sha256,
-              num_shards=2)
-    with beam.Pipeline(options=make_pipeline_options()) as p:
-        _ = p | corpus.TokenizeCorpus(public, out_dir=str(tmp_path / "alone"), **kw)
-    with beam.Pipeline(options=make_pipeline_options()) as p:
-        read = p | corpus.ReadCorpora([sensitive, public])
-        _ = read | "Pub" >> corpus.TokenizeCorpus(public, out_dir=str(tmp_path / "shared"), **kw)
-        _ = read | "Sens" >> corpus.TokenizeCorpus(sensitive, out_dir=str(tmp_path / "sens"), **kw)
-    assert _tree_digest(tmp_path / "shared") == _tree_digest(tmp_path / "alone")
-    assert tok.read_manifest(str(tmp_path / "sens"))["num_documents"] == 2
+    kw = dict(tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size, tokenizer_sha256=tokenizer.sha256)
+    sources = (public, sensitive, memory)
+    for src in sources:
+        with beam.Pipeline(options=make_pipeline_options()) as p:
+            _ = p | corpus.TokenizeCorpus(src, out_dir=str(tmp_path / "alone" / src.name), num_shards=2, **kw)
+    outputs = {src.name: corpus.CorpusOutput(str(tmp_path / "shared" / src.name), 2, src.manifest_extra())
+               for src in sources}
+    p = beam.Pipeline(options=make_pipeline_options())
+    manifests = p | corpus.TokenizeCorpora(sources, outputs, **kw)
+    assert_that(manifests | beam.Map(lambda kv: kv[0]), equal_to([s.name for s in sources]))
+    p.run().wait_until_finish()
+    # One set of steps for all corpora: a third file corpus adds no step (Beam's Create has
+    # fewer steps for one element than for several, so compare two corpora with three).
+    other = dataclasses.replace(sensitive, name="other")
+    assert _step_count([public, sensitive, other], kw) == _step_count([public, sensitive], kw)
+    for src in sources:
+        assert _tree_digest(tmp_path / "shared" / src.name) == _tree_digest(tmp_path / "alone" / src.name), src.name
+    assert tok.read_manifest(str(tmp_path / "shared" / "mem"))["dead_lettered"] == 1
+    assert tok.read_manifest(str(tmp_path / "shared" / "s"))["dead_lettered"] == 1
+    with pytest.raises(ValueError, match="same, distinct corpora"):
+        corpus.TokenizeCorpora(sources, {"pub": outputs["pub"]}, **kw)
+
+
+def _step_count(sources, kw):
+    """The number of leaf transforms of a TokenizeCorpora pipeline over `sources`."""
+    p = beam.Pipeline(options=make_pipeline_options())
+    outputs = {s.name: corpus.CorpusOutput("/nonexistent/" + s.name, 2) for s in sources}
+    _ = p | corpus.TokenizeCorpora(sources, outputs, **kw)
+    leaves = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            leaves.append(node.full_label)
+
+    p.visit(Visitor())
+    return len(leaves)
 
 
 def _reader_items(src):
-    """The Items `ReadDocuments` makes of a source, read directly."""
+    """The Items `ReadCorpora` makes of a source's files, read directly."""
     for index, f in enumerate(src.files):
         for n, item in enumerate(readers.iter_file(f, src.columns), start=1):
             yield ("dead", (index, n), item.to_json()) if isinstance(item, readers.DeadLetter) else ("doc", (index, n), item)
