@@ -51,6 +51,7 @@ DEAD_LETTERS = "dead_letters.jsonl"
 DEFAULT_SHARD_BYTES = 64 << 20
 BATCH_RECORDS = 512
 BATCH_BYTES = 16 << 20
+PART_BYTES = 8 << 20  # ReadCorpora: file bytes (compressed, as stored) per part of a big file
 
 
 def shard_of(doc_id: str, num_shards: int) -> int:
@@ -98,7 +99,8 @@ def batch_items(items, max_records: int = BATCH_RECORDS, max_bytes: int = BATCH_
 
 
 class _ReadFileFn(beam.DoFn):
-    """(corpus name, file_index, InputFile, Columns) -> (corpus name, batch of the Items of its records)."""
+    """(corpus name, file_index, InputFile, Columns, (part, parts)) -> (corpus name, batch of
+    the Items of the records of that part of the file)."""
 
     def __init__(self, max_document_bytes: int):
         self.max_document_bytes = max_document_bytes
@@ -107,16 +109,19 @@ class _ReadFileFn(beam.DoFn):
         self.files = Metrics.counter(NAMESPACE, "files_read")
 
     def process(self, element):
-        name, index, f, columns = element
-        self.files.inc()
-        for batch in batch_items(self._items(index, f, columns)):
+        name, index, f, columns, part = element
+        if part[0] == 0:
+            self.files.inc()
+        for batch in batch_items(self._items(index, f, columns, part)):
             dead = sum(1 for item in batch if item[0] == "dead")
             self.dead.inc(dead)  # once per batch, not per record
             self.docs.inc(len(batch) - dead)
             yield name, batch
 
-    def _items(self, index, f, columns):
-        for n, item in enumerate(readers.iter_file(f, columns, self.max_document_bytes), start=1):
+    def _items(self, index, f, columns, part):
+        # A part holds lines part[0] + 1, part[0] + 1 + part[1], ... (one Item per line).
+        for j, item in enumerate(readers.iter_file(f, columns, self.max_document_bytes, part)):
+            n = part[0] + 1 + j * part[1]
             if isinstance(item, readers.DeadLetter):
                 yield ("dead", (index, n), item.to_json())
             else:
@@ -124,21 +129,26 @@ class _ReadFileFn(beam.DoFn):
 
 
 class ReadCorpora(beam.PTransform):
-    """Reads the files of one or more corpora in ONE step.
+    """Reads the files of one or more corpora in ONE step, big line-format files in parts.
 
     A runner that executes its steps one after another (Beam's local `FnApiRunner`, also
     in multi-process mode) spreads the elements of one step over its workers; with one read
     step per corpus, a corpus of one file is read by one worker while the others wait.
-    Reading every file of every corpus in one step lets the workers read them side by side.
+    Reading every file of every corpus in one step lets the workers read them side by side,
+    and a JSONL (or label_text) file of more than `part_bytes` is read as
+    ceil(size / part_bytes) parts (every k-th line each; each part decompresses the whole
+    file but parses only its own lines), so that the work is spread evenly and the text
+    is tokenized where it is read, without a shuffle of the raw text.
     File indices (the first part of an Item's key) count within each corpus.
     """
 
     def __init__(self, sources: Sequence["CorpusSource"],
-                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES):
+                 max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES, part_bytes: int = PART_BYTES):
         super().__init__()
         if any(s.records is not None or s.token_dir is not None for s in sources):
             raise ValueError("ReadCorpora reads text files only (not in-memory records or token corpora)")
-        self.files = [(s.name, i, f, s.columns) for s in sources for i, f in enumerate(s.files)]
+        self.files = [(s.name, i, f, s.columns, (p, parts)) for s in sources for i, f in enumerate(s.files)
+                      for parts in [_num_parts(f, s.columns, part_bytes)] for p in range(parts)]
         self.max_document_bytes = max_document_bytes
 
     def expand(self, pbegin):
@@ -149,6 +159,12 @@ class ReadCorpora(beam.PTransform):
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadRecords" >> beam.ParDo(_ReadFileFn(self.max_document_bytes))
         )
+
+
+def _num_parts(f: readers.InputFile, columns: readers.Columns, part_bytes: int) -> int:
+    if f.format not in readers.LINE_FORMATS or columns.user is not None:
+        return 1
+    return max(1, math.ceil(f.size / part_bytes))
 
 
 def validate_records(records: Sequence[dict[str, Any]], source: str,
@@ -500,7 +516,6 @@ class TokenizeCorpora(beam.PTransform):
         items = parts[0] if len(parts) == 1 else tuple(parts) | "AllCorpora" >> beam.Flatten()
         return (
             items
-            | "SpreadDocuments" >> beam.Reshuffle()  # tokenize in parallel even when files are few
             | "Tokenize" >> TokenizeDocuments(self.tokenizer_path, self.max_chunk_chars)
             | "Write" >> WriteTokenCorpora(self.outputs, vocab_size=self.vocab_size,
                                            tokenizer_sha256=self.tokenizer_sha256)

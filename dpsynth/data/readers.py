@@ -297,10 +297,14 @@ def _iter_txt(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
     yield _make_record({columns.text: text, columns.id: f.relpath}, f, 1, columns, max_document_bytes)
 
 
-def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int,
+                part: tuple[int, int] = (0, 1)) -> Iterator[RecordOrDead]:
     seen_user = False
+    index, parts = part
     with _open(f.path) as fh:
         for n, raw in enumerate(iter(fh.readline, b""), start=1):
+            if (n - 1) % parts != index:  # another part's line: skipped before parsing
+                continue
             line = raw.rstrip(b"\r\n")
             if n == 1 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
                 line = line[3:]
@@ -380,11 +384,15 @@ def _iter_parquet(f: InputFile, columns: Columns, max_document_bytes: int) -> It
                 yield _make_record(row, f, n, columns, max_document_bytes)
 
 
-def _iter_label_text(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+def _iter_label_text(f: InputFile, columns: Columns, max_document_bytes: int,
+                     part: tuple[int, int] = (0, 1)) -> Iterator[RecordOrDead]:
     if columns.label is None:
         raise InputError(f"{f.path}: format label_text is for labeled datasets (`<label> <text>` lines)")
+    index, parts = part
     with _open(f.path) as fh:
         for n, raw in enumerate(iter(fh.readline, b""), start=1):
+            if (n - 1) % parts != index:
+                continue
             line = raw.rstrip(b"\r\n")
             if not line.strip():
                 yield DeadLetter(f.path, n, "empty line")
@@ -405,14 +413,27 @@ _READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet":
             "label_text": _iter_label_text}
 
 
+LINE_FORMATS = ("jsonl", "label_text")  # one record (or dead letter) per line: splittable into parts
+
+
 def iter_file(
-    f: InputFile, columns: Columns, max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    f: InputFile, columns: Columns, max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    part: tuple[int, int] = (0, 1),
 ) -> Iterator[RecordOrDead]:
     """Yields every record of one file as a `{"id", "text"[, "label"]}` dict or a `DeadLetter`.
+
+    With `part=(i, k)` (line formats only, `LINE_FORMATS`, and no user column, whose presence
+    is checked over the whole file), only lines i + 1, i + 1 + k, ... are parsed and yielded:
+    the k parts of a file, read by k readers side by side, yield its records together.
 
     Raises:
       InputError: fatal problems (missing column, `.txt` as a labeled dataset, empty CSV).
     """
+    if part != (0, 1):
+        if f.format not in LINE_FORMATS or columns.user is not None or not 0 <= part[0] < part[1]:
+            raise ValueError(f"{f.path}: cannot read part {part} of a {f.format} file"
+                             f"{' with a user column' if columns.user is not None else ''}")
+        return _READERS[f.format](f, columns, max_document_bytes, part)
     return _READERS[f.format](f, columns, max_document_bytes)
 
 

@@ -196,6 +196,21 @@ def test_tokenize_corpora_shares_its_steps_and_writes_what_each_corpus_alone_wri
         corpus.TokenizeCorpora(sources, {"pub": outputs["pub"]}, **kw)
 
 
+@pytest.mark.parametrize("part_bytes", [1, 40, 1 << 30])
+def test_read_corpora_reads_big_files_in_parts_with_the_same_items(tmp_path, part_bytes):
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "x y"}\n\n{"text": "z", "id": "q"}\n[1]\n{"text": "w"}\n' * 3)
+    (tmp_path / "b.csv").write_text("text\nhello\n")  # not a line format: one part
+    source = corpus.plan_source(str(tmp_path), kind="public", name="c")
+    read = corpus.ReadCorpora([source], part_bytes=part_bytes)
+    parts = [e[4] for e in read.files]
+    assert parts == ([(0, 1), (0, 1)] if part_bytes > 200 else
+                     [(i, -(-source.files[0].size // part_bytes)) for i in range(-(-source.files[0].size // part_bytes))]
+                     + [(0, 1)])
+    with beam.Pipeline(options=make_pipeline_options()) as p:
+        got = p | read | beam.FlatMap(lambda nb: [(nb[0], item) for item in nb[1]])
+        assert_that(got, equal_to([("c", item) for item in _reader_items(source)]))
+
+
 def _step_count(sources, kw):
     """The number of leaf transforms of a TokenizeCorpora pipeline over `sources`."""
     p = beam.Pipeline(options=make_pipeline_options())

@@ -234,3 +234,26 @@ def test_missing_user_column_is_fatal_and_names_the_file(tmp_path):
     ds = readers.read_sensitive(str(tmp_path / "m.jsonl"), user_column="author")
     assert [r["user"] for r in ds.records] == ["a"]
     assert [(d.record, "user column" in d.reason) for d in ds.dead_letters] == [(2, True), (3, True)]
+
+
+def test_iter_file_parts_partition_the_lines(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "x"}\n\n{"text": "z", "id": "q"}\n[1]\n{"text": "w"}\n{"text": 3}\n')
+    (f,) = readers.resolve_inputs(str(path))
+    cols = Columns.public()
+    whole = [_norm(x) for x in readers.iter_file(f, cols)]
+    for k in (1, 2, 4, 9):
+        got = {}
+        for i in range(k):
+            for j, item in enumerate(readers.iter_file(f, cols, part=(i, k))):
+                got[i + 1 + j * k] = _norm(item)
+        assert [got[n] for n in sorted(got)] == whole and sorted(got) == list(range(1, len(whole) + 1))
+    with pytest.raises(ValueError, match="cannot read part"):
+        readers.iter_file(f, Columns(text="text", label="label", user="user"), part=(0, 2))
+    (tmp_path / "b.csv").write_text("text\nx\n")
+    with pytest.raises(ValueError, match="cannot read part"):
+        readers.iter_file(readers.resolve_inputs(str(tmp_path / "b.csv"))[0], cols, part=(1, 2))
+
+
+def _norm(item):
+    return ("dead", item.record, item.reason) if isinstance(item, DeadLetter) else ("doc", item)
