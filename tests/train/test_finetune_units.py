@@ -101,7 +101,7 @@ def test_bandmf_run_and_exact_resume(tiny_base, tmp_path):
     out = str(tmp_path / "resumed")
     part = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, stop_after=2, progress_interval=1e9)
     assert part.steps == 2
-    seed = TrainCheckpointer(os.path.join(out, "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
     res = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
     out_full = str(tmp_path / "uninterrupted")
