@@ -366,8 +366,9 @@ class Tokenizer:
         arrays = [np.asarray(ids).reshape(-1) for ids in docs]
         if not arrays:
             return []
-        ends = np.cumsum([a.size for a in arrays])
-        return self.decode_spans(np.concatenate(arrays), ends - [a.size for a in arrays], ends)
+        sizes = np.array([a.size for a in arrays], np.int64)
+        ends = np.cumsum(sizes)
+        return self.decode_spans(np.concatenate(arrays), ends - sizes, ends)
 
     def decode_spans(self, tokens: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> list[str]:
         """`decode(tokens[starts[i]:ends[i]])` for every i, in one batched call.
@@ -377,7 +378,7 @@ class Tokenizer:
         """
         tokens = np.asarray(tokens).reshape(-1)
         starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
-        special = (tokens == PAD_ID) | (tokens == BOS_ID) | (tokens == EOS_ID)
+        special = (tokens == self.pad_id) | (tokens == self.bos_id) | (tokens == self.eos_id)  # as `decode`
         if special.any():  # spans in the coordinates of the kept tokens
             kept = np.zeros(tokens.size + 1, np.int64)
             np.cumsum(~special, out=kept[1:])

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
-
 import numpy as np
 
 from dpsynth import fileio
