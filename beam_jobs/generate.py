@@ -2,6 +2,7 @@
 
     dpsynth generate --model DIR --num-examples N [--valid-examples M] --out DIR \
         [--temperature 1.0] [--top-k 0] [--num-decodes 1] [--max-len 512] \
+        [--guidance W [--guidance-contrast others|null]] \
         [--label-distribution uniform|dp-histogram --label-source D_TRAIN --label-epsilon E] \
         [--format jsonl,parquet,tfrecord] [--train D_TRAIN [--audit-dir DIR]] [Beam flags...]
 
@@ -18,6 +19,7 @@ from dpsynth import logs
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
+from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all")
     p.add_argument("--num-decodes", type=int, default=1, help="candidates per example; the most likely is kept")
+    p.add_argument("--guidance", type=float, default=0.0,
+                   help="label-guided sampling weight w (0 = unguided): l(x|y) + w (l(x|y) - l(x|contrast)); no privacy cost")
+    p.add_argument("--guidance-contrast", choices=GUIDANCE_CONTRASTS, default="others",
+                   help="contrast of the guidance: the other labels' prompts, or the null prompt (a model DP-tuned with "
+                        "--label-dropout)")
     p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per compiled sampler call")
     p.add_argument("--examples-per-shard", type=int, default=256, help="unit of work and of resume")
@@ -71,7 +78,7 @@ def run(argv=None, test_pipeline=None) -> dict:
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, num_decodes=args.num_decodes,
         max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
         labels=labels, formats=formats, allow_non_private=args.allow_non_private,
-        cores_per_worker=args.cores_per_worker,
+        cores_per_worker=args.cores_per_worker, guidance=args.guidance, guidance_contrast=args.guidance_contrast,
     )
     return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
                     train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)

@@ -58,7 +58,9 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       bands: null
       options: {}
     generate:
-      samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]
+      samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1,
+                   guidance: 0.0,   # label-guided sampling weight w (0 = unguided)
+                   guidance_contrast: others}]   # others | null (needs dp_tune.label_dropout > 0)
       multiples: [1]                # synthetic train size = multiple x |train|
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128
@@ -88,6 +90,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 
 MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
@@ -308,15 +311,31 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = the full distribution
     num_decodes: int = 1
+    guidance: float = 0.0  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
+    guidance_contrast: str = "others"  # others | null
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
         _check(self.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0 = no top-k), got {self.top_k}")
         _check(self.num_decodes >= 1, f"{key}.num_decodes", f"must be >= 1, got {self.num_decodes}")
+        _check(self.guidance >= 0 and math.isfinite(self.guidance), f"{key}.guidance",
+               f"must be a finite number >= 0 (0 = unguided), got {self.guidance}")
+        _choice(self.guidance_contrast, GUIDANCE_CONTRASTS, f"{key}.guidance_contrast")
 
     @property
     def label(self) -> str:
-        return f"t{self.temperature:g}-k{self.top_k}-n{self.num_decodes}"
+        base = f"t{self.temperature:g}-k{self.top_k}-n{self.num_decodes}"
+        if not self.guidance:
+            return base
+        return base + f"-g{self.guidance:g}" + ("-null" if self.guidance_contrast == "null" else "")
+
+    def identity(self) -> dict[str, Any]:
+        """The setting as a stage config: the guidance fields only when guided (caches made before
+        they existed keep their hashes)."""
+        d = to_dict(self)
+        if not self.guidance:
+            del d["guidance"], d["guidance_contrast"]
+        return d
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

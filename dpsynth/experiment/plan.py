@@ -108,7 +108,7 @@ class Trial:
             "epsilon": self.epsilon,
             "learning_rate": self.learning_rate,
             "clip_norm": self.clip_norm,
-            "sampling": to_dict(self.sampling),
+            "sampling": self.sampling.identity(),
             "multiple": self.multiple,
         }
 
@@ -322,7 +322,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                     for sampling in config.generate.samplings:
                         for multiple in config.generate.multiples:
                             trial_id = f"{tune_id}-{sampling.label}-x{fmt_num(multiple)}"
-                            gen_cfg = {**shared_gen, "sampling": to_dict(sampling), "multiple": multiple, "seed": seed}
+                            gen_cfg = {**shared_gen, "sampling": sampling.identity(), "multiple": multiple, "seed": seed}
                             g = add(f"generate[{trial_id}]", "generate", gen_cfg, gen_inputs)
                             trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g, labels))
 

@@ -478,6 +478,7 @@ def generate(ctx: StageContext) -> dict[str, Any]:
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
         valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
         num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
+        guidance=sampling.get("guidance", 0.0), guidance_contrast=sampling.get("guidance_contrast", "others"),
         allow_non_private=non_private, label_distribution=distribution, **dict(c.get("options") or {}),
     ), "generate.options")
     if c.get("audit_memorisation"):  # off by default; the audit goes to the private state only

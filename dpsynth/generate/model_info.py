@@ -61,6 +61,8 @@ class ModelInfo:
       prompt_template: the label prompt template ("{label}" marks the label).
       private: whether the directory has a privacy report that does not say "private": false.
       has_report: whether it has a privacy report at all.
+      label_dropout: the probability with which DP tuning trained examples under the null
+        prompt (0: the model never learned it; `dpsynth.train.prompts`).
     """
 
     model_dir: str
@@ -70,6 +72,7 @@ class ModelInfo:
     prompt_template: str
     private: bool
     has_report: bool = False
+    label_dropout: float = 0.0
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -116,6 +119,7 @@ def read_model_info(model_dir: str) -> ModelInfo:
         prompt_template=template,
         private=report is not None and report.get("private") is not False,
         has_report=report is not None,
+        label_dropout=prompts.label_dropout_of(manifest),
     )
 
 

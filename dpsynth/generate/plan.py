@@ -20,6 +20,7 @@ from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.model_info import GenerateError, ModelInfo, model_delta, read_model_info
 from dpsynth.generate.postprocess import PostprocessConfig
 from dpsynth.generate.sampler import SamplerConfig
+from dpsynth.train.prompts import GUIDANCE_CONTRASTS, NULL_LABEL
 
 FORMAT = "dpsynth.synthetic"
 FORMAT_VERSION = 1
@@ -54,6 +55,11 @@ class GenerateConfig:
         Does not change the output.
       postprocess: drop empty / truncated / duplicate samples and draw extra ones to make up
         for them (`dpsynth.generate.postprocess`; no privacy cost); None = keep all.
+      guidance: w of label-guided sampling (`dpsynth.generate.sampler`; 0 = unguided, the
+        default). Post-processing of the DP model: no privacy cost.
+      guidance_contrast: what each example's label prompt is contrasted with: "others" (the
+        other labels' prompts, log-mean-exp of their probabilities; any model with >= 2
+        labels) or "null" (the null prompt, learned by DP tuning with label dropout).
     """
 
     model_dir: str
@@ -73,8 +79,12 @@ class GenerateConfig:
     allow_non_private: bool = False
     cores_per_worker: int = 0
     postprocess: PostprocessConfig | None = None
+    guidance: float = 0.0
+    guidance_contrast: str = "others"
 
     def __post_init__(self):
+        if self.guidance_contrast not in GUIDANCE_CONTRASTS:
+            raise GenerateError(f"--guidance-contrast must be one of {GUIDANCE_CONTRASTS}, got {self.guidance_contrast!r}")
         if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
             raise GenerateError(f"--num-examples must be a positive integer, got {self.num_examples}")
         if int(self.valid_examples) != self.valid_examples or self.valid_examples < 0:
@@ -86,10 +96,15 @@ class GenerateConfig:
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or "jsonl" not in self.formats:
             raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
-        SamplerConfig(  # validates the sampling flags early
-            temperature=self.temperature, top_k=self.top_k, num_decodes=self.num_decodes,
-            max_len=self.max_len or DEFAULT_MAX_LEN, batch_size=self.batch_size,
-        )
+        try:
+            self.sampler_config(self.max_len or DEFAULT_MAX_LEN)  # validates the sampling flags early
+        except ValueError as e:
+            raise GenerateError(str(e).replace("guidance must", "--guidance must")) from e
+
+    def sampler_config(self, max_len: int) -> SamplerConfig:
+        """The sampler of this job at `max_len` tokens per example."""
+        return SamplerConfig(temperature=self.temperature, top_k=self.top_k, num_decodes=self.num_decodes,
+                             max_len=max_len, batch_size=self.batch_size, guidance=self.guidance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +147,14 @@ class GenerationPlan:
     cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
     postprocess: PostprocessConfig | None = None  # in config_json when active
     score_labels: tuple[str, ...] = ()  # the model's labels, when samples get a `label_margin` (off_label)
+    guidance_contrast: str = "others"
+    contrast_labels: tuple[str, ...] = ()  # guided, contrast "others": the model's labels
+
+    def contrast_prompts(self, label: str, prompt_of) -> list:
+        """The contrast prompts of `label` in a guided job (`prompt_of(label)` -> token ids)."""
+        if self.guidance_contrast == "null":
+            return [prompt_of(NULL_LABEL)]
+        return [prompt_of(other) for other in self.contrast_labels if other != label]
 
     def shard_path(self, spec: ShardSpec) -> str:
         return os.path.join(self.out_dir, SHARD_DIR, spec.name + ".jsonl")
@@ -163,11 +186,18 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     max_len = config.max_len or min(DEFAULT_MAX_LEN, info.max_len)
     if max_len > info.max_len:
         raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")
-    sampler = SamplerConfig(
-        temperature=config.temperature, top_k=config.top_k, num_decodes=config.num_decodes,
-        max_len=max_len, batch_size=config.batch_size,
-    )
+    sampler = config.sampler_config(max_len)
     dist = _label_distribution(config, info)
+    contrast_labels: tuple[str, ...] = ()
+    if sampler.guided and config.guidance_contrast == "others":
+        contrast_labels = tuple(info.labels or dist.labels)
+        if len(contrast_labels) < 2:
+            raise GenerateError(f"{info.model_dir}: --guidance-contrast others needs a model with >= 2 labels, "
+                                f"got {list(contrast_labels)}")
+    if sampler.guided and config.guidance_contrast == "null" and not info.label_dropout:
+        raise GenerateError(f"{info.model_dir}: --guidance-contrast null contrasts with the null prompt, which this "
+                            "model never learned (it was tuned without label dropout); use --guidance-contrast "
+                            "others, or DP-tune with --label-dropout P")
     config_json = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -176,7 +206,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         "private": info.private,
         "num_examples": {"train": int(config.num_examples), "valid": int(config.valid_examples)},
         "seed": int(config.seed),
-        "sampler": dataclasses.asdict(sampler),
+        "sampler": sampler.identity(),
         "examples_per_shard": int(config.examples_per_shard),
         "prompt_template": info.prompt_template,
         "prompt_bos": True,  # prompts are `prompts.prompt_ids` (BOS first); kept so config hashes stay valid
@@ -185,6 +215,10 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     post = config.postprocess if config.postprocess is not None and config.postprocess.active else None
     if post is not None:  # only when used: the hashes of earlier jobs stay valid
         config_json["postprocess"] = post.to_json()
+    if sampler.guided:  # likewise (the weight is in the sampler's identity)
+        config_json["guidance_contrast"] = config.guidance_contrast
+        if contrast_labels:
+            config_json["contrast_labels"] = list(contrast_labels)
     config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
     config_json["config_hash"] = config_hash
     specs = []
@@ -202,6 +236,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         specs=tuple(specs), config_json=config_json, config_hash=config_hash,
         cores_per_worker=config.cores_per_worker, postprocess=post,
         score_labels=tuple(info.labels or dist.labels) if post is not None and post.scores_labels else (),
+        guidance_contrast=config.guidance_contrast, contrast_labels=contrast_labels,
     )
 
 

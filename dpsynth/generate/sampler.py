@@ -23,6 +23,19 @@ Sampling semantics:
     tokens the tokenizer can decode.
   * EOS: a row stops at its first EOS (the EOS is scored but not part of the returned
     tokens); positions after a row's end hold `pad_id`.
+  * `guidance` (w, label-guided sampling, classifier-free guidance over the prompts): each row
+    comes with C contrast prompts (e.g. the other labels' prompts, or a null prompt) that
+    follow the same generated tokens in their own KV-cache streams (one batch of (1 + C) times
+    the rows). At every step the token is drawn from
+
+        g = lp(x | own) + w * (lp(x | own) - lp(x | contrast)),
+        lp(x | contrast) = log mean_c exp(lp(x | contrast_c)),
+
+    where lp are the (masked) log-softmax log-probabilities of each stream; temperature and
+    top-k then apply to g. `w = 0` never builds the contrast streams (the unguided function,
+    byte for byte). Scores stay the model's own log-likelihood under the row's prompt. A guided
+    row's budget is `max_len` minus its longest stream prompt, so every stream fits the cache.
+    Guidance is post-processing of the model: it costs no privacy.
 
 Randomness: every prompt row comes with its own PRNG key (the job derives it as
 `fold_in(shard_key, example_index)`); candidate j uses `fold_in(row_key, j)` and decode step t
@@ -62,6 +75,8 @@ class SamplerConfig:
       vocab_limit: ids >= this are never drawn (a model vocabulary larger than the
         tokenizer's); None = no limit.
       banned_ids: ids never drawn (padding and BOS by default).
+      guidance: w of label-guided sampling (0 = unguided; see the module docstring); rows then
+        need contrast prompts (`Sampler.sample(..., contrasts=...)`).
     """
 
     temperature: float = 1.0
@@ -74,6 +89,7 @@ class SamplerConfig:
     pad_id: int = PAD_ID
     vocab_limit: int | None = None
     banned_ids: tuple[int, ...] = (PAD_ID, BOS_ID)
+    guidance: float = 0.0
 
     def __post_init__(self):
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -90,10 +106,28 @@ class SamplerConfig:
             raise ValueError(f"vocab_limit {self.vocab_limit} must exceed eos_id {self.eos_id}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
+        if not (np.isfinite(self.guidance) and self.guidance >= 0.0):
+            raise ValueError(f"guidance must be a finite number >= 0 (0 = unguided), got {self.guidance}")
+        object.__setattr__(self, "guidance", float(self.guidance))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance != 0.0
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that determine the output, as JSON (a job's config hash covers them).
+
+        `guidance` appears only when active, so the identity of an unguided sampler is what it
+        was before guidance existed (earlier jobs' hashes stay valid).
+        """
+        d = dataclasses.asdict(self)
+        if not self.guided:
+            del d["guidance"]
+        return d
 
 
 class DecodeModel(Protocol):
@@ -184,8 +218,16 @@ def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax
     return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
 
 
-def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prompt_lengths, key_data):
-    """The jitted body. prompts `[B, P]`, prompt_lengths `[B]`, key_data `[B, ...]` raw keys."""
+def guided_log_probs(own: jax.Array, contrast: jax.Array, guidance: float) -> jax.Array:
+    """`own + w (own - logmeanexp_c contrast[c])` for log-probs `own[R, V]`, `contrast[C, R, V]`."""
+    con = jax.nn.logsumexp(contrast, axis=0) - jnp.log(jnp.float32(contrast.shape[0]))
+    return own + jnp.float32(guidance) * (own - con)
+
+
+def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prompt_lengths, key_data,
+                 contrast=None, contrast_lengths=None):
+    """The jitted body. prompts `[B, P]`, prompt_lengths `[B]`, key_data `[B, ...]` raw keys;
+    guided (`cfg.guided`): contrast `[B, C, P]`, contrast_lengths `[B, C]`."""
     batch, _ = prompts.shape
     n = cfg.num_decodes
     rows = batch * n
@@ -196,8 +238,16 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
     tokens = jnp.repeat(prompts, n, axis=0)
     lengths = jnp.repeat(prompt_lengths.astype(jnp.int32), n, axis=0)
     budget = cfg.max_len - lengths
+    streams = 1
+    if cfg.guided:  # stream-major layout: rows of the own prompts, then of each contrast prompt
+        streams += contrast.shape[1]
+        c_tokens = jnp.repeat(contrast, n, axis=0).transpose(1, 0, 2).reshape((-1, contrast.shape[2]))
+        c_lengths = jnp.repeat(contrast_lengths.astype(jnp.int32), n, axis=0)
+        budget = cfg.max_len - jnp.maximum(lengths, jnp.max(c_lengths, axis=1))
+        tokens = jnp.concatenate([tokens, c_tokens], axis=0)
+        lengths = jnp.concatenate([lengths, c_lengths.T.reshape((-1,))], axis=0)
 
-    cache = decoder.init_cache(rows, cfg.max_len)
+    cache = decoder.init_cache(rows * streams, cfg.max_len)
     logits, cache = decoder.prefill(params, tokens, lengths, cache)
 
     def cond(state):
@@ -214,8 +264,15 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         t, logits, cache, out, done, count, score, finished = state
         logits = jnp.where(allowed, logits.astype(jnp.float32), NEG_INF)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(cand_keys)
-        nxt = _select_token(logits, step_keys, cfg)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
+        if cfg.guided:
+            logp_all = jax.nn.log_softmax(logits, axis=-1).reshape((streams, rows, vocab))
+            own = logp_all[0]
+            mixed = jnp.where(allowed, guided_log_probs(own, logp_all[1:], cfg.guidance), NEG_INF)
+            nxt = _select_token(mixed, step_keys, cfg)
+        else:
+            nxt = _select_token(logits, step_keys, cfg)
+            own = jax.nn.log_softmax(logits, axis=-1)
+        logp = jnp.take_along_axis(own, nxt[:, None], axis=-1)[:, 0]
         active = jnp.logical_not(done)
         is_eos = nxt == cfg.eos_id
         keep = jnp.logical_and(active, jnp.logical_not(is_eos))
@@ -225,7 +282,7 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         finished = jnp.logical_or(finished, jnp.logical_and(active, is_eos))
         done = jnp.logical_or(done, jnp.logical_or(is_eos, t + 1 >= budget))
         feed = jnp.where(done, cfg.pad_id, nxt)
-        logits, cache = decoder.decode_step(params, feed, cache)
+        logits, cache = decoder.decode_step(params, jnp.tile(feed, streams) if streams > 1 else feed, cache)
         return t + 1, logits, cache, out, done, count, score, finished
 
     state = (
@@ -292,17 +349,25 @@ class Sampler:
         b = self.config.prompt_bucket
         return max(b, -(-length // b) * b)
 
-    def sample_batch(self, params, prompts: np.ndarray, prompt_lengths: np.ndarray, keys: np.ndarray):
+    def sample_batch(self, params, prompts: np.ndarray, prompt_lengths: np.ndarray, keys: np.ndarray,
+                     contrast: np.ndarray | None = None, contrast_lengths: np.ndarray | None = None):
         """One compiled call on an already padded batch; returns device arrays (see `_sample_impl`)."""
-        return self._fn(params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32), jnp.asarray(keys, jnp.uint32))
+        args = [params, jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
+                jnp.asarray(keys, jnp.uint32)]
+        if self.config.guided:
+            args += [jnp.asarray(contrast, jnp.int32), jnp.asarray(contrast_lengths, jnp.int32)]
+        return self._fn(*args)
 
-    def sample(self, params, prompts: Sequence[np.ndarray], keys: np.ndarray) -> SampleOutput:
+    def sample(self, params, prompts: Sequence[np.ndarray], keys: np.ndarray,
+               contrasts: Sequence[Sequence[np.ndarray]] | None = None) -> SampleOutput:
         """Samples one continuation per prompt.
 
         Args:
           params: the model parameters (pytree passed to the decoder).
           prompts: token ids per prompt (each non-empty, shorter than `max_len`).
           keys: `[len(prompts), 2]` raw uint32 keys, one per prompt (see `example_keys`).
+          contrasts: guided sampling only (`config.guidance > 0`): per prompt, its C contrast
+            prompts (the same C for every prompt); ignored when unguided.
 
         Returns:
           `SampleOutput` with one row per prompt, in order.
@@ -314,27 +379,51 @@ class Sampler:
         for i, p in enumerate(prompts):
             if len(p) == 0 or len(p) >= cfg.max_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens; need 1 <= length < max_len={cfg.max_len}")
+        if cfg.guided:
+            if contrasts is None or len(contrasts) != len(prompts):
+                raise ValueError(f"guided sampling (guidance {cfg.guidance}) needs contrast prompts for each of the "
+                                 f"{len(prompts)} prompts")
+            num_c = {len(c) for c in contrasts}
+            if len(num_c) > 1 or 0 in num_c:
+                raise ValueError(f"every prompt needs the same number (>= 1) of contrast prompts, got {sorted(num_c)}")
+            for i, cs in enumerate(contrasts):
+                for c in cs:
+                    if len(c) == 0 or len(c) >= cfg.max_len:
+                        raise ValueError(f"a contrast prompt of prompt {i} has {len(c)} tokens; need 1 <= length < "
+                                         f"max_len={cfg.max_len}")
+        width = [max([len(p)] + ([len(c) for c in contrasts[i]] if cfg.guided else [])) for i, p in enumerate(prompts)]
         # Group by bucket so each compiled shape is reused; keep the original order at the end.
-        order = sorted(range(len(prompts)), key=lambda i: (self.bucket(len(prompts[i])), i))
+        order = sorted(range(len(prompts)), key=lambda i: (self.bucket(width[i]), i))
         results: dict[int, tuple] = {}
         bs = cfg.batch_size
         pos = 0
         while pos < len(order):
-            bucket = self.bucket(len(prompts[order[pos]]))
+            bucket = self.bucket(width[order[pos]])
             chunk = []
-            while pos < len(order) and len(chunk) < bs and self.bucket(len(prompts[order[pos]])) == bucket:
+            while pos < len(order) and len(chunk) < bs and self.bucket(width[order[pos]]) == bucket:
                 chunk.append(order[pos])
                 pos += 1
             toks = np.full((bs, bucket), cfg.pad_id, np.int32)
             lens = np.ones((bs,), np.int32)
             kd = np.zeros((bs,) + keys.shape[1:], np.uint32)
+            ctoks = clens = None
+            if cfg.guided:
+                num = len(contrasts[chunk[0]])
+                ctoks = np.full((bs, num, bucket), cfg.pad_id, np.int32)
+                clens = np.ones((bs, num), np.int32)
             for r, i in enumerate(chunk):
                 toks[r, : len(prompts[i])] = prompts[i]
                 lens[r] = len(prompts[i])
                 kd[r] = keys[i]
+                if cfg.guided:
+                    for c, cp in enumerate(contrasts[i]):
+                        ctoks[r, c, : len(cp)] = cp
+                        clens[r, c] = len(cp)
             for r in range(len(chunk), bs):  # filler rows: a copy of the first row, discarded
                 toks[r], lens[r], kd[r] = toks[0], lens[0], kd[0]
-            outs = jax.device_get(self.sample_batch(params, toks, lens, kd))
+                if cfg.guided:
+                    ctoks[r], clens[r] = ctoks[0], clens[0]
+            outs = jax.device_get(self.sample_batch(params, toks, lens, kd, ctoks, clens))
             for r, i in enumerate(chunk):
                 results[i] = tuple(o[r] for o in outs)
         stacked = [np.stack([results[i][k] for i in range(len(prompts))]) for k in range(8)] if prompts else None

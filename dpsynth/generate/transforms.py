@@ -9,6 +9,7 @@ bytes depend only on its spec.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -31,9 +32,11 @@ logger = logging.getLogger("dpsynth.generate")
 
 def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, spec: ShardSpec) -> dict[str, Any]:
     """Samples one shard and writes its file atomically; returns its summary."""
-    prompts_by_label = {
-        label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label) for label in set(spec.labels)
-    }
+    prompt_of = functools.lru_cache(maxsize=None)(
+        lambda label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label))
+    prompts_by_label = {label: prompt_of(label) for label in set(spec.labels)}
+    contrasts_by_label = ({label: plan.contrast_prompts(label, prompt_of) for label in prompts_by_label}
+                          if plan.sampler.guided else None)
     keys = example_keys(seed_to_key_data(spec.seed), range(spec.count))
     score_prompts = {label: prompts.prompt_ids(bundle.tokenizer, plan.prompt_template, label)
                      for label in plan.score_labels}
@@ -45,7 +48,9 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
     with Progress(total=spec.count, desc=f"generate {spec.name}", unit="example", interval=30.0) as progress:
         for lo in range(0, spec.count, step):
             hi = min(spec.count, lo + step)
-            out = sampler.sample(bundle.params, [prompts_by_label[l] for l in spec.labels[lo:hi]], keys[lo:hi])
+            out = sampler.sample(bundle.params, [prompts_by_label[l] for l in spec.labels[lo:hi]], keys[lo:hi],
+                                 contrasts=[contrasts_by_label[l] for l in spec.labels[lo:hi]]
+                                 if contrasts_by_label is not None else None)
             margins = None
             if score_prompts:  # the off_label filter: each sample's margin under the model's label prompts
                 cfg = sampler.config

@@ -15,7 +15,14 @@ One labeled example (text, label) becomes the token row
     '------------- prefix ---------------'   '---- target ----'
 
 truncated to `max_tokens` in total (default 512: the unit of privacy is one example of at
-most 512 tokens). Truncation cuts the text (the prefix is kept whole; EOS is kept only if the
+most 512 tokens).
+
+The null prompt is the template with an empty label (`NULL_LABEL`; "[{label}] " -> "[] "):
+label dropout in DP tuning (`dpsynth.train.finetune`, `label_dropout = p`) trains each example
+under it with probability p, and label-guided sampling (`dpsynth.generate.sampler`, contrast
+"null") contrasts every label's prompt with it. A model tuned with label dropout records p in
+its manifest under `LABEL_DROPOUT_KEY` ("label_dropout"). Labels are never empty (readers
+dead-letter empty labels), so the null prompt is nobody's label prompt. Truncation cuts the text (the prefix is kept whole; EOS is kept only if the
 text fits); truncated examples are counted, never logged. Rows are padded with PAD to a
 fixed length so every microbatch has one shape.
 
@@ -40,6 +47,10 @@ DEFAULT_TEMPLATE = "[{label}] "
 DEFAULT_MAX_TOKENS = 512
 TEMPLATE_KEY = "prompt_template"  # the model manifest's key for the label-prompt template
 LABELS_KEY = "labels"  # the model manifest's key for the label set the model was tuned on
+LABEL_DROPOUT_KEY = "label_dropout"  # the model manifest's key for the label-dropout probability (when > 0)
+NULL_LABEL = ""  # the null prompt's label: the template with nothing in its "{label}" field
+# What label-guided sampling contrasts each label's prompt with: the other labels' prompts, or the null prompt.
+GUIDANCE_CONTRASTS = ("others", "null")
 
 
 class ExampleError(ValueError):
@@ -69,9 +80,23 @@ def prompt_ids(tokenizer, template: str, label: str) -> np.ndarray:
     return np.concatenate([np.array([bos_id], np.int32), ids])
 
 
-def manifest_fields(template: str, labels: Sequence[str]) -> dict[str, Any]:
-    """The label-prompt entries of a tuned model's manifest (and of its privacy report's training section)."""
-    return {TEMPLATE_KEY: check_template(template), LABELS_KEY: list(labels)}
+def null_prompt_ids(tokenizer, template: str) -> np.ndarray:
+    """int32 token ids of the null prompt: `prompt_ids` of the empty label."""
+    return prompt_ids(tokenizer, template, NULL_LABEL)
+
+
+def manifest_fields(template: str, labels: Sequence[str], label_dropout: float = 0.0) -> dict[str, Any]:
+    """The label-prompt entries of a tuned model's manifest (and of its privacy report's training
+    section); the label-dropout probability only when > 0 (earlier manifests stay as they were)."""
+    fields = {TEMPLATE_KEY: check_template(template), LABELS_KEY: list(labels)}
+    if label_dropout:
+        fields[LABEL_DROPOUT_KEY] = float(label_dropout)
+    return fields
+
+
+def label_dropout_of(manifest: Mapping[str, Any]) -> float:
+    """The label-dropout probability a model manifest records (0 when it records none)."""
+    return float(manifest.get(LABEL_DROPOUT_KEY) or 0.0)
 
 
 def template_of(manifest: Mapping[str, Any]) -> str:

@@ -477,3 +477,72 @@ def test_generate_draws_the_dp_label_histogram(model_dir, tmp_path, capsys):
                  "--label-distribution", "dp-histogram", "--label-noise-multiplier", "1"]) == 2
     assert "--label-source" in capsys.readouterr().err
     assert not (tmp_path / "o3").exists()
+
+
+# ------------------------------------------------------------------ label-guided sampling
+
+
+def test_guidance_zero_keeps_the_unguided_job_and_its_hash(reference_run, model_dir, tmp_path):
+    ref, ref_manifest = reference_run
+    manifest = generate(_config(model_dir, tmp_path, guidance=0.0, guidance_contrast="null"), loader=load_fake_bundle)
+    assert manifest["config_hash"] == ref_manifest["config_hash"]
+    for name in ("train.jsonl", "valid.jsonl", "generation_config.json"):
+        assert _read(tmp_path / name) == _read(ref / name), name
+
+
+def test_guided_greedy_job_contrasts_the_other_labels(model_dir, tmp_path):
+    from tests.generate.test_sampler import _guided_reference
+
+    w = 2.5
+    generate(_config(model_dir, tmp_path, temperature=0.0, valid_examples=0, guidance=w), loader=load_fake_bundle)
+    config = json.loads(_read(tmp_path / "generation_config.json"))
+    assert config["sampler"]["guidance"] == w and config["guidance_contrast"] == "others"
+    assert config["contrast_labels"] == ["great", "other"]
+    table, pos_bias = make_tables(12, MAX_LEN, seed=TABLE_SEED)
+    tok = FakeTokenizer()
+    prompt = {l: np.concatenate([[2], tok.encode(l)]) for l in ("great", "other")}
+    allowed = np.ones(12, bool)
+    allowed[[0, 2]] = False
+    rows = [json.loads(l) for l in _read(tmp_path / "train.jsonl").decode().splitlines()]
+    for r in rows:
+        other = "other" if r["label"] == "great" else "great"
+        ids, _, _ = _guided_reference(table, pos_bias, prompt[r["label"]], [prompt[other]], MAX_LEN, w, allowed)
+        assert r["text"] == tok.decode(ids)
+
+
+def test_guided_job_same_bytes_at_any_batching_and_worker_count(model_dir, tmp_path):
+    kw = dict(guidance=1.5, valid_examples=5)
+    generate(_config(model_dir, tmp_path / "a", **kw), loader=load_fake_bundle)
+    generate(_config(model_dir, tmp_path / "b", batch_size=16, **kw), loader=load_fake_bundle,
+             beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    for name in ("train.jsonl", "valid.jsonl"):  # (the batch size is in the config hash, so not the manifest)
+        assert _read(tmp_path / "a" / name) == _read(tmp_path / "b" / name), name
+    unguided = generate(_config(model_dir, tmp_path / "c", valid_examples=5), loader=load_fake_bundle)
+    assert _read(tmp_path / "a" / "train.jsonl") != _read(tmp_path / "c" / "train.jsonl")
+    assert unguided["config_hash"] != json.loads(_read(tmp_path / "a" / "manifest.json"))["config_hash"]
+
+
+def test_null_contrast_needs_a_model_tuned_with_label_dropout(model_dir, tmp_path):
+    with pytest.raises(GenerateError, match="label dropout"):
+        generate(_config(model_dir, tmp_path / "o", guidance=1.0, guidance_contrast="null"), loader=load_fake_bundle)
+    dropped = write_fake_model_dir(str(tmp_path / "m"), max_len=MAX_LEN, seed=TABLE_SEED)
+    manifest = json.loads(_read(os.path.join(dropped, "manifest.json")))
+    manifest["label_dropout"] = 0.1
+    with open(os.path.join(dropped, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    generate(_config(dropped, tmp_path / "n", temperature=0.0, valid_examples=0, guidance=2.0,
+                     guidance_contrast="null"), loader=load_fake_bundle)
+    from tests.generate.test_sampler import _guided_reference
+
+    table, pos_bias = make_tables(12, MAX_LEN, seed=TABLE_SEED)
+    tok = FakeTokenizer()
+    allowed = np.ones(12, bool)
+    allowed[[0, 2]] = False
+    for r in [json.loads(l) for l in _read(tmp_path / "n" / "train.jsonl").decode().splitlines()]:
+        own = np.concatenate([[2], tok.encode(r["label"])])
+        ids, _, _ = _guided_reference(table, pos_bias, own, [np.array([2], np.int32)], MAX_LEN, 2.0, allowed)
+        assert r["text"] == tok.decode(ids)
+    with pytest.raises(GenerateError, match="guidance-contrast"):
+        _config(dropped, tmp_path / "x", guidance=1.0, guidance_contrast="bogus")
+    with pytest.raises(GenerateError, match="--guidance"):
+        _config(dropped, tmp_path / "x", guidance=-1.0)

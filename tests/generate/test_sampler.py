@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
-from tests.generate.fakes import BigramDecoder, greedy_reference, log_softmax_np, make_tables, score_reference
+from dpsynth.tokens import EOS_ID
+from tests.generate.fakes import (BigramDecoder, greedy_reference, log_softmax_np, logits_np, make_tables,
+                                  score_reference)
 
 VOCAB, MAX_LEN = 12, 24
 
@@ -140,3 +142,153 @@ def test_bad_config_and_prompts(tables):
     s = Sampler(BigramDecoder(), SamplerConfig(max_len=4))
     with pytest.raises(ValueError, match="max_len"):
         s.sample(tables[2], [np.arange(4, 8, dtype=np.int32)], _keys(1))
+
+
+# ------------------------------------------------------------------ label-guided sampling
+
+
+def _contrasts(prompts, num, seed=9):
+    rng = np.random.default_rng(seed)
+    return [[rng.integers(4, VOCAB, size=rng.integers(1, 7)).astype(np.int32) for _ in range(num)] for _ in prompts]
+
+
+def _guided_reference(table, pos_bias, prompt, contrasts, max_len, w, allowed):
+    """Brute-force greedy guided decoding on the bigram model: every stream recomputed from its
+    own prompt + the tokens drawn so far (no cache)."""
+    def lp(last, pos):
+        return log_softmax_np(np.where(allowed, logits_np(table, pos_bias, last, pos), -1e30))
+
+    budget = max_len - max([len(prompt)] + [len(c) for c in contrasts])
+    out, score, t = [], 0.0, 0
+    while t < budget:
+        last = out[-1] if out else None
+        own = lp(last if out else int(prompt[-1]), len(prompt) + t)
+        cons = np.stack([lp(last if out else int(c[-1]), len(c) + t) for c in contrasts])
+        mixed = own + w * (own - (np.logaddexp.reduce(cons, axis=0) - np.log(len(contrasts))))
+        tok = int(np.argmax(np.where(allowed, mixed, -np.inf)))
+        score += own[tok]
+        if tok == EOS_ID:
+            return out, True, score
+        out.append(tok)
+        t += 1
+    return out, False, score
+
+
+@pytest.mark.parametrize("w,num", [(1.5, 1), (3.0, 2)])
+def test_guided_greedy_equals_bruteforce(tables, w, num):
+    table, pos_bias, params = tables
+    prompts = _prompts(9, seed=2)
+    contrasts = _contrasts(prompts, num)
+    cfg = SamplerConfig(temperature=0.0, max_len=MAX_LEN, batch_size=4, guidance=w)
+    out = Sampler(BigramDecoder(), cfg).sample(params, prompts, _keys(9), contrasts=contrasts)
+    allowed = np.ones(VOCAB, bool)
+    allowed[list(cfg.banned_ids)] = False
+    unguided = Sampler(BigramDecoder(), SamplerConfig(temperature=0.0, max_len=MAX_LEN, batch_size=4)).sample(
+        params, prompts, _keys(9))
+    differs = 0
+    for i, p in enumerate(prompts):
+        ref, fin, score = _guided_reference(table, pos_bias, p, contrasts[i], MAX_LEN, w, allowed)
+        assert _rows(out, i) == ref
+        assert bool(out.finished[i]) == fin
+        np.testing.assert_allclose(out.scores[i], score, rtol=1e-4, atol=1e-4)
+        differs += _rows(out, i) != _rows(unguided, i)
+    assert differs > 0  # the guidance really changes decodings
+
+
+def test_guidance_zero_is_the_unguided_sampler_byte_for_byte(tables):
+    _, _, params = tables
+    prompts = _prompts(11, seed=3)
+    plain = Sampler(BigramDecoder(), SamplerConfig(max_len=MAX_LEN, batch_size=4)).sample(params, prompts, _keys(11))
+    zero = Sampler(BigramDecoder(), SamplerConfig(max_len=MAX_LEN, batch_size=4, guidance=0.0)).sample(
+        params, prompts, _keys(11), contrasts=_contrasts(prompts, 2))
+    for a, b in zip(plain.__dict__.values(), zero.__dict__.values()):
+        assert a.tobytes() == b.tobytes()
+    assert "guidance" not in SamplerConfig().identity()
+    assert SamplerConfig(guidance=2).identity()["guidance"] == 2.0
+
+
+def test_guided_first_token_distribution_matches_the_mixture(tables):
+    table, pos_bias, params = tables
+    n, w = 4000, 2.0
+    prompt, contrast = np.array([5], np.int32), np.array([7, 8], np.int32)
+    cfg = SamplerConfig(temperature=0.8, max_len=4, batch_size=500, guidance=w)
+    out = Sampler(BigramDecoder(), cfg).sample(params, [prompt] * n, _keys(n, seed=13), contrasts=[[contrast]] * n)
+    first = np.where(out.lengths > 0, out.tokens[:, 0], EOS_ID)
+    allowed = np.ones(VOCAB, bool)
+    allowed[list(cfg.banned_ids)] = False
+    own = log_softmax_np(np.where(allowed, table[5] + pos_bias[1], -1e30))
+    con = log_softmax_np(np.where(allowed, table[8] + pos_bias[2], -1e30))
+    p = np.exp(log_softmax_np(np.where(allowed, (own + w * (own - con)) / 0.8, -np.inf)))
+    freq = np.bincount(first, minlength=VOCAB) / n
+    assert np.all(freq[p == 0] == 0)
+    assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-3), (freq, p)
+
+
+def test_guided_rows_independent_of_batching(tables):
+    _, _, params = tables
+    prompts = _prompts(10, seed=8)
+    contrasts = _contrasts(prompts, 3, seed=4)
+    keys = _keys(10)
+    outs = [Sampler(BigramDecoder(), SamplerConfig(max_len=MAX_LEN, batch_size=bs, guidance=1.5, num_decodes=2,
+                                                   prompt_bucket=b)).sample(params, prompts, keys, contrasts=contrasts)
+            for bs, b in ((1, 1), (4, 16), (16, 8))]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.tokens, outs[0].tokens)
+        np.testing.assert_allclose(o.scores, outs[0].scores, rtol=1e-6)
+
+
+def test_guided_needs_contrasts(tables):
+    s = Sampler(BigramDecoder(), SamplerConfig(max_len=MAX_LEN, guidance=1.0))
+    with pytest.raises(ValueError, match="contrast prompts"):
+        s.sample(tables[2], [np.array([5], np.int32)], _keys(1))
+    with pytest.raises(ValueError, match="same number"):
+        s.sample(tables[2], _prompts(2), _keys(2), contrasts=[[np.array([4], np.int32)], []])
+    with pytest.raises(ValueError, match="guidance"):
+        SamplerConfig(guidance=-1.0)
+
+
+@pytest.mark.parametrize("kw", [{}, {"lora_rank": 2, "prompt_length": 3}])
+def test_guided_transformer_equals_full_recomputation(kw):
+    """The real Transformer's KV-cache streams against a full forward pass of every stream at
+    every step (no cache), drawing with the sampler's own per-step keys."""
+    import jax
+    import jax.numpy as jnp
+
+    from dpsynth.generate.sampler import TransformerDecodeModel, guided_log_probs
+    from dpsynth.models import Transformer, get_config
+
+    config = get_config("tiny", vocab_size=64, max_len=32, **kw)
+    variables = jax.jit(Transformer(config).init)(jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
+    if "lora" in variables:
+        variables["lora"] = jax.tree.map(lambda x: x + 0.03, variables["lora"])
+    w = 2.0
+    cfg = SamplerConfig(max_len=16, batch_size=3, temperature=1.0, vocab_limit=60, guidance=w, prompt_bucket=4)
+    label_prompts = [np.array([2, 7, 9], np.int32), np.array([2, 11], np.int32), np.array([2, 12, 13, 14], np.int32)]
+    own_of = [0, 1, 2, 1]
+    prompts = [label_prompts[j] for j in own_of]
+    contrasts = [[label_prompts[k] for k in range(3) if k != j] for j in own_of]
+    keys = example_keys(np.array([0, 5], np.uint32), range(len(prompts)))
+    out = Sampler(TransformerDecodeModel(config), cfg).sample(variables, prompts, keys, contrasts=contrasts)
+    apply = jax.jit(Transformer(config).apply)
+    allowed = np.arange(64) < 60
+    allowed[list(cfg.banned_ids)] = False
+
+    def lp(seq):
+        logits = np.asarray(apply(variables, jnp.asarray(seq, jnp.int32)[None]))[0, -1]
+        return np.asarray(jax.nn.log_softmax(jnp.where(allowed, logits, -1e30)))
+
+    for i, p in enumerate(prompts):
+        cand = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(keys[i])), 0)
+        budget = cfg.max_len - max(len(p), *(len(c) for c in contrasts[i]))
+        gen, score = [], 0.0
+        for t in range(budget):
+            own = lp(list(p) + gen)
+            con = np.stack([lp(list(c) + gen) for c in contrasts[i]])
+            mixed = np.where(allowed, np.asarray(guided_log_probs(jnp.asarray(own), jnp.asarray(con), w)), -1e30)
+            tok = int(jax.random.categorical(jax.random.fold_in(cand, t), jnp.asarray(mixed / cfg.temperature)))
+            score += own[tok]
+            if tok == cfg.eos_id:
+                break
+            gen.append(tok)
+        assert _rows(out, i) == gen
+        np.testing.assert_allclose(out.scores[i], score, rtol=1e-4, atol=1e-3)
