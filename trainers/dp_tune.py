@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt_init": {"choices": tune.PROMPT_INITS},
         "template": {"help": "label prompt; {label} is replaced by the label"},
         "full_lm": {"help": "train on the label prompt too (ablation)"},
+        "label_dropout": {"help": "probability that a sampled example trains under the null prompt at a step, so "
+                                  "`generate --guidance-contrast null` can contrast with it (0 = off; no privacy cost)"},
         "z_loss": {"help": "z-loss coefficient of the LM loss"},
         "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
         "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "

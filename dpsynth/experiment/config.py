@@ -49,6 +49,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       steps: null
       max_tokens: 128               # prefix + target tokens per example
       loss: prefix                  # prefix | full
+      label_dropout: 0.0            # p: examples train under the null prompt with probability p (guidance contrast null)
       lora_rank: 8
       prompt_length: 16
       accountant: rdp               # rdp | pld
@@ -239,6 +240,7 @@ class DPTuneConfig:
     steps: int | None = None
     max_tokens: int = 128
     loss: str = "prefix"
+    label_dropout: float = 0.0
     lora_rank: int = 8
     prompt_length: int = 16
     accountant: str = "rdp"
@@ -293,6 +295,7 @@ class DPTuneConfig:
             _check(self.epochs > 0, f"{key}.epochs", f"must be > 0, got {self.epochs}")
         _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
         _choice(self.loss, LOSSES, f"{key}.loss")
+        _check(0 <= self.label_dropout < 1, f"{key}.label_dropout", f"must be in [0, 1), got {self.label_dropout}")
         _check(self.lora_rank >= 1, f"{key}.lora_rank", f"must be >= 1, got {self.lora_rank}")
         _check(self.prompt_length >= 1, f"{key}.prompt_length", f"must be >= 1, got {self.prompt_length}")
         _choice(self.accountant, ACCOUNTANTS, f"{key}.accountant")

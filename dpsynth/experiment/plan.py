@@ -294,7 +294,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     dp = to_dict(config.dp_tune)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
     for k, default in (("privacy_unit", "example"), ("max_examples_per_user", None), ("mechanism", "dpsgd"),
-                       ("bands", None)):
+                       ("bands", None), ("label_dropout", 0.0)):
         if shared_dp[k] == default:  # defaults stay out of the hash: caches made before they existed hold
             del shared_dp[k]
     gen = to_dict(config.generate)

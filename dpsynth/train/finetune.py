@@ -70,7 +70,7 @@ from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
-                                   manifest_fields, template_of)
+                                   encode_null_examples, label_dropout_rows, manifest_fields, template_of)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -113,6 +113,10 @@ class TuneConfig:
         template: label prompt ("{label}" is replaced by the label name).
         max_tokens: maximum tokens per example (BOS + prompt + text + EOS); longer are truncated.
         full_lm: also train on the label prompt (ablation; default Prefix-LM).
+        label_dropout: p, the probability with which each sampled example trains under the null
+            prompt instead of its label prompt at a step (`dpsynth.train.prompts.label_dropout_rows`),
+            so the model also learns the unconditional text distribution that label-guided
+            sampling can contrast with (`--guidance-contrast null`). 0 = off. Changes no DP property.
         z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
         max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
         seed: seed of the sampling stream and the noise keys. None (default) draws a secret
@@ -146,6 +150,7 @@ class TuneConfig:
     template: str = DEFAULT_TEMPLATE
     max_tokens: int = DEFAULT_MAX_TOKENS
     full_lm: bool = False
+    label_dropout: float = 0.0
     z_loss: float = 0.0
     max_batch_size: int | None = None
     seed: int | None = None
@@ -209,6 +214,9 @@ class TuneConfig:
         if self.mechanism == "bandmf" and self.max_batch_size is not None:
             raise TuneError("a batch-size cap is not supported with BandMF")
         ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
+        if not 0.0 <= self.label_dropout < 1.0:
+            raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
+        object.__setattr__(self, "label_dropout", float(self.label_dropout))
 
     @property
     def private(self) -> bool:
@@ -220,6 +228,8 @@ class TuneConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
+        if not self.label_dropout:  # off: the fingerprint of runs made before it existed holds
+            del d["label_dropout"]
         return d
 
 
@@ -633,7 +643,13 @@ def dp_tune(
     if train.truncated:
         logger.info("D_train: %d of %d examples truncated to %d tokens", train.truncated, len(train), config.max_tokens)
     length = _row_length(train, config.max_tokens - 1)
+    null_train = None
+    if config.label_dropout:  # rows N..2N-1: the same examples under the null prompt
+        null_train = encode_null_examples(train_records, base.tokenizer, config.example_config(), where="D_train")
+        length = max(length, _row_length(null_train, config.max_tokens - 1))
     train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
+    if null_train is not None:
+        train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
     valid_arrays = ({k: _pad_cols(v, _row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
                     if valid else None)
     if contamination_sha256 is None:
@@ -662,7 +678,7 @@ def dp_tune(
                     if not config.full_lm else "full LM (label prompt trained on; ablation)",
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            **manifest_fields(config.template, labels),
+            **manifest_fields(config.template, labels, config.label_dropout),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
         channels = _side_channels(config, labels_from_data, train.truncated, selection)
@@ -770,6 +786,8 @@ def dp_tune(
         # ------------------------------------------------------------ the loop
         def batch(step: int) -> list[dict[str, np.ndarray]]:
             indices = mech.batches.microbatches(step) if mech is not None else sampler.microbatches(step)
+            indices = [label_dropout_rows(m, step, seed=run_seed, p=config.label_dropout, num_examples=len(train))
+                       for m in indices]
             return [gather_users(train_arrays, m[local]) if per_user else sampling.gather(train_arrays, m[local])
                     for m in indices]
 
@@ -802,7 +820,7 @@ def dp_tune(
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished:
-        extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels),
+        extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels, config.label_dropout),
                           "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
                                       "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": sigma},

@@ -222,3 +222,32 @@ def encode_examples(
         weights[i, first - 1 : row.size - 1] = 1.0
     return EncodedExamples(inputs=tokens[:, :-1], targets=tokens[:, 1:], weights=weights, truncated=truncated, ids=ids)
 
+
+
+def encode_null_examples(records: Sequence[dict], tokenizer, config: ExampleConfig = ExampleConfig(), *,
+                         where: str = "training set", pad_to: int | None = None) -> EncodedExamples:
+    """`encode_examples` of the same records under the null prompt (label dropout's rows).
+
+    Row i is example i with its label prompt replaced by the null prompt; the Prefix-LM weights
+    are as for any prompt (0 on the null prefix, 1 on the text and EOS).
+    """
+    return encode_examples([dict(r, label=NULL_LABEL) for r in records], tokenizer, [NULL_LABEL], config,
+                           where=where, pad_to=pad_to)
+
+
+def label_dropout_rows(indices: np.ndarray, step: int, *, seed: int, p: float, num_examples: int) -> np.ndarray:
+    """The rows that train the examples `indices` (-1 = padding) at `step` under label dropout.
+
+    The training arrays hold every example twice: row i under its label prompt, row
+    `num_examples + i` under the null prompt (`encode_null_examples`). At each step each
+    example trains under the null prompt with probability `p`, drawn independently per
+    (step, example) from the run's (secret) seed, so the choice does not depend on the batch
+    or microbatch it lands in, and a resumed run draws the same. The choice is independent of
+    the data and replaces the example's row (never adds one): the sampled set, each example's
+    clipped contribution and so the DP guarantee are those of the run without dropout.
+    """
+    idx = np.asarray(indices)
+    if p <= 0:
+        return idx
+    drop = np.random.default_rng([int(seed) % (1 << 64), int(step), 0x1AB31D]).random(num_examples) < p
+    return np.where((idx >= 0) & drop[np.maximum(idx, 0)], idx + num_examples, idx)

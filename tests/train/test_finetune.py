@@ -36,7 +36,28 @@ def _compilation_cache(tmp_path_factory):
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
 
 
-def _random_setup(mode, seed):
+class _CharTokenizer:
+    """Characters -> ids 4..63 (the SMALL model's vocabulary)."""
+
+    def encode(self, text):
+        return np.array([4 + ord(c) % 60 for c in text], np.int32)
+
+
+def _encoded_batch(seed, n=6):
+    """Real Prefix-LM rows: even rows under their label prompt, odd rows under the null prompt
+    (label dropout's rows), as the tuner feeds them."""
+    from dpsynth.train import prompts
+
+    records = make_records(n, seed)
+    cfg = prompts.ExampleConfig(template="[{label}] ", max_tokens=40)
+    labeled = prompts.encode_examples(records, _CharTokenizer(), ["great", "other"], cfg, pad_to=40)
+    null = prompts.encode_null_examples(records, _CharTokenizer(), cfg, pad_to=40)
+    pick = lambda a, b: np.stack([a[i] if i % 2 == 0 else b[i] for i in range(n)])
+    batch = {k: pick(labeled.arrays()[k], null.arrays()[k]) for k in ("inputs", "targets", "weights")}
+    return dict(batch, mask=np.ones(n, np.float32))
+
+
+def _random_setup(mode, seed, rows="random"):
     config = finetune.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
     model_config = finetune._tuned_model_config(SMALL, config)
     from dpsynth.models import Transformer
@@ -52,13 +73,17 @@ def _random_setup(mode, seed):
     weights = (rng.random((n, t)) > 0.3).astype(np.float32)
     batch = {"inputs": rng.integers(4, 64, (n, t)).astype(np.int32), "targets": targets, "weights": weights,
              "mask": np.ones(n, np.float32)}
+    if rows == "encoded":
+        batch = _encoded_batch(seed)
     return finetune.make_loss_fn(model_config, config), params, frozen, batch
 
 
+@pytest.mark.parametrize("rows", ["random", "encoded"])
 @pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
-def test_sensitivity_of_clipped_sum_in_every_mode(mode):
+def test_sensitivity_of_clipped_sum_in_every_mode(mode, rows):
+    """Every example's clipped contribution is <= C, also for real rows under label and null prompts."""
     clip_norm = 0.05  # below typical gradient norms, so clipping is active
-    loss_fn, params, frozen, batch = _random_setup(mode, seed=3)
+    loss_fn, params, frozen, batch = _random_setup(mode, seed=3, rows=rows)
     key = jax.random.PRNGKey(0)
     f = jax.jit(lambda b: clipping.clipped_grad_sum(loss_fn, params, frozen, b, key, clip_norm))
     full, _, norms = f(batch)
@@ -71,8 +96,12 @@ def test_sensitivity_of_clipped_sum_in_every_mode(mode):
         assert 0 < diff <= clip_norm * (1 + 1e-4)
 
 
-def test_prefix_targets_get_no_gradient_through_the_model():
-    loss_fn, params, frozen, batch = _random_setup("lora", seed=5)
+@pytest.mark.parametrize("rows", ["random", "encoded"])
+def test_prefix_targets_get_no_gradient_through_the_model(rows):
+    """Changing the targets of weight-0 positions (the label or null prompt, padding) changes no gradient."""
+    loss_fn, params, frozen, batch = _random_setup("lora", seed=5, rows=rows)
+    if rows == "encoded":
+        assert (batch["weights"][1, :3] == 0).all() and batch["weights"][1, 3] == 1  # null prefix BOS "[] "
     changed = dict(batch, targets=np.where(batch["weights"] == 0, (batch["targets"] + 7) % 60 + 4, batch["targets"]))
     g = jax.jit(jax.grad(lambda p, b: loss_fn(p, frozen, b, None)[0].sum()))
     for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
@@ -154,7 +183,7 @@ def test_tuning_and_generation_use_identical_prefix_ids(full_run, tmp_path):
         def __init__(self):
             self.seen = []
 
-        def sample(self, params, prompts, keys):
+        def sample(self, params, prompts, keys, contrasts=None):
             self.seen += [np.asarray(p) for p in prompts]
             n = len(prompts)
             return types.SimpleNamespace(tokens=np.zeros((n, 1), np.int32), lengths=np.zeros(n, np.int32),
@@ -170,6 +199,24 @@ def test_tuning_and_generation_use_identical_prefix_ids(full_run, tmp_path):
     for label, ids in zip(spec.labels, sampler.seen, strict=True):
         assert ids.dtype == np.int32
         np.testing.assert_array_equal(ids, tuned[label])
+
+
+def test_label_dropout_changes_no_dp_property(full_run, tmp_path):
+    """Label dropout trains some examples under the null prompt: the plan, sigma, ledger and epsilon
+    are those of the same run without it; the model learns from the null rows and says so."""
+    base_dir, out, res = full_run
+    cfg = dataclasses.replace(BASE_CFG, label_dropout=0.5)
+    drop = finetune.dp_tune(base_dir, TRAIN, VALID, str(tmp_path / "drop"), cfg, progress_interval=1e9)
+    assert drop.noise_multiplier == res.noise_multiplier and drop.steps == res.steps
+    assert drop.epsilon == res.epsilon and drop.delta == res.delta
+    strip = lambda rep: [{k: v for k, v in e.items() if k != "name"} for e in rep["ledger"]["entries"]]
+    assert strip(drop.report) == strip(res.report)
+    tuned = load_model(str(tmp_path / "drop"))
+    assert tuned.manifest["label_dropout"] == 0.5 and drop.report["training"]["label_dropout"] == 0.5
+    assert "label_dropout" not in load_model(out).manifest and "label_dropout" not in res.report["training"]
+    assert tuned.manifest["dp_tune"]["config"]["label_dropout"] == 0.5
+    with pytest.raises(finetune.TuneError, match="label_dropout"):
+        dataclasses.replace(BASE_CFG, label_dropout=1.0)
 
 
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):

@@ -83,3 +83,36 @@ def test_prompt_ids_manifest_fields_and_bad_templates():
                 lambda: prompts.manifest_fields("x", ["pos"])):
         with pytest.raises(ExampleError, match="label"):
             bad()
+
+
+def test_null_prompt_rows_train_the_text_only():
+    tok = CharTokenizer()
+    null = prompts.encode_null_examples(RECORDS, tok, ExampleConfig(template="<{label}>"))
+    ids = prompts.null_prompt_ids(tok, "<{label}>")
+    assert list(ids[1:]) == list(tok.encode("<>")) and prompts.prompt_text("<{label}>", prompts.NULL_LABEL) == "<>"
+    np.testing.assert_array_equal(null.inputs[0][: ids.size], ids)
+    # Prefix-LM: the null prefix gets weight 0, the text and EOS weight 1 (as for a label prompt).
+    assert null.weights[0].sum() == len("hello") + 1 and (null.weights[0][: ids.size - 1] == 0).all()
+    assert prompts.manifest_fields("<{label}>", ["a"], 0.25)[prompts.LABEL_DROPOUT_KEY] == 0.25
+    assert prompts.LABEL_DROPOUT_KEY not in prompts.manifest_fields("<{label}>", ["a"], 0.0)
+    assert prompts.label_dropout_of({}) == 0.0 and prompts.label_dropout_of({"label_dropout": 0.1}) == 0.1
+
+
+def test_label_dropout_rows():
+    n, p = 50, 0.3
+    idx = np.array([[3, 7, -1], [0, 49, 12]])
+    np.testing.assert_array_equal(prompts.label_dropout_rows(idx, 5, seed=9, p=0.0, num_examples=n), idx)
+    drops = []
+    for step in range(400):
+        rows = prompts.label_dropout_rows(idx, step, seed=9, p=p, num_examples=n)
+        assert rows[0, 2] == -1  # padding stays padding
+        assert np.all((rows[idx >= 0] % n) == idx[idx >= 0])  # an example's own row or its null row, never another
+        drops.append(rows[idx >= 0] >= n)
+        # The draw is per (step, example): the same however the indices are split into microbatches.
+        parts = [prompts.label_dropout_rows(m, step, seed=9, p=p, num_examples=n) for m in idx]
+        np.testing.assert_array_equal(np.stack(parts), rows)
+    rate = np.mean(drops)
+    assert abs(rate - p) < 4 * np.sqrt(p * (1 - p) / np.size(drops))
+    other_seed = [prompts.label_dropout_rows(idx, s, seed=10, p=p, num_examples=n) for s in range(20)]
+    assert any(not np.array_equal(a, prompts.label_dropout_rows(idx, s, seed=9, p=p, num_examples=n))
+               for s, a in enumerate(other_seed))
