@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, plan
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import finetune as tune
+    from dpsynth.train import recipe as recipe_lib
 
     p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="pretrained model directory (dpsynth pretrain output)")
@@ -69,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         "mechanism": {"choices": plan.MECHANISMS,
                       "help": "dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)"},
         "bands": {"help": "BandMF bands (= sampling cycle length)"},
+        "recipe": {"choices": recipe_lib.RECIPES,
+                   "help": "manual: --batch-size, --steps/--epochs and --learning-rate as given; auto: chosen from "
+                           "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report)"},
+        "token_budget": {"help": "example-tokens an automatic recipe may process (default "
+                                 f"{recipe_lib.DEFAULT_TOKEN_BUDGET:,})"},
     })
     p.add_argument("--labels", nargs="*", default=None, help="label set (default: read from --train, a side channel)")
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
@@ -131,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except (tune.TuneError, InputError, BudgetExceeded, CheckpointError) as e:
         print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
         return 2
+    chosen = result.report.get("training", {}).get("recipe")
+    if chosen:  # what the automatic recipe chose, and why (public settings and |D_train| only)
+        print("dpsynth dp-tune: recipe auto: " + "; ".join(chosen["why"]), file=sys.stderr)
     print(json.dumps({"out": result.out_dir, "steps": result.steps, "noise_multiplier": result.noise_multiplier,
                       "epsilon": {k: (str(v) if v is not None and math.isinf(v) else v) for k, v in result.epsilon.items()},
                       "delta": result.delta, "state_dir": result.state_dir}, sort_keys=True))

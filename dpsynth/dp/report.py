@@ -242,12 +242,16 @@ def render_markdown(report: dict[str, Any]) -> str:
             if user and key in ("expected_batch_size", "dataset_size"):
                 label += " (users)"
             lines.append(f"| {label} | {_num(t[key])} |")
+    if t.get("label_dropout"):
+        lines.append(f"| label dropout | {_num(t['label_dropout'])} |")
     lines += [
         f"| sampling | {t.get('sampling', SAMPLING_METHOD)} |",
         f"| pretraining contamination report sha256 | {report.get('contamination_sha256') or 'unknown'} |",
         "",
         f"**Covers**: {report['covers']}.",
         "",
+        *([f"**Recipe** (automatic, from |D_train| and public settings): " + "; ".join(t["recipe"]["why"]) + ".", ""]
+          if isinstance(t.get("recipe"), dict) else []),
         "## Mechanisms (ledger)",
         "",
     ]

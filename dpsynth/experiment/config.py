@@ -44,6 +44,9 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       learning_rates: [0.001]
       mode_learning_rates: {}       # per-mode lr axis, e.g. {full: [0.001], prompt: [0.03]}
       clip_norms: [1.0]
+      recipe: manual                # manual | auto (dpsynth.train.recipe: batch, steps and learning rate chosen
+      token_budget: null            #   from |D_train|, the mode and max_tokens; learning_rates, batch_size,
+                                    #   epochs and steps are then not used; token_budget caps its compute)
       batch_size: 64                # expected (Poisson) batch size
       epochs: 1.0                   # or steps: N
       steps: null
@@ -92,6 +95,7 @@ from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
+from dpsynth.train.recipe import RECIPES
 
 MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
@@ -235,6 +239,8 @@ class DPTuneConfig:
     learning_rates: tuple[float, ...] = (1e-3,)
     mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norms: tuple[float, ...] = (1.0,)
+    recipe: str = "manual"
+    token_budget: float | None = None
     batch_size: int = 64
     epochs: float | None = 1.0
     steps: int | None = None
@@ -283,6 +289,12 @@ class DPTuneConfig:
                 except (TypeError, ValueError):
                     ok = False
                 _check(ok, f"{sub}[{i}]", f"must be a number > 0, got {lr!r}")
+        _choice(self.recipe, RECIPES, f"{key}.recipe")
+        if self.recipe == "auto":
+            _check(len(self.learning_rates) == 1 and not self.mode_learning_rates, f"{key}.recipe",
+                   "auto chooses the learning rate itself: drop learning_rates / mode_learning_rates (or use recipe: manual)")
+        _check(self.token_budget is None or (self.recipe == "auto" and self.token_budget > 0), f"{key}.token_budget",
+               f"must be > 0 and goes with recipe: auto, got {self.token_budget}")
         _nonempty(self.clip_norms, f"{key}.clip_norms")
         for i, c in enumerate(self.clip_norms):
             _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
@@ -300,8 +312,11 @@ class DPTuneConfig:
         _check(self.prompt_length >= 1, f"{key}.prompt_length", f"must be >= 1, got {self.prompt_length}")
         _choice(self.accountant, ACCOUNTANTS, f"{key}.accountant")
 
-    def learning_rates_for(self, mode: str) -> tuple[float, ...]:
-        """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`)."""
+    def learning_rates_for(self, mode: str) -> tuple[float | None, ...]:
+        """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`);
+        `(None,)` with the automatic recipe, which chooses it."""
+        if self.recipe == "auto":
+            return (None,)
         if mode not in self.mode_learning_rates:
             return self.learning_rates
         return tuple(float(x) for x in _listed(self.mode_learning_rates[mode]))

@@ -93,7 +93,7 @@ class Trial:
     id: str
     mode: str
     epsilon: float
-    learning_rate: float
+    learning_rate: float | None  # None: chosen by the automatic recipe
     clip_norm: float
     sampling: SamplingConfig
     multiple: float
@@ -294,7 +294,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     dp = to_dict(config.dp_tune)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
     for k, default in (("privacy_unit", "example"), ("max_examples_per_user", None), ("mechanism", "dpsgd"),
-                       ("bands", None), ("label_dropout", 0.0)):
+                       ("bands", None), ("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None)):
         if shared_dp[k] == default:  # defaults stay out of the hash: caches made before they existed hold
             del shared_dp[k]
     gen = to_dict(config.generate)
@@ -306,8 +306,11 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
         for eps in config.dp_tune.epsilons:
             for lr in config.dp_tune.learning_rates_for(mode):
                 for clip in config.dp_tune.clip_norms:
-                    tune_id = f"{mode}-eps{fmt_num(eps)}-lr{fmt_num(lr)}-C{fmt_num(clip)}"
-                    tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "learning_rate": lr, "clip_norm": clip, "seed": seed}
+                    lr_id = "auto" if lr is None else f"lr{fmt_num(lr)}"  # the automatic recipe chooses it
+                    tune_id = f"{mode}-eps{fmt_num(eps)}-{lr_id}-C{fmt_num(clip)}"
+                    tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed}
+                    if lr is not None:
+                        tune_cfg["learning_rate"] = lr
                     if mode == "lora":
                         tune_cfg["lora_rank"] = config.dp_tune.lora_rank
                     if mode == "prompt":

@@ -69,6 +69,7 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
+from dpsynth.train import recipe as recipe_lib
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
                                    encode_null_examples, label_dropout_rows, manifest_fields, template_of)
 
@@ -129,6 +130,11 @@ class TuneConfig:
         max_examples_per_user: K, the contribution bound (user level; required there).
         mechanism: "dpsgd" (default) or "bandmf" (banded correlated noise, cyclic Poisson).
         bands: BandMF bands b (required with "bandmf").
+        recipe: "manual" (default: batch_size, steps/epochs and learning_rate as given) or
+            "auto": `dpsynth.train.recipe` chooses them from |D_train|, the mode, max_tokens and
+            `token_budget` (the given values are ignored; the choice and its reasons go into the
+            privacy report).
+        token_budget: example-tokens an automatic recipe may process (None: the recipe's default).
     """
 
     mode: str = "lora"
@@ -159,6 +165,8 @@ class TuneConfig:
     max_examples_per_user: int | None = None
     mechanism: str = "dpsgd"
     bands: int | None = None
+    recipe: str = "manual"
+    token_budget: float | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -214,6 +222,12 @@ class TuneConfig:
         if self.mechanism == "bandmf" and self.max_batch_size is not None:
             raise TuneError("a batch-size cap is not supported with BandMF")
         ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
+        if self.recipe not in recipe_lib.RECIPES:
+            raise TuneError(f"recipe must be one of {recipe_lib.RECIPES}, got {self.recipe!r}")
+        if self.token_budget is not None and not self.token_budget > 0:
+            raise TuneError(f"token_budget must be > 0, got {self.token_budget}")
+        if self.token_budget is not None and self.recipe != "auto":
+            raise TuneError("token_budget is a setting of the automatic recipe: pass recipe 'auto' (--recipe auto)")
         if not 0.0 <= self.label_dropout < 1.0:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
@@ -228,13 +242,31 @@ class TuneConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
-        if not self.label_dropout:  # off: the fingerprint of runs made before it existed holds
-            del d["label_dropout"]
+        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None)):
+            if d[name] == off:  # off: the fingerprint of runs made before it existed holds
+                del d[name]
         return d
+
+
+def resolve_recipe(config: TuneConfig, num_units: int) -> tuple[TuneConfig, recipe_lib.Recipe | None]:
+    """`config` with an automatic recipe's batch size, steps and learning rate filled in (and the
+    recipe), or `config` unchanged (and None) for a manual one. `num_units`: N of the plan
+    (examples, or users at user level)."""
+    if config.recipe != "auto":
+        return config, None
+    try:
+        rec = recipe_lib.auto_recipe(dataset_size=num_units, mode=config.mode, max_tokens=config.max_tokens,
+                                     token_budget=config.token_budget)
+    except recipe_lib.RecipeError as e:
+        raise TuneError(str(e)) from e
+    return dataclasses.replace(config, batch_size=rec.batch_size, steps=rec.steps,
+                               learning_rate=rec.learning_rate), rec
 
 
 def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_users: int | None = None) -> PrivacyPlan:
     """The run's privacy plan (`dpsynth.dp.plan.plan_privacy`); raises TuneError if unreachable.
+
+    An automatic recipe is resolved first (`resolve_recipe`), so the plan is the run's.
 
     `compositions = k`: one of k sweep trials, calibrated so that all k together meet the target.
     At user level `num_users` (the distinct users of D_train) is the plan's dataset size. A
@@ -245,6 +277,7 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
     user = config.private and config.privacy_unit == "user"
     if user and not num_users:
         raise TuneError("a user-level plan needs the number of users of D_train")
+    config, _ = resolve_recipe(config, num_users if user else num_train)
     try:
         return _plan_privacy(dataset_size=num_users if user else num_train, expected_batch_size=config.batch_size,
                              steps=config.steps, epochs=config.epochs, epsilon=config.epsilon, delta=config.delta,
@@ -475,14 +508,16 @@ def _selection_channel(selection: dict) -> dict:
             "were never written to this directory and the validation losses stay in the private state"}
 
 
-def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None) -> list[dict]:
+def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None,
+                   auto_recipe: bool = False) -> list[dict]:
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
         channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
                        "per-label counts are not released); pass the label set explicitly to avoid this"}
     channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
-                     "size of D_train is recorded without DP"})
+                     "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
+                     "learning rate from it (and from public settings only)" if auto_recipe else "")})
     channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
                      f"{config.max_tokens} tokens; the count is recorded without DP"})
     channels.append(dict(PRIVATE_STATE_CHANNEL))
@@ -594,6 +629,9 @@ def dp_tune(
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
     train_users = user_ids(config, train_records)
+    config, recipe = resolve_recipe(config, count_users(train_users) if train_users is not None else len(train_records))
+    for line in recipe.why if recipe else ():
+        logger.info("recipe auto: %s", line)
     plan = plan_for_records(config, train_records, compositions=compositions)
     if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
         raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
@@ -679,9 +717,10 @@ def dp_tune(
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
             **manifest_fields(config.template, labels, config.label_dropout),
+            **({"recipe": recipe.to_json()} if recipe else {}),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
-        channels = _side_channels(config, labels_from_data, train.truncated, selection)
+        channels = _side_channels(config, labels_from_data, train.truncated, selection, recipe is not None)
         if base_source:
             training["base_source"] = {k: v for k, v in base_source.items() if k != "hf_config"}
             training["embedding_clipping"] = ("sparse (exact, untied input table)"
@@ -871,6 +910,9 @@ def sweep(
     """
     if sweep_accounting not in SWEEP_ACCOUNTING:
         raise TuneError(f"sweep_accounting must be one of {SWEEP_ACCOUNTING}, got {sweep_accounting!r}")
+    if config.recipe == "auto":
+        raise TuneError("a sweep tries learning rates, which the automatic recipe chooses itself: use recipe 'manual' "
+                        "for a sweep")
     if not valid_records:
         raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
     grid = [(float(lr), float(c)) for lr in learning_rates for c in clip_norms]

@@ -74,6 +74,13 @@ def test_full_config_parses_types():
         ({"dp_tune": {"mechanism": "bandmf"}}, "dp_tune.bands: must be >= 1"),
         ({"dp_tune": {"bands": 4}}, "dp_tune.bands: is a BandMF setting"),
         ({"sensitive": {"user_column": "author"}}, "sensitive.user_column: the embedded reviews have no user column"),
+        ({"dp_tune": {"recipe": "magic"}}, "dp_tune.recipe: must be one of manual, auto"),
+        ({"dp_tune": {"recipe": "auto", "learning_rates": [0.1, 0.2]}}, "dp_tune.recipe: auto chooses the learning rate"),
+        ({"dp_tune": {"token_budget": 1e6}}, "dp_tune.token_budget: must be > 0 and goes with recipe: auto"),
+        ({"dp_tune": {"label_dropout": 1.0}}, "dp_tune.label_dropout: must be in [0, 1)"),
+        ({"generate": {"samplings": [{"guidance": -1}]}}, "generate.samplings[0].guidance: must be a finite number >= 0"),
+        ({"generate": {"samplings": [{"guidance": 1, "guidance_contrast": "x"}]}},
+         "generate.samplings[0].guidance_contrast: must be one of others, null"),
         ({"bogus": 1}, "bogus: unknown key"),
     ],
 )

@@ -165,6 +165,28 @@ def test_user_level_and_bandmf_settings_enter_only_when_set(data_files, tmp_path
     assert stages.count_train_users(user.node("sensitive").config) == 1
 
 
+def test_recipe_guidance_and_label_dropout_enter_only_when_set(data_files, tmp_path):
+    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    for key in ("recipe", "token_budget", "label_dropout", "guidance", "guidance_contrast"):
+        assert all(key not in n.config and key not in n.config.get("sampling", {}) for n in base.nodes)
+    auto = build_plan(grid_config(data_files, dp_tune={"recipe": "auto", "token_budget": 1e6, "label_dropout": 0.1},
+                                  generate={"samplings": [{"guidance": 0}, {"guidance": 2.0, "guidance_contrast": "null"}],
+                                            "multiples": [1]}), str(tmp_path / "run"))
+    tunes = [n for n in auto.nodes if n.stage == "dp_tune"]
+    assert sorted(n.key for n in tunes) == ["dp_tune[lora-eps1-auto-C1]", "dp_tune[lora-eps3-auto-C1]",
+                                            "dp_tune[prompt-eps1-auto-C1]", "dp_tune[prompt-eps3-auto-C1]"]
+    assert all("learning_rate" not in n.config and n.config["recipe"] == "auto" for n in tunes)
+    from dpsynth.experiment import stages
+
+    tc = stages.tune_config(tunes[0].config)
+    assert (tc.recipe, tc.token_budget, tc.label_dropout) == ("auto", 1e6, 0.1)
+    gens = sorted(n.key for n in auto.nodes if n.stage == "generate")
+    assert "generate[lora-eps3-auto-C1-t1-k0-n1-g2-null-x1]" in gens and "generate[lora-eps3-auto-C1-t1-k0-n1-x1]" in gens
+    unguided = [n for n in auto.nodes if n.key == "generate[lora-eps3-auto-C1-t1-k0-n1-x1]"][0]
+    assert "guidance" not in unguided.config["sampling"]
+    assert all(t.learning_rate is None for t in auto.trials)
+
+
 def test_dedup_also_against_shares_dedup_and_pretrain_across_sensitive_sets(data_files, tmp_path):
     (data_files / "other.csv").write_text("text,label\nd,x\ne,y\nf,x\n")
     a_sens = {"embedded": False, "train": str(data_files / "train.csv"), "test": str(data_files / "test.csv")}

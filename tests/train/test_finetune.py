@@ -219,6 +219,23 @@ def test_label_dropout_changes_no_dp_property(full_run, tmp_path):
         dataclasses.replace(BASE_CFG, label_dropout=1.0)
 
 
+def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, recipe="auto", token_budget=len(TRAIN) * 32 * 2.0, steps=None)
+    resolved, chosen = finetune.resolve_recipe(cfg, len(TRAIN))
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, str(tmp_path / "auto"), cfg, progress_interval=1e9)
+    plan = finetune.plan_run(cfg, len(TRAIN))  # what a dry run shows
+    training = res.report["training"]
+    assert res.steps == chosen.steps == plan.steps and res.noise_multiplier == plan.noise_multiplier
+    assert training["expected_batch_size"] == pytest.approx(chosen.batch_size) == plan.expected_batch_size
+    assert training["learning_rate"] == chosen.learning_rate != BASE_CFG.learning_rate
+    assert training["recipe"]["name"] == "auto" and training["recipe"]["why"] == list(chosen.why)
+    assert res.epsilon["rdp"] <= cfg.epsilon
+    assert any("automatic recipe" in c["detail"] for c in res.report["side_channels"])
+    with pytest.raises(finetune.TuneError, match="recipe"):
+        finetune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
+
+
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     base_dir, _, _ = full_run
     out = str(tmp_path / "resumed")

@@ -1,0 +1,131 @@
+"""The automatic DP-tuning recipe (`dp-tune --recipe auto`): batch, steps and learning rate from the data's size.
+
+One rule, decided a priori (docs/dp.md, "The automatic recipe", with the evidence) and
+calibrated once on a public proxy task (`bench/recipe_proxy.py`: OpinRank reviews, labels from
+the public corpus itself), never on D_train or D_valid. Its inputs are what every DP-SGD run
+already declares: N (the number of privacy units, a side channel every report names), epsilon,
+delta, the mode, the example length and a compute budget. So choosing the recipe costs no
+privacy beyond the dataset size that the report already records.
+
+The rule, from what is known of DP-SGD (Li et al. 2022, "Large language models can be strong
+differentially private learners"; Sander et al. 2023, "TAN without a burn"; Ponomareva et al.
+2023, "How to DP-fy ML"):
+
+1. **Epochs E from the budget.** At a fixed number of steps, the noise in the averaged
+   gradient sigma / B falls as the expected batch B grows (the accountant's sigma grows
+   more slowly than q), so more passes over the data buy less noise per step. E =
+   min(TARGET_EPOCHS, token_budget / (N max_tokens)), at least MIN_EPOCHS.
+2. **Steps T for the optimiser.** At a fixed E, fewer and larger steps add slightly less noise
+   in total (sqrt(T) / (sigma / B) falls by ~11% from T = 25 to T = 100 at epsilon 3, N 4,000,
+   E 10), but a generator needs enough updates to learn the label conditioning at all (24
+   steps did not teach it on 96-token reviews even without noise: docs/paper_cpu.md). T =
+   TARGET_STEPS, fewer only when the batch would fall below MIN_BATCH.
+3. **Batch B = E N / T** (Poisson, expected), at most N; sigma then comes from the accountant.
+4. **Learning rate** (Adam) per mode at TARGET_STEPS, scaled by sqrt(TARGET_STEPS / T): in the
+   noise-dominated regime Adam moves every coordinate by about lr per step, so the random
+   walk of the parameters grows as lr sqrt(T); keeping lr sqrt(T) fixed keeps it bounded.
+
+`epsilon = inf` (the non-private reference) gets the same E, T and B: the same recipe without
+noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+RECIPES = ("manual", "auto")
+TARGET_STEPS = 100  # DP optimiser steps the recipe aims at
+MIN_STEPS = 20
+TARGET_EPOCHS = 10.0  # expected passes over D_train when the budget allows
+MIN_EPOCHS = 1.0
+MIN_BATCH = 16  # expected examples per step, at least
+DEFAULT_TOKEN_BUDGET = 20_000_000  # example-tokens (E N max_tokens) a run may process, at most
+# Adam learning rate per mode at TARGET_STEPS (calibrated on the public proxy task).
+LEARNING_RATES = {"lora": 0.01, "prompt": 0.05, "full": 0.002}
+
+
+class RecipeError(ValueError):
+    """The recipe cannot be built (bad sizes or an unreachable target)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """What the automatic recipe chose, and why.
+
+    Attributes:
+      batch_size: expected (Poisson) batch B.
+      steps: T.
+      epochs: E = T B / N.
+      learning_rate: Adam's learning rate.
+      why: one sentence per choice (printed by `dp-tune`, recorded in the privacy report).
+    """
+
+    batch_size: float
+    steps: int
+    epochs: float
+    learning_rate: float
+    why: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": "auto", "batch_size": self.batch_size, "steps": self.steps, "epochs": self.epochs,
+                "learning_rate": self.learning_rate, "why": list(self.why),
+                "rule": "dpsynth.train.recipe (docs/dp.md, 'The automatic recipe')"}
+
+
+def auto_recipe(*, dataset_size: int, mode: str, max_tokens: int, token_budget: float | None = None) -> Recipe:
+    """The automatic recipe for N = `dataset_size` privacy units.
+
+    Epsilon and delta do not enter (the noise multiplier then comes from the accountant): the
+    rule fixes the compute and the number of updates, and the accountant spends the budget on
+    them. The same recipe therefore serves every epsilon of a grid, and epsilon = inf.
+
+    Args:
+      dataset_size: N, examples (or users at user level) in D_train.
+      mode: "full", "prompt" or "lora".
+      max_tokens: tokens per example (the compute of one example gradient).
+      token_budget: example-tokens the run may process (E N max_tokens); default
+        `DEFAULT_TOKEN_BUDGET`.
+
+    Raises:
+      RecipeError: N < 1, an unknown mode, or a budget of less than MIN_EPOCHS.
+    """
+    return _auto_recipe(int(dataset_size), str(mode), int(max_tokens),
+                        float(DEFAULT_TOKEN_BUDGET if token_budget is None else token_budget))
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_recipe(n: int, mode: str, max_tokens: int, budget: float) -> Recipe:
+    if n < 1:
+        raise RecipeError("the automatic recipe needs a non-empty training set")
+    if mode not in LEARNING_RATES:
+        raise RecipeError(f"no automatic recipe for mode {mode!r}; modes are {sorted(LEARNING_RATES)}")
+    if max_tokens < 1 or not budget > 0:
+        raise RecipeError(f"max_tokens and the token budget must be positive, got {max_tokens} and {budget}")
+    why = []
+    affordable = budget / (n * max_tokens)
+    if affordable < MIN_EPOCHS:
+        raise RecipeError(f"a token budget of {budget:,.0f} affords {affordable:.2f} passes over {n} examples of "
+                          f"{max_tokens} tokens; the automatic recipe needs at least {MIN_EPOCHS:g}: raise the budget "
+                          "or lower max_tokens")
+    epochs = min(TARGET_EPOCHS, affordable)
+    why.append(f"{epochs:.3g} expected passes over the {n} training examples: "
+               + (f"the recipe's target ({TARGET_EPOCHS:g}; more passes lower the noise per step at a fixed number "
+                  "of steps)" if epochs == TARGET_EPOCHS else
+                  f"all that the token budget of {budget:,.0f} example-tokens affords at {max_tokens} tokens each"))
+    steps = TARGET_STEPS
+    if epochs * n / steps < MIN_BATCH:  # a small set: fewer steps, so each still averages MIN_BATCH examples
+        steps = max(MIN_STEPS, int(epochs * n // MIN_BATCH))
+        why.append(f"{steps} steps: fewer than the target {TARGET_STEPS}, so that each expected batch still holds "
+                   f">= {MIN_BATCH} examples")
+    else:
+        why.append(f"{steps} steps: enough updates to learn the label conditioning (the recipe's target)")
+    batch = math.floor(min(float(n), epochs * n / steps) * 1000) / 1000  # (rounded down: never over the budget)
+    epochs = steps * batch / n
+    why.append(f"expected batch {batch:.1f} = passes x N / steps (Poisson sampling with q = {batch / n:.4g})")
+    lr = LEARNING_RATES[mode] * math.sqrt(TARGET_STEPS / steps)
+    why.append(f"learning rate {lr:.3g}: the {mode} rate {LEARNING_RATES[mode]:g} at {TARGET_STEPS} steps"
+               + ("" if steps == TARGET_STEPS else f", times sqrt({TARGET_STEPS}/{steps}) for {steps} steps"))
+    return Recipe(batch_size=batch, steps=int(steps), epochs=epochs, learning_rate=round(lr, 6), why=tuple(why))
