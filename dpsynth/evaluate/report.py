@@ -37,7 +37,7 @@ from dpsynth import fileio
 from dpsynth.evaluate import classifiers as cls_lib
 from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, scores, verdict
 from dpsynth.evaluate import train_classifier as tc
-from dpsynth.evaluate.verdict import nominal_epsilon  # noqa: F401 - part of this module's API (plots, summaries)
+from dpsynth.evaluate.verdict import nominal_epsilon
 
 logger = logging.getLogger("dpsynth.evaluate")
 
