@@ -5,7 +5,9 @@
         [--classifiers wordcnn,backbone] [--model CKPT] [--dp-epsilons 1,3,8] [beam flags]
 
 Writes OUT/metrics.json, OUT/metrics.csv, OUT/report.html and OUT/plots/*.png, and each DP-on-real
-baseline's privacy report under OUT/baselines/. Any standard Beam
+baseline's privacy report under OUT/baselines/, then prints the plain summary (accuracy, balanced
+accuracy and macro-F1 beside the majority class and the baselines; a verdict per corpus: does it
+beat DP-on-real at its epsilon?). Any standard Beam
 flag (`--runner`, `--direct_num_workers`, ...) is passed through; the default runner is local.
 """
 
@@ -56,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv=None, test_pipeline=None) -> dict:
-    """Parses flags, builds the config and runs the job; returns {"out": DIR, "corpora": N}.
+    """Parses flags, builds the config and runs the job; returns {"out": DIR, "corpora": N, "summary": text}
+    (the plain summary of the written report, `report.report_summary`).
 
     `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
@@ -73,7 +76,8 @@ def run(argv=None, test_pipeline=None) -> dict:
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
                      beam_args=beam_args, test_pipeline=test_pipeline)
-    return {"out": args.out, "corpora": len(dirs)}
+    labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test")]
+    return {"out": args.out, "corpora": len(dirs), "summary": report.report_summary(args.out, labels)}
 
 
 def main(argv=None) -> int:
@@ -83,6 +87,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"dpsynth evaluate: error: {e}", file=sys.stderr)
         return 2
+    print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")
     return 0
 

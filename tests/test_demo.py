@@ -81,6 +81,10 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     assert code == 0, text.err[-3000:]
     assert "planted 2 sensitive training reviews" in text.out
     assert "How good is the synthetic data?" in text.out and "always answering the majority class" in text.out
+    # The summary ends with the plain verdict: the lora corpus at epsilon 3 against DP-on-real at 3.
+    last = text.out.rstrip().splitlines()[-1]
+    assert "eps 3, lora, wordcnn: synthetic " in last and " vs DP-on-real " in last
+    assert last.endswith(": beats DP-on-real") or ": does NOT beat DP-on-real" in last
     assert os.path.exists(os.path.join(out, "report"))
     # Rerun: nothing recomputed.
     result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))

@@ -9,7 +9,8 @@ the sweep together meet it (`--sweep-accounting composed`, default) or only the 
 (`selected-only`, the paper's accounting), and `privacy_report.json` / `.md` are written next
 to `--out` (or to `--privacy-report DIR`). The WordCNN vocabulary of a DP run comes from
 `--model`'s tokenizer pieces, or hashed words without `--model` (`--vocabulary train`: from
-the training set, a declared side channel).
+the training set, a declared side channel). The test set is scored by accuracy, balanced
+accuracy and macro-F1 (`test_mean` / `test_std`: accuracy; `test_scores_mean` / `_std`: all three).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"dpsynth classify: error: {e}", file=sys.stderr)
         return 2
-    summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std}
+    summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
+               "test_scores_mean": result.score_mean}
     if result.privacy is not None:
         summary["epsilon"] = result.privacy["epsilon"]
     print(json.dumps(summary))

@@ -49,15 +49,24 @@ class ScoreBaselinesFn(_ScorerFn):
 
 
 class WriteReportFn(beam.DoFn):
-    """[(row, plot)] + [baseline rows] -> paths of metrics.json/csv and report.html."""
+    """[(row, plot)] + [baseline rows] -> paths of metrics.json/csv and report.html.
 
-    def __init__(self, out_dir: str, classifiers: Sequence[str]):
-        self.out_dir, self.classifiers = out_dir, tuple(classifiers)
+    The majority-class predictor's scores come from the real test labels, read in `setup()`.
+    """
+
+    def __init__(self, out_dir: str, classifiers: Sequence[str], real_test: str):
+        self.out_dir, self.classifiers, self.real_test = out_dir, tuple(classifiers), real_test
+        self.majority = None
+
+    def setup(self):
+        from dpsynth.evaluate import corpora
+
+        self.majority = report.majority_of(corpora.read_real(self.real_test, "real test"))
 
     def process(self, scored, baselines):
         rows = [r for r, _ in scored]
         plots = [p for _, p in scored]
-        yield report.write_report(rows, plots, baselines, self.out_dir, self.classifiers)
+        yield report.write_report(rows, plots, baselines, self.out_dir, self.classifiers, majority=self.majority)
 
 
 class ScoreCorpora(beam.PTransform):
@@ -85,7 +94,7 @@ def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str
     baselines = (p | "BaselineTask" >> beam.Create([0])
                  | "ScoreBaselines" >> beam.ParDo(ScoreBaselinesFn(real_paths, config))
                  | "CollectBaselines" >> beam.combiners.ToList())
-    return scored | "WriteReport" >> beam.ParDo(WriteReportFn(out_dir, config.classifiers),
+    return scored | "WriteReport" >> beam.ParDo(WriteReportFn(out_dir, config.classifiers, real_paths[1]),
                                                 beam.pvalue.AsSingleton(baselines))
 
 

@@ -4,7 +4,8 @@ For a sweep of T trials with scores on synthetic valid (the selection signal ava
 user of the synthetic data) and on real test (the truth), report Spearman's rho and Kendall's
 tau (scipy), the rank-biased overlap (Webber et al. 2010, extrapolated RBO_ext) with p chosen so
 that 85% of the weight lies on the top 25% of the ranking, and the mean and standard deviation
-of the real-test scores of the top-25% trials by the selection signal. The same numbers with
+of the real-test scores of the top-25% trials by the selection signal (and of any further
+real-test scores of the trials, e.g. balanced accuracy and macro-F1). The same numbers with
 real-valid as the signal are the upper bound a user with real validation data would get.
 
 Ties are broken by trial order (stable sort), so the ranking is deterministic.
@@ -13,7 +14,7 @@ Ties are broken by trial order (stable sort), so the ranking is deterministic.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy import optimize, stats
@@ -81,7 +82,8 @@ def _top_stats(signal: np.ndarray, truth: np.ndarray, top_fraction: float) -> tu
     return float(truth[top].mean()), float(truth[top].std())
 
 
-def _study(signal: np.ndarray, truth: np.ndarray, p: float, top_fraction: float) -> dict[str, float]:
+def _study(signal: np.ndarray, truth: np.ndarray, p: float, top_fraction: float,
+           extra: Mapping[str, np.ndarray]) -> dict[str, float]:
     out = {"rbo": rbo(ranking(signal), ranking(truth), p)}
     if np.ptp(signal) == 0 or np.ptp(truth) == 0:  # correlation undefined for constant scores
         out["spearman"], out["kendall"] = float("nan"), float("nan")
@@ -89,24 +91,35 @@ def _study(signal: np.ndarray, truth: np.ndarray, p: float, top_fraction: float)
         out["spearman"] = float(stats.spearmanr(signal, truth).statistic)
         out["kendall"] = float(stats.kendalltau(signal, truth).statistic)
     out["top_mean"], out["top_std"] = _top_stats(signal, truth, top_fraction)
+    for name, values in extra.items():
+        out[f"top_{name}_mean"], out[f"top_{name}_std"] = _top_stats(signal, values, top_fraction)
     return out
 
 
 def ranking_study(synthetic_valid: Sequence[float], real_test: Sequence[float],
                   real_valid: Sequence[float] | None = None, top_fraction: float = TOP_FRACTION,
-                  top_weight: float = TOP_WEIGHT) -> dict[str, float]:
+                  top_weight: float = TOP_WEIGHT,
+                  real_test_scores: Mapping[str, Sequence[float]] | None = None) -> dict[str, float]:
     """Ranking metrics of a sweep; keys `spearman, kendall, rbo, top_mean, top_std, rbo_p`, and
     the same with an `upper_` prefix (real valid as the signal) when `real_valid` is given.
     Correlations of constant scores are NaN (undefined), never a made-up number.
+
+    `real_test_scores` ({name: per-trial real-test score}, e.g. "balanced_accuracy") adds
+    `top_<name>_mean` / `top_<name>_std` (and their `upper_` versions): the same top-25% trials
+    (still chosen by the signal, i.e. by accuracy), scored by that measure.
     """
     sv, rt = np.asarray(synthetic_valid, np.float64), np.asarray(real_test, np.float64)
     if sv.shape != rt.shape or sv.ndim != 1 or len(sv) < 2:
         raise ValueError(f"need >= 2 trials with both scores, got shapes {sv.shape} and {rt.shape}")
+    extra = {name: np.asarray(v, np.float64) for name, v in (real_test_scores or {}).items()}
+    for name, v in extra.items():
+        if v.shape != rt.shape:
+            raise ValueError(f"real_test_scores[{name!r}] has shape {v.shape}, expected {rt.shape}")
     p = rbo_p_for(len(sv), top_fraction, top_weight)
-    out = {"num_trials": len(sv), "rbo_p": p, **_study(sv, rt, p, top_fraction)}
+    out = {"num_trials": len(sv), "rbo_p": p, **_study(sv, rt, p, top_fraction, extra)}
     if real_valid is not None:
         rv = np.asarray(real_valid, np.float64)
         if rv.shape != rt.shape:
             raise ValueError(f"real_valid has shape {rv.shape}, expected {rt.shape}")
-        out.update({f"upper_{k}": v for k, v in _study(rv, rt, p, top_fraction).items()})
+        out.update({f"upper_{k}": v for k, v in _study(rv, rt, p, top_fraction, extra).items()})
     return out

@@ -9,6 +9,12 @@ Each DP-on-real baseline writes its privacy report (ledger, epsilons, side chann
 `dpsynth.dp.report` format) to `OUT/baselines/dp_on_real-<classifier>-eps<epsilon>/`, and its
 row in `metrics.json` and the HTML report carries the spent epsilon and the side channels.
 
+Every classifier result (synthetic corpora, both baselines, each sweep trial) carries accuracy,
+balanced accuracy and macro-F1 on the real test set (`dpsynth.evaluate.scores`); `metrics.json`
+also holds the majority-class predictor's scores ("majority") and one verdict per corpus and
+classifier ("verdicts", `dpsynth.evaluate.verdict`: does it beat DP-on-real at its epsilon?),
+which the HTML report shows first and the plain summaries end with.
+
 A corpus that cannot be scored (different label sets, no valid rows, too few examples for the
 MAUVE buckets, ...) gets a row with `status = "error"` and the reason; corpora without a
 privacy report are marked NON-PRIVATE. No metric is ever silently filled in.
@@ -29,8 +35,9 @@ import numpy as np
 
 from dpsynth import fileio
 from dpsynth.evaluate import classifiers as cls_lib
-from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking
+from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, scores, verdict
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate.verdict import nominal_epsilon
 
 logger = logging.getLogger("dpsynth.evaluate")
 
@@ -38,21 +45,6 @@ METRICS_JSON, METRICS_CSV, REPORT_HTML, PLOTS_DIR = "metrics.json", "metrics.csv
 LENGTH_CLIP_PERCENTILE = 99.0  # length histograms end here (a few very long reviews would set the range)
 EXAMPLES_PER_LABEL = 3  # synthetic examples per label shown in the report (never real text)
 EXAMPLE_CHARS = 300
-
-
-def nominal_epsilon(row: Mapping[str, Any]) -> float:
-    """The epsilon a corpus was asked for (`target_epsilon`), else its realised one; inf if non-private.
-
-    Plots use it so that a corpus at realised epsilon 2.9995 and DP-on-real at 3 share one x.
-    """
-    for key in ("target_epsilon", "epsilon"):
-        v = row.get(key)
-        if v is not None:
-            try:
-                return float(v)
-            except (TypeError, ValueError):
-                continue
-    return math.inf
 
 
 def epsilon_axis(values) -> tuple[dict[float, int], list[str]]:
@@ -263,7 +255,7 @@ class Scorer:
                                   backbone=self.backbone)
                 rows.append({"baseline": "real", "classifier": kind, "epsilon": float("inf"),
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
-                             **{f"selected_{k}": v for k, v in res.selected.items()}})
+                             **_score_columns(res), **{f"selected_{k}": v for k, v in res.selected.items()}})
             for eps in self.config.dp_epsilons:
                 dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
                                  microbatch_size=min(self.config.dp_microbatch_size, len(train)),
@@ -274,7 +266,7 @@ class Scorer:
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
-                             **{f"selected_{k}": v for k, v in res.selected.items()},
+                             **_score_columns(res), **{f"selected_{k}": v for k, v in res.selected.items()},
                              **tc.privacy_summary(res.privacy), "privacy_report": res.privacy})
         return rows
 
@@ -297,14 +289,27 @@ def _summary(report: dict | None) -> dict | None:
     return {k: v for k, v in report.items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
+# The real-test scores recorded beside accuracy (every classifier result; `scores.METRICS`).
+EXTRA_SCORES = tuple(m for m in scores.METRICS if m != "accuracy")
+
+
+def _score_columns(res: tc.SweepResult, prefix: str = "") -> dict[str, float]:
+    """`<prefix>balanced_accuracy`, `..._std`, `<prefix>macro_f1`, `..._std` on the real test set
+    (mean and std over the selected setting's repeats)."""
+    return {k: v for m in EXTRA_SCORES for k, v in ((f"{prefix}{m}", res.score_mean["real_test"][m]),
+                                                       (f"{prefix}{m}_std", res.score_std["real_test"][m]))}
+
+
 def _classifier_columns(kind: str, res: tc.SweepResult) -> dict[str, Any]:
     out = {f"{kind}_accuracy": res.test_mean["real_test"], f"{kind}_accuracy_std": res.test_std["real_test"],
+           **_score_columns(res, f"{kind}_"),
            f"{kind}_synthetic_valid_accuracy": res.valid_mean, f"{kind}_trials": len(res.trials)}
     if len(res.trials) >= 2:
         sv = [t["valid_accuracy"] for t in res.trials]
         rt = [t["real_test_accuracy"] for t in res.trials]
         rv = [t["real_valid_accuracy"] for t in res.trials] if "real_valid_accuracy" in res.trials[0] else None
-        study = ranking.ranking_study(sv, rt, rv)
+        study = ranking.ranking_study(sv, rt, rv,
+                                      real_test_scores={m: [t[f"real_test_{m}"] for t in res.trials] for m in EXTRA_SCORES})
         out.update({f"{kind}_rank_{k}": v for k, v in study.items() if k != "num_trials"})
     return out
 
@@ -345,13 +350,21 @@ def baseline_dir(row: Mapping[str, Any]) -> str:
     return os.path.join(BASELINES_DIR, f"{row['baseline']}-{row['classifier']}-eps{'inf' if math.isinf(eps) else f'{eps:g}'}")
 
 
-def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str) -> tuple[str, str]:
-    """`metrics.json` ({"corpora": rows, "baselines": ...}) and `metrics.csv` (one row per corpus)."""
+def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str, *, majority: Mapping | None = None,
+                 verdicts: Sequence[Mapping] | None = None) -> tuple[str, str]:
+    """`metrics.json` ({"corpora": rows, "baselines": ..., and when given "majority": the
+    majority-class predictor's scores, "verdicts": one per corpus and classifier}) and
+    `metrics.csv` (one row per corpus)."""
     os.makedirs(out_dir, exist_ok=True)
     jpath, cpath = os.path.join(out_dir, METRICS_JSON), os.path.join(out_dir, METRICS_CSV)
     clean = lambda r: {k: _json_value(v) for k, v in r.items()}  # noqa: E731
-    fileio.write_json(jpath, {"format": "dpsynth.metrics", "format_version": 1, "corpora": [clean(r) for r in rows],
-                              "baselines": [clean(b) for b in baselines]}, indent=1, newline=False)
+    doc = {"format": "dpsynth.metrics", "format_version": 1, "corpora": [clean(r) for r in rows],
+           "baselines": [clean(b) for b in baselines]}
+    if majority is not None:
+        doc["majority"] = clean(majority)
+    if verdicts is not None:
+        doc["verdicts"] = [clean(v) for v in verdicts]
+    fileio.write_json(jpath, doc, indent=1, newline=False)
     columns = list(dict.fromkeys(k for r in rows for k in r))
     with open(cpath, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns)
@@ -463,16 +476,46 @@ SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "target_epsilon", "eps
                    "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity")
 
 
+def verdict_html(verdicts: Sequence[Mapping[str, Any]], majority: Mapping[str, Any] | None) -> str:
+    """The report's top section: the majority-class rates and one verdict line per corpus and classifier."""
+    parts = ["<section id='verdict'><h2>Verdict: does the synthetic data beat DP-on-real?</h2>",
+             "<p>Per corpus, at its epsilon, on the real test set: accuracy (balanced accuracy) of the classifier "
+             "trained on the synthetic data vs the same classifier trained with DP on the real data vs trained on "
+             "the real data without privacy. A corpus beats DP-on-real only when it is ahead on both.</p>"]
+    if majority is not None:
+        parts.append(f"<p class='majority'>For scale: {html.escape(verdict.majority_text(majority))}.</p>")
+    if verdicts:
+        parts.append("<ul class='verdicts'>")
+        for v in verdicts:
+            parts.append(f"<li class='verdict {html.escape(v['status'])}' data-verdict='{html.escape(v['status'])}'>"
+                         f"{html.escape(v['line'])}</li>")
+        parts.append("</ul>")
+    else:
+        parts.append("<p>No classifier was trained: no verdict.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[dict], images: Sequence[tuple[str, str]],
-               out_dir: str, classifiers: Sequence[str]) -> str:
-    """The HTML report (images referenced under plots/; each <img> flags itself when loaded)."""
-    cols = list(SUMMARY_COLUMNS) + [c for k in classifiers for c in (f"{k}_accuracy", f"{k}_accuracy_std",
-                                                                       f"{k}_rank_spearman", f"{k}_rank_kendall", f"{k}_rank_rbo")]
+               out_dir: str, classifiers: Sequence[str], *, majority: Mapping[str, Any] | None = None,
+               verdicts: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The HTML report (images referenced under plots/; each <img> flags itself when loaded).
+
+    The verdict section (`verdict_html`: majority-class rates, a verdict line per corpus) comes
+    first, before the wide metrics table; `verdicts` default to `verdict.corpus_verdicts`.
+    """
+    if verdicts is None:
+        verdicts = verdict.corpus_verdicts(rows, baselines, classifiers)
+    cols = list(SUMMARY_COLUMNS) + [c for k in classifiers for c in (
+        f"{k}_accuracy", f"{k}_accuracy_std", f"{k}_balanced_accuracy", f"{k}_macro_f1",
+        f"{k}_rank_spearman", f"{k}_rank_kendall", f"{k}_rank_rbo")]
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>dpsynth evaluation report</title>",
              "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}.error{background:#fdd}.nonprivate{background:#ffe9c6}"
-             ".card{display:inline-block;border:1px solid #999;margin:6px;padding:6px;vertical-align:top;font-size:12px}</style>",
+             ".card{display:inline-block;border:1px solid #999;margin:6px;padding:6px;vertical-align:top;font-size:12px}"
+             ".verdict.beats{color:#075e00}.verdict.does_not_beat{color:#9b0000}.verdicts li{margin:3px 0}</style>",
              "</head><body><h1>dpsynth evaluation report</h1>",
+             verdict_html(verdicts, majority),
              "<p>P = synthetic train, Q = real test. MAUVE / MAUVE* (KT-smoothed): higher is closer. "
              "Rows marked <span class='nonprivate'>NON-PRIVATE</span> have no privacy report; rows marked "
              "<span class='error'>error</span> could not be scored (reason given).</p>",
@@ -487,10 +530,12 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
             cells.append(f"<td>{_fmt(v)}</td>")
         parts.append(f"<tr class='{klass}'>" + "".join(cells) + f"<td>{_fmt(r.get('error'))}</td></tr>")
     parts.append("</table>")
-    if baselines:
+    if baselines or majority is not None:
         parts.append("<h2>Baselines</h2><p>DP-on-real: epsilon spent by the whole sweep (every accountant) at the "
-                     "delta shown; its non-DP side channels and privacy report are listed per row.</p>"
+                     "delta shown; its non-DP side channels and privacy report are listed per row. Balanced accuracy "
+                     "is the mean recall over the real test set's classes (chance = 1 / classes).</p>"
                      "<table><tr><th>baseline</th><th>classifier</th><th>epsilon</th><th>accuracy</th><th>std</th>"
+                     "<th>balanced accuracy</th><th>macro-F1</th>"
                      "<th>epsilon spent</th><th>delta</th><th>sweep accounting</th><th>vocabulary</th>"
                      "<th>side channels</th><th>privacy report</th></tr>")
         for b in baselines:
@@ -501,9 +546,15 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
             rep = b.get("privacy_report")
             link = f"<a href='{html.escape(rep)}'>{html.escape(rep)}</a>" if isinstance(rep, str) else "-"
             parts.append(f"<tr><td>{_fmt(b['baseline'])}</td><td>{_fmt(b['classifier'])}</td><td>{_fmt(b['epsilon'])}</td>"
-                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td><td>{spent_s}</td>"
+                         f"<td>{_fmt(b['accuracy'])}</td><td>{_fmt(b['accuracy_std'])}</td>"
+                         f"<td>{_fmt(b.get('balanced_accuracy'))}</td><td>{_fmt(b.get('macro_f1'))}</td><td>{spent_s}</td>"
                          f"<td>{_fmt(b.get('delta'))}</td><td>{_fmt(b.get('sweep_accounting'))}</td>"
                          f"<td>{_fmt(b.get('vocabulary'))}</td><td>{channels}</td><td>{link}</td></tr>")
+        if majority is not None:
+            parts.append(f"<tr class='majority'><td>majority class '{html.escape(str(majority['label']))}'</td><td>-</td>"
+                         f"<td>-</td><td>{_fmt(majority['accuracy'])}</td><td>-</td><td>{_fmt(majority['balanced_accuracy'])}</td>"
+                         f"<td>{_fmt(majority['macro_f1'])}</td><td colspan='6'>always answers the most frequent label "
+                         "of the real test set (no training)</td></tr>")
         parts.append("</table>")
     parts.append("<h2>Plots</h2>")
     for title, rel in images:
@@ -543,16 +594,27 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
 
 
 def write_report(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[dict], out_dir: str,
-                 classifiers: Sequence[str]) -> dict[str, str]:
-    """Tables, plots and HTML; returns their paths."""
+                 classifiers: Sequence[str], majority: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Tables, plots and HTML; returns their paths.
+
+    `majority` (`majority_of(real test records)`) adds the majority-class predictor's scores to
+    `metrics.json` and the report; the verdicts (`verdict.corpus_verdicts`) always go in.
+    """
     rows = sorted(rows, key=lambda r: r["corpus"])
     plots = sorted(plots, key=lambda p: p["corpus"])
     baselines = write_baseline_reports(baselines, out_dir)
-    jpath, cpath = write_tables(rows, baselines, out_dir)
+    verdicts = verdict.corpus_verdicts(rows, baselines, classifiers)
+    jpath, cpath = write_tables(rows, baselines, out_dir, majority=majority, verdicts=verdicts)
     images = make_plots(rows, plots, baselines, out_dir, classifiers)
-    hpath = write_html(rows, plots, baselines, images, out_dir, classifiers)
+    hpath = write_html(rows, plots, baselines, images, out_dir, classifiers, majority=majority, verdicts=verdicts)
     return {"metrics_json": jpath, "metrics_csv": cpath, "report_html": hpath,
             "plots": [os.path.join(out_dir, rel) for _, rel in images]}
+
+
+def majority_of(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The majority-class predictor's scores on labelled records (the real test set):
+    {"label", "num_classes", "n_test", "accuracy", "balanced_accuracy", "macro_f1"}."""
+    return scores.majority([str(r["label"]) for r in records]).as_dict()
 
 
 def load_real(real_train: str, real_test: str, real_valid: str | None = None) -> RealData:
@@ -564,7 +626,7 @@ def evaluate(synthetic_dirs: Sequence[str], real: RealData, out_dir: str, config
              ) -> dict[str, Any]:
     """Scores every corpus in-process and writes the report (the Beam job does the same fanned out).
 
-    Returns {"rows", "baselines", "paths"}.
+    Returns {"rows", "baselines", "paths", "majority" (the majority-class predictor's scores)}.
     """
     from dpsynth.progress import Progress
 
@@ -579,8 +641,9 @@ def evaluate(synthetic_dirs: Sequence[str], real: RealData, out_dir: str, config
             plots.append(plot)
             progress.update(1)
     baselines = scorer.score_baselines()
-    paths = write_report(rows, plots, baselines, out_dir, config.classifiers)
-    return {"rows": rows, "baselines": baselines, "paths": paths}
+    majority = majority_of(real.test)
+    paths = write_report(rows, plots, baselines, out_dir, config.classifiers, majority=majority)
+    return {"rows": rows, "baselines": baselines, "paths": paths, "majority": majority}
 
 
 SMALL_CNN = cls_lib.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
@@ -607,15 +670,27 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
                              train=tc.TrainConfig(max_epochs=max_epochs)))
 
 
+def _num(v) -> str:
+    v = verdict.as_float(v)
+    return "-" if v is None else f"{v:.3f}"
+
+
 def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
-    """A plain-text table: synthetic vs real vs DP-on-real accuracy, MAUVE, perplexity."""
+    """A plain-text table: synthetic vs real vs DP-on-real accuracy (+- std over repeats), balanced
+    accuracy and macro-F1 on the real test set, MAUVE, perplexity; with `result["majority"]`
+    (as `evaluate` returns it) a majority-class row."""
     lines = []
-    head = f"{'source':<28} {'eps':>6} " + " ".join(f"{k + ' acc':>16}" for k in classifiers) + f" {'MAUVE':>14} {'MAUVE*':>7} {'ppl':>8}"
+    head = (f"{'source':<28} {'eps':>6} " + " ".join(f"{k + ' acc':>16} {'bal.acc':>7} {'mac.F1':>7}" for k in classifiers)
+            + f" {'MAUVE':>14} {'MAUVE*':>7} {'ppl':>8}")
     lines.append(head)
     lines.append("-" * len(head))
 
     def acc(mean, std):
         return f"{mean:.3f}+-{std:.3f}" if mean is not None else "-"
+
+    def cells(get, fill):
+        return " ".join(f"{acc(*get(k, 'accuracy')) if fill(k) else '':>16} {_num(get(k, 'balanced_accuracy')[0]) if fill(k) else '':>7} "
+                        f"{_num(get(k, 'macro_f1')[0]) if fill(k) else '':>7}" for k in classifiers)
 
     for r in sorted(result["rows"], key=lambda r: r["corpus"]):
         eps = r.get("epsilon")
@@ -624,15 +699,19 @@ def summary_table(result: Mapping[str, Any], classifiers: Sequence[str]) -> str:
         if r.get("status") != "ok":
             lines.append(f"{name[:28]:<28} {eps_s:>6} ERROR: {r.get('error', '')[:80]}")
             continue
-        accs = " ".join(f"{acc(r.get(f'{k}_accuracy'), r.get(f'{k}_accuracy_std')):>16}" for k in classifiers)
+        accs = cells(lambda k, m: (r.get(f"{k}_{m}"), r.get(f"{k}_{m}_std")), lambda k: True)
         ppl = r.get("perplexity")
         lines.append(f"{name[:28]:<28} {eps_s:>6} {accs} {r['mauve']:.3f}+-{r['mauve_std']:.3f} {r['mauve_star']:>7.3f} "
                      f"{(f'{ppl:.2f}' if ppl else '-'):>8}")
     for b in result["baselines"]:
         eps_s = "inf" if math.isinf(b["epsilon"]) else f"{b['epsilon']:g}"
-        cells = " ".join(f"{acc(b['accuracy'], b['accuracy_std']) if k == b['classifier'] else '':>16}" for k in classifiers)
+        row = cells(lambda k, m: (b.get(m), b.get(f"{m}_std")), lambda k: k == b["classifier"])
         name = "real data" if b["baseline"] == "real" else f"DP-on-real ({b.get('sweep_accounting', '?')})"
-        lines.append(f"{name:<28} {eps_s:>6} {cells}")
+        lines.append(f"{name:<28} {eps_s:>6} {row}")
+    majority = result.get("majority")
+    if majority:
+        row = cells(lambda k, m: (majority[m], 0.0), lambda k: True)
+        lines.append(f"{('majority class ' + repr(str(majority['label'])))[:28]:<28} {'-':>6} {row}")
     return "\n".join(lines)
 
 
@@ -640,39 +719,39 @@ def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classi
     """How useful each synthetic corpus is, in measured numbers a user can act on.
 
     For each corpus: its classifier's real-test accuracy beside the majority-class rate of the
-    real test set, the real-data and DP-on-real classifiers at the same epsilon, and the share of
-    the real-data gain over the majority rate that the synthetic data recovers. Only numbers
-    from `metrics` (a `metrics.json`) and the test labels' counts; no real text.
+    real test set, the real-data and DP-on-real classifiers at the same epsilon, the share of
+    the real-data gain over the majority rate that the synthetic data recovers, and its balanced
+    accuracy (chance: 1 / classes) and macro-F1. Ends with the verdict per corpus
+    (`verdict.corpus_verdict`: does it beat DP-on-real at its epsilon, on accuracy and balanced
+    accuracy?). Only numbers from `metrics` (a `metrics.json`) and the test labels' counts; no
+    real text.
     """
-    from collections import Counter
-
-    counts = Counter(str(l) for l in test_labels)
-    if not counts:
+    if not test_labels:
         return "no test labels: cannot compare with the majority class"
-    top, n_top = max(sorted(counts.items()), key=lambda kv: kv[1])
-    majority = n_top / sum(counts.values())
+    maj = scores.majority(test_labels)
+    top, majority, chance = maj.label, maj.scores.accuracy, maj.scores.balanced_accuracy
     baselines = metrics.get("baselines") or []
 
     def base(which, eps=None):
-        for b in baselines:
-            if b.get("baseline") == which and b.get("classifier") == classifier and (
-                    eps is None or _as_float(b.get("epsilon")) == eps):
-                return float(b["accuracy"])
-        return None
+        return verdict.find_baseline(baselines, which, classifier, eps)
 
-    real = base("real")
-    lines = [f"How good is the synthetic data? ({classifier} trained on it, accuracy on {sum(counts.values())} real test "
-             f"examples)", f"  always answering the majority class '{top}': {majority:.3f}"]
+    real_row = base("real")
+    real = float(real_row["accuracy"]) if real_row else None
+    lines = [f"How good is the synthetic data? ({classifier} trained on it, accuracy on {maj.n} real test "
+             f"examples)", f"  always answering the majority class '{top}': {majority:.3f} (balanced accuracy "
+             f"{chance:.3f} = 1/{maj.num_classes} classes: chance; macro-F1 {maj.scores.macro_f1:.3f})"]
     if real is not None:
-        lines.append(f"  trained on the real training data (no privacy): {real:.3f}")
+        lines.append(f"  trained on the real training data (no privacy): {real:.3f} (balanced accuracy "
+                     f"{_num(real_row.get('balanced_accuracy'))}, macro-F1 {_num(real_row.get('macro_f1'))})")
     for row in metrics.get("corpora") or []:
         acc = row.get(f"{classifier}_accuracy")
         if row.get("status") != "ok" or acc is None:
             lines.append(f"  {row.get('corpus')}: not scored ({row.get('error', row.get('status'))})")
             continue
         acc = float(acc)
-        eps = nominal_epsilon({k: _as_float(row.get(k)) for k in ("target_epsilon", "epsilon")})
-        dp = base("dp_on_real", eps) if math.isfinite(eps) else None
+        eps = nominal_epsilon(row)
+        dp_row = base("dp_on_real", eps) if math.isfinite(eps) else None
+        dp = float(dp_row["accuracy"]) if dp_row else None
         text = f"  synthetic {row.get('corpus')} (epsilon {eps:g}): {acc:.3f}, {100 * (acc - majority):+.1f} points vs majority"
         if dp is not None:
             text += f", {100 * (acc - dp):+.1f} vs DP-on-real ({dp:.3f})"
@@ -681,16 +760,38 @@ def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classi
         if row.get("mauve") is not None:
             text += f"; MAUVE {float(row['mauve']):.3f} (1 = indistinguishable from real)"
         lines.append(text)
-        verdict = ("carries label signal a classifier can use" if acc >= majority + 0.05 else
-                   "does NOT beat answering the majority class by 5 points: not yet useful for training")
-        lines.append(f"    -> this synthetic data {verdict}")
+        bal = verdict.as_float(row.get(f"{classifier}_balanced_accuracy"))
+        if bal is not None:
+            lines.append(f"    balanced accuracy {bal:.3f} ({100 * (bal - chance):+.1f} points vs chance {chance:.3f}), "
+                         f"macro-F1 {_num(row.get(f'{classifier}_macro_f1'))}")
+        verdict_text = ("carries label signal a classifier can use" if acc >= majority + 0.05 else
+                        "does NOT beat answering the majority class by 5 points: not yet useful for training")
+        lines.append(f"    -> this synthetic data {verdict_text}")
+    rows = metrics.get("corpora") or []
+    if rows:
+        lines.append(f"Verdict ({classifier}, accuracy (balanced accuracy) on the real test set: synthetic vs "
+                     "DP-on-real vs real, at each corpus's epsilon):")
+        lines += [f"  {v['line']}" for v in verdict.corpus_verdicts(rows, baselines, [classifier])]
     return "\n".join(lines)
 
 
-def _as_float(v) -> float | None:
-    if v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
+def classifiers_in(metrics: Mapping[str, Any]) -> list[str]:
+    """The classifiers with results in `metrics` (a `metrics.json`), in `train_classifier.CLASSIFIERS` order."""
+    keys = {k for r in metrics.get("corpora") or [] for k in r} | {
+        f"{b.get('classifier')}_accuracy" for b in metrics.get("baselines") or []}
+    return [k for k in tc.CLASSIFIERS if f"{k}_accuracy" in keys]
+
+
+def report_summary(out_dir: str, test_labels: Sequence[str]) -> str:
+    """`plain_summary` of the report in `out_dir` for every classifier it holds (`make demo`, `dpsynth evaluate`)."""
+    import json
+
+    path = os.path.join(out_dir, METRICS_JSON)
+    if not os.path.exists(path):  # e.g. an evaluate stage cached by an older dpsynth
+        return f"(no plain summary: {path} does not exist; rerun the evaluate stage to get one)"
+    with open(path, encoding="utf-8") as f:
+        metrics = json.load(f)
+    kinds = classifiers_in(metrics)
+    if not kinds:
+        return "(no plain summary: no downstream classifier was trained)"
+    return "\n\n".join(plain_summary(metrics, test_labels, k) for k in kinds)

@@ -5,6 +5,10 @@ learning-rate / weight-decay sweep) on synthetic valid, test on real test. Basel
 on real train / real valid (epsilon = inf), and DP-on-real: DP-Adam through `DPSGDStrategy`
 with Poisson sampling, sweeping the clipping norm too.
 
+Each trial scores its best epoch on every test set with `dpsynth.evaluate.scores` (accuracy,
+balanced accuracy, macro-F1, from one pass of predictions); early stopping and the selection
+read validation accuracy only.
+
 Every trial runs on `dpsynth.train.core.make_train_functions` (the one core): per-example
 softmax cross-entropy as `loss_fn`, `optax.adamw` with the learning rate and weight decay
 injected as optimizer-state hyperparameters, so a whole non-private sweep compiles its step
@@ -41,6 +45,7 @@ import numpy as np
 import optax
 
 from dpsynth.evaluate import classifiers
+from dpsynth.evaluate import scores as scores_lib
 from dpsynth.train import core, loop
 
 logger = logging.getLogger("dpsynth.evaluate")
@@ -163,7 +168,9 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class TrialResult:
-    """One training run: best validation accuracy, test accuracies of the best epoch."""
+    """One training run: best validation accuracy, test accuracies of the best epoch, and that
+    epoch's scores on every test set (`test_scores[name]`: {"accuracy", "balanced_accuracy",
+    "macro_f1"}, `dpsynth.evaluate.scores`; selection and early stopping read accuracy only)."""
 
     valid_accuracy: float
     test_accuracy: dict[str, float]
@@ -172,6 +179,7 @@ class TrialResult:
     steps: int
     epsilon: float = math.inf
     noise_multiplier: float = 0.0
+    test_scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the model bundle
@@ -328,16 +336,24 @@ class Trainer:
             self._fns[key] = core.make_train_functions(loss_fn, self.optimizer, strategy)
         return self._fns[key]
 
-    def accuracy(self, params, frozen, split: Split, batch_size: int) -> float:
-        correct = 0
+    def predict(self, params, frozen, split: Split, batch_size: int) -> np.ndarray:
+        """Predicted class ids [N] of `split`, in fixed-shape batches of `batch_size`."""
+        preds = []
         for start in range(0, len(split.x), batch_size):
             x = split.x[start : start + batch_size]
             n = len(x)
             if n < batch_size:  # fixed shape: pad and ignore
                 x = np.concatenate([x, np.zeros((batch_size - n, x.shape[1]), x.dtype)])
-            pred = np.asarray(self._predict(params, frozen, x))[:n]
-            correct += int((pred == split.y[start : start + n]).sum())
-        return correct / len(split.x)
+            preds.append(np.asarray(self._predict(params, frozen, x))[:n])
+        return np.concatenate(preds)
+
+    def accuracy(self, params, frozen, split: Split, batch_size: int) -> float:
+        """The share of correct predictions on `split` (what early stopping and selection read)."""
+        return scores_lib.accuracy(split.y, self.predict(params, frozen, split, batch_size))
+
+    def score(self, params, frozen, split: Split, batch_size: int) -> scores_lib.ClassificationScores:
+        """Accuracy, balanced accuracy and macro-F1 on `split` from one pass of predictions."""
+        return scores_lib.classification_scores(split.y, self.predict(params, frozen, split, batch_size))
 
     def _init_state(self, fns, config: TrainConfig, rng=None):
         params = jax.tree.map(jnp.array, self.model.params)  # fresh copies: steps donate buffers
@@ -348,8 +364,8 @@ class Trainer:
              valid: Split, tests: Mapping[str, Split], config: TrainConfig, patience: int | None, desc: str):
         """`total` steps on the outer loop, validated after every epoch (early stopping).
 
-        Returns (best valid accuracy, its epoch, epochs run, test accuracies of the best epoch's
-        parameters, steps run).
+        Returns (best valid accuracy, its epoch, epochs run, the scores of the best epoch's
+        parameters on each test set (`ClassificationScores`), steps run).
         """
         stopper = _EarlyStopping(lambda state: self.accuracy(state.params, state.frozen, valid, config.eval_batch_size),
                                  steps_per_epoch, patience)
@@ -359,8 +375,8 @@ class Trainer:
             evaluate=stopper.evaluate, eval_every=steps_per_epoch, should_stop=stopper.should_stop, desc=desc,
             progress_interval=self.progress_interval).state
         params = stopper.best_params
-        tests_acc = {name: self.accuracy(params, state.frozen, s, config.eval_batch_size) for name, s in tests.items()}
-        return stopper.best_acc, stopper.best_epoch, stopper.epochs, tests_acc, int(state.step)
+        tests_scores = {name: self.score(params, state.frozen, s, config.eval_batch_size) for name, s in tests.items()}
+        return stopper.best_acc, stopper.best_epoch, stopper.epochs, tests_scores, int(state.step)
 
     def train(self, train: Split, valid: Split, tests: Mapping[str, Split], config: TrainConfig,
               desc: str = "classifier") -> TrialResult:
@@ -381,11 +397,11 @@ class Trainer:
             idx = np.concatenate([idx, -np.ones(bs - len(idx), np.int64)])
             return fns.shard_batch(_gather(examples, idx))
 
-        best, best_epoch, epochs, tests_acc, steps = self._run(
+        best, best_epoch, epochs, tests_scores, steps = self._run(
             state, step=fns.train_step, batch=batch, steps_per_epoch=steps_per_epoch,
             total=config.max_epochs * steps_per_epoch, valid=valid, tests=tests, config=config,
             patience=config.patience, desc=desc)
-        return TrialResult(best, tests_acc, best_epoch, epochs, steps)
+        return _trial_result(best, tests_scores, best_epoch, epochs, steps)
 
     def dp_strategy(self, dp: DPConfig, sigma: float, expected_batch_size: float):
         """`DPSGDStrategy`; sparse-embedding clipping (same result, no per-example table copies)
@@ -431,13 +447,19 @@ class Trainer:
         def batch(step: int) -> list[dict]:
             return [sampling.gather(examples, m) for m in sampler.microbatches(step)]
 
-        best, best_epoch, epochs, tests_acc, steps = self._run(
+        best, best_epoch, epochs, tests_scores, steps = self._run(
             state, step=fns.accumulated_step, batch=batch, steps_per_epoch=steps_per_epoch, total=total_steps,
             valid=valid, tests=tests, config=config, patience=None, desc=desc)
         if steps != total_steps:
             raise RuntimeError(f"DP-on-real ran {steps} steps, the privacy plan has {total_steps}")
         spent = accounting.epsilon(q, total_steps, sigma, plan.delta, plan.accountant)
-        return TrialResult(best, tests_acc, best_epoch, epochs, steps, epsilon=spent, noise_multiplier=sigma)
+        return _trial_result(best, tests_scores, best_epoch, epochs, steps, epsilon=spent, noise_multiplier=sigma)
+
+
+def _trial_result(best: float, tests_scores: Mapping[str, scores_lib.ClassificationScores], best_epoch: int,
+                  epochs: int, steps: int, **kw) -> TrialResult:
+    return TrialResult(best, {k: s.accuracy for k, s in tests_scores.items()}, best_epoch, epochs, steps,
+                       test_scores={k: s.as_dict() for k, s in tests_scores.items()}, **kw)
 
 
 class _EarlyStopping:
@@ -498,9 +520,13 @@ class SweepResult:
 
     `trials` rows: {"learning_rate", "weight_decay", "clip_norm", "seed" (the public repeat
     index: parameter init and non-private shuffling, never the DP seed), "valid_accuracy",
-    "<test name>_accuracy", "epsilon" (of that trial alone), "noise_multiplier"}. `test_mean` /
-    `test_std` are over the repeats of the selected setting, per test name. `privacy`: the
-    DP-on-real sweep's privacy report (`dpsynth.dp.report` format; None when non-private).
+    "<test name>_accuracy", "epsilon" (of that trial alone), "noise_multiplier",
+    "<test name>_balanced_accuracy", "<test name>_macro_f1"}. `test_mean` / `test_std` are the
+    accuracy's mean and (population) standard deviation over the repeats of the selected setting,
+    per test name; `score_mean` / `score_std` the same for every score, {test name: {"accuracy",
+    "balanced_accuracy", "macro_f1"}} (`dpsynth.evaluate.scores`). The selection reads validation
+    accuracy only. `privacy`: the DP-on-real sweep's privacy report (`dpsynth.dp.report` format;
+    None when non-private).
     """
 
     trials: list[dict]
@@ -509,6 +535,8 @@ class SweepResult:
     test_mean: dict[str, float]
     test_std: dict[str, float]
     privacy: dict | None = None
+    score_mean: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    score_std: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def trial_seed(sweep_seed: int, trial: int) -> int:
@@ -595,6 +623,8 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
         if dp is not None:
             row["steps"] = r.steps
         row.update({f"{k}_accuracy": v for k, v in r.test_accuracy.items()})
+        for k, test_scores in r.test_scores.items():
+            row.update({f"{k}_{m}": test_scores[m] for m in scores_lib.METRICS if m != "accuracy"})
         trials.append(row)
         if dp is not None and dp.sweep_accounting == "composed":
             ledger.record_steps(plan.ledger_entry(steps=r.steps, clip_norm=clip, name=f"dp_on_real trial {i}"))
@@ -608,6 +638,8 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
     key, rows = max(groups.items(), key=lambda kv: np.mean([r["valid_accuracy"] for r in kv[1]]))
     test_mean = {k: float(np.mean([r[f"{k}_accuracy"] for r in rows])) for k in tests}
     test_std = {k: float(np.std([r[f"{k}_accuracy"] for r in rows])) for k in tests}
+    score_mean = {k: {m: float(np.mean([r[f"{k}_{m}"] for r in rows])) for m in scores_lib.METRICS} for k in tests}
+    score_std = {k: {m: float(np.std([r[f"{k}_{m}"] for r in rows])) for m in scores_lib.METRICS} for k in tests}
     selected = {"learning_rate": key[0], "weight_decay": key[1], "clip_norm": key[2]}
     privacy = None
     if dp is not None:
@@ -624,7 +656,7 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
         privacy = build_privacy_report(ledger, plan, dp, trials=total, selected=selected, grid=grid_text,
                                        side_channels=channels, extra=extra, max_tokens=max_tokens)
     return SweepResult(trials, selected, float(np.mean([r["valid_accuracy"] for r in rows])), test_mean, test_std,
-                       privacy)
+                       privacy, score_mean, score_std)
 
 
 def build_privacy_report(ledger, plan, dp: DPConfig, *, trials: int, selected: dict, grid: str,
@@ -803,6 +835,10 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
                    vocabulary: str = "auto", seed: int | None = None, privacy_dir: str | None = None) -> SweepResult:
     """`classify` on files (JSONL/CSV/Parquet with text,label); writes the trials to `out` as JSON.
 
+    `out` holds the trials, the selected setting, `test_mean` / `test_std` (accuracy) and
+    `test_scores_mean` / `test_scores_std` ({test name: {"accuracy", "balanced_accuracy",
+    "macro_f1"}}, over the selected setting's repeats).
+
     With `epsilon` (DP-on-real) the privacy report (`privacy_report.json` / `.md`) is written to
     `privacy_dir` (default: the directory of `out`) and its summary goes into `out`; `seed`
     (fixed DP seed, tests only) is never written.
@@ -837,5 +873,6 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
         with open(out, "w", encoding="utf-8") as f:
             json_lib.dump({"selected": result.selected, "valid_mean": result.valid_mean, "test_mean": result.test_mean,
                            "test_std": result.test_std, "trials": result.trials,
-                           "dp": dp.public() if dp else None, "privacy": privacy}, f, indent=1)
+                           "dp": dp.public() if dp else None, "privacy": privacy,
+                           "test_scores_mean": result.score_mean, "test_scores_std": result.score_std}, f, indent=1)
     return result

@@ -38,6 +38,10 @@ def test_beam_job_scores_every_corpus_and_marks_bad_ones(tmp_path):
     assert rows["a"]["status"] == "ok" and 0 < rows["a"]["mauve"] <= 1 and rows["a"]["private"] is False
     assert rows["empty"]["status"] == "error" and "no valid row" in rows["empty"]["error"]
     assert (out / "report.html").exists() and (out / "metrics.csv").exists()
+    # The majority-class predictor comes from the real test labels; without classifiers there is no verdict.
+    assert saved["majority"]["n_test"] == 120 and saved["majority"]["balanced_accuracy"] == 0.5
+    assert saved["verdicts"] == [] and "no downstream classifier was trained" in res["summary"]
+    assert "No classifier was trained: no verdict." in (out / "report.html").read_text()
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):

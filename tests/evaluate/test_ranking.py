@@ -59,6 +59,16 @@ def test_ranking_study_against_scipy_and_top_stats():
     perfect = ranking.ranking_study(real_test, real_test)
     assert perfect["spearman"] == pytest.approx(1.0) and perfect["rbo"] == pytest.approx(1.0)
     assert perfect["top_mean"] == pytest.approx(np.sort(real_test)[-4:].mean())
+    # Further real-test scores (balanced accuracy): the same top trials, chosen by the signal.
+    balanced = rng.uniform(0.4, 0.8, 16)
+    both = ranking.ranking_study(synth_valid, real_test, real_valid, real_test_scores={"balanced_accuracy": balanced})
+    assert {k: v for k, v in both.items() if "balanced" not in k} == out  # nothing else changes
+    assert both["top_balanced_accuracy_mean"] == pytest.approx(balanced[top].mean())
+    assert both["top_balanced_accuracy_std"] == pytest.approx(balanced[top].std())
+    upper_top = np.argsort(-real_valid, kind="stable")[:4]
+    assert both["upper_top_balanced_accuracy_mean"] == pytest.approx(balanced[upper_top].mean())
+    with pytest.raises(ValueError, match="balanced_accuracy"):
+        ranking.ranking_study(synth_valid, real_test, real_test_scores={"balanced_accuracy": balanced[:3]})
 
 
 def test_constant_scores_give_nan_not_a_number():

@@ -105,6 +105,63 @@ def test_table_rows_metrics_and_marks(evaluated):
         assert len(f.read().strip().splitlines()) == 5
 
 
+def test_balanced_accuracy_and_macro_f1_beside_accuracy_everywhere(evaluated):
+    import csv
+
+    root, out = evaluated
+    with open(out["paths"]["metrics_json"]) as f:
+        saved = json.load(f)
+    scored = [r for r in saved["corpora"] if r["status"] == "ok"]
+    assert len(scored) == 3
+    for r in scored:
+        for m in ("balanced_accuracy", "macro_f1"):
+            assert 0 <= r[f"wordcnn_{m}"] <= 1 and r[f"wordcnn_{m}_std"] >= 0
+            assert 0 <= r[f"wordcnn_rank_top_{m}_mean"] <= 1 and f"wordcnn_rank_upper_top_{m}_mean" in r
+    for b in saved["baselines"]:
+        assert 0 <= b["balanced_accuracy"] <= 1 and 0 <= b["macro_f1"] <= 1
+        assert b["balanced_accuracy_std"] == 0 and b["macro_f1_std"] == 0  # 1 repeat
+    real = next(b for b in saved["baselines"] if b["baseline"] == "real")
+    assert real["balanced_accuracy"] > 0.7 and real["macro_f1"] > 0.7  # learnable, and not by one class
+    # The majority-class predictor of the real test set: balanced accuracy 1/2 on two classes.
+    labels = [json.loads(l)["label"] for l in open(os.path.join(root, "real_test.jsonl"))]
+    top = max(sorted(set(labels)), key=labels.count)
+    assert saved["majority"] == pytest.approx({"label": top, "num_classes": 2, "n_test": 200,
+                                               "accuracy": labels.count(top) / 200, "balanced_accuracy": 0.5,
+                                               "macro_f1": labels.count(top) / 200 / (1 + labels.count(top) / 200)})
+    assert out["majority"] == saved["majority"]
+    # One verdict per corpus (one classifier): lora_eps3 meets DP-on-real at 3, the others have no baseline.
+    verdicts = {v["corpus"]: v for v in saved["verdicts"]}
+    assert set(verdicts) == {"badlabels", "lora_eps1", "lora_eps3", "nonprivate"}
+    assert verdicts["badlabels"]["status"] == "not_scored"
+    assert verdicts["lora_eps1"]["status"] == "no_dp_on_real" and verdicts["nonprivate"]["status"] == "no_dp_on_real"
+    v3 = verdicts["lora_eps3"]
+    (dp,) = [b for b in saved["baselines"] if b["baseline"] == "dp_on_real"]
+    assert v3["dp_on_real_accuracy"] == dp["accuracy"] and v3["dp_on_real_balanced_accuracy"] == dp["balanced_accuracy"]
+    rows = {r["corpus"]: r for r in saved["corpora"]}
+    beats = (rows["lora_eps3"]["wordcnn_accuracy"] > dp["accuracy"]
+             and rows["lora_eps3"]["wordcnn_balanced_accuracy"] > dp["balanced_accuracy"])
+    assert v3["beats_dp_on_real"] is beats and v3["line"].startswith("lora_eps3: eps 3, lora, wordcnn: synthetic ")
+    # metrics.csv carries the same columns and values.
+    with open(out["paths"]["metrics_csv"]) as f:
+        csv_rows = {r["corpus"]: r for r in csv.DictReader(f)}
+    for name, r in rows.items():
+        for m in ("wordcnn_balanced_accuracy", "wordcnn_macro_f1", "wordcnn_macro_f1_std"):
+            assert (float(csv_rows[name][m]) == r[m]) if m in r else csv_rows[name][m] == ""
+    # The HTML report: the verdict section first, then the metrics table with the new columns.
+    html = open(out["paths"]["report_html"]).read()
+    assert html.index("id='verdict'") < html.index("<h2>Metrics</h2>")
+    for v in saved["verdicts"]:
+        assert v["line"].replace("'", "&#x27;") in html
+    assert "<th>wordcnn_balanced_accuracy</th>" in html and "<th>wordcnn_macro_f1</th>" in html
+    assert "<th>balanced accuracy</th><th>macro-F1</th>" in html and f"majority class &#x27;{top}&#x27;" in html
+    # The plain summary that `dpsynth evaluate` and `make demo` print ends with the verdicts.
+    text = report.report_summary(os.path.join(root, "out"), labels)
+    assert text.splitlines()[-4:] == [f"  {v['line']}" for v in saved["verdicts"]]
+    assert f"majority class '{top}': {labels.count(top) / 200:.3f} (balanced accuracy 0.500 = 1/2 classes" in text
+    table = report.summary_table(out, ["wordcnn"])
+    assert "bal.acc" in table and "mac.F1" in table and f"majority class '{top}'" in table
+
+
 def test_every_plot_is_a_valid_png(evaluated):
     import matplotlib.image as mpimg
 
@@ -158,16 +215,40 @@ def test_report_plots_load_in_headless_chromium(evaluated):
     n = len(out["paths"]["plots"])
     assert f'data-plots-total="{n}"' in dom and f'data-plots-loaded="{n}"' in dom
     assert dom.count('data-loaded="1"') == n
+    # The rendered page shows a verdict per corpus before the metrics table, and the new columns.
+    with open(out["paths"]["metrics_json"]) as f:
+        saved = json.load(f)
+    assert dom.index('id="verdict"') < dom.index("<h2>Metrics</h2>")
+    assert dom.count('class="verdict ') == len(saved["verdicts"]) == 4
+    lora3 = next(v for v in saved["verdicts"] if v["corpus"] == "lora_eps3")
+    assert f'data-verdict="{lora3["status"]}">{lora3["line"]}</li>' in dom
+    assert "DP-on-real" in lora3["line"] and "no DP-on-real baseline at eps 1" in dom
+    assert "<th>wordcnn_balanced_accuracy</th>" in dom and "<th>wordcnn_macro_f1</th>" in dom
+    assert "<th>balanced accuracy</th><th>macro-F1</th>" in dom and 'class="majority"' in dom
 
 
 def test_plain_summary_says_how_good_the_data_is_in_numbers():
     metrics = {"corpora": [
-        {"corpus": "lora-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.80, "mauve": 0.5},
+        {"corpus": "lora-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.80, "mauve": 0.5,
+         "wordcnn_balanced_accuracy": 0.71, "wordcnn_macro_f1": 0.69, "mode": "lora"},
         {"corpus": "prompt-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.70},
         {"corpus": "broken", "status": "error", "error": "label sets differ"}],
-        "baselines": [{"baseline": "real", "classifier": "wordcnn", "epsilon": "inf", "accuracy": 0.90},
-                      {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.75}]}
+        "baselines": [{"baseline": "real", "classifier": "wordcnn", "epsilon": "inf", "accuracy": 0.90,
+                       "balanced_accuracy": 0.88, "macro_f1": 0.87},
+                      {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.75,
+                       "balanced_accuracy": 0.60}]}
     text = report.plain_summary(metrics, ["great"] * 70 + ["other"] * 30)
+    # Balanced accuracy and macro-F1 beside accuracy; chance (the majority's balanced accuracy) is 1/2.
+    assert "majority class 'great': 0.700 (balanced accuracy 0.500 = 1/2 classes: chance; macro-F1 0.412)" in text
+    assert "(no privacy): 0.900 (balanced accuracy 0.880, macro-F1 0.870)" in text
+    assert "    balanced accuracy 0.710 (+21.0 points vs chance 0.500), macro-F1 0.690" in text
+    # It ends with the verdicts.
+    assert text.splitlines()[-3:] == [
+        "  broken: not scored (label sets differ)",
+        "  lora-eps3: eps 3, lora, wordcnn: synthetic 0.800 (balanced 0.710) vs DP-on-real 0.750 (0.600) vs real "
+        "0.900 (0.880): beats DP-on-real",
+        "  prompt-eps3: eps 3, wordcnn: synthetic 0.700 (balanced -) vs DP-on-real 0.750 (0.600) vs real 0.900 "
+        "(0.880): does NOT beat DP-on-real"]
     assert "majority class 'great': 0.700" in text and "(no privacy): 0.900" in text
     assert "lora-eps3 (epsilon 3): 0.800, +10.0 points vs majority, +5.0 vs DP-on-real (0.750)" in text
     assert "recovers 50% of the real data's gain" in text and "MAUVE 0.500" in text

@@ -25,6 +25,32 @@ def test_wordcnn_learns_and_sweep_selects_by_valid_mean():
     assert res.test_mean["real"] == pytest.approx(np.mean(chosen)) and res.test_std["real"] == pytest.approx(np.std(chosen))
     assert res.test_mean["real"] > 0.85  # far above chance (0.5) on the toy task
     assert all(1 <= t["best_epoch"] <= 4 for t in res.trials)
+    # Balanced accuracy and macro-F1 per trial, and their means / stds over the selected repeats.
+    for t in res.trials:
+        assert 0 <= t["real_balanced_accuracy"] <= 1 and 0 <= t["real_macro_f1"] <= 1
+    assert res.score_mean["real"]["accuracy"] == res.test_mean["real"]
+    assert res.score_std["real"]["accuracy"] == res.test_std["real"]
+    for m in ("balanced_accuracy", "macro_f1"):
+        chosen = [t[f"real_{m}"] for t in res.trials if t["learning_rate"] == res.selected["learning_rate"]]
+        assert res.score_mean["real"][m] == pytest.approx(np.mean(chosen)) and res.score_std["real"][m] == pytest.approx(np.std(chosen))
+    assert res.score_mean["real"]["balanced_accuracy"] > 0.85
+
+
+@pytest.mark.parametrize("batch_size", [7, 64, 500])
+def test_trainer_scores_its_predictions_like_scikit_learn(batch_size):
+    from sklearn.metrics import balanced_accuracy_score, f1_score
+
+    model, split = _splits(150, 12)
+    # A skewed test set (about 80% of one class), where accuracy and balanced accuracy differ.
+    keep = np.flatnonzero((split.y == 0) | (np.arange(len(split.y)) % 4 == 0))
+    split = tc.Split(split.x[keep], split.y[keep])
+    trainer = tc.Trainer(model)
+    pred = trainer.predict(model.params, model.frozen, split, batch_size)
+    assert pred.shape == split.y.shape
+    got = trainer.score(model.params, model.frozen, split, batch_size)
+    assert got.accuracy == trainer.accuracy(model.params, model.frozen, split, batch_size) == np.mean(pred == split.y)
+    assert got.balanced_accuracy == pytest.approx(balanced_accuracy_score(split.y, pred), abs=1e-12)
+    assert got.macro_f1 == pytest.approx(f1_score(split.y, pred, average="macro"), abs=1e-12)
 
 
 def test_dp_trial_is_accounted_at_the_target_epsilon():
@@ -65,6 +91,10 @@ def test_classify_entry_point_writes_trials(tmp_path, capsys):
     assert rc == 0
     saved = json.loads(out.read_text())
     assert len(saved["trials"]) == 1 and 0 <= saved["test_mean"]["real_test"] <= 1 and saved["dp"] is None
+    assert saved["test_scores_mean"]["real_test"]["accuracy"] == saved["test_mean"]["real_test"]
+    assert 0 <= saved["test_scores_mean"]["real_test"]["balanced_accuracy"] <= 1
+    assert saved["trials"][0]["real_test_macro_f1"] == saved["test_scores_mean"]["real_test"]["macro_f1"]
+    assert "test_scores_mean" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert classify.main(["--train", str(tmp_path / "nope.jsonl"), "--valid", "x", "--test", "y", "--out", str(out)]) == 2
 
 
