@@ -20,6 +20,7 @@ from dpsynth.evaluate import divergence
 from dpsynth.evaluate import text as text_lib
 
 KINDS = ("unigram", "bigram", "length")
+DIVERSITY_FIELDS = ("distinct_1", "distinct_2", "duplicate_rate")
 
 
 def ngram_counts(texts: Iterable[str], n: int) -> collections.Counter:
@@ -89,3 +90,17 @@ def compare_texts(p_texts: Sequence[str], q_texts: Sequence[str], length_bins: i
     p_len, q_len, edges = length_histograms(p_texts, q_texts, length_bins)
     results["length"] = divergence.compare_counts(p_len, q_len, num_points, scaling)
     return NgramComparison(results, edges, np.array([len(t) for t in p_texts]), np.array([len(t) for t in q_texts]))
+
+
+def diversity(texts: Sequence[str]) -> dict[str, float]:
+    """How varied a corpus is: `distinct_n` = distinct word n-grams / all word n-grams (n = 1, 2;
+    1 = no n-gram repeats, small = a corpus that keeps saying the same few things) and
+    `duplicate_rate` = the fraction of texts that repeat an earlier text exactly. A collapsed
+    corpus can classify well and still be useless; these make that visible."""
+    out: dict[str, float] = {}
+    for n in (1, 2):
+        counts = ngram_counts(texts, n)
+        total = sum(counts.values())
+        out[f"distinct_{n}"] = len(counts) / total if total else 0.0
+    out["duplicate_rate"] = (len(texts) - len(set(texts))) / len(texts) if texts else 0.0
+    return out

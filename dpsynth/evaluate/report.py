@@ -208,6 +208,7 @@ class Scorer:
             row["embedder"] = self.embedder.name
             grams = ngrams.compare_texts(texts, [r["text"] for r in self.real.test], self.config.length_bins)
             row.update(grams.as_dict())
+            row.update(ngrams.diversity(texts))
             plot["lengths"] = (grams.p_lengths.tolist(), grams.q_lengths.tolist(), grams.length_edges.tolist())
             plot["bigram_curve"] = grams.results["bigram"].curve.tolist()
             if self.config.perplexity:
@@ -473,7 +474,7 @@ def _fmt(v) -> str:
 
 
 SUMMARY_COLUMNS = ("corpus", "status", "private", "mode", "target_epsilon", "epsilon", "n_train", "invalid_rows", "mauve", "mauve_std",
-                   "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity")
+                   "mauve_star", "unigram_mauve", "bigram_mauve", "length_mauve", "perplexity", *ngrams.DIVERSITY_FIELDS)
 
 
 def verdict_html(verdicts: Sequence[Mapping[str, Any]], majority: Mapping[str, Any] | None) -> str:

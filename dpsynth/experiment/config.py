@@ -44,6 +44,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       learning_rates: [0.001]
       mode_learning_rates: {}       # per-mode lr axis, e.g. {full: [0.001], prompt: [0.03]}
       clip_norms: [1.0]
+      replicates: 1                 # independent repeats of every DP run (own secret noise seed, own generation seed)
       recipe: manual                # manual | auto (dpsynth.train.recipe: batch, steps and learning rate chosen
       token_budget: null            #   from |D_train|, the mode and max_tokens; learning_rates, batch_size,
                                     #   epochs and steps are then not used; token_budget caps its compute)
@@ -239,6 +240,7 @@ class DPTuneConfig:
     learning_rates: tuple[float, ...] = (1e-3,)
     mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norms: tuple[float, ...] = (1.0,)
+    replicates: int = 1
     recipe: str = "manual"
     token_budget: float | None = None
     batch_size: int = 64
@@ -289,6 +291,7 @@ class DPTuneConfig:
                 except (TypeError, ValueError):
                     ok = False
                 _check(ok, f"{sub}[{i}]", f"must be a number > 0, got {lr!r}")
+        _check(self.replicates >= 1, f"{key}.replicates", f"must be >= 1, got {self.replicates}")
         _choice(self.recipe, RECIPES, f"{key}.recipe")
         if self.recipe == "auto":
             _check(len(self.learning_rates) == 1 and not self.mode_learning_rates, f"{key}.recipe",

@@ -100,6 +100,7 @@ class Trial:
     dp_tune: str  # node key
     generate: str  # node key
     labels: str | None = None  # node key of the model's DP label histogram, if any
+    replicate: int = 0  # which independent repeat of its DP run (dp_tune.replicates)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -110,6 +111,7 @@ class Trial:
             "clip_norm": self.clip_norm,
             "sampling": self.sampling.identity(),
             "multiple": self.multiple,
+            **({"replicate": self.replicate} if self.replicate else {}),
         }
 
 
@@ -292,7 +294,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     # -- the grid
     dp = to_dict(config.dp_tune)
-    shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length")}
+    shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length", "replicates")}
     for k, default in (("privacy_unit", "example"), ("max_examples_per_user", None), ("mechanism", "dpsgd"),
                        ("bands", None), ("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None)):
         if shared_dp[k] == default:  # defaults stay out of the hash: caches made before they existed hold
@@ -306,28 +308,33 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
         for eps in config.dp_tune.epsilons:
             for lr in config.dp_tune.learning_rates_for(mode):
                 for clip in config.dp_tune.clip_norms:
-                    lr_id = "auto" if lr is None else f"lr{fmt_num(lr)}"  # the automatic recipe chooses it
-                    tune_id = f"{mode}-eps{fmt_num(eps)}-{lr_id}-C{fmt_num(clip)}"
-                    tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed}
-                    if lr is not None:
-                        tune_cfg["learning_rate"] = lr
-                    if mode == "lora":
-                        tune_cfg["lora_rank"] = config.dp_tune.lora_rank
-                    if mode == "prompt":
-                        tune_cfg["prompt_length"] = config.dp_tune.prompt_length
-                    tune = add(f"dp_tune[{tune_id}]", "dp_tune", tune_cfg, {"pretrain": pretrain, "sensitive": sensitive})
-                    gen_inputs = {"model": tune, "sensitive": sensitive}
-                    labels = None
-                    if gen["label_distribution"] == "dp_histogram":  # one draw per model, reused below
-                        labels = add(f"labels[{tune_id}]", "labels", {"noise_multiplier": gen["label_noise_multiplier"]},
-                                     {"model": tune, "sensitive": sensitive})
-                        gen_inputs["labels"] = labels
-                    for sampling in config.generate.samplings:
-                        for multiple in config.generate.multiples:
-                            trial_id = f"{tune_id}-{sampling.label}-x{fmt_num(multiple)}"
-                            gen_cfg = {**shared_gen, "sampling": sampling.identity(), "multiple": multiple, "seed": seed}
-                            g = add(f"generate[{trial_id}]", "generate", gen_cfg, gen_inputs)
-                            trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g, labels))
+                    for rep in range(config.dp_tune.replicates):
+                        lr_id = "auto" if lr is None else f"lr{fmt_num(lr)}"  # the automatic recipe chooses it
+                        tune_id = f"{mode}-eps{fmt_num(eps)}-{lr_id}-C{fmt_num(clip)}" + (f"-r{rep}" if rep else "")
+                        tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed}
+                        if lr is not None:
+                            tune_cfg["learning_rate"] = lr
+                        if rep:  # a repeat: its own node (the tuner draws a fresh secret noise seed)
+                            tune_cfg["replicate"] = rep
+                        if mode == "lora":
+                            tune_cfg["lora_rank"] = config.dp_tune.lora_rank
+                        if mode == "prompt":
+                            tune_cfg["prompt_length"] = config.dp_tune.prompt_length
+                        tune = add(f"dp_tune[{tune_id}]", "dp_tune", tune_cfg, {"pretrain": pretrain, "sensitive": sensitive})
+                        gen_inputs = {"model": tune, "sensitive": sensitive}
+                        labels = None
+                        if gen["label_distribution"] == "dp_histogram":  # one draw per model, reused below
+                            labels = add(f"labels[{tune_id}]", "labels", {"noise_multiplier": gen["label_noise_multiplier"]},
+                                         {"model": tune, "sensitive": sensitive})
+                            gen_inputs["labels"] = labels
+                        for sampling in config.generate.samplings:
+                            for multiple in config.generate.multiples:
+                                trial_id = f"{tune_id}-{sampling.label}-x{fmt_num(multiple)}"
+                                gen_cfg = {**shared_gen, "sampling": sampling.identity(), "multiple": multiple,
+                                           "seed": seed + rep}  # a repeat also draws its own samples
+                                g = add(f"generate[{trial_id}]", "generate", gen_cfg, gen_inputs)
+                                trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g, labels,
+                                                    replicate=rep))
 
     eval_cfg = {
         **to_dict(config.evaluate),

@@ -43,3 +43,15 @@ def test_identical_sets_score_one_and_bad_rows_raise():
         ngrams.compare_texts(["ok text", "  "], REAL)
     with pytest.raises(ValueError, match="no texts"):
         ngrams.compare_texts([], REAL)
+
+
+def test_diversity_against_brute_force():
+    texts = ["a b a b", "a b a b", "c d", "e"]
+    d = ngrams.diversity(texts)
+    words = [w for t in texts for w in t.split()]
+    bigrams = [f"{x} {y}" for t in texts for x, y in zip(t.split(), t.split()[1:])]
+    assert d["distinct_1"] == pytest.approx(len(set(words)) / len(words))
+    assert d["distinct_2"] == pytest.approx(len(set(bigrams)) / len(bigrams))
+    assert d["duplicate_rate"] == pytest.approx(1 / 4)
+    assert ngrams.diversity([]) == {"distinct_1": 0.0, "distinct_2": 0.0, "duplicate_rate": 0.0}
+    assert set(d) == set(ngrams.DIVERSITY_FIELDS)

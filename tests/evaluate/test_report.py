@@ -81,6 +81,7 @@ def test_table_rows_metrics_and_marks(evaluated):
         assert r["status"] == "ok", r.get("error")
         assert 0 < r["mauve"] <= 1 and r["mauve_runs"] == 2 and r["mauve_std"] >= 0
         assert 0 < r["bigram_mauve"] <= 1 and 0 <= r["wordcnn_accuracy"] <= 1
+        assert 0 < r["distinct_2"] <= 1 and 0 <= r["duplicate_rate"] < 1
         assert r["wordcnn_trials"] == 2 and "wordcnn_rank_spearman" in r and "wordcnn_rank_upper_rbo" in r
         assert r["perplexity"] is None and r["perplexity_note"] == "generator not available"
     kinds = {(b["baseline"], b["epsilon"]) for b in out["baselines"]}

@@ -187,6 +187,21 @@ def test_recipe_guidance_and_label_dropout_enter_only_when_set(data_files, tmp_p
     assert all(t.learning_rate is None for t in auto.trials)
 
 
+def test_replicates_are_independent_runs_that_share_everything_else(data_files, tmp_path):
+    one = build_plan(grid_config(data_files), str(tmp_path / "run"))
+    three = build_plan(grid_config(data_files, dp_tune={"replicates": 3}), str(tmp_path / "run"))
+    assert len(three.trials) == 3 * len(one.trials)
+    assert {n.key: n.hash for n in one.nodes if n.stage != "evaluate"}.items() <= \
+        {n.key: n.hash for n in three.nodes}.items()  # repeat 0 is the run without repeats
+    tunes = [n for n in three.nodes if n.stage == "dp_tune"]
+    assert len({n.hash for n in tunes}) == len(tunes) == 12
+    r2 = three.node("dp_tune[lora-eps3-lr0.001-C1-r2]")
+    assert r2.config["replicate"] == 2
+    gens = {t.id: three.node(t.generate).config["seed"] for t in three.trials if t.mode == "lora" and t.epsilon == 3}
+    assert gens["lora-eps3-lr0.001-C1-t1-k0-n1-x1"] != gens["lora-eps3-lr0.001-C1-r2-t1-k0-n1-x1"]
+    assert sorted({t.replicate for t in three.trials}) == [0, 1, 2]
+
+
 def test_dedup_also_against_shares_dedup_and_pretrain_across_sensitive_sets(data_files, tmp_path):
     (data_files / "other.csv").write_text("text,label\nd,x\ne,y\nf,x\n")
     a_sens = {"embedded": False, "train": str(data_files / "train.csv"), "test": str(data_files / "test.csv")}
