@@ -19,7 +19,11 @@
    together. The ratio printed for each is against the 1-worker run of the same kind, plus
    pinned 2 workers against the unpinned single worker. Target: >= 1.7x.
 
-3. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
+3. `--guidance W`: label-guided sampling against unguided sampling of the same rows in one run
+   (`dpsynth.generate.sampler`, one contrast prompt per row: the two-label case), tokens/s of the
+   generated tokens; the guided call does (1 + C) times the decode work. Target: <= 2.2x the time.
+
+4. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
    initialised), `--examples` synthetic examples of `--scale-length` tokens, `--workers`
    worker processes (each pinned to `--cores-per-worker` cores), three jobs on the same plan:
    - uninterrupted: wall time, examples/s of the whole job, the sampling rate of one worker
@@ -38,7 +42,7 @@
    uninterrupted (total wall time).
 
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
-        [--examples 64] [--skip-workers]
+        [--examples 64] [--skip-workers] [--guidance 1.5]
     .venv/bin/python bench/generate.py --scale --examples 100000 --workers 2 [--kill-after-shards K]
         [--kill worker|job] [--scale-length 64] [--scale-batch 32] [--examples-per-shard 256]
 """
@@ -125,6 +129,36 @@ def bench_cache_vs_recompute(preset: str, length: int, batch: int, prompt_len: i
         "greedy_tokens_agree": float(np.mean(cached_tokens == rec_tokens)),
         "compile_count": sampler.compile_count,
     }
+
+
+def bench_guided_vs_unguided(preset: str, length: int, batch: int, guidance: float, prompt_len: int = 8,
+                             repeats: int = 2) -> dict:
+    """Generated tokens/s of the guided sampler (one contrast prompt per row) against the unguided one."""
+    import jax
+    import numpy as np
+
+    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
+
+    config, _, variables = make_model(preset, length)
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(4, config.vocab_size, size=(batch, prompt_len)).astype(np.int32)
+    contrast = rng.integers(4, config.vocab_size, size=(batch, 1, prompt_len)).astype(np.int32)
+    lens = np.full((batch,), prompt_len, np.int32)
+    keys = example_keys(seed_to_key_data(0), range(batch))
+    out = {"preset": preset, "length": length, "batch": batch, "guidance": guidance}
+    for name, w in (("unguided", 0.0), ("guided", guidance)):
+        sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(temperature=1.0, max_len=length, batch_size=batch,
+                                                                        prompt_bucket=prompt_len, eos_id=-1, guidance=w))
+        args = (variables, prompts, lens, keys) + ((contrast, np.full((batch, 1), prompt_len, np.int32)) if w else ())
+        jax.block_until_ready(sampler.sample_batch(*args))  # compile
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(sampler.sample_batch(*args))
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_tokens_per_s"] = batch * (length - prompt_len) / min(times)
+    out["time_ratio"] = out["unguided_tokens_per_s"] / out["guided_tokens_per_s"]
+    return out
 
 
 def _save_model_dir(preset: str, max_len: int, path: str) -> None:
@@ -486,6 +520,7 @@ def main(argv=None) -> int:
     p.add_argument("--worker-preset", default="small")
     p.add_argument("--worker-length", type=int, default=128)
     p.add_argument("--skip-workers", action="store_true")
+    p.add_argument("--guidance", type=float, default=1.5, help="guided vs unguided sampling at this weight (0: skip)")
     p.add_argument("--json", default=None, help="also write the results to this file")
     g = p.add_argument_group("generation at scale (--scale: only this part runs)")
     g.add_argument("--scale", action="store_true")
@@ -518,6 +553,12 @@ def main(argv=None) -> int:
     print(f"[{r['preset']}, {r['length']} tokens, batch {r['batch']}] KV-cache sampler {r['kv_cache_tokens_per_s']:.0f} tok/s"
           f" vs recompute {r['recompute_tokens_per_s']:.0f} tok/s: ratio {r['ratio']:.1f}x (target >= 10x);"
           f" greedy tokens agree {100 * r['greedy_tokens_agree']:.1f}%", flush=True)
+    if args.guidance:
+        g = bench_guided_vs_unguided(args.preset, args.length, args.batch, args.guidance)
+        results["guided_vs_unguided"] = g
+        print(f"[{g['preset']}, {g['length']} tokens, batch {g['batch']}] guided (w {g['guidance']:g}, 1 contrast) "
+              f"{g['guided_tokens_per_s']:.0f} tok/s vs unguided {g['unguided_tokens_per_s']:.0f} tok/s: "
+              f"{g['time_ratio']:.2f}x the time (target <= 2.2x)", flush=True)
     if not args.skip_workers:
         w = bench_workers(args.worker_preset, args.examples, args.worker_length, args.batch)
         results["workers"] = w

@@ -180,14 +180,28 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
         "backbone_sweep": {"learning_rates": [0.001, 0.003], "weight_decays": [0.0001], "clip_norms": [1.0],
                            "repeats": 1, "train": {"max_epochs": 2}},
         "backbone_max_len": max_len,
+        # DP-on-real as in the first cpu study: DP-Adam, expected batch 512, 3 passes, the 8-point grid
+        # composed (every trial accounted) and selected on the real valid split (a declared side channel).
         "dp_expected_batch_size": 512 if not quick else 64,
-        "dp_epochs": 3.0 if not quick else 1.0,  # as many passes as the generator's DP tuning
+        "dp_epochs": 3.0 if not quick else 1.0,
     }}
 
 
-# Per-scale sizes of the cpu study. `tokens` = max_tokens of DP tuning and generation (every
-# example is padded to it, so it sets the DP cost); `batch`/`epochs`: expected Poisson batch and
-# passes over D_train (large batches amortise the noise).
+# The cpu study, second version (issue 22): ONE recipe for every set, chosen by the software.
+#   * DP tuning: `recipe: auto` (dpsynth.train.recipe: expected batch, steps and learning rate from
+#     |D_train|, the mode and max_tokens) under one token budget per run, calibrated on the public proxy
+#     task (bench/recipe_proxy.py), never on the sensitive sets;
+#   * one example length for every set (CPU_MAX_TOKENS tokens, for tuning and generation);
+#   * labels drawn from a DP label histogram (sigma CPU_LABEL_SIGMA: the composed epsilon grows by about
+#     0.003 at epsilon 3; the report shows the composed figure);
+#   * label-guided sampling with weight CPU_GUIDANCE (contrast: the other labels) beside unguided sampling.
+# LoRA at epsilon 1, 3, 10, inf on every set; prompt and full tuning on the main set at epsilon 3;
+# 3x data and three independent repeats of the main set's epsilon-3 LoRA cells.
+CPU_MAX_TOKENS = 64
+CPU_RECIPE = {"recipe": "auto", "token_budget": 1.5e6}
+CPU_GUIDANCE = 1.5
+CPU_LABEL_SIGMA = 30.0
+CPU_SETS = ("yelp_sentences", "yelp_polarity", "sst2", "ag_news")
 CPU_SCALES: dict[str, dict[str, Any]] = {
     "cpu": {
         "tokenizer": {"vocab_size": 8192, "max_sentences": 300000},
@@ -196,16 +210,12 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
                                  "valid_groups": ["hotels/", "cars/", "enwiki:"], "eval_every": 500, "eval_batches": 16,
                                  "checkpoint_every": 250, "log_every": 50}},
         "sets": {
-            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000, "tokens": 32, "batch": 512, "epochs": 3},
-            "yelp_polarity": {"max_train": None, "max_valid": None, "max_test": 2000, "tokens": 96, "batch": 512, "epochs": 3},
-            "sst2": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 48, "batch": 512, "epochs": 3},
-            "ag_news": {"max_train": None, "max_valid": None, "max_test": None, "tokens": 64, "batch": 512, "epochs": 3},
+            "yelp_sentences": {"max_train": 5000, "max_valid": 500, "max_test": 2000},
+            "yelp_polarity": {"max_train": None, "max_valid": None, "max_test": 2000},
+            "sst2": {"max_train": None, "max_valid": None, "max_test": None},
+            "ag_news": {"max_train": None, "max_valid": None, "max_test": None},
         },
-        # One learning rate per mode, chosen a priori (no time for a DP lr sweep on 2 cores):
-        # LoRA and the soft prompt take larger steps than full fine-tuning.
-        "mode_lr": {"lora": 0.02, "prompt": 0.1, "full": 0.005},
-        "modes": ["lora", "prompt", "full"],
-        "epsilons": [1, 3, 10, "inf"],
+        "max_tokens": CPU_MAX_TOKENS, "recipe": CPU_RECIPE, "epsilons": [1, 3, 10, "inf"], "replicates": 3,
         "generate_batch": 64,
     },
     "quick": {
@@ -215,45 +225,27 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
                      "options": {"model_overrides": {"d_model": 64, "num_layers": 2, "num_heads": 2, "d_ff": 128},
                                  "valid_fraction": 0.05, "valid_unit": "document", "valid_groups": ["hotels/", "enwiki:"],
                                  "eval_every": 15, "eval_batches": 2, "checkpoint_every": 15, "log_every": 10}},
-        "sets": {
-            "yelp_sentences": {"max_train": 300, "max_valid": 60, "max_test": 200, "tokens": 24, "batch": 100, "epochs": 1},
-            "yelp_polarity": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 32, "batch": 100, "epochs": 1},
-            "sst2": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 24, "batch": 100, "epochs": 1},
-            "ag_news": {"max_train": 200, "max_valid": 50, "max_test": 100, "tokens": 32, "batch": 100, "epochs": 1},
-        },
-        "mode_lr": {"lora": 0.02, "prompt": 0.1, "full": 0.005},
-        "modes": ["lora", "prompt"],
-        "epsilons": [3, "inf"],
+        "sets": {name: {"max_train": 200, "max_valid": 50, "max_test": 100} for name in CPU_SETS},
+        "max_tokens": 24, "recipe": {"recipe": "auto", "token_budget": 2e4}, "epsilons": [3, "inf"], "replicates": 2,
         "generate_batch": 32,
     },
 }
-CPU_EXPERIMENTS = ("main", "yelp_polarity", "sst2", "ag_news", "yelp_polarity_prior", "yelp_polarity_inf",
-                   "yelp_polarity_inf_uniform", "yelp_polarity_filter", "post", "filter", "x3", "full_lm", "yelp_polarity_long",
-                   "yelp_polarity_long1024", "bandmf",
-                   "dpsgd_many", "bandmf_many")
-# Levers on Yelp polarity (where LoRA at epsilon 3 with the main recipe fell below the majority rate):
-# sigma of the DP label histogram (on 4,036 counts sigma 10 moves each count by ~10; composed into the
-# privacy report), and the longer DP run's batch / passes: B 512, 10 epochs = 79 steps at sigma 1.70
-# vs 24 steps at sigma 1.20 for 3 epochs (the epsilon-inf run of the 3-epoch recipe stayed at the
-# majority rate, so the recipe needs more steps, not less noise); B 1024, 10 epochs = 39 steps at 2.26.
-# At lr 0.02 the 79-step run's batch loss rose (4.72 at step 1, 4.82 at step 45: Adam's steps follow the
-# noise), so the long run takes lr 0.005 (about the same total movement, 79 x 0.005 vs 24 x 0.02).
-CPU_LABEL_SIGMA = 10.0
-CPU_LONG = {"batch_size": 512, "epochs": 10, "learning_rates": [0.005]}
-# The label-consistency lever (`off_label`, dpsynth.generate.postprocess): keep a sample only when
-# the DP model finds it likelier under its own label prompt than under the other labels' (free:
-# post-processing); 3x drawn, as about half survive when the conditioning is weak.
-CPU_FILTER = {"options": {"postprocess": {"drop": ["empty", "off_label"], "oversample": 3.0}}}
-# BandMF's bands in the `bandmf` experiment: with ~27 steps, more bands cost more than they save
-# (`bench/bandmf_noise.py --dataset-size 4500 --batch-size 512 --steps 27`: prefix-sum noise vs
-# DP-SGD 1.04 / 1.08 / 1.15 at epsilon 1 and 0.95 / 0.95 / 0.97 at epsilon 3 for b = 2 / 3 / 4).
-CPU_BANDMF_BANDS = 2
-# The many-step pair (issue 16: "enough steps for correlation to matter"): expected batch 64, 3 epochs
-# of the 5,000 Yelp-sentence training examples = 235 steps, where 4 bands cut the prefix-sum noise
-# to 0.695x (epsilon 3) and 0.833x (epsilon 1) of DP-SGD's (`bench/bandmf_noise.py --dataset-size 5000
-# --batch-size 64 --steps 235 --bands 4 --epsilon 3`; at N 4,500 / 211 steps, b = 2 / 4 / 8 gave
-# 0.82 / 0.70 / 0.65 at epsilon 3 and 0.89 / 0.85 / 0.87 at epsilon 1).
-CPU_MANY = {"batch_size": 64, "epochs": 3, "bands": 4}
+CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
+                   "guidance_look", "null_contrast")
+CPU_DATASET_OF = {"main": "yelp_sentences", "main_modes": "yelp_sentences", "main_x3": "yelp_sentences",
+                  "main_repeats": "yelp_sentences", "yelp_polarity": "yelp_polarity", "sst2": "sst2",
+                  "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity"}
+# The first look at the guidance weight (Yelp polarity, LoRA, epsilon 3; reuses its DP model): the
+# prototype on a held-out review set found w 1.5 > 3 > 0 (issue 22).
+CPU_GUIDANCE_LOOK = (1.0, 3.0)
+CPU_LABEL_DROPOUT = 0.1  # the null-contrast lever: label dropout in DP tuning, guidance against the null prompt
+
+
+def _sampling(w: float, contrast: str = "others") -> dict[str, Any]:
+    out: dict[str, Any] = {"temperature": 1.0, "top_k": 0, "num_decodes": 1}
+    if w:
+        out.update(guidance=float(w), guidance_contrast=contrast)
+    return out
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
@@ -266,7 +258,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     sections = {}
     for name, sizes in s["sets"].items():
         sec = dict(datasets[name])
-        sec.update({k: sizes[k] for k in ("max_train", "max_valid", "max_test") if sizes[k] is not None})
+        sec.update({k: v for k, v in sizes.items() if v is not None})
         sections[name] = sec
     pretrain = s["pretrain"]
     if pretrain_steps:
@@ -275,74 +267,47 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
                                            os.path.join(data, "public", "enwiki", "enwiki-*.jsonl.gz")]}
     if s.get("public_max_documents"):
         public["max_documents"] = s["public_max_documents"]
+    guided = [_sampling(0.0), _sampling(CPU_GUIDANCE)]
 
-    def experiment(name: str, dataset: str, modes: list[str], epsilons: list, gen: dict | None = None,
-                   baselines: bool = True, classifiers: list[str] | None = None, dp: dict | None = None,
-                   eval_options: dict | None = None) -> dict[str, Any]:
-        sizes = s["sets"][dataset]
-        ev = _cpu_eval(max(32, sizes["tokens"]), quick)
-        ev["options"].update(eval_options or {})
+    def experiment(name: str, dataset: str, modes: list[str], epsilons: list, *, samplings=None,
+                   multiples=(1,), replicates: int = 1, baselines: bool = True, classifiers: list[str] | None = None,
+                   dp: dict | None = None) -> dict[str, Any]:
+        ev = _cpu_eval(s["max_tokens"], quick)
         if classifiers:
             ev["classifiers"] = classifiers
-        generate = {"max_tokens": sizes["tokens"], "batch_size": s["generate_batch"], "multiples": [1]}
-        generate.update(gen or {})
         return {
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
             "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
             "pretrain": pretrain,
-            "dp_tune": {"modes": modes, "epsilons": epsilons, "learning_rates": [s["mode_lr"]["lora"]],
-                        "mode_learning_rates": {m: [s["mode_lr"][m]] for m in modes if m != "lora"},
-                        "clip_norms": [1.0], "batch_size": sizes["batch"], "epochs": sizes["epochs"],
-                        "max_tokens": sizes["tokens"], **(dp or {})},
-            "generate": generate,
+            "dp_tune": {"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": s["max_tokens"],
+                        "replicates": replicates, **s["recipe"], **(dp or {})},
+            "generate": {"max_tokens": s["max_tokens"], "batch_size": s["generate_batch"], "multiples": list(multiples),
+                         "samplings": samplings or guided, "label_distribution": "dp_histogram",
+                         "label_noise_multiplier": CPU_LABEL_SIGMA},
             "evaluate": {**ev, "baselines": baselines},
         }
 
+    eps = s["epsilons"]
     main_cls = ["wordcnn", "backbone"] if backbone else None
-    # 16 more tokens of room than DP tuning saw, so that fewer samples are cut before their EOS
-    # (the smoke run cut most of its samples at max_tokens; dropped ones are counted, and kept < N
-    # shows in the generation report).
-    prior = {"label_distribution": "dp_histogram", "label_noise_multiplier": CPU_LABEL_SIGMA}
-    post = {"max_tokens": s["sets"]["yelp_sentences"]["tokens"] + 16,
-            "options": {"postprocess": {"drop": ["empty", "truncated", "duplicate"], "oversample": 1.5}}}
     return {
-        # The main grid on Yelp sentences (the large-N regime): every mode at every epsilon.
-        "main": experiment("main", "yelp_sentences", s["modes"], s["epsilons"], classifiers=main_cls),
-        # LoRA at epsilon 3 on each other sensitive set, with its own real-data and DP-on-real peers.
-        "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], [3]),
-        "sst2": experiment("sst2", "sst2", ["lora"], [3]),
-        "ag_news": experiment("ag_news", "ag_news", ["lora"], [3]),
-        # Levers on Yelp polarity, LoRA at epsilon 3: (1) the label distribution as a DP histogram
-        # instead of uniform (the real data is 73% positive; reuses yelp_polarity's DP model);
-        # (2) the non-private upper bound (epsilon inf) of the same recipe; (3) a longer DP run,
-        # with DP-on-real given the same number of passes (a fair peer).
-        "yelp_polarity_prior": experiment("yelp_polarity_prior", "yelp_polarity", ["lora"], [3], prior, baselines=False),
-        "yelp_polarity_inf": experiment("yelp_polarity_inf", "yelp_polarity", ["lora"], ["inf"], prior, baselines=False),
-        "yelp_polarity_inf_uniform": experiment("yelp_polarity_inf_uniform", "yelp_polarity", ["lora"], ["inf"],
-                                                baselines=False),
-        "yelp_polarity_filter": experiment("yelp_polarity_filter", "yelp_polarity", ["lora"], [3],
-                                           {**prior, **copy.deepcopy(CPU_FILTER)}, baselines=False),
-        "yelp_polarity_long": experiment("yelp_polarity_long", "yelp_polarity", ["lora"], [3], prior,
-                                         dp=dict(CPU_LONG), eval_options={"dp_epochs": float(CPU_LONG["epochs"]),
-                                                                          "dp_expected_batch_size": CPU_LONG["batch_size"]}),
-        "yelp_polarity_long1024": experiment("yelp_polarity_long1024", "yelp_polarity", ["lora"], [3], prior,
-                                             dp={"batch_size": 1024, "epochs": CPU_LONG["epochs"]}, baselines=False),
-        # Levers on the main set that reuse main's LoRA epsilon-3 model (only generation + evaluation run):
-        # post-processing (drop empty / truncated / duplicate samples, no privacy cost) and 3x data.
-        "post": experiment("post", "yelp_sentences", ["lora"], [3], post, baselines=False),
-        "x3": experiment("x3", "yelp_sentences", ["lora"], [3], {"multiples": [3]}, baselines=False),
-        "filter": experiment("filter", "yelp_sentences", ["lora"], [3], copy.deepcopy(CPU_FILTER), baselines=False),
-        # The paper's Prefix-LM loss (main) against the full-LM loss: one more DP run.
-        "full_lm": experiment("full_lm", "yelp_sentences", ["lora"], [3], baselines=False, dp={"loss": "full"}),
-        # DP-SGD (main) against BandMF correlated noise at the same epsilon (issue 16): two more DP runs.
-        "bandmf": experiment("bandmf", "yelp_sentences", ["lora"], [1, 3], baselines=False,
-                             dp={"mechanism": "bandmf", "bands": CPU_BANDMF_BANDS}),
-        # The same comparison where correlation matters: 211 steps at expected batch 64, both mechanisms.
-        "dpsgd_many": experiment("dpsgd_many", "yelp_sentences", ["lora"], [1, 3], baselines=False,
-                                 dp={"batch_size": CPU_MANY["batch_size"], "epochs": CPU_MANY["epochs"]}),
-        "bandmf_many": experiment("bandmf_many", "yelp_sentences", ["lora"], [1, 3], baselines=False,
-                                  dp={"batch_size": CPU_MANY["batch_size"], "epochs": CPU_MANY["epochs"],
-                                      "mechanism": "bandmf", "bands": CPU_MANY["bands"]}),
+        # LoRA at every epsilon on each set, guided and unguided, with its real-data and DP-on-real peers.
+        "main": experiment("main", "yelp_sentences", ["lora"], eps, classifiers=main_cls),
+        "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], eps),
+        "sst2": experiment("sst2", "sst2", ["lora"], eps),
+        "ag_news": experiment("ag_news", "ag_news", ["lora"], eps),
+        # The main set: prompt and full tuning at epsilon 3; 3x data; independent repeats of the
+        # epsilon-3 LoRA run (repeat 0 is main's own model), for the seed spread.
+        "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
+        "main_x3": experiment("main_x3", "yelp_sentences", ["lora"], [3], multiples=(3,), baselines=False),
+        "main_repeats": experiment("main_repeats", "yelp_sentences", ["lora"], [3], replicates=s["replicates"],
+                                   baselines=False),
+        # The first look at the guidance weight (reuses Yelp polarity's epsilon-3 model).
+        "guidance_look": experiment("guidance_look", "yelp_polarity", ["lora"], [3],
+                                    samplings=[_sampling(w) for w in CPU_GUIDANCE_LOOK], baselines=False),
+        # The null-prompt contrast: label dropout in DP tuning (same plan, same epsilon), guidance against it.
+        "null_contrast": experiment("null_contrast", "yelp_polarity", ["lora"], [3],
+                                    samplings=[_sampling(0.0), _sampling(CPU_GUIDANCE, "null")], baselines=False,
+                                    dp={"label_dropout": CPU_LABEL_DROPOUT}),
     }
 
 
@@ -350,81 +315,6 @@ def _majority(labels: list[str]) -> tuple[str, float]:
     counts = {l: labels.count(l) for l in set(labels)}
     top = max(sorted(counts), key=counts.get)
     return top, counts[top] / max(len(labels), 1)
-
-
-def render_cpu_targets(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The issue's target comparison at epsilon 3, one row per dataset (WordCNN)."""
-    md = ["## 0. Targets at epsilon 3 (WordCNN, real test set)", "",
-          "| dataset | synthetic (LoRA) | DP-on-real | real data | majority class | synthetic - majority | beats DP-on-real |",
-          "|---|---|---|---|---|---|---|"]
-    for name, dataset in (("main", "Yelp sentences"), ("yelp_polarity", "Yelp polarity"), ("sst2", "SST-2"),
-                          ("ag_news", "AG News")):
-        res = results.get(name)
-        if not res:
-            md.append(f"| {dataset} | not run | | | | | |")
-            continue
-        row = next((r for r in res["rows"] if r["mode"] == "lora" and r["epsilon"] == 3), {})
-        syn = row.get("wordcnn_accuracy")
-        bl = res["metrics"].get("baselines", [])
-        dp = next((float(b["accuracy"]) for b in bl if b.get("baseline") == "dp_on_real" and b.get("classifier") == "wordcnn"
-                   and _eps(b.get("epsilon")) == 3), None)
-        real = next((float(b["accuracy"]) for b in bl if b.get("baseline") == "real" and b.get("classifier") == "wordcnn"), None)
-        _, maj = _majority(res.get("test_labels") or [])
-        syn = None if syn is None else float(syn)
-        md.append(f"| {dataset} | {_f(syn)} | {_f(dp)} | {_f(real)} | {maj:.3f} | "
-                  + (f"{100 * (syn - maj):+.1f} points" if syn is not None else "-") + " | "
-                  + ("-" if syn is None or dp is None else ("yes" if syn > dp else "NO")) + " |")
-    md += ["", "Targets (issue 12): synthetic beats DP-on-real and the majority rate by >= 10 points on Yelp polarity"
-           " and Yelp sentences; moonshot: within 5 points of the real-data WordCNN on Yelp sentences.", ""]
-    md += render_polarity_levers(results)
-    for name, extra in (("post", "post-processed (empty/truncated/duplicate dropped, 1.5x drawn)"), ("x3", "3x synthetic data"),
-                        ("filter", "off-label samples dropped (3x drawn)")):
-        res = results.get(name)
-        if res:
-            row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
-            md.append(f"- Lever, LoRA eps 3 on Yelp sentences, {extra}: WordCNN {_f(row.get('wordcnn_accuracy'))}, "
-                      f"MAUVE {_f(row.get('mauve'))}")
-    return md + [""]
-
-
-def _baseline(res: dict[str, Any], kind: str, epsilon: float | None = None) -> float | None:
-    return next((float(b["accuracy"]) for b in res["metrics"].get("baselines", [])
-                 if b.get("baseline") == kind and b.get("classifier") == "wordcnn"
-                 and (epsilon is None or _eps(b.get("epsilon")) == epsilon)), None)
-
-
-def render_polarity_levers(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The Yelp polarity levers (LoRA, WordCNN on the real test set), one row per experiment."""
-    rows = [("yelp_polarity", "main recipe (B 512, 3 epochs), uniform labels", "yelp_polarity"),
-            ("yelp_polarity_prior", f"main recipe, DP label histogram (sigma {CPU_LABEL_SIGMA:g})", "yelp_polarity"),
-            ("yelp_polarity_long", f"B {CPU_LONG['batch_size']}, {CPU_LONG['epochs']} epochs, lr "
-                                   f"{CPU_LONG['learning_rates'][0]:g}, DP label histogram "
-                                   "(DP-on-real given the same batch and passes)", "yelp_polarity_long"),
-            ("yelp_polarity_long1024", f"B 1024, {CPU_LONG['epochs']} epochs, DP label histogram", "yelp_polarity_long"),
-            ("yelp_polarity_filter", "main recipe, DP label histogram, off-label samples dropped (3x drawn)",
-             "yelp_polarity"),
-            ("yelp_polarity_inf", "main recipe at epsilon inf (non-private upper bound), DP label histogram", None),
-            ("yelp_polarity_inf_uniform", "main recipe at epsilon inf, uniform labels", None)]
-    if not any(results.get(name) for name, _, _ in rows[1:]):
-        return []
-    md = ["", "### Levers on Yelp polarity (LoRA; WordCNN on the real test set)", "",
-          "| experiment | DP steps | epsilon of the corpus (RDP, model + label histogram) | synthetic | MAUVE | DP-on-real | majority |",
-          "|---|---|---|---|---|---|---|"]
-    for name, what, peer in rows:
-        res = results.get(name)
-        if not res:
-            md.append(f"| {what} | not run | | | | | |")
-            continue
-        row = next((r for r in res["rows"] if r["mode"] == "lora"), {})
-        eps = row.get("epsilon")
-        peer_res = results.get(peer) if peer else None
-        dp = _baseline(peer_res, "dp_on_real", 3) if peer_res else None
-        _, maj = _majority(res.get("test_labels") or [])
-        md.append(f"| {what} | {_f(row.get('steps'), 0)} | "
-                  f"{'inf' if eps == math.inf else _f(row.get('reported_epsilon'))} | "
-                  f"{_f(None if row.get('wordcnn_accuracy') is None else float(row['wordcnn_accuracy']))} | "
-                  f"{_f(row.get('mauve'))} | {_f(dp)} | {maj:.3f} |")
-    return md + [""]
 
 
 def dataset_config(data: str) -> dict[str, Any]:
@@ -520,7 +410,8 @@ def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> lis
     for t in trials:
         row = dict(by_name.get(t["id"], {"status": "missing"}))
         row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"],
-                   learning_rate=t["learning_rate"],
+                   learning_rate=t["learning_rate"], guidance=float((t.get("sampling") or {}).get("guidance", 0.0)),
+                   contrast=(t.get("sampling") or {}).get("guidance_contrast", "others"), replicate=t.get("replicate", 0),
                    reported_epsilon=t.get("reported_epsilon"), steps=t.get("steps"))
         out.append(row)
     return out
@@ -608,24 +499,6 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
         r = lora3(res["rows"], mult) if res else None
         md.append(f"| {label} | " + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers) + f" | {_f(r.get('mauve')) if r else '-'} |")
 
-    if scale in CPU_SCALES:
-        md += ["", "## 3a. DP-SGD against BandMF at the same epsilon, LoRA on Yelp sentences", "",
-               "| epsilon | mechanism | " + " | ".join(f"{k} acc" for k in classifiers) + " | MAUVE | dp_tune valid loss |",
-               "|---|---|" + "---|" * (len(classifiers) + 2)]
-        md[-2] = md[-2].replace("| epsilon |", "| epsilon | DP steps |")
-        md[-1] = md[-1] + "---|"
-        pairs = ((f"DP-SGD, B {512}", main), (f"BandMF b={CPU_BANDMF_BANDS}, B 512", results.get("bandmf")),
-                 (f"DP-SGD, B {CPU_MANY['batch_size']}", results.get("dpsgd_many")),
-                 (f"BandMF b={CPU_MANY['bands']}, B {CPU_MANY['batch_size']}", results.get("bandmf_many")))
-        for e in (1.0, 3.0):
-            for label, res in pairs:
-                r = next((r for r in res["rows"] if r["mode"] == "lora" and r["epsilon"] == e
-                          and float(r["multiple"]) == 1), None) if res else None
-                md.append(f"| {_f(e, 0)} | {_f(r.get('steps'), 0) if r else '-'} | {label} | "
-                          + " | ".join(_f(acc(r, k)) if r else "-" for k in classifiers)
-                          + f" | {_f(r.get('mauve')) if r else '-'} | {_f(res['valid_loss'].get(r['trial'])) if r else '-'} |")
-        md += ["", "(dp_tune valid loss: the study author's non-DP loss on D_valid, from the private state; never released.)"]
-
     small_only = scale not in CPU_SCALES  # the cpu study runs neither the label-histogram nor the prompt-lr variant
     if small_only:
         md += ["", "## 3b. Uniform labels against a DP label histogram (LoRA, epsilon 3 for the tuning)", "",
@@ -690,6 +563,168 @@ def render(results: dict[str, dict[str, Any]], classifiers: list[str], scale: st
     return "\n".join(md) + "\n", ratios
 
 
+# ----------------------------------------------------------------------------- the cpu study's tables
+
+
+def _pick(res: dict[str, Any] | None, *, mode: str = "lora", epsilon: float = 3.0, guidance: float = 0.0,
+          multiple: float = 1.0, replicate: int = 0, contrast: str = "others") -> dict[str, Any] | None:
+    if not res:
+        return None
+    return next((r for r in res["rows"] if r["mode"] == mode and r["epsilon"] == epsilon
+                 and r["guidance"] == guidance and float(r["multiple"]) == multiple and r["replicate"] == replicate
+                 and (guidance == 0.0 or r["contrast"] == contrast)), None)
+
+
+def _peer(res: dict[str, Any] | None, kind: str, epsilon: float | None = None) -> dict[str, Any] | None:
+    if not res:
+        return None
+    return next((b for b in res["metrics"].get("baselines", []) if b.get("baseline") == kind
+                 and b.get("classifier") == "wordcnn" and (epsilon is None or _eps(b.get("epsilon")) == epsilon)), None)
+
+
+def _ab(d: dict[str, Any] | None, prefix: str = "wordcnn_") -> str:
+    """'accuracy / balanced accuracy' of a corpus row (prefix wordcnn_) or a baseline (prefix '')."""
+    if not d or d.get(f"{prefix}accuracy") is None:
+        return "-"
+    return f"{float(d[f'{prefix}accuracy']):.3f} / {_f(d.get(f'{prefix}balanced_accuracy'))}"
+
+
+def _num(d: dict[str, Any] | None, key: str) -> float | None:
+    v = (d or {}).get(key)
+    return None if v is None else float(v)
+
+
+SET_TITLES = {"yelp_sentences": "Yelp sentences", "yelp_polarity": "Yelp polarity", "sst2": "SST-2",
+              "ag_news": "AG News"}
+SET_EXPERIMENT = {"yelp_sentences": "main", "yelp_polarity": "yelp_polarity", "sst2": "sst2", "ag_news": "ag_news"}
+
+
+def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
+    """The cpu study's Markdown (targets, every table of issue 22) and the printed ratio lines."""
+    import numpy as np
+
+    w = CPU_GUIDANCE
+    md = [f"# The cpu-scale study, one recipe for every set ({scale} scale)", "", f"Command: `{command}`", "",
+          f"One recipe for all four sets: DP tuning `recipe: auto` (token budget {CPU_RECIPE['token_budget']:,.0f} "
+          f"example-tokens per run), {CPU_SCALES[scale]['max_tokens']} tokens per example, labels from a DP label "
+          f"histogram (sigma {CPU_LABEL_SIGMA:g}), generation unguided (w 0) and label-guided (w {w:g}, contrast: the "
+          "other labels). Accuracy / balanced accuracy of the WordCNN trained on the synthetic data (selected on the "
+          "synthetic valid split) on the real test set; DP-on-real: the same WordCNN trained with DP-Adam on the real "
+          "training set at the same epsilon; real: trained on the real training set without DP.", ""]
+    if scale == "quick":
+        md += ["**Smoke scale**: a tiny model, a few steps, a few hundred examples. These numbers only show that",
+               "every stage and table works end to end; they say nothing about the method.", ""]
+    ratios: list[str] = []
+    # 0. Targets.
+    md += ["## 0. Targets at epsilon 3 (LoRA, one recipe)", "",
+           f"| set | synthetic, w 0 | synthetic, w {w:g} | DP-on-real | real data | majority (chance) | beats DP-on-real "
+           f"(w {w:g}: accuracy, balanced) | balanced - chance | moonshot gap to real |", "|---|---|---|---|---|---|---|---|---|"]
+    for ds in CPU_SETS:
+        res = results.get(SET_EXPERIMENT[ds])
+        if not res:
+            md.append(f"| {SET_TITLES[ds]} | not run | | | | | | | |")
+            continue
+        w0, wg = _pick(res), _pick(res, guidance=w)
+        dp, real = _peer(res, "dp_on_real", 3.0), _peer(res, "real")
+        maj = res["metrics"].get("majority") or {}
+        chance = 1.0 / maj["num_classes"] if maj.get("num_classes") else None
+        best = wg or w0
+        acc, bal = _num(best, "wordcnn_accuracy"), _num(best, "wordcnn_balanced_accuracy")
+        beats = "-"
+        if best and dp and acc is not None:
+            beats = (f"{'yes' if acc > float(dp['accuracy']) else 'NO'}, "
+                     f"{'yes' if bal is not None and bal > float(dp.get('balanced_accuracy', 0)) else 'NO'}")
+            ratios.append(f"{SET_TITLES[ds]} eps 3: synthetic (w {w:g}) {acc:.3f} vs DP-on-real "
+                          f"{float(dp['accuracy']):.3f} -> ratio {acc / float(dp['accuracy']):.3f}")
+        margin = f"{100 * (bal - chance):+.1f} points" if bal is not None and chance else "-"
+        gap = f"{100 * (float(real['accuracy']) - acc):.1f} points" if real and acc is not None else "-"
+        md.append(f"| {SET_TITLES[ds]} | {_ab(w0)} | {_ab(wg)} | {_ab(dp, '')} | {_ab(real, '')} | "
+                  f"{_f(maj.get('accuracy'))} ({_f(chance)}) | {beats} | {margin} | {gap} |")
+    md += ["", "Targets (issue 22): on every set the synthetic corpus beats DP-on-real and its balanced accuracy is at "
+           "least 5 points above chance; moonshot: within 5 points of the real-data WordCNN on Yelp sentences, within "
+           "10 on the others.", ""]
+    # 1. Every epsilon.
+    md += ["## 1. LoRA at every epsilon", "",
+           f"| set | epsilon (composed, RDP) | DP steps | synthetic w 0 | synthetic w {w:g} | DP-on-real | MAUVE w 0 / w {w:g} |",
+           "|---|---|---|---|---|---|---|"]
+    for ds in CPU_SETS:
+        res = results.get(SET_EXPERIMENT[ds])
+        if not res:
+            continue
+        for e in sorted({r["epsilon"] for r in res["rows"]}):
+            w0, wg = _pick(res, epsilon=e), _pick(res, epsilon=e, guidance=w)
+            dp = _peer(res, "dp_on_real", e) if math.isfinite(e) else None
+            composed = "inf" if not math.isfinite(e) else _f((w0 or {}).get("reported_epsilon"))
+            md.append(f"| {SET_TITLES[ds]} | {composed} | {_f((w0 or {}).get('steps'), 0)} | {_ab(w0)} | {_ab(wg)} | "
+                      f"{_ab(dp, '') if dp else ('-' if math.isfinite(e) else 'real: ' + _ab(_peer(res, 'real'), ''))} | "
+                      f"{_f(_num(w0, 'mauve'))} / {_f(_num(wg, 'mauve'))} |")
+    # 2. Modes.
+    main, modes = results.get("main"), results.get("main_modes")
+    md += ["", "## 2. LoRA, prompt and full tuning on Yelp sentences (epsilon 3)", "",
+           f"| mode | DP steps | synthetic w 0 | synthetic w {w:g} | MAUVE w 0 | perplexity of the real test set |",
+           "|---|---|---|---|---|---|"]
+    for mode, res in (("lora", main), ("prompt", modes), ("full", modes)):
+        w0, wg = _pick(res, mode=mode), _pick(res, mode=mode, guidance=w)
+        md.append(f"| {mode} | {_f((w0 or {}).get('steps'), 0)} | {_ab(w0)} | {_ab(wg)} | {_f(_num(w0, 'mauve'))} | "
+                  f"{_f(_num(w0, 'perplexity'), 1)} |")
+    # 3. 1x vs 3x.
+    x3 = results.get("main_x3")
+    md += ["", "## 3. 1x against 3x synthetic data (Yelp sentences, LoRA, epsilon 3)", "",
+           f"| size | synthetic w 0 | synthetic w {w:g} | MAUVE w 0 |", "|---|---|---|---|",
+           f"| 1x | {_ab(_pick(main))} | {_ab(_pick(main, guidance=w))} | {_f(_num(_pick(main), 'mauve'))} |",
+           f"| 3x | {_ab(_pick(x3, multiple=3.0))} | {_ab(_pick(x3, multiple=3.0, guidance=w))} | "
+           f"{_f(_num(_pick(x3, multiple=3.0), 'mauve'))} |"]
+    # 4. Repeats.
+    reps = results.get("main_repeats")
+    md += ["", "## 4. Independent repeats (Yelp sentences, LoRA, epsilon 3: a fresh secret noise seed and generation "
+           "seed each)", "", "| guidance | accuracy per repeat | mean +- std | balanced accuracy mean +- std |", "|---|---|---|---|"]
+    for g in (0.0, w):
+        rows = [r for r in (reps or {}).get("rows", []) if r["guidance"] == g and r["wordcnn_accuracy"] is not None] \
+            if reps else []
+        accs = [float(r["wordcnn_accuracy"]) for r in rows]
+        bals = [float(r["wordcnn_balanced_accuracy"]) for r in rows if r.get("wordcnn_balanced_accuracy") is not None]
+        ms = lambda v: f"{np.mean(v):.3f} +- {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if v else "-"
+        md.append(f"| w {g:g} | {', '.join(f'{a:.3f}' for a in accs) or '-'} | {ms(accs)} | {ms(bals)} |")
+    # 5. Guidance: signal and diversity.
+    md += ["", "## 5. What guidance does (LoRA, epsilon 3): accuracy, MAUVE and diversity", "",
+           "| set | guidance | synthetic | MAUVE | distinct-1 | distinct-2 | duplicate rate |", "|---|---|---|---|---|---|---|"]
+    look, null = results.get("guidance_look"), results.get("null_contrast")
+    for ds in CPU_SETS:
+        res = results.get(SET_EXPERIMENT[ds])
+        cells = [(0.0, _pick(res)), (w, _pick(res, guidance=w))]
+        if ds == "yelp_polarity":
+            cells += [(g, _pick(look, guidance=g)) for g in CPU_GUIDANCE_LOOK]
+            cells.sort(key=lambda c: c[0])
+        for g, r in cells:
+            if r is None:
+                continue
+            md.append(f"| {SET_TITLES[ds]} | w {g:g} | {_ab(r)} | {_f(_num(r, 'mauve'))} | {_f(_num(r, 'distinct_1'))} | "
+                      f"{_f(_num(r, 'distinct_2'))} | {_f(_num(r, 'duplicate_rate'))} |")
+    if null:
+        for g, label in ((0.0, "label dropout 0.1, w 0"), (w, f"label dropout 0.1, w {w:g} against the null prompt")):
+            r = _pick(null, guidance=g, contrast="null")
+            md.append(f"| Yelp polarity | {label} | {_ab(r)} | {_f(_num(r, 'mauve'))} | {_f(_num(r, 'distinct_1'))} | "
+                      f"{_f(_num(r, 'distinct_2'))} | {_f(_num(r, 'duplicate_rate'))} |")
+    # 6. Ranking correlation.
+    md += ["", "## 6. Hyperparameter-ranking correlation (WordCNN grid: synthetic valid -> real test)", "",
+           "| set | epsilon | guidance | Spearman | Kendall | RBO | upper bound (real valid) Spearman |", "|---|---|---|---|---|---|---|"]
+    for ds in CPU_SETS:
+        res = results.get(SET_EXPERIMENT[ds])
+        for r in (res or {}).get("rows", []):
+            if r["epsilon"] in (1.0, 3.0) and r["replicate"] == 0:
+                md.append(f"| {SET_TITLES[ds]} | {_f(r['epsilon'], 0)} | {r['guidance']:g} | "
+                          f"{_f(r.get('wordcnn_rank_spearman'))} | {_f(r.get('wordcnn_rank_kendall'))} | "
+                          f"{_f(r.get('wordcnn_rank_rbo'))} | {_f(r.get('wordcnn_rank_upper_spearman'))} |")
+    # 7. Proxies.
+    every = [r for res in results.values() for r in res["rows"] if r.get("wordcnn_accuracy") is not None]
+    accs = [float(r["wordcnn_balanced_accuracy"]) if r.get("wordcnn_balanced_accuracy") is not None else None
+            for r in every]
+    md += ["", "## 7. Do the proxy metrics rank corpora as balanced accuracy does? (Spearman over every corpus)", ""]
+    md.append(", ".join(f"{p} {_f(_spearman([_num(r, p) for r in every], accs))}"
+                        for p in ("mauve", "bigram_mauve", "perplexity", "distinct_2")))
+    return "\n".join(md) + "\n", ratios
+
+
 def run(args) -> int:
     from dpsynth.experiment.config import from_dict
     from dpsynth.experiment.runner import report_result, run_experiment
@@ -734,10 +769,10 @@ def run(args) -> int:
         return 2
     classifiers = list(configs["main"]["evaluate"]["classifiers"])
     command = "python bench/paper.py " + " ".join(sys.argv[1:])
-    md, ratios = render(results, classifiers, scale, command)
     if scale in CPU_SCALES:
-        head, _, rest = md.partition("## 1.")
-        md = head + "\n".join(render_cpu_targets(results)) + "\n## 1." + rest
+        md, ratios = render_cpu(results, scale, command)
+    else:
+        md, ratios = render(results, classifiers, scale, command)
     stage_seconds = sum(stage_times.values())
     md += "\n## Stage times (as recorded when each stage ran; cached stages keep their first time)\n\n| stage | seconds |\n|---|---|\n"
     md += "".join(f"| {stage_names[d]} | {sec:.0f} |\n" for d, sec in stage_times.items() if sec is not None)

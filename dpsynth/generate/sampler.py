@@ -220,7 +220,10 @@ def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax
 
 def guided_log_probs(own: jax.Array, contrast: jax.Array, guidance: float) -> jax.Array:
     """`own + w (own - logmeanexp_c contrast[c])` for log-probs `own[R, V]`, `contrast[C, R, V]`."""
-    con = jax.nn.logsumexp(contrast, axis=0) - jnp.log(jnp.float32(contrast.shape[0]))
+    if contrast.shape[0] == 1:  # one contrast (two labels, or the null prompt): the mean is that stream
+        con = contrast[0]
+    else:
+        con = jax.nn.logsumexp(contrast, axis=0) - jnp.log(jnp.float32(contrast.shape[0]))
     return own + jnp.float32(guidance) * (own - con)
 
 
