@@ -190,3 +190,27 @@ def test_make_training_is_pretrainings_step():
     import jax
 
     assert sum(x.size for x in jax.tree.leaves(state.params)) == model_config.num_params(("params",))
+
+
+def test_full_size_report_judges_the_targets(tiny_run, capsys):
+    """The table of a device run (full sizes, isolated units, memory statistics), from the tiny
+    run's figures relabelled: every branch that run prints, without a device."""
+    import copy
+
+    rep = copy.deepcopy(tiny_run[0])
+    raw = {"ceilings": rep["ceilings"], "pretrain/1b": rep["pretrain"]["tiny"], "sampler/1b": rep["sampler"]["tiny"],
+           **{f"dp/1b/{v}": rep["dp_lora"]["tiny"][v] for v in ("nonprivate", "dp")}}
+    for i, r in enumerate((raw["pretrain/1b"], raw["dp/1b/nonprivate"], raw["dp/1b/dp"], raw["sampler/1b"])):
+        r["peak_mib"] = 1000.0 + i
+    device = {**rep["device"], "platform": "gpu", "device_kind": "NVIDIA H200", "memory_stats": True}
+    opts = types.SimpleNamespace(sizes="full", isolate_on=True, max_seconds=460.0)
+    full = acc.assemble(raw, device, acc.device_peaks("NVIDIA H200"), opts, [{"unit": "pretrain/small",
+                        "reason": "1 s left"}], {"dp/small/dp": "OOM"}, 400.0)
+    acc.print_report(full)
+    out = capsys.readouterr().out
+    assert full["dp_lora"]["1b"]["ratio_peak_memory"] == pytest.approx(1002.0 / 1001.0)
+    assert full["pretrain"]["1b"]["mfu"] == pytest.approx(full["pretrain"]["1b"]["tflops"] / 989.0)
+    assert out.count("MISSED") + out.count("MET") == 4  # MFU, DP ratio, and the bound for both sampler rows
+    assert "table: NVIDIA H200 SXM" in out and "per unit (isolated processes)" in out and "(device peak)" in out
+    assert "skipped pretrain/small: 1 s left" in out and "FAILED dp/small/dp: OOM" in out
+    json.dumps(full)  # the JSON line
