@@ -431,6 +431,28 @@ def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
                 "needs the same corpus, tokenizer and flags (use a new --out to start over)")
 
 
+def make_training(cfg: PretrainConfig, model_config: ModelConfig,
+                  mesh=None) -> tuple[core.LossFn, core.TrainFunctions, core.TrainState]:
+    """The pretraining step of `cfg` on the training core, and its freshly initialised state.
+
+    The LM loss with `cfg.z_loss`, `cfg.optimizer_name` with its schedule over `cfg.steps`, the
+    plain mean gradient; parameters initialised from `cfg.seed` (the step keys come from the
+    same seed). `run_pretrain` trains with exactly these; `bench/accelerator.py` times them.
+
+    Returns:
+      (loss_fn, train functions, initial `TrainState`, placed on `mesh` when given).
+    """
+    model = Transformer(model_config)
+    optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                     total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
+    loss_fn = lm.make_lm_loss(model, z_loss=cfg.z_loss)
+    fns = core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
+    init_key, step_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    variables = jax.jit(model.init)(init_key, jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32))
+    params, frozen = lm.split_variables(variables, ("params",))
+    return loss_fn, fns, fns.init_state(params, frozen, rng=step_key, copy=False)
+
+
 def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: PretrainConfig, *,
                  resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Pretrains a model and writes the model directory `out_dir`; returns a summary dict.
@@ -465,19 +487,11 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
                             "pass --resume to continue it, or choose a new --out")
 
-    model = Transformer(model_config)
     if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
         raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
                             f"all {jax.device_count()} devices of the {jax.process_count()} processes")
     mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
-    optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                     total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
-    loss_fn = lm.make_lm_loss(model, z_loss=cfg.z_loss)
-    fns = core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
-    init_key, step_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    variables = jax.jit(model.init)(init_key, jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32))
-    params, frozen = lm.split_variables(variables, ("params",))
-    state = fns.init_state(params, frozen, rng=step_key, copy=False)
+    loss_fn, fns, state = make_training(cfg, model_config, mesh)
     expected_meta = _meta(cfg, model_config, corpus_sha, tokenizer.sha256, 0)
     if resume and checkpointer.latest_step() is not None:
         meta = checkpointer.read_meta()
