@@ -270,6 +270,7 @@ def test_cli_failures_are_one_line(tmp_path, capsys, how, message):
     assert re.search(message, err), err
 
 
+@pytest.mark.hf
 def test_transformers_loads_the_export(tmp_path):
     """Where torch/transformers are installed, they load the export and agree on the logits."""
     torch = pytest.importorskip("torch", reason="torch not installed: round trip through import covers the layout")

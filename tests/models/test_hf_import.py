@@ -237,6 +237,7 @@ def test_tokenizer_larger_than_embedding_is_refused(tmp_path):
         hf_import.import_model(str(d), str(tmp_path / "out"))
 
 
+@pytest.mark.hf
 def test_live_transformers_parity(tmp_path):
     """Regenerates one fixture with transformers and compares (only where torch/transformers are installed)."""
     pytest.importorskip("torch", reason="torch/transformers not installed: the committed fixtures are the reference")
