@@ -16,7 +16,9 @@ file too. So an export writes:
   `HFFormatError`).
 - `tokenizer_config.json` (`tokenizer_config`): the source checkpoint's, when it had one, with
   bos/eos/pad/unk set to the tokens of the model's special ids; otherwise
-  `tokenizer_class: PreTrainedTokenizerFast`, those four tokens and `model_max_length`.
+  `tokenizer_class: PreTrainedTokenizerFast`, those four tokens and `model_max_length`. A
+  converted SentencePiece tokenizer is always `PreTrainedTokenizerFast` (adding bos unless the
+  source's `add_bos_token` says otherwise).
 - `generation_config.json` (`generation_config`): the source's, when it had one, with the
   model's eos id included (and bos/pad filled in when absent); otherwise bos/eos/pad ids.
 
@@ -239,7 +241,8 @@ def tokenizer_config(tokenizer, special_ids: dict[str, int], max_len: int,
     config.setdefault("clean_up_tokenization_spaces", False)
     tokens = token_strings(tokenizer, [special_ids[name] for name in SPECIAL_NAMES])
     config.update({f"{name}_token": token for name, token in zip(SPECIAL_NAMES, tokens)})
-    if tokenizer.kind == "sentencepiece" and not source:
+    if tokenizer.kind == "sentencepiece":  # the export's converted tokenizer.json: read it as it is
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"  # (a SentencePiece class rebuilds its own pipeline)
         config.setdefault("add_bos_token", True)  # as the converted post-processor does
         config.setdefault("add_eos_token", False)
     return config

@@ -174,3 +174,20 @@ def test_a_source_tokenizer_config_survives_the_round_trip(tmp_path):
     assert back("Hello, world! 42").input_ids == tok("Hello, world! 42").input_ids
     gen = transformers.GenerationConfig.from_pretrained(str(tmp_path / "hf"))
     assert gen.do_sample and gen.temperature == 0.7 and gen.eos_token_id == 1
+
+
+def test_a_sentencepiece_source_with_a_llama_tokenizer_config(tmp_path):
+    """tokenizer.model plus a config naming LlamaTokenizer: the export's converted tokenizer.json
+    is read as is, and encodes as SentencePiece, bos first as the source asked."""
+    import sentencepiece as spm
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "mistral", src)
+    (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer", "legacy": False,
+                                                           "add_bos_token": True, "model_max_length": 128}))
+    hf_import.import_model(str(src), str(tmp_path / "m"))
+    assert export_model.main(["--model", str(tmp_path / "m"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    sp = spm.SentencePieceProcessor(model_file=str(src / "tokenizer.model"))
+    for text in TEXTS + list(hf_tokenizer.SELF_CHECK_TEXTS):
+        assert back(text).input_ids == [sp.bos_id()] + sp.encode(text), text

@@ -133,6 +133,11 @@ def test_tokenizer_config_names_the_models_special_tokens():
     assert cfg == {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 128, "bos_token": "<s>",
                    "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True,
                    "add_eos_token": False, "clean_up_tokenization_spaces": False}
+    source = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "legacy": True, "model_max_length": 4096}
+    cfg = hf_tokenizer.tokenizer_config(sp_tok, sp_tok.special_ids, 128, source)  # the converted file is read as is
+    assert cfg == {**source, "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                   "pad_token": "<pad>", "unk_token": "<unk>", "add_eos_token": False,
+                   "clean_up_tokenization_spaces": False}
     hf_tok = HFTokenizer((FIXTURES / "qwen2" / "tokenizer.json").read_bytes(), {"bos": 0, "eos": 2, "pad": 0, "unk": 0})
     source = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768, "chat_template": "{{ x }}",
               "eos_token": "<|endoftext|>", "pad_token": None, "errors": "replace"}
