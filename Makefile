@@ -11,13 +11,14 @@ PYTEST_WORKERS ?= 2
 export PYTHONHASHSEED := 0
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install build data chromium test test-slow test-all demo bench bench-paper clean help
+.PHONY: install build data chromium test test-slow test-all hf-venv test-hf demo bench bench-paper clean help
 
 help:
 	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
 	@echo "make demo   - run the whole pipeline on the embedded default dataset ($(DEMO_DIR))"
 	@echo "make bench  - run the benchmarks in bench/"
 	@echo "make test-slow - the slow tests (marked @pytest.mark.slow)"
+	@echo "make test-hf   - exports loaded by transformers and peft (own venv $(HF_VENV): CPU torch, transformers, peft)"
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +63,29 @@ test-slow: $(STAMP) data
 
 test-all: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -m '' tests
+
+# Exports as transformers and peft see them (tests marked `hf`: tests/models/test_hf_clients.py and
+# the torch-gated tests beside it). They run in their own venv with CPU torch, transformers and
+# peft from PyPI plus dpsynth: none of these is ever a dependency of dpsynth. HF_TORCH=torch==2.13.0
+# is the CPU build this machine keeps on disk (a plain `torch` would pull a multi-GB CUDA build).
+# `make hf-venv` only installs; .ci/run gives it a time limit and says when it skipped the tests.
+HF_VENV := .venv-hf
+HF_PY := $(HF_VENV)/bin/python
+HF_STAMP := $(HF_VENV)/.installed
+HF_TORCH ?= torch==2.13.0
+HF_PACKAGES ?= transformers==5.24.0 peft==0.21.2
+
+$(HF_STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
+	test -x $(HF_PY) || $(PYTHON) -m venv $(HF_VENV)
+	$(HF_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(HF_PY) -m pip install -q '$(HF_TORCH)'
+	$(HF_PY) -m pip install -q $(HF_PACKAGES) -e . pytest pytest-timeout
+	touch $@
+
+hf-venv: $(HF_STAMP)
+
+test-hf: $(HF_STAMP)
+	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(HF_PY) -m pytest -q -m hf tests/models
 
 demo: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m dpsynth.demo --data-dir $(DATA_DIR) --out $(DEMO_DIR)

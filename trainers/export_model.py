@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth.models import hf_export
+from dpsynth.models import hf_export, hf_files
 from dpsynth.models.hf_files import HFFormatError
+from dpsynth.train.checkpoint import CheckpointError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
-    except HFFormatError as e:
-        print(f"dpsynth export-model: {e}", file=sys.stderr)
+    except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback
+        print(f"dpsynth export-model: error: {hf_files.error_line(e)}", file=sys.stderr)
         return 2
     print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
     return 0

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth.models import hf_import
+from dpsynth.models import hf_files, hf_import
 from dpsynth.models.hf_files import HFFormatError
+from dpsynth.train.checkpoint import CheckpointError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
-    except HFFormatError as e:
-        print(f"dpsynth import-model: {e}", file=sys.stderr)
+    except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback
+        print(f"dpsynth import-model: error: {hf_files.error_line(e)}", file=sys.stderr)
         return 2
     src = manifest["source"]
     print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "

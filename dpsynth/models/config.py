@@ -45,6 +45,9 @@ NORM_KINDS = ("rms", "layernorm")
 POSITION_KINDS = ("rope", "learned")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 LAYER_KINDS = ("full", "sliding")
+# The fields that describe adapters (LoRA, soft prompt) rather than the base model: a tuned
+# model's config differs from its base's only in these (`ModelConfig.base` resets them).
+ADAPTER_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "prompt_length")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -196,8 +199,11 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def base(self) -> "ModelConfig":
-        """The same model without adapters (what a pretrained checkpoint stores)."""
-        return self.replace(lora_rank=0, prompt_length=0)
+        """The same model without adapters (what a pretrained checkpoint stores): every field of
+        `ADAPTER_FIELDS` at its default, so a base compares equal to its base whatever the
+        adapters' rank, scale, targets or prompt length."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in ADAPTER_FIELDS}
+        return self.replace(**defaults)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

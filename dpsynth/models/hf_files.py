@@ -45,6 +45,16 @@ class HFFormatError(ValueError):
     """A Hugging Face directory we cannot import (names the file and the field or tensor)."""
 
 
+def error_line(error: Exception) -> str:
+    """One line for a foreseen failure of import-model/export-model (no traceback): the
+    message, or for a file-system error the path and the reason (permission denied, disk full)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        text = f"{error.filename}: {error.strerror or error}"
+    else:
+        text = str(error)
+    return " ".join(text.split())
+
+
 # ============================================================================ safetensors
 
 
@@ -289,8 +299,10 @@ def model_config_from_hf(hf: dict[str, Any], where: str, *, dtype: str = "float3
     return family, ModelConfig(**kw)
 
 
-def special_ids_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None, vocab: int, where: str) -> dict:
-    """bos/eos/pad/unk ids from config.json (and generation_config.json); pad falls back to eos."""
+def special_ids_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None, vocab: int, where: str,
+                        tokenizer_unk: int | None = None) -> dict:
+    """bos/eos/pad/unk ids from config.json (and generation_config.json); pad falls back to eos,
+    unk to the tokenizer's own unknown token (`tokenizer_unk`), else to pad."""
     if isinstance(hf.get("text_config"), dict):
         hf = {**hf["text_config"], **{k: v for k, v in hf.items() if k.endswith("_token_id") and v is not None}}
     merged = {**{k: v for k, v in (generation or {}).items() if v is not None},
@@ -306,7 +318,8 @@ def special_ids_from_hf(hf: dict[str, Any], generation: dict[str, Any] | None, v
     bos = first("bos_token_id")
     ids = {"eos": int(eos), "bos": int(eos if bos is None else bos)}
     ids["pad"] = int(first("pad_token_id") if first("pad_token_id") is not None else ids["eos"])
-    ids["unk"] = int(first("unk_token_id") if first("unk_token_id") is not None else ids["pad"])
+    unk = first("unk_token_id")
+    ids["unk"] = int(unk if unk is not None else tokenizer_unk if tokenizer_unk is not None else ids["pad"])
     for name, value in ids.items():
         if not 0 <= value < vocab:
             raise HFFormatError(f"{where}: {name}_token_id={value} is outside the vocabulary of {vocab}")

@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsynth import fileio
-from dpsynth.models import hf_files
+from dpsynth.models import hf_files, hf_tokenizer
 from dpsynth.models.config import ModelConfig
 from dpsynth.models.hf_files import HFFormatError, TensorInfo
 from dpsynth.models.transformer import Transformer
 
-GENERATION_CONFIG = "generation_config.json"
+GENERATION_CONFIG, TOKENIZER_CONFIG = hf_tokenizer.GENERATION_CONFIG, hf_tokenizer.TOKENIZER_CONFIG
+CREATED_BY = "dpsynth import-model"
 PARAM_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jnp.bfloat16)}
 
 
@@ -45,6 +46,8 @@ class HFSource:
     config: ModelConfig
     hf_config: dict[str, Any]
     special_ids: dict[str, int]
+    tokenizer_config: dict[str, Any] | None  # the source's tokenizer_config.json / generation_config.json,
+    generation_config: dict[str, Any] | None  # kept for the export
     tensors: dict[str, tuple[hf_files.Entry, TensorInfo]]  # our path "a/b/c" -> (entry, tensor)
     files: tuple[str, ...]
 
@@ -119,10 +122,40 @@ def inspect(hf_dir: str, *, dtype: str = "float32") -> HFSource:
     missing = set(shapes) - set(tensors)
     if missing:
         raise HFFormatError(f"{hf_dir}: no tensor for {sorted(missing)}")
-    generation = os.path.join(hf_dir, GENERATION_CONFIG)
-    special = hf_files.special_ids_from_hf(hf, hf_files.read_json(generation) if os.path.exists(generation) else None,
-                                           config.vocab_size, config_path)
-    return HFSource(hf_dir, family, config, hf, special, tensors, tuple(files))
+    generation, tokenizer_config = (_optional_json(os.path.join(hf_dir, name))
+                                    for name in (GENERATION_CONFIG, TOKENIZER_CONFIG))
+    special = hf_files.special_ids_from_hf(hf, generation, config.vocab_size, config_path,
+                                           tokenizer_unk=_tokenizer_unk(hf_dir))
+    return HFSource(hf_dir, family, config, hf, special, tokenizer_config, generation, tensors, tuple(files))
+
+
+def _optional_json(path: str) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    data = hf_files.read_json(path)
+    if not isinstance(data, dict):
+        raise HFFormatError(f"{path}: not a JSON object")
+    return data
+
+
+def _tokenizer_unk(hf_dir: str) -> int | None:
+    """The id of the tokenizer file's own unknown token, or None (none, or no readable file:
+    `load_hf_tokenizer` reports that)."""
+    json_path, sp_path = (os.path.join(hf_dir, name) for name in ("tokenizer.json", "tokenizer.model"))
+    try:
+        if os.path.exists(json_path):
+            model = fileio.read_json(json_path)["model"]
+            if model.get("type") == "Unigram":
+                return model.get("unk_id")
+            unk = model.get("unk_token")
+            return model.get("vocab", {}).get(unk) if unk is not None else None
+        if os.path.exists(sp_path):
+            with open(sp_path, "rb") as f:
+                pieces = hf_tokenizer.read_sentencepiece(f.read(), sp_path).pieces
+            return next((i for i, (_, _, kind) in enumerate(pieces) if kind == hf_tokenizer.UNKNOWN), None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
 
 
 def load_params(source: HFSource, *, param_dtype: str = "float32", mesh=None) -> dict:
@@ -188,7 +221,11 @@ def load_hf_tokenizer(source: HFSource):
 
 
 def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
-    """The manifest's "source" record: what was imported, with hashes."""
+    """The manifest's "source" record: what was imported, with hashes.
+
+    The `hf_*` entries hold the source's own JSON files (config.json, and tokenizer_config.json /
+    generation_config.json or None) for `dpsynth export-model`; privacy reports leave them out.
+    """
     return {
         "format": "huggingface-safetensors", "family": source.family, "path": source.directory,
         "model_type": source.hf_config.get("model_type"), "architectures": source.hf_config.get("architectures"),
@@ -197,7 +234,23 @@ def provenance(source: HFSource, tokenizer_path: str) -> dict[str, Any]:
         "weights_sha256": {os.path.basename(f): fileio.sha256_file(f) for f in source.files},
         "tokenizer_file": os.path.basename(tokenizer_path), "tokenizer_file_sha256": fileio.sha256_file(tokenizer_path),
         "pretraining_data_checked": False, "hf_config": source.hf_config,
+        "hf_tokenizer_config": source.tokenizer_config, "hf_generation_config": source.generation_config,
     }
+
+
+def _check_out(out_dir: str) -> None:
+    """`out_dir` must be new, empty or an earlier import (never another model directory)."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise HFFormatError(f"{out_dir}: exists and is not a directory; choose another --out")
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        manifest = os.path.join(out_dir, "manifest.json")
+        try:
+            earlier = fileio.read_json(manifest).get("created_by") == CREATED_BY
+        except (OSError, ValueError, AttributeError):
+            earlier = False
+        if not earlier:
+            raise HFFormatError(f"{out_dir}: is not empty and is not an earlier import-model output; choose a new or "
+                                "empty --out directory")
 
 
 def import_model(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None) -> dict[str, Any]:
@@ -211,8 +264,9 @@ def import_model(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None
     """
     from dpsynth.train.checkpoint import save_model
 
+    _check_out(out_dir)
     source = inspect(hf_dir, dtype=dtype)
     tokenizer, tokenizer_path = load_hf_tokenizer(source)
     params = load_params(source, param_dtype=dtype, mesh=mesh)
     return save_model(out_dir, source.config, {"params": params}, tokenizer,
-                      {"source": provenance(source, tokenizer_path)}, created_by="dpsynth import-model")
+                      {"source": provenance(source, tokenizer_path)}, created_by=CREATED_BY)

@@ -36,7 +36,7 @@ import orbax.checkpoint as ocp
 
 from dpsynth import fileio
 from dpsynth.models.config import ModelConfig
-from dpsynth.tokens import Tokenizer, load_tokenizer, save_tokenizer
+from dpsynth.tokens import HF_FILE, SP_FILE, SPECIAL_IDS_FILE, Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
@@ -165,6 +165,9 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
                 "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
     manifest.update(extra_manifest or {})
     if jax.process_index() == 0:  # the small files: one writer
+        for stale in (SP_FILE, HF_FILE, SPECIAL_IDS_FILE):  # another tokenizer's files from an earlier save
+            if os.path.isfile(os.path.join(directory, stale)):
+                os.remove(os.path.join(directory, stale))
         save_tokenizer(tokenizer, directory)
         fileio.write_json(os.path.join(directory, CONFIG), config.to_dict())
         fileio.write_json(os.path.join(directory, MANIFEST), manifest)  # written last: marks the directory complete
@@ -198,11 +201,18 @@ def load_model(directory: str, *, expect_preset: str | None = None) -> LoadedMod
     """
     directory = _abs(directory)
     manifest = _read_manifest(directory)
-    config = ModelConfig.from_dict(fileio.read_json(os.path.join(directory, CONFIG)))
+    config_path = os.path.join(directory, CONFIG)
+    try:
+        config = ModelConfig.from_dict(fileio.read_json(config_path))
+    except (OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{config_path}: not a model config ({type(e).__name__}: {e})") from e
     if expect_preset is not None and config.preset != expect_preset:
         raise CheckpointError(f"{directory}: holds preset {config.preset!r}, expected {expect_preset!r}; pass "
                               f"--preset {config.preset} or point to a checkpoint of preset {expect_preset!r}")
-    tokenizer = load_tokenizer(directory)
+    try:
+        tokenizer = load_tokenizer(directory)
+    except (OSError, ValueError, RuntimeError) as e:  # missing/corrupt tokenizer file or special ids
+        raise CheckpointError(f"{directory}: its tokenizer cannot be loaded ({type(e).__name__}: {e})") from e
     if tokenizer.sha256 != manifest.get("tokenizer_sha256"):
         raise CheckpointError(f"{directory}/{tokenizer.filename}: SHA-256 does not match the manifest (replaced or corrupt)")
     variables: dict[str, Any] = {}

@@ -722,7 +722,7 @@ def dp_tune(
         }
         channels = _side_channels(config, labels_from_data, train.truncated, selection, recipe is not None)
         if base_source:
-            training["base_source"] = {k: v for k, v in base_source.items() if k != "hf_config"}
+            training["base_source"] = {k: v for k, v in base_source.items() if not k.startswith("hf_")}
             training["embedding_clipping"] = ("sparse (exact, untied input table)"
                                               if embedding_spec(model_config, config) else "dense")
             channels.append(imported_base_channel(base_source))

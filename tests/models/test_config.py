@@ -52,3 +52,30 @@ def test_overrides_and_validation():
     assert ModelConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown fields"):
         ModelConfig.from_dict({**config.to_dict(), "bogus": 1})
+
+
+ADAPTER_VALUES = [dict(lora_rank=r, lora_alpha=a, lora_targets=t, prompt_length=p)
+                  for r in (0, 3) for a in (16.0, 8.0, 0.5) for t in ("all", "attention", "mlp") for p in (0, 4)]
+
+
+@pytest.mark.parametrize("adapters", ADAPTER_VALUES, ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_base_clears_every_adapter_field(adapters):
+    """A tuned config's base equals the base it was tuned from, whatever the adapter settings."""
+    from dpsynth.models.config import ADAPTER_FIELDS
+
+    assert set(adapters) == set(ADAPTER_FIELDS)
+    base = get_config("tiny", num_kv_heads=2, tie_embeddings=False)  # non-adapter fields off their defaults
+    tuned = base.replace(**adapters)
+    assert tuned.base() == base and tuned.base().base() == base
+    assert base.replace(rope_base=500.0, **adapters).base() == base.replace(rope_base=500.0)  # the rest is kept
+
+
+def test_adapter_fields_name_every_adapter_setting():
+    """A new LoRA/prompt field must join ADAPTER_FIELDS (or `base()` keeps it and tuned models stop loading)."""
+    import dataclasses
+
+    from dpsynth.models.config import ADAPTER_FIELDS
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(ADAPTER_FIELDS) <= names
+    assert {n for n in names if n.startswith(("lora_", "prompt_"))} == set(ADAPTER_FIELDS)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 
 import jax
@@ -236,6 +237,7 @@ def test_tokenizer_larger_than_embedding_is_refused(tmp_path):
         hf_import.import_model(str(d), str(tmp_path / "out"))
 
 
+@pytest.mark.hf
 def test_live_transformers_parity(tmp_path):
     """Regenerates one fixture with transformers and compares (only where torch/transformers are installed)."""
     pytest.importorskip("torch", reason="torch/transformers not installed: the committed fixtures are the reference")
@@ -264,3 +266,65 @@ def test_num_params_counts_every_family(family):
     lora = config.replace(lora_rank=2, prompt_length=3)
     shapes = jax.eval_shape(Transformer(lora).init, jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
     assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["lora"])) == lora.num_params(("lora",))
+
+
+def _broken_source(tmp_path, how):
+    """(hf_dir, out) broken in one foreseeable way."""
+    d, out = _copy("mistral", tmp_path), tmp_path / "out"
+    if how == "missing dir":
+        return tmp_path / "nowhere", out
+    if how == "config not json":
+        (d / "config.json").write_text("{not json")
+    elif how == "unsupported family":
+        _edit_config(d, model_type="falcon", architectures=["FalconForCausalLM"])
+    elif how == "eos outside vocabulary":
+        _edit_config(d, eos_token_id=10_000)
+    elif how == "no tokenizer":
+        os.remove(d / "tokenizer.model")
+    elif how == "tokenizer corrupt":
+        (d / "tokenizer.model").write_bytes(b"\x0a\x05ab")
+    elif how == "weights truncated":
+        data = (d / hf_files.SINGLE_FILE).read_bytes()
+        (d / hf_files.SINGLE_FILE).write_bytes(data[:-10])
+    elif how == "out is a file":
+        out.write_text("x")
+    elif how == "out holds other files":
+        out.mkdir()
+        (out / "manifest.json").write_text('{"created_by": "dpsynth dp-tune"}')
+    elif how == "out under a file":
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "out"
+    return d, out
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing dir", "nowhere/config.json: missing"),
+    ("config not json", "config.json: not valid JSON"),
+    ("unsupported family", "model_type 'falcon'"),
+    ("eos outside vocabulary", "eos_token_id=10000 is outside the vocabulary"),
+    ("no tokenizer", "has neither tokenizer.json nor tokenizer.model"),
+    ("tokenizer corrupt", "tokenizer.model: cannot be loaded as a tokenizer"),
+    ("weights truncated", "model.safetensors: tensor .* truncated"),
+    ("out is a file", "out: exists and is not a directory"),
+    ("out holds other files", "out: is not empty and is not an earlier import-model output"),
+    ("out under a file", "f/out: Not a directory"),
+])
+def test_cli_failures_are_one_line(tmp_path, capsys, how, message):
+    hf_dir, out = _broken_source(tmp_path, how)
+    capsys.readouterr()
+    assert import_model.main(["--hf", str(hf_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dpsynth import-model: error: ") and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_reimport_over_an_earlier_import_replaces_its_tokenizer(tmp_path):
+    """An earlier import's tokenizer file of the other kind is removed (else it would be loaded)."""
+    from dpsynth.train.checkpoint import load_model
+
+    out = tmp_path / "m"
+    assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
+    assert import_model.main(["--hf", str(FIXTURES / "gemma"), "--out", str(out)]) == 0
+    assert not (out / "tokenizer.json").exists()
+    loaded = load_model(str(out))
+    assert loaded.tokenizer.kind == "sentencepiece" and loaded.manifest["source"]["family"] == "gemma"
