@@ -393,6 +393,10 @@ class ExperimentConfig:
             raise ConfigError("public.plant: needs a sensitive training set to plant from")
         if self.dp_tune.privacy_unit == "user" and not self.sensitive.user_column:
             raise ConfigError("dp_tune.privacy_unit: user needs sensitive.user_column (the field holding the user id)")
+        from dpsynth.experiment.privacy import unit_conflicts  # releases that cannot be composed: refused now
+
+        for key, message in unit_conflicts(self):
+            raise ConfigError(f"{key}: with dp_tune.privacy_unit: user, {message}")
 
     def replace(self, **sections: Any) -> "ExperimentConfig":
         """A copy with some keys changed, validated: `cfg.replace(pretrain={"steps": 10})`."""

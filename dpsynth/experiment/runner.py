@@ -281,9 +281,10 @@ def train_users(plan: Plan) -> int | None:
 
 
 def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
-    """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
+    """Per DP-tuning node: epsilon, delta, q, steps, the calibrated noise multiplier and `plan`.
 
-    Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
+    `plan` is the node's `dpsynth.dp.plan.PrivacyPlan` (mechanism, bands, privacy unit), from
+    which the dry run's composition takes each release's ledger entry. Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
     `dpsynth.dp.plan.plan_privacy` on the node's `TuneConfig`); entries say why when nothing
     can be computed (data size unknown, tuner not installed, unreachable target).
     """
@@ -315,7 +316,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
                     raise ValueError("the number of users of D_train is unknown")
             p = finetune.plan_run(tc, num_train, num_users=num_users)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
-                       accountant=p.accountant, max_batch_size=p.max_batch_size)
+                       accountant=p.accountant, max_batch_size=p.max_batch_size, plan=p)
         except ImportError as e:
             row["note"] = f"tuner not available ({e})"
         except ValueError as e:
