@@ -116,6 +116,43 @@ class RunMechanism:
                  "without DP"}]
 
 
+def planned_strategy_sha256(plan: PrivacyPlan, *, strategy_cache_dir: str | None = None) -> str | None:
+    """The SHA-256 of the BandMF strategy a run of `plan` would use now (None for DP-SGD).
+
+    The strategy is read from the cache, or optimised and cached (data-independent; no data is
+    read), exactly as `build_run_mechanism` does.
+    """
+    if plan.mechanism != "bandmf":
+        return None
+    from dpsynth.dp import bandmf  # JAX-heavy; imported only by trainers
+
+    coefs = bandmf.optimized_coefs(plan.steps, plan.bands, directory=strategy_cache_dir)
+    return bandmf.strategy_sha256(plan.steps, plan.bands, coefs)
+
+
+def recorded_strategies(ledger_entries: Sequence[dict]) -> set[str]:
+    """The BandMF strategy hashes a ledger's training entries were run with."""
+    return {e["strategy_sha256"] for e in ledger_entries if e.get("mechanism") == "bandmf"}
+
+
+def strategy_differences(ledger_entries: Sequence[dict], plan: PrivacyPlan, *,
+                         strategy_cache_dir: str | None = None) -> list[tuple[str, Any, Any]]:
+    """("strategy_sha256", checkpoint's, this run's) when a resume would switch the BandMF strategy.
+
+    The accounted guarantee (ceil(T / b) participations of sensitivity C) needs ONE b-banded,
+    column-normalised strategy C for the whole run: the noise of the steps run so far came from
+    the checkpoint's C^{-1}, and a resumed run that read another C (another cache, another
+    jax-privacy optimiser) would continue with noise whose columns no longer match. Refuse it.
+    """
+    saved = recorded_strategies(ledger_entries)
+    if plan.mechanism != "bandmf" and not saved:
+        return []
+    mine = planned_strategy_sha256(plan, strategy_cache_dir=strategy_cache_dir)
+    if saved != ({mine} if mine else set()):
+        return [("strategy_sha256", sorted(saved)[0] if len(saved) == 1 else sorted(saved), mine)]
+    return []
+
+
 def build_run_mechanism(
     plan: PrivacyPlan,
     *,

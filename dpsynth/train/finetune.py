@@ -13,8 +13,8 @@ Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma c
 privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP. The
 ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
 saved with the privacy plan in every checkpoint and checked against the budget before the
-first step. A resume whose plan, clipping norm or mode differs from the checkpoint's is
-refused before any compute (`resume_differences`). The privacy report is written next to the
+first step. A resume whose plan, clipping norm, mode or BandMF strategy differs from the
+checkpoint's is refused before any training compute (`resume_differences`). The privacy report is written next to the
 model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
 non-private baseline.
 
@@ -63,7 +63,7 @@ import optax
 from dpsynth import fileio
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
-from dpsynth.dp.mechanism import build_run_mechanism, count_users
+from dpsynth.dp.mechanism import build_run_mechanism, count_users, recorded_strategies, strategy_differences
 from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
@@ -271,6 +271,8 @@ def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyP
     diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
     mine = accounted_settings(config, plan)
     diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
+    if not diffs:  # the same plan: it must also run the checkpoint's BandMF strategy (`dpsynth.dp.mechanism`)
+        diffs += strategy_differences(saved.get("ledger", {}).get("entries", []), plan)
     return diffs
 
 
@@ -554,8 +556,9 @@ def dp_tune(
             (default: read from the base manifest when recorded there).
         resume: continue from the latest checkpoint in `state_dir/checkpoints`. Refused before any
             compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
-            epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
-            run's; the message names each differing field with both values.
+            epsilon, delta, accountant, cap, compositions), clipping norm, mode or BandMF strategy
+            (`strategy_sha256`) differs from this run's; the message names each differing field
+            with both values.
         stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
@@ -655,7 +658,7 @@ def dp_tune(
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
             "compositions": plan.compositions,
-            "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
+            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
@@ -748,6 +751,10 @@ def dp_tune(
             if recorded - {sigma}:
                 raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records noise multiplier(s) {sorted(recorded)} "
                                 f"but this run adds noise with {sigma}; refusing to resume")
+            if mech is not None and recorded_strategies(ledger.entries) - {mech.strategy_sha256}:
+                raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records BandMF strategy "
+                                f"{sorted(recorded_strategies(ledger.entries))} but this run would add noise with "
+                                f"{mech.strategy_sha256}; refusing to resume")
             if ledger.steps_recorded != int(state.step):
                 raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
                                 f"{int(state.step)}; the checkpoint is inconsistent")
