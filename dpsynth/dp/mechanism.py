@@ -106,14 +106,26 @@ class RunMechanism:
         return out
 
     def side_channels(self) -> list[dict[str, str]]:
-        """Non-DP releases this mechanism adds to the report."""
+        """Non-DP releases this mechanism adds to the report.
+
+        Never the number of rows the contribution bound dropped: one user with m > K rows moves
+        it by m - K, so the exact count would reveal that user's presence. It is in
+        `private_counts()`, for the trainer's private state only.
+        """
         if not self.per_user:
             return []
         return [{"name": "contribution bounding", "detail":
                  f"at most {self.groups.max_examples_per_user} rows per user were kept (chosen with the secret seed); "
-                 f"{self.groups.rows_dropped} rows were dropped: that count is recorded without DP"},
+                 "how many rows the bound dropped is not released (an exact count would reveal whether one user "
+                 "with more rows is in D_train): it stays in the trainer's private state"},
                 {"name": "number of users", "detail": "|users| sets q and delta = 1/|users| by default; it is recorded "
                  "without DP"}]
+
+    def private_counts(self) -> dict[str, int]:
+        """Exact counts of the mechanism computed from the data without DP: private state only."""
+        if not self.per_user:
+            return {}
+        return {"rows_kept": int(self.groups.rows_kept), "rows_dropped": int(self.groups.rows_dropped)}
 
 
 def planned_strategy_sha256(plan: PrivacyPlan, *, strategy_cache_dir: str | None = None) -> str | None:

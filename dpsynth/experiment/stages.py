@@ -403,12 +403,12 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     # The train/valid losses are computed on D_train/D_valid without DP: private state only.
     losses = ctx.private_path(LOSSES_FILE)
     write_private_json(losses, {"train_loss": result.train_loss, "valid_loss": result.valid_loss,
-                                "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+                                "truncated_train": result.truncated_train, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     print(f"dp_tune: the train/valid losses (NOT DP) are in the owner-only {losses}", flush=True)
     return {
         "mode": config.mode, "target_epsilon": config.epsilon, "epsilon": eps, "delta": result.delta,
-        "steps": result.steps, "noise_multiplier": result.noise_multiplier, "truncated_train": result.truncated_train,
-    }
+        "steps": result.steps, "noise_multiplier": result.noise_multiplier,
+    }  # (the exact truncation count is not DP: it is in the private losses file, never in stage.json)
 
 
 # ----------------------------------------------------------------------------- generation

@@ -82,8 +82,11 @@ LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct comp
 CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
 STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
 LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
+COUNTS_FILE = "counts.json"  # exact non-DP counts (truncated examples, rows dropped per user), in the private state dir
 SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
 SWEEP_ACCOUNTING = ("composed", "selected-only")
+NON_DP_COUNTS_NOTICE = ("exact counts over D_train/D_valid computed without noise: NOT differentially private; for "
+                        "the data owner only, never published with the model")
 NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
                         "owner only, never published with the model")
 
@@ -306,9 +309,10 @@ def _state_dir(out_dir: str, state_dir: str | None) -> str:
 class TuneResult:
     """What a run produced.
 
-    `train_loss` and `valid_loss` are PRIVATE: computed on D_train/D_valid without DP. They are
-    written only to the private state (`state_dir/losses.json`), never into `out_dir`; callers
-    must not put them in anything that travels with the model.
+    `train_loss`, `valid_loss`, `truncated_train` and `truncated_valid` are PRIVATE: computed on
+    D_train/D_valid without DP. They are written only to the private state
+    (`state_dir/losses.json`, `state_dir/counts.json`), never into `out_dir`; callers must not put
+    them in anything that travels with the model.
     """
 
     out_dir: str
@@ -467,7 +471,7 @@ def _selection_channel(selection: dict) -> dict:
             "were never written to this directory and the validation losses stay in the private state"}
 
 
-def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None) -> list[dict]:
+def _side_channels(config: TuneConfig, labels_from_data: bool, selection: dict | None) -> list[dict]:
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
         channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
@@ -475,8 +479,9 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
     channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
                      "size of D_train is recorded without DP"})
-    channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
-                     f"{config.max_tokens} tokens; the count is recorded without DP"})
+    channels.append({"name": "truncation count", "detail": f"training examples longer than {config.max_tokens} "
+                     "tokens were truncated to it; how many is not released (an exact count would reveal whether one "
+                     f"long example is in D_train): it stays in the private state ({COUNTS_FILE})"})
     channels.append(dict(PRIVATE_STATE_CHANNEL))
     if selection:
         channels.append(_selection_channel(selection))
@@ -668,7 +673,7 @@ def dp_tune(
             **manifest_fields(config.template, labels),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
-        channels = _side_channels(config, labels_from_data, train.truncated, selection)
+        channels = _side_channels(config, labels_from_data, selection)
         if base_source:
             training["base_source"] = {k: v for k, v in base_source.items() if k != "hf_config"}
             training["embedding_clipping"] = ("sparse (exact, untied input table)"
@@ -718,6 +723,10 @@ def dp_tune(
                                      expected_batch_size=plan.expected_batch_size, embedding=spec)
     else:
         strategy = core.MeanGradient()
+    if jax.process_index() == 0:  # exact counts computed without DP: the private state, never the report
+        write_private_json(os.path.join(state_dir, COUNTS_FILE), {
+            "truncated_train": int(train.truncated), "truncated_valid": int(valid.truncated) if valid else 0,
+            **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": NON_DP_COUNTS_NOTICE})
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
     per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices

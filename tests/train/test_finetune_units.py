@@ -63,7 +63,18 @@ def test_user_level_run_reports_users(user_run):
         counts[r["user"]] = counts.get(r["user"], 0) + 1
     dropped = sum(max(0, c - 4) for c in counts.values())
     bounding = [c for c in rep["side_channels"] if c["name"] == "contribution bounding"]
-    assert bounding and f"{dropped} rows were dropped" in bounding[0]["detail"]
+    # The exact count is not released (one user with m > K rows moves it by m - K): the private state has it.
+    assert bounding and str(dropped) not in bounding[0]["detail"] and "private state" in bounding[0]["detail"]
+    with open(os.path.join(res.state_dir, finetune.COUNTS_FILE)) as f:
+        counts_kept = json.load(f)
+    assert counts_kept["rows_dropped"] == dropped and counts_kept["rows_kept"] == len(TRAIN) - dropped
+    assert counts_kept["dp"] is False and os.stat(os.path.join(res.state_dir, finetune.COUNTS_FILE)).st_mode & 0o077 == 0
+    released = "".join(open(os.path.join(out, f)).read() for f in ("privacy_report.json", "privacy_report.md"))
+    assert "rows_dropped" not in released and f"{dropped} rows" not in released
+    # The same leak, for the number of examples cut to max_tokens: named as a side channel, counted privately.
+    [trunc] = [c for c in rep["side_channels"] if c["name"] == "truncation count"]
+    assert not any(ch.isdigit() for ch in trunc["detail"].replace(str(USER_CFG.max_tokens), ""))
+    assert counts_kept["truncated_train"] == res.truncated_train
     assert all(e["unit"] == "user" and e["dataset_size"] == USERS for e in rep["ledger"]["entries"])
     assert "(users)" in open(os.path.join(out, "privacy_report.md")).read()
 
@@ -253,3 +264,4 @@ def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_o
     rep = report.load_report(out)
     assert res.steps == 4 and rep["strategy_sha256"] == recorded
     assert rep["training"]["epochs"] == pytest.approx(4 * 12 / n)
+
