@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth.generate import labels as labels_lib
-from dpsynth.generate.model_info import GenerateError, ModelInfo, model_delta, read_model_info
+from dpsynth.generate.model_info import GenerateError, ModelInfo, check_label_histogram, model_delta, read_model_info
 from dpsynth.generate.postprocess import PostprocessConfig
 from dpsynth.generate.sampler import SamplerConfig
 
@@ -228,6 +228,7 @@ def dp_label_distribution(
     if (noise_multiplier is None) == (epsilon is None):
         raise GenerateError("the DP label histogram needs exactly one of --label-noise-multiplier or --label-epsilon")
     info = read_model_info(model_dir)
+    check_label_histogram(model_dir)  # before the draw: a user-level model refuses it
     label_set = labels_lib.check_labels(labels if labels is not None else (info.labels or ()), info.labels, "--labels")
     if epsilon is not None:
         if delta is None:
