@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
                    "outside --out (default: OUT.private beside --out)")
     p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS, help="memorisation threshold in tokens")
+    logs.add_flags(p)
     return p
 
 
@@ -78,7 +79,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(message)s")
+    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         manifest = run(argv)
     except (GenerateError, LabelError) as e:

@@ -52,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mauve-subsample", type=int, default=None)
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
+    logs.add_flags(ap)
     return ap
 
 
@@ -77,7 +78,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
+    args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     try:
         out = run(argv)
     except (ValueError, FileNotFoundError) as e:

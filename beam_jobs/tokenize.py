@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES,
                    help="larger documents are dead-lettered")
     p.add_argument("--tfds-data-dir", default=None, help="prepared TFDS data_dir for tfds:NAME inputs")
+    logs.add_flags(p)
     return p
 
 
@@ -61,7 +62,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(message)s")
+    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     run(argv)
     return 0
 

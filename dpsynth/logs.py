@@ -12,6 +12,12 @@ Two jobs:
   import-time `logging.warning` call configures the root logger implicitly when nothing has
   yet, which would otherwise turn the entry point's own `basicConfig` into a no-op and hide its
   INFO progress lines.
+
+A user sees only the project's own lines by default: dpsynth's loggers (`PROJECT_LOGGER` and
+below) log at `level`, every other library (JAX's "Unable to initialize backend 'tpu'", Apache
+Beam's INFO notices, Orbax, absl) at WARNING and above only. `--verbose` (`add_flags`) shows the
+libraries' INFO lines too. Every entry point parses its flags first, then calls
+`configure(..., verbose=args.verbose)` before it imports JAX or Beam modules that log.
 """
 
 from __future__ import annotations
@@ -36,7 +42,21 @@ def install_filter() -> None:
         root.addFilter(OptionalExtrasFilter())
 
 
-def configure(level: int = logging.INFO, fmt: str = "%(message)s") -> None:
-    """Root logging for a CLI run: `level`, `fmt` on stderr, replacing any implicit set-up."""
-    logging.basicConfig(level=level, format=fmt, force=True)
+PROJECT_LOGGER = "dpsynth"  # every dpsynth module logs under this name
+VERBOSE_HELP = "also show the INFO lines of the libraries (JAX, Apache Beam, Orbax, ...); default: dpsynth's own only"
+
+
+def add_flags(parser) -> None:
+    """Adds `--verbose` to an entry point's argparse parser."""
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+
+def configure(level: int = logging.INFO, fmt: str = "%(message)s", *, verbose: bool = False) -> None:
+    """Root logging for a CLI run on stderr, replacing any implicit set-up.
+
+    dpsynth's own loggers log at `level`; the other libraries' at WARNING and above, or at
+    `level` too with `verbose`.
+    """
+    logging.basicConfig(level=level if verbose else max(level, logging.WARNING), format=fmt, force=True)
+    logging.getLogger(PROJECT_LOGGER).setLevel(level)
     install_filter()

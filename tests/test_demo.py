@@ -40,6 +40,10 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
             assert f"fake report of {stage}" in out
     assert "[8/8] evaluation" in out and "report: " in out
     assert "no plain summary" in out  # the fake evaluate stage writes no metrics.json: said, not a crash
+    # The last line names the report where it stays, never the stage's temporary .work-<hash> directory.
+    last = out.strip().splitlines()[-1]
+    assert last == f"report: {tmp_path / 'run' / 'report' / 'report.html'}" and ".work-" not in out
+    assert os.path.isdir(tmp_path / "run" / "report")  # the link to the completed evaluate stage
     # Second run: everything cached, the stored reports are shown again.
     code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
     out = capsys.readouterr().out

@@ -55,14 +55,15 @@ def parser() -> argparse.ArgumentParser:
                          "default: a secret seed)")
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
+    logs.add_flags(ap)
     return ap
 
 
 def main(argv=None) -> int:
     from dpsynth.evaluate import train_classifier as tc
 
-    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     try:
         result = tc.classify_files(
             args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,

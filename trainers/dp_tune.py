@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
+    logs.add_flags(p)
     return p
 
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpsynth.train.checkpoint import CheckpointError
 
     args = build_parser().parse_args(argv)
-    logs.configure(fmt="%(message)s")
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         distributed.start(args)  # multi-host: before any other JAX call
     except ValueError as e:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dpsynth import fileio
+from dpsynth import fileio, logs
 from dpsynth.experiment import cache
 from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
@@ -383,11 +383,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials (default 1)")
     p.add_argument("--until", choices=STAGES, help="stop after this stage kind")
     p.add_argument("--data-dir", help="embedded default data directory (default $DPSYNTH_EMBEDDED_DIR or data/embedded)")
+    logs.add_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         config = load_config(args.config)
         root = args.out or config.out

@@ -573,7 +573,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
     root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
     ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
-    ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
+    ctx.report(f"report: {os.path.join(ctx.final_dir or ctx.out_dir, 'report.html')}", echo=False)  # not the .work dir
     dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
                    "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
                    "trials_accounted": b["trials_accounted"],

@@ -165,6 +165,8 @@ def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, m
     eps = compose_lib.compose([compose_lib.Release("m", "dp_tune", tuple(
         report_lib.load_report(m1.path("model"))["ledger"]["entries"]))], 1.0 / N).epsilon["rdp"]
     assert f"the whole root: epsilon {eps:.3f} (rdp)" in done.report
+    # The stored report names the final stage directory (it is shown again when cached), not the .work one.
+    assert f"report: {os.path.join(done.dir, 'report.html')}" in done.report and ".work-" not in done.report
     assert os.path.exists(done.path(privacy.FILE_JSON)) and f"{eps:.3f}" in open(done.path("report.html")).read()
     assert done.summary["root_epsilon"]["epsilon"]["rdp"] == pytest.approx(eps)
 
