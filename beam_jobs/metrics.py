@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from dpsynth import logs
+from dpsynth.data import dead_letters
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -52,6 +53,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mauve-subsample", type=int, default=None)
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
+    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                    help=dead_letters.LIMIT_HELP + " (here: per real split; OUT.private/dead_letters.jsonl)")
     logs.add_flags(ap)
     return ap
 
@@ -72,8 +75,14 @@ def run(argv=None, test_pipeline=None) -> dict:
         dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
         dp_accountant=args.dp_accountant)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
+    # Rejected records of the real splits: counted, explained, listed owner-only; past the limit: refused.
+    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                    prefix="dpsynth evaluate: ")
+    dead_letters.read_checked([(f"real {s} (--real-{s})", p) for s, p in
+                               (("train", args.real_train), ("test", args.real_test), ("valid", args.real_valid)) if p],
+                              policy)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
-                     beam_args=beam_args, test_pipeline=test_pipeline)
+                     beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit)
     return {"out": args.out, "corpora": len(dirs)}
 
 

@@ -296,7 +296,8 @@ def default_state_dir(out_dir: str) -> str:
     return os.path.abspath(out_dir).rstrip(os.sep) + STATE_SUFFIX
 
 
-def _state_dir(out_dir: str, state_dir: str | None) -> str:
+def resolve_state_dir(out_dir: str, state_dir: str | None) -> str:
+    """The run's private state directory (`state_dir`, default `<out>.private/`); TuneError if inside `out_dir`."""
     state_dir = os.path.abspath(state_dir or default_state_dir(out_dir))
     try:
         check_outside(state_dir, os.path.abspath(out_dir), "the private state directory")
@@ -600,7 +601,7 @@ def dp_tune(
     # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
     if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
-    state_dir = _state_dir(out_dir, state_dir)
+    state_dir = resolve_state_dir(out_dir, state_dir)
     ckpt_dir = os.path.join(state_dir, "checkpoints")
     if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
         raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
@@ -877,7 +878,7 @@ def sweep(
     k = len(grid)
     compositions = k if sweep_accounting == "composed" else 1
     plan_for_records(config, train_records, compositions=compositions)  # fail fast before any trial
-    state_dir = _state_dir(out_dir, state_dir)
+    state_dir = resolve_state_dir(out_dir, state_dir)
     make_private_dir(state_dir)
     trials, results = [], []
     for i, (lr, c) in enumerate(grid):
