@@ -59,7 +59,11 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    run(argv)
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError) as e:  # InputError, FormatError: one line naming the file
+        print(f"dpsynth dedup: error: {logs.error_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

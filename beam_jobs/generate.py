@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     try:
         manifest = run(argv)
     except (GenerateError, LabelError, InputError) as e:
-        print(f"dpsynth generate: error: {e}", file=sys.stderr)
+        print(f"dpsynth generate: error: {logs.error_line(e)}", file=sys.stderr)
         return 2
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
     print(f"dpsynth generate: wrote {counts} ({'private' if manifest['private'] else 'NOT PRIVATE'})")

@@ -74,13 +74,13 @@ def run(argv=None, test_pipeline=None) -> dict:
         perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline,
         dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
         dp_accountant=args.dp_accountant)
-    dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     # Rejected records of the real splits: counted, explained, listed owner-only; past the limit: refused.
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth evaluate: ")
     dead_letters.read_checked([(f"real {s} (--real-{s})", p) for s, p in
                                (("train", args.real_train), ("test", args.real_test), ("valid", args.real_valid)) if p],
                               policy)
+    dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
                      beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit)
     return {"out": args.out, "corpora": len(dirs)}
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     try:
         out = run(argv)
     except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth evaluate: error: {e}", file=sys.stderr)
+        print(f"dpsynth evaluate: error: {logs.error_line(e)}", file=sys.stderr)
         return 2
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")
     return 0

@@ -35,6 +35,18 @@ class OptionalExtrasFilter(logging.Filter):
         return not str(record.msg).startswith(OPTIONAL_EXTRAS_MESSAGES)
 
 
+class ReraisedStepErrorFilter(logging.Filter):
+    """Drops Apache Beam's ERROR log of a failing step (the error with its worker traceback).
+
+    Beam logs it and then re-raises the same error from `Pipeline.run`, where the entry point
+    prints it as one line (`error_line`); the logged copy would put a traceback before it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("apache_beam.runners") and record.levelno >= logging.ERROR
+                    and "[while running" in str(record.msg))
+
+
 def install_filter() -> None:
     """Adds `OptionalExtrasFilter` to the root logger once (idempotent)."""
     root = logging.getLogger()
@@ -51,6 +63,16 @@ def add_flags(parser) -> None:
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
 
+def error_line(error: BaseException) -> str:
+    """An error as the one line a command prints: the first line of its message.
+
+    Apache Beam re-raises an error from inside a pipeline with the worker's traceback appended
+    to its message; the user needs the error (file, record, reason), not the traceback.
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def configure(level: int = logging.INFO, fmt: str = "%(message)s", *, verbose: bool = False) -> None:
     """Root logging for a CLI run on stderr, replacing any implicit set-up.
 
@@ -60,3 +82,6 @@ def configure(level: int = logging.INFO, fmt: str = "%(message)s", *, verbose: b
     logging.basicConfig(level=level if verbose else max(level, logging.WARNING), format=fmt, force=True)
     logging.getLogger(PROJECT_LOGGER).setLevel(level)
     install_filter()
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(ReraisedStepErrorFilter())

@@ -405,11 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dpsynth experiment: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    return report_result(result)
+    return report_result(result, verbose=args.verbose)
 
 
-def report_result(result: ExperimentResult) -> int:
-    """Prints how a run ended and returns its exit code."""
+def report_result(result: ExperimentResult, *, verbose: bool = False) -> int:
+    """Prints how a run ended and returns its exit code.
+
+    A stage that failed on its input or configuration (a `ValueError`: unreadable data, too many
+    dead letters, a refused resume) is one line; anything else, or `verbose`, adds the traceback.
+    """
     _log(f"{len(result.ran)} stage(s) ran, {len(result.cached)} cached, {result.seconds:.1f}s")
     if result.missing is not None:
         print(f"dpsynth experiment: stopped: {result.missing}", file=sys.stderr)
@@ -417,7 +421,7 @@ def report_result(result: ExperimentResult) -> int:
     if result.failed is not None:
         print(f"dpsynth experiment: FAILED: {result.failed}", file=sys.stderr)
         cause = result.failed.__cause__
-        if cause is not None:
+        if cause is not None and (verbose or not isinstance(cause, ValueError)):
             import traceback
 
             traceback.print_exception(cause, file=sys.stderr)
