@@ -88,6 +88,11 @@ def read_model_info(model_dir: str) -> ModelInfo:
         raise GenerateError(f"{model_dir}: model directory not found")
     manifest_path = os.path.join(model_dir, "manifest.json")
     config_path = os.path.join(model_dir, "config.json")
+    from dpsynth.train import release
+
+    incomplete = release.status(model_dir)  # a directory a killed run left half-written is never read
+    if incomplete:
+        raise GenerateError(f"{model_dir}: {incomplete}")
     for path in (manifest_path, config_path):
         if not os.path.exists(path):
             raise GenerateError(f"{path}: missing; is {model_dir!r} a checkpoint written by `dpsynth pretrain`/`dp-tune`?")

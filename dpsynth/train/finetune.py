@@ -69,6 +69,7 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
+from dpsynth.train import release
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
                                    manifest_fields, template_of)
 
@@ -604,8 +605,16 @@ def dp_tune(
     state_dir = resolve_state_dir(out_dir, state_dir)
     ckpt_dir = os.path.join(state_dir, "checkpoints")
     if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        half = release.status(out_dir)
         raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
-                        "a new --out / --state-dir to start afresh")
+                        "a new --out / --state-dir to start afresh" + (f" ({out_dir}: {half})" if half else ""))
+    try:  # a finished model is never mixed with a new run's report; a half-written one is said and replaced
+        half = release.status(out_dir) if resume else release.check_fresh_run(out_dir)
+    except release.ReleaseError as e:
+        raise TuneError(str(e)) from e
+    if half:
+        logger.warning("%s: %s; this run %s it", out_dir, half,
+                       "rewrites" if resume else "replaces")
     if resume and not os.path.isdir(ckpt_dir):
         raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
                               "--state-dir of the run)")
@@ -818,6 +827,9 @@ def dp_tune(
             "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
+    if finished and primary:  # the final report first, the manifest (tied to it) last: `dpsynth.train.release`
+        release.unmark(out_dir)
+        report_lib.write_report(out_dir, rep)
     if finished:
         extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels),
                           "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
@@ -826,11 +838,13 @@ def dp_tune(
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
         if base_source:
             extra_manifest["base_source"] = base_source  # what `dpsynth export-model` needs
+        if primary:
+            extra_manifest.update(release.report_fields(out_dir))
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
                    collections=collections if config.mode != "full" else ("params",),
                    base_dir=None if config.mode == "full" else base_dir, created_by="dpsynth dp-tune")
-    if primary:
+    elif primary:
         report_lib.write_report(out_dir, rep)
     eps = ledger.epsilons()
     return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
@@ -904,8 +918,10 @@ def sweep(
     # ------------------------------------------------------------ the release: the selected model only
     src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
     os.makedirs(out_dir, exist_ok=True)
+    if primary:
+        release.unmark(out_dir)  # written again last, after the composed report
     for name in os.listdir(src) if primary else ():
-        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD):
+        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, release.MANIFEST):
             continue  # rebuilt below
         s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
         if os.path.isdir(s_):
@@ -925,11 +941,11 @@ def sweep(
     rep["selection"] = selection
     if primary:
         report_lib.write_report(out_dir, rep)
-        manifest_path = os.path.join(out_dir, "manifest.json")
-        manifest = fileio.read_json(manifest_path)
+        manifest = fileio.read_json(os.path.join(src, release.MANIFEST))
         manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
                                                                    "selected": selection["selected"]})
-        fileio.write_json(manifest_path, manifest)
+        manifest.update(release.report_fields(out_dir))
+        fileio.write_json(os.path.join(out_dir, release.MANIFEST), manifest)  # last: the directory is complete
     chosen = results[best["trial"]]
     result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
                         epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],
