@@ -31,7 +31,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from dpsynth.data.readers import Dataset, DeadLetter, InputError, read_sensitive
 

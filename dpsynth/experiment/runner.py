@@ -284,7 +284,9 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
     """Per DP-tuning node: epsilon, delta, q, steps, the calibrated noise multiplier and `plan`.
 
     `plan` is the node's `dpsynth.dp.plan.PrivacyPlan` (mechanism, bands, privacy unit), from
-    which the dry run's composition takes each release's ledger entry. Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
+    which the dry run's composition takes each release's ledger entry.
+
+    Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
     `dpsynth.dp.plan.plan_privacy` on the node's `TuneConfig`); entries say why when nothing
     can be computed (data size unknown, tuner not installed, unreachable target).
     """

@@ -245,8 +245,9 @@ def dp_label_distribution(
     [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy)
     unseen = [r for r in data.records if r["label"] not in set(label_set)]
     if unseen:  # a label the model was not tuned on: named, never counted into another label or dropped
-        raise GenerateError(f"--label-source {label_source}: record {unseen[0]['id']}: label {unseen[0]['label']!r} is not "
-                            f"one the model was tuned on {list(label_set)} ({len(unseen)} records have such labels)")
+        first = unseen[0]
+        raise GenerateError(f"--label-source {label_source}: record {first['id']}: label {first['label']!r} is not one "
+                            f"the model was tuned on {list(label_set)} ({len(unseen)} records have such labels)")
     return labels_lib.dp_label_histogram([r["label"] for r in data.records], label_set,
                                          noise_multiplier=float(noise_multiplier), seed=seed)
 

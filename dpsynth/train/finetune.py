@@ -14,9 +14,9 @@ privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon,
 ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
 saved with the privacy plan in every checkpoint and checked against the budget before the
 first step. A resume whose plan, clipping norm, mode or BandMF strategy differs from the
-checkpoint's is refused before any training compute (`resume_differences`). The privacy report is written next to the
-model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
-non-private baseline.
+checkpoint's is refused before any training compute (`resume_differences`). The privacy report
+is written next to the model, before its manifest (`dpsynth.train.release`). `epsilon = inf`
+runs the same loop without clipping or noise (plain mean gradient): the non-private baseline.
 
 Privacy unit and mechanism (`dpsynth.dp.mechanism`): `privacy_unit="user"` groups rows by
 their "user" field (read with a user column), keeps at most `max_examples_per_user` rows per

@@ -469,7 +469,8 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     half = release.status(out_dir)  # a model directory left half-written by a killed run: said, and rewritten
     if not resume and checkpointer.latest_step() is not None:
         raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
-                            "pass --resume to continue it, or choose a new --out" + (f" ({out_dir}: {half})" if half else ""))
+                            "pass --resume to continue it, or choose a new --out"
+                            + (f" ({out_dir}: {half})" if half else ""))
     if half:
         logger.warning("%s: %s; this run rewrites it", out_dir, half)
 
