@@ -86,6 +86,9 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     assert "planted 2 sensitive training reviews" in text.out
     assert "How good is the synthetic data?" in text.out and "always answering the majority class" in text.out
     assert os.path.exists(os.path.join(out, "report"))
+    last = text.out.strip().splitlines()[-1]  # the report where it stays, which exists
+    assert last == f"report: {os.path.join(os.path.abspath(out), 'report', 'report.html')}" and ".work-" not in last
+    assert os.path.exists(last.split(": ", 1)[1])
     # Rerun: nothing recomputed.
     result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))
     assert result.ok and result.ran == []
