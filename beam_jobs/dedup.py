@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES)
     p.add_argument("--tfds-data-dir", default=None)
     p.add_argument("--threads", type=int, default=1, help="native threads per worker")
+    logs.add_flags(p)
     return p
 
 
@@ -56,8 +57,13 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(message)s")
-    run(argv)
+    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError) as e:  # InputError, FormatError: one line naming the file
+        print(f"dpsynth dedup: error: {logs.error_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -16,6 +16,8 @@ import argparse
 import sys
 
 from dpsynth import logs
+from dpsynth.data import dead_letters
+from dpsynth.data.readers import InputError
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, GenerateError, generate
 from dpsynth.generate.labels import LabelError
@@ -46,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",
                    help="uniform (no privacy cost) or a DP label histogram of --label-source")
     p.add_argument("--label-source", default=None, help="D_train file(s) for the DP label histogram")
+    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                   help=dead_letters.LIMIT_HELP + " (here: --label-source; OUT.private/dead_letters.jsonl)")
     p.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of the histogram (sensitivity 1)")
     p.add_argument("--label-epsilon", type=float, default=None, help="calibrate sigma for this epsilon (alone)")
     p.add_argument("--label-delta", type=float, default=None, help="delta for --label-epsilon (default: the model's)")
@@ -56,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
                    "outside --out (default: OUT.private beside --out)")
     p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS, help="memorisation threshold in tokens")
+    logs.add_flags(p)
     return p
 
 
@@ -72,7 +77,10 @@ def run(argv=None, test_pipeline=None) -> dict:
     histogram = None
     if args.label_distribution == "dp-histogram":
         histogram = DpLabelHistogram(source=args.label_source, noise_multiplier=args.label_noise_multiplier,
-                                     epsilon=args.label_epsilon, delta=args.label_delta)
+                                     epsilon=args.label_epsilon, delta=args.label_delta,
+                                     dead_letters=dead_letters.Policy.of(args.max_dead_letters,
+                                                                         dead_letters.default_path(args.out),
+                                                                         prefix="dpsynth generate: "))
     config = GenerateConfig(
         model_dir=args.model, out_dir=args.out, num_examples=args.num_examples, valid_examples=args.valid_examples,
         seed=args.seed, temperature=args.temperature, top_k=args.top_k, num_decodes=args.num_decodes,
@@ -85,11 +93,12 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(message)s")
+    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         manifest = run(argv)
-    except (GenerateError, LabelError) as e:
-        print(f"dpsynth generate: error: {e}", file=sys.stderr)
+    except (GenerateError, LabelError, InputError) as e:
+        print(f"dpsynth generate: error: {logs.error_line(e)}", file=sys.stderr)
         return 2
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
     print(f"dpsynth generate: wrote {counts} ({'private' if manifest['private'] else 'NOT PRIVATE'})")

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from dpsynth import logs
+from dpsynth.data import dead_letters
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -54,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mauve-subsample", type=int, default=None)
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
+    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                    help=dead_letters.LIMIT_HELP + " (here: per real split; OUT.private/dead_letters.jsonl)")
+    logs.add_flags(ap)
     return ap
 
 
@@ -73,19 +77,26 @@ def run(argv=None, test_pipeline=None) -> dict:
         perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline,
         dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
         dp_accountant=args.dp_accountant)
+    # Rejected records of the real splits: counted, explained, listed owner-only; past the limit: refused.
+    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                    prefix="dpsynth evaluate: ")
+    dead_letters.read_checked([(f"real {s} (--real-{s})", p) for s, p in
+                               (("train", args.real_train), ("test", args.real_test), ("valid", args.real_valid)) if p],
+                              policy)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
-                     beam_args=beam_args, test_pipeline=test_pipeline)
-    labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test")]
+                     beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit)
+    labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test", max_dead_letters=policy.limit)]
     return {"out": args.out, "corpora": len(dirs), "summary": report.report_summary(args.out, labels)}
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
+    args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     try:
         out = run(argv)
     except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth evaluate: error: {e}", file=sys.stderr)
+        print(f"dpsynth evaluate: error: {logs.error_line(e)}", file=sys.stderr)
         return 2
     print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")

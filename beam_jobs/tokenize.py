@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES,
                    help="larger documents are dead-lettered")
     p.add_argument("--tfds-data-dir", default=None, help="prepared TFDS data_dir for tfds:NAME inputs")
+    logs.add_flags(p)
     return p
 
 
@@ -61,8 +62,13 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 
 def main(argv=None) -> int:
-    logs.configure(fmt="%(message)s")
-    run(argv)
+    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
+    try:
+        run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
+    except (ValueError, FileNotFoundError) as e:  # InputError, FormatError: one line naming the file
+        print(f"dpsynth tokenize: error: {logs.error_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -81,8 +82,16 @@ def run(args) -> int:
             print(f"{name}: cached", flush=True)
             continue
         t0 = time.monotonic()
-        res = finetune.dp_tune(args.base, task.train, [], out, cfg, labels=list(task.labels), progress_interval=60.0)
-        tune_s = time.monotonic() - t0
+        if os.path.exists(os.path.join(out, "manifest.json")):  # tuned by an earlier, interrupted call
+            from dpsynth.dp.report import load_report
+
+            rep = load_report(out)
+            res = SimpleNamespace(report=rep, steps=rep["training"]["steps"],
+                                  noise_multiplier=rep["training"]["noise_multiplier"], epsilon=rep["epsilon"])
+            tune_s = float("nan")
+        else:
+            res = finetune.dp_tune(args.base, task.train, [], out, cfg, labels=list(task.labels), progress_interval=60.0)
+            tune_s = time.monotonic() - t0
         bundle = load_bundle(out)
         template = prompts.DEFAULT_TEMPLATE
         prompt_ids = {l: prompts.prompt_ids(bundle.tokenizer, template, l) for l in task.labels}
@@ -90,11 +99,10 @@ def run(args) -> int:
         samples = [np.asarray(bundle.tokenizer.encode(r["text"]), np.int32)[:room] for r in task.test]
         ll = label_log_likelihoods(bundle.decoder, bundle.params, prompt_ids, samples, batch_size=64)
         own = [task.labels.index(r["label"]) for r in task.test]
-        pred = [task.labels[i] for i in np.argmax(ll, axis=1)]
         row = {"name": name, "batch": res.report["training"]["expected_batch_size"], "steps": res.steps,
                "epochs": res.report["training"]["epochs"], "learning_rate": cfg.learning_rate,
                "sigma": res.noise_multiplier, "epsilon": res.epsilon.get("rdp"),
-               "balanced_accuracy": classification_scores([r["label"] for r in task.test], pred).balanced_accuracy,
+               "balanced_accuracy": classification_scores(own, np.argmax(ll, axis=1)).balanced_accuracy,
                "mean_margin": float(np.mean(label_margins(ll, own))), "tune_seconds": tune_s}
         with open(result_file, "w") as f:
             json.dump(row, f, indent=1)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from dpsynth import logs
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 # The demo experiment (mirrored in configs/demo.yaml).
@@ -158,9 +159,15 @@ def run_demo(
         if not evaluated.cached:  # (a cached stage's stored report, table included, was shown above)
             print("evaluation summary (accuracy, balanced accuracy and macro-F1 on the real test set):")
             print(evaluated.summary.get("table", ""))
-        print(f"report: {os.path.join(plan.root, 'report')} ({report_dir})")
         print("\n" + _plain_summary(report_dir, result.outputs["sensitive"].path("data", "test.jsonl")))
+        # The last line: the report where it stays (the root's `report` link to the completed evaluate stage).
+        print(f"\nreport: {final_report_path(plan.root)}")
     return 0
+
+
+def final_report_path(root: str) -> str:
+    """The HTML report of a finished experiment root, through its stable `ROOT/report` link."""
+    return os.path.join(os.path.abspath(root), "report", "report.html")
 
 
 def _plain_summary(report_dir: str, test_path: str) -> str:
@@ -182,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/demo", help="output root (default runs/demo)")
     p.add_argument("--config", default=None, help="run this experiment YAML instead of the demo's")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
+    logs.add_flags(p)
     args = p.parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     config = None
     if args.config:
         from dpsynth.experiment.config import ConfigError, load_config

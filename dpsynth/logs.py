@@ -12,6 +12,12 @@ Two jobs:
   import-time `logging.warning` call configures the root logger implicitly when nothing has
   yet, which would otherwise turn the entry point's own `basicConfig` into a no-op and hide its
   INFO progress lines.
+
+A user sees only the project's own lines by default: dpsynth's loggers (`PROJECT_LOGGER` and
+below) log at `level`, every other library (JAX's "Unable to initialize backend 'tpu'", Apache
+Beam's INFO notices, Orbax, absl) at WARNING and above only. `--verbose` (`add_flags`) shows the
+libraries' INFO lines too. Every entry point parses its flags first, then calls
+`configure(..., verbose=args.verbose)` before it imports JAX or Beam modules that log.
 """
 
 from __future__ import annotations
@@ -29,6 +35,18 @@ class OptionalExtrasFilter(logging.Filter):
         return not str(record.msg).startswith(OPTIONAL_EXTRAS_MESSAGES)
 
 
+class ReraisedStepErrorFilter(logging.Filter):
+    """Drops Apache Beam's ERROR log of a failing step (the error with its worker traceback).
+
+    Beam logs it and then re-raises the same error from `Pipeline.run`, where the entry point
+    prints it as one line (`error_line`); the logged copy would put a traceback before it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("apache_beam.runners") and record.levelno >= logging.ERROR
+                    and "[while running" in str(record.msg))
+
+
 def install_filter() -> None:
     """Adds `OptionalExtrasFilter` to the root logger once (idempotent)."""
     root = logging.getLogger()
@@ -36,7 +54,34 @@ def install_filter() -> None:
         root.addFilter(OptionalExtrasFilter())
 
 
-def configure(level: int = logging.INFO, fmt: str = "%(message)s") -> None:
-    """Root logging for a CLI run: `level`, `fmt` on stderr, replacing any implicit set-up."""
-    logging.basicConfig(level=level, format=fmt, force=True)
+PROJECT_LOGGER = "dpsynth"  # every dpsynth module logs under this name
+VERBOSE_HELP = "also show the INFO lines of the libraries (JAX, Apache Beam, Orbax, ...); default: dpsynth's own only"
+
+
+def add_flags(parser) -> None:
+    """Adds `--verbose` to an entry point's argparse parser."""
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+
+def error_line(error: BaseException) -> str:
+    """An error as the one line a command prints: the first line of its message.
+
+    Apache Beam re-raises an error from inside a pipeline with the worker's traceback appended
+    to its message; the user needs the error (file, record, reason), not the traceback.
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def configure(level: int = logging.INFO, fmt: str = "%(message)s", *, verbose: bool = False) -> None:
+    """Root logging for a CLI run on stderr, replacing any implicit set-up.
+
+    dpsynth's own loggers log at `level`; the other libraries' at WARNING and above, or at
+    `level` too with `verbose`.
+    """
+    logging.basicConfig(level=level if verbose else max(level, logging.WARNING), format=fmt, force=True)
+    logging.getLogger(PROJECT_LOGGER).setLevel(level)
     install_filter()
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(ReraisedStepErrorFilter())

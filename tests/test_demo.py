@@ -40,6 +40,10 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
             assert f"fake report of {stage}" in out
     assert "[8/8] evaluation" in out and "report: " in out
     assert "no plain summary" in out  # the fake evaluate stage writes no metrics.json: said, not a crash
+    # The last line names the report where it stays, never the stage's temporary .work-<hash> directory.
+    last = out.strip().splitlines()[-1]
+    assert last == f"report: {tmp_path / 'run' / 'report' / 'report.html'}" and ".work-" not in out
+    assert os.path.isdir(tmp_path / "run" / "report")  # the link to the completed evaluate stage
     # Second run: everything cached, the stored reports are shown again.
     code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
     out = capsys.readouterr().out
@@ -86,6 +90,9 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     assert "eps 3, lora, wordcnn: synthetic " in last and " vs DP-on-real " in last
     assert last.endswith(": beats DP-on-real") or ": does NOT beat DP-on-real" in last
     assert os.path.exists(os.path.join(out, "report"))
+    last = text.out.strip().splitlines()[-1]  # the report where it stays, which exists
+    assert last == f"report: {os.path.join(os.path.abspath(out), 'report', 'report.html')}" and ".work-" not in last
+    assert os.path.exists(last.split(": ", 1)[1])
     # Rerun: nothing recomputed.
     result = runner.run_plan(build_plan(demo.demo_config(SMALL), out))
     assert result.ok and result.ran == []

@@ -20,6 +20,7 @@ import json
 import sys
 
 from dpsynth import logs
+from dpsynth.data import dead_letters
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -56,22 +57,30 @@ def parser() -> argparse.ArgumentParser:
                          "default: a secret seed)")
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
+    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                    help=dead_letters.LIMIT_HELP + " (here: OUT.private/dead_letters.jsonl)")
+    logs.add_flags(ap)
     return ap
 
 
 def main(argv=None) -> int:
     from dpsynth.evaluate import train_classifier as tc
 
-    logs.configure(fmt="%(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     try:
+        # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
+        policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                        prefix="dpsynth classify: ")
+        dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
+                                   ("test (--test)", args.test)], policy)
         result = tc.classify_files(
             args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
             pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
             repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
             clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
             accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
-            seed=args.seed, privacy_dir=args.privacy_report)
+            seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
     except (ValueError, FileNotFoundError) as e:
         print(f"dpsynth classify: error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,9 @@ Example:
 
 Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
 with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
-(CSV, JSONL, Parquet; columns --text-column/--label-column).
+(CSV, JSONL, Parquet; columns --text-column/--label-column); every rejected record (dead letter) is
+counted and explained on stderr and listed in the private state, and past --max-dead-letters the
+run is refused before any compute (`dpsynth.data.dead_letters`).
 
 Multi-host: run the same command in every process with `--distributed` (plus
 `--coordinator-address/--num-processes/--process-id` where not auto-detected) and
@@ -18,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from dpsynth import binding, logs
+from dpsynth.data import dead_letters
 from trainers import distributed
 
 
@@ -94,17 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
+    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                   help=dead_letters.LIMIT_HELP + " (here: the private state directory's dead_letters.jsonl)")
+    logs.add_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dpsynth.data.readers import InputError, read_sensitive
+    from dpsynth.data.readers import InputError
     from dpsynth.train import finetune as tune
     from dpsynth.dp.ledger import BudgetExceeded
     from dpsynth.train.checkpoint import CheckpointError
 
     args = build_parser().parse_args(argv)
-    logs.configure(fmt="%(message)s")
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         distributed.start(args)  # multi-host: before any other JAX call
     except ValueError as e:
@@ -116,10 +123,16 @@ def main(argv: list[str] | None = None) -> int:
             raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
         if args.user_column and args.privacy_unit != "user":
             raise tune.TuneError("--user-column is used with --privacy-unit user")
-        train = read_sensitive(args.train, text_column=args.text_column, label_column=args.label_column,
-                               user_column=args.user_column)
-        valid = (read_sensitive(args.valid, text_column=args.text_column, label_column=args.label_column).records
-                 if args.valid else [])
+        # Every rejected record is counted, explained and listed in the private state; past
+        # --max-dead-letters the run is refused before any compute.
+        state_dir = tune.resolve_state_dir(args.out, args.state_dir)
+        policy = dead_letters.Policy.of(args.max_dead_letters, os.path.join(state_dir, dead_letters.FILE),
+                                        prefix="dpsynth dp-tune: ")
+        inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]
+        inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
+        train, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
+                                                 label_column=args.label_column)
+        valid = rest[0].records if rest else []
         kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
                       mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
         if args.stop_after is not None and args.stop_after < 1:

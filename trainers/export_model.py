@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dpsynth import logs
 from dpsynth.models import hf_export, hf_files
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.train.checkpoint import CheckpointError
@@ -22,12 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="directory to write")
     parser.add_argument("--adapter-only", action="store_true",
                         help="LoRA models: write a PEFT adapter (adapter_config.json + adapter_model.safetensors)")
+    logs.add_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
     args = build_parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
     except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback

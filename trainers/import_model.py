@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dpsynth import logs
 from dpsynth.models import hf_files, hf_import
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.train.checkpoint import CheckpointError
@@ -21,12 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="dpsynth model directory to write")
     parser.add_argument("--dtype", choices=sorted(hf_import.PARAM_DTYPES), default="float32",
                         help="parameter and compute dtype (bfloat16 halves memory; float32 for exact parity)")
+    logs.add_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
     args = build_parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
     except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback

@@ -75,12 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                    help="checkpoint and stop at this step (time-sliced jobs); resume later with --resume")
     distributed.add_flags(p)
+    logs.add_flags(p)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logs.configure(fmt="%(message)s")
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         distributed.start(args)
         config = pretrain.PretrainConfig(

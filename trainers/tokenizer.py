@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dpsynth import logs
 from dpsynth import tokens as tok
 from dpsynth.data.tokenizer_training import train_public_tokenizer
 
@@ -29,11 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     t.add_argument("--seed", type=int, default=0)
+    logs.add_flags(t)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     train_public_tokenizer(
         args.corpus, vocab_size=args.vocab_size, out=args.out, text_column=args.text_column,
         max_sentences=args.max_sentences, max_sample_bytes=max(1, int(args.max_sample_mb * 2**20)),

@@ -41,13 +41,17 @@ Failure policy (records in = records out + dead-lettered):
 
 from __future__ import annotations
 
+import bz2
 import csv
 import dataclasses
+import gzip
 import io
 import json
+import lzma
 import os
 import re
 import sys
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
@@ -232,6 +236,8 @@ def check_text(text: Any, column: str, max_document_bytes: int) -> str | None:
 def _label(value: Any, column: str, what: str = "label") -> tuple[str | None, str | None]:
     if value is None:
         return None, f"{what} column {column!r} is missing or null"
+    if isinstance(value, (list, tuple, dict)) or hasattr(value, "shape"):  # a JSON array/object, a Parquet list
+        return None, f"{what} column {column!r} is not a scalar ({type(value).__name__})"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     label = str(value)
@@ -273,8 +279,52 @@ def _make_record(
 # ----------------------------------------------------------------------------- per format
 
 
+# Decompressed with Python's own modules, which raise on a truncated or corrupt stream (Beam's
+# CompressedFile ends a truncated gzip file silently, losing every record in it).
+_PY_DECOMPRESSORS = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+_STREAM_ERRORS = (EOFError, zlib.error, lzma.LZMAError, OSError)
+
+
+class _CheckedStream:
+    """A (decompressing) input stream whose read errors name the file and the line they came after."""
+
+    def __init__(self, fh, path: str, closers=()):
+        self._fh, self._path, self._closers, self.lines = fh, path, (fh, *closers), 0
+
+    def _fail(self, e: Exception):
+        raise InputError(f"{self._path}: truncated or corrupt compressed file after line {self.lines} "
+                         f"({type(e).__name__}: {e})") from e
+
+    def readline(self) -> bytes:
+        try:
+            line = self._fh.readline()
+        except _STREAM_ERRORS as e:
+            self._fail(e)
+        self.lines += bool(line)
+        return line
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._fh.read(size)
+        except _STREAM_ERRORS as e:
+            self._fail(e)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for c in self._closers:
+            c.close()
+
+
 def _open(path: str, compressed: bool = True):
-    return FileSystems.open(path, compression_type=CompressionTypes.AUTO if compressed else CompressionTypes.UNCOMPRESSED)
+    if not compressed:
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    suffix = os.path.splitext(path.rsplit("/", 1)[-1].lower())[1]
+    if suffix in _PY_DECOMPRESSORS:
+        raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        return _CheckedStream(_PY_DECOMPRESSORS[suffix](fileobj=raw, mode="rb"), path, (raw,))
+    return _CheckedStream(FileSystems.open(path, compression_type=CompressionTypes.AUTO), path)
 
 
 def _iter_txt(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
@@ -352,10 +402,14 @@ def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
         except StopIteration:
             raise InputError(f"{f.path}: empty CSV file (no header row)") from None
         header = [h.lstrip("\ufeff") for h in header]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:  # dict(zip(header, row)) would keep the last one silently
+            raise InputError(f"{f.path}: duplicate column(s) {twice} in the header {header}; rename them")
         _check_columns(f, header, columns)
         n = 0
         while True:
             n += 1
+            first_line = reader.line_num + 1
             try:
                 row = next(reader)
             except StopIteration:
@@ -364,7 +418,9 @@ def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
                 yield DeadLetter(f.path, n, f"malformed CSV row ({e})")
                 continue
             if len(row) != len(header):
-                yield DeadLetter(f.path, n, f"row has {len(row)} fields, the header has {len(header)}")
+                spans = (f" (it spans lines {first_line}-{reader.line_num}: an unterminated quote?)"
+                         if reader.line_num > first_line and len(row) < len(header) else "")
+                yield DeadLetter(f.path, n, f"row has {len(row)} fields, the header has {len(header)}{spans}")
                 continue
             yield _make_record(dict(zip(header, row)), f, n, columns, max_document_bytes)
 

@@ -28,6 +28,7 @@ import json
 import math
 import sys
 
+from dpsynth import logs
 from dpsynth.dp import accounting
 from dpsynth.dp.plan import MECHANISMS, PRIVACY_UNITS, plan_privacy
 
@@ -183,11 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)")
     p.add_argument("--bands", type=int, default=None, help="BandMF bands b (= the sampling cycle length)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every input and result")
+    logs.add_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         result = compute(
             dataset_size=args.dataset_size, batch_size=args.batch_size, delta=args.delta, steps=args.steps,

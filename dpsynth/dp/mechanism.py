@@ -106,14 +106,63 @@ class RunMechanism:
         return out
 
     def side_channels(self) -> list[dict[str, str]]:
-        """Non-DP releases this mechanism adds to the report."""
+        """Non-DP releases this mechanism adds to the report.
+
+        Never the number of rows the contribution bound dropped: one user with m > K rows moves
+        it by m - K, so the exact count would reveal that user's presence. It is in
+        `private_counts()`, for the trainer's private state only.
+        """
         if not self.per_user:
             return []
         return [{"name": "contribution bounding", "detail":
                  f"at most {self.groups.max_examples_per_user} rows per user were kept (chosen with the secret seed); "
-                 f"{self.groups.rows_dropped} rows were dropped: that count is recorded without DP"},
+                 "how many rows the bound dropped is not released (an exact count would reveal whether one user "
+                 "with more rows is in D_train): it stays in the trainer's private state"},
                 {"name": "number of users", "detail": "|users| sets q and delta = 1/|users| by default; it is recorded "
                  "without DP"}]
+
+    def private_counts(self) -> dict[str, int]:
+        """Exact counts of the mechanism computed from the data without DP: private state only."""
+        if not self.per_user:
+            return {}
+        return {"rows_kept": int(self.groups.rows_kept), "rows_dropped": int(self.groups.rows_dropped)}
+
+
+def planned_strategy_sha256(plan: PrivacyPlan, *, strategy_cache_dir: str | None = None) -> str | None:
+    """The SHA-256 of the BandMF strategy a run of `plan` would use now (None for DP-SGD).
+
+    The strategy is read from the cache, or optimised and cached (data-independent; no data is
+    read), exactly as `build_run_mechanism` does.
+    """
+    if plan.mechanism != "bandmf":
+        return None
+    from dpsynth.dp import bandmf  # JAX-heavy; imported only by trainers
+
+    coefs = bandmf.optimized_coefs(plan.steps, plan.bands, directory=strategy_cache_dir)
+    return bandmf.strategy_sha256(plan.steps, plan.bands, coefs)
+
+
+def recorded_strategies(ledger_entries: Sequence[dict]) -> set[str]:
+    """The BandMF strategy hashes a ledger's training entries were run with."""
+    return {e["strategy_sha256"] for e in ledger_entries if e.get("mechanism") == "bandmf"}
+
+
+def strategy_differences(ledger_entries: Sequence[dict], plan: PrivacyPlan, *,
+                         strategy_cache_dir: str | None = None) -> list[tuple[str, Any, Any]]:
+    """("strategy_sha256", checkpoint's, this run's) when a resume would switch the BandMF strategy.
+
+    The accounted guarantee (ceil(T / b) participations of sensitivity C) needs ONE b-banded,
+    column-normalised strategy C for the whole run: the noise of the steps run so far came from
+    the checkpoint's C^{-1}, and a resumed run that read another C (another cache, another
+    jax-privacy optimiser) would continue with noise whose columns no longer match. Refuse it.
+    """
+    saved = recorded_strategies(ledger_entries)
+    if plan.mechanism != "bandmf" and not saved:
+        return []
+    mine = planned_strategy_sha256(plan, strategy_cache_dir=strategy_cache_dir)
+    if saved != ({mine} if mine else set()):
+        return [("strategy_sha256", sorted(saved)[0] if len(saved) == 1 else sorted(saved), mine)]
+    return []
 
 
 def build_run_mechanism(

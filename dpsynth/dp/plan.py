@@ -78,7 +78,16 @@ class PrivacyPlan:
 
     @property
     def epochs(self) -> float:
-        return self.steps * self.expected_batch_size / self.dataset_size
+        """Expected passes over the data of all T steps (see `epochs_of`)."""
+        return self.epochs_of(self.steps)
+
+    def epochs_of(self, steps: int) -> float:
+        """Expected passes over the data of `steps` steps: steps x B / N.
+
+        Not steps x q: with BandMF, q = B / floor(N / b) is the rate within the one group of
+        units eligible at a step, b times the share of all N that a step draws.
+        """
+        return steps * self.expected_batch_size / self.dataset_size
 
     def ledger_entry(self, *, steps: int, clip_norm: float, name: str = "dp_tune",
                      strategy_sha256: str | None = None) -> dict[str, Any]:

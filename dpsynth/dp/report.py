@@ -153,6 +153,18 @@ def refresh(report: dict[str, Any], ledger: PrivacyLedger) -> dict[str, Any]:
     return out
 
 
+def check_gaussian_composable(report: dict[str, Any], name: str) -> None:
+    """Raises ValueError unless a Gaussian mechanism of sensitivity 1 per example composes into `report`.
+
+    A user-level report refuses it: one user may change several counts, so the mechanism's
+    per-user sensitivity is not 1 and composing it would overstate the guarantee. Callers that
+    draw such a mechanism (a DP label histogram) check this BEFORE drawing it or writing anything.
+    """
+    if report.get("privacy_unit", "example") != "example":
+        raise ValueError(f"{name}: this report is user-level; a Gaussian mechanism with sensitivity 1 per example "
+                         "does not compose into it (one user may change several counts)")
+
+
 def compose_gaussian(report: dict[str, Any], *, noise_multiplier: float, name: str, count: int = 1,
                      detail: str | None = None) -> dict[str, Any]:
     """Composes `count` Gaussian mechanisms (L2 sensitivity 1) into the report's ledger.
@@ -161,9 +173,7 @@ def compose_gaussian(report: dict[str, Any], *, noise_multiplier: float, name: s
     of the returned report cover the tuning AND this mechanism. The target epsilon is not
     changed: `epsilon` may now exceed it, and the report says so in `composed`.
     """
-    if report.get("privacy_unit", "example") != "example":
-        raise ValueError(f"{name}: this report is user-level; a Gaussian mechanism with sensitivity 1 per example "
-                         "does not compose into it (one user may change several counts)")
+    check_gaussian_composable(report, name)
     ledger = ledger_of(report)
     ledger.record_gaussian(noise_multiplier=noise_multiplier, name=name, count=count)
     out = refresh(report, ledger)

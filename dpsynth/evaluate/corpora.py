@@ -4,8 +4,10 @@ A synthetic corpus is a directory with `train.jsonl` and `valid.jsonl` (`text`, 
 optionally `privacy_report.json` (absent: the corpus is marked NON-PRIVATE),
 `generation_report.json` and `generation_config.json`. Rows whose text is empty or not a
 string are dropped and COUNTED (`invalid_rows`, shown in every table); a corpus with no valid
-row in a split is an error. Real splits are read with `dpsynth.data.readers.read_sensitive`; any
-dead-lettered record there is an error naming the file, the record and the reason.
+row in a split is an error. Real splits are read with `dpsynth.data.readers.read_sensitive`; by
+default any dead-lettered record there is an error naming the file, the record and the reason;
+an entry point that has told the user about them (`dpsynth.data.dead_letters`) passes its
+`--max-dead-letters` limit instead.
 """
 
 from __future__ import annotations
@@ -137,18 +139,20 @@ def find_corpora(root: str) -> list[str]:
     return sorted(found)
 
 
-def read_real(path: str, name: str) -> list[dict]:
-    """A real labeled split (JSONL, CSV, Parquet; see `dpsynth.data.readers`); any bad record is an error."""
-    from dpsynth.data import readers
+def read_real(path: str, name: str, *, max_dead_letters=0) -> list[dict]:
+    """A real labeled split (JSONL, CSV, Parquet; see `dpsynth.data.readers`).
+
+    More dead-lettered records than `max_dead_letters` (`dpsynth.data.dead_letters.parse_limit`:
+    N or "P%"; default 0: any bad record) is an error naming the count, the reasons and the first.
+    A caller that tolerates some must have told the user (`dead_letters.read_checked`).
+    """
+    from dpsynth.data import dead_letters, readers
 
     try:
         ds = readers.read_sensitive(path)
+        dead_letters.check(ds, name=f"{name} ({path})", limit=max_dead_letters)
     except readers.InputError as e:
         raise CorpusError(f"{name}: {e}") from e
-    if ds.dead_letters:
-        d = ds.dead_letters[0]
-        raise CorpusError(f"{name} ({path}): {len(ds.dead_letters)} invalid record(s); first: "
-                          f"{getattr(d, 'file', path)} record {getattr(d, 'record', '?')}: {getattr(d, 'reason', d)}")
     return [{"id": r["id"], "text": r["text"], "label": str(r["label"])} for r in ds.records]
 
 

@@ -22,12 +22,13 @@ NAMESPACE = "dpsynth.evaluate"
 
 
 class _ScorerFn(beam.DoFn):
-    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig):
-        self.real_paths, self.config = real_paths, config
+    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig, max_dead_letters=0):
+        self.real_paths, self.config, self.max_dead_letters = real_paths, config, max_dead_letters
         self.scorer = None
 
     def setup(self):
-        self.scorer = report.Scorer(report.load_real(*self.real_paths), self.config)
+        self.scorer = report.Scorer(report.load_real(*self.real_paths, max_dead_letters=self.max_dead_letters),
+                                    self.config)
 
 
 class ScoreCorpusFn(_ScorerFn):
@@ -72,27 +73,27 @@ class WriteReportFn(beam.DoFn):
 class ScoreCorpora(beam.PTransform):
     """Scores synthetic corpora against the real splits."""
 
-    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig):
+    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig, max_dead_letters=0):
         super().__init__()
-        self.real_paths, self.config = real_paths, config
+        self.real_paths, self.config, self.max_dead_letters = real_paths, config, max_dead_letters
 
     def expand(self, dirs):
         """PCollection[str] (corpus directories) -> PCollection[tuple[dict, dict]] (row, plot data)."""
         return (dirs
                 | "SpreadCorpora" >> beam.Reshuffle()
-                | "ScoreEachCorpus" >> beam.ParDo(ScoreCorpusFn(self.real_paths, self.config)))
+                | "ScoreEachCorpus" >> beam.ParDo(ScoreCorpusFn(self.real_paths, self.config, self.max_dead_letters)))
 
 
 def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
-          config: report.EvaluateConfig):
+          config: report.EvaluateConfig, max_dead_letters=0):
     """Adds the metric job to pipeline `p`; returns the PCollection holding the report paths dict."""
     if not synthetic_dirs:
         raise ValueError("no synthetic corpus given")
     scored = (p | "ListCorpora" >> beam.Create(sorted(synthetic_dirs))
-              | "ScoreCorpora" >> ScoreCorpora(real_paths, config)
+              | "ScoreCorpora" >> ScoreCorpora(real_paths, config, max_dead_letters)
               | "CollectRows" >> beam.combiners.ToList())
     baselines = (p | "BaselineTask" >> beam.Create([0])
-                 | "ScoreBaselines" >> beam.ParDo(ScoreBaselinesFn(real_paths, config))
+                 | "ScoreBaselines" >> beam.ParDo(ScoreBaselinesFn(real_paths, config, max_dead_letters))
                  | "CollectBaselines" >> beam.combiners.ToList())
     return scored | "WriteReport" >> beam.ParDo(WriteReportFn(out_dir, config.classifiers, real_paths[1]),
                                                 beam.pvalue.AsSingleton(baselines))
@@ -100,7 +101,7 @@ def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str
 
 def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
             config: report.EvaluateConfig, *, beam_args: Sequence[str] | None = None,
-            test_pipeline: PipelineFactory | None = None) -> None:
+            test_pipeline: PipelineFactory | None = None, max_dead_letters=0) -> None:
     """Runs the metric job: every corpus in `synthetic_dirs` against the real splits, one report.
 
     Args:
@@ -109,10 +110,12 @@ def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | Non
       out_dir: where metrics.json, metrics.csv, report.html and plots/ go.
       config: the metric settings.
       beam_args: Beam flags; test_pipeline: the test hook (`dpsynth.beam.pipeline`).
+      max_dead_letters: rejected records tolerated per real split (default 0; the CLI passes its
+        `--max-dead-letters` after telling the user, `dpsynth.data.dead_letters`).
 
     Raises:
       ValueError, FileNotFoundError: bad real splits (before any compute) or no corpus.
     """
-    report.load_real(*real_paths)  # clear input errors before any compute
-    run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config),
+    report.load_real(*real_paths, max_dead_letters=max_dead_letters)  # clear input errors before any compute
+    run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config, max_dead_letters),
                  beam_args=beam_args, test_pipeline=test_pipeline)

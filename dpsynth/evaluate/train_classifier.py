@@ -832,7 +832,8 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
                    repeats: int = 3, max_epochs: int = 10, epsilon: float | None = None, delta: float | None = None,
                    clip_norms: Sequence[float] = (0.5, 1.0), expected_batch_size: int = 64,
                    dp_epochs: float = 5.0, accountant: str = "rdp", sweep_accounting: str = "composed",
-                   vocabulary: str = "auto", seed: int | None = None, privacy_dir: str | None = None) -> SweepResult:
+                   vocabulary: str = "auto", seed: int | None = None, privacy_dir: str | None = None,
+                   max_dead_letters=0) -> SweepResult:
     """`classify` on files (JSONL/CSV/Parquet with text,label); writes the trials to `out` as JSON.
 
     `out` holds the trials, the selected setting, `test_mean` / `test_std` (accuracy) and
@@ -841,14 +842,16 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
 
     With `epsilon` (DP-on-real) the privacy report (`privacy_report.json` / `.md`) is written to
     `privacy_dir` (default: the directory of `out`) and its summary goes into `out`; `seed`
-    (fixed DP seed, tests only) is never written.
+    (fixed DP seed, tests only) is never written. `max_dead_letters`: rejected records tolerated
+    per file (`corpora.read_real`; default none).
     """
     import json as json_lib
 
     from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora
 
-    recs = {name: corpora.read_real(path, name) for name, path in (("train", train), ("valid", valid), ("test", test))}
+    recs = {name: corpora.read_real(path, name, max_dead_letters=max_dead_letters)
+            for name, path in (("train", train), ("valid", valid), ("test", test))}
     small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
     spec = ClassifierSpec(kind=kind, model_dir=model_dir, pooling=pooling, vocabulary=vocabulary,
                           wordcnn=small if cnn == "small" else classifiers.WordCNNConfig())

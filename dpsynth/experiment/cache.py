@@ -93,6 +93,8 @@ class StageContext:
         private_dir: the stage instance's owner-only directory outside every stage directory
             (`ROOT/private/<stage>/<hash16>`, see `private_path`), or None (tests).
         data_dir: the embedded default's directory (`Plan.data_dir`; None: the reader's default).
+        final_dir: where `out_dir` is renamed to when the stage completes: what a message that
+            outlives the stage (its report) must name, never the temporary `out_dir`.
     """
 
     key: str
@@ -104,6 +106,7 @@ class StageContext:
     resume: bool = False
     private_dir: str | None = None
     data_dir: str | None = None
+    final_dir: str | None = None
 
     def private_path(self, *parts: str) -> str:
         """A path in the stage's private state (created 0700; write it with `dpsynth.owner_only`).
@@ -214,7 +217,7 @@ def run_stage(root: str, node: StageNode, fn: StageFn, inputs: Mapping[str, Any]
         os.makedirs(work, exist_ok=True)
         ctx = StageContext(
             key=node.key, stage=node.stage, hash=node.hash, config=node.config, inputs=inputs, out_dir=work, resume=resume,
-            private_dir=private_dir(root, node), data_dir=data_dir,
+            private_dir=private_dir(root, node), data_dir=data_dir, final_dir=final,
         )
         started, t0 = _now(), time.perf_counter()
         try:

@@ -28,6 +28,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       max_train: null               # keep the first N rows of each split (smaller scale)
       max_valid: null
       max_test: null
+      max_dead_letters: null        # fail past "N" records or "P%" of a file's records dead-lettered (default "1%")
       split: {}                     # dpsynth.data.splits.SplitSpec: split_column, split_values,
                                     #   holdout (tail|hash), valid_fraction, test_fraction, seed,
                                     #   subsample (first|hash: which rows max_* keep)
@@ -146,9 +147,16 @@ class SensitiveConfig:
     max_valid: int | None = None
     max_test: int | None = None
     split: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_dead_letters: str | None = None  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
 
     def validate(self, key: str) -> None:
+        from dpsynth.data import dead_letters
         from dpsynth.data.splits import SplitError, SplitSpec
+
+        try:
+            dead_letters.parse_limit(self.max_dead_letters)
+        except ValueError as e:
+            raise ConfigError(f"{key}.max_dead_letters: {e}") from None
 
         if self.embedded and (self.train or self.valid or self.test):
             raise ConfigError(f"{key}: give either `embedded: true` or file paths (train/valid/test), not both")
@@ -433,6 +441,10 @@ class ExperimentConfig:
             raise ConfigError("public.plant: needs a sensitive training set to plant from")
         if self.dp_tune.privacy_unit == "user" and not self.sensitive.user_column:
             raise ConfigError("dp_tune.privacy_unit: user needs sensitive.user_column (the field holding the user id)")
+        from dpsynth.experiment.privacy import unit_conflicts  # releases that cannot be composed: refused now
+
+        for key, message in unit_conflicts(self):
+            raise ConfigError(f"{key}: with dp_tune.privacy_unit: user, {message}")
 
     def replace(self, **sections: Any) -> "ExperimentConfig":
         """A copy with some keys changed, validated: `cfg.replace(pretrain={"steps": 10})`."""

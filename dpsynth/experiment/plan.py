@@ -249,8 +249,9 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
         sens = to_dict(section)
         if not sens["split"]:
             del sens["split"]  # the default split: keep the hashes (and caches) of configs that predate it
-        if sens["user_column"] is None:  # likewise the default (no user column)
-            del sens["user_column"]
+        for name in ("user_column", "max_dead_letters"):  # likewise their defaults
+            if sens[name] is None:
+                del sens[name]
         for split in ("train", "valid", "test"):
             if sens[split]:
                 sens[split] = resolve_path(sens[split])

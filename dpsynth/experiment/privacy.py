@@ -235,25 +235,77 @@ def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Relea
     return out
 
 
+# The strategy hash of a BandMF release in the dry run: the banded strategy is optimised (or read
+# from the cache) when the run starts; its hash identifies it and plays no part in the accounting.
+PLANNED_STRATEGY = "planned (optimised when the run starts)"
+
+
+def planned_entry(row: Mapping[str, Any], clip_norm: float) -> dict[str, Any]:
+    """The ledger entry a DP-tuning node will record, from its dry-run row's `PrivacyPlan`.
+
+    It is the plan's own `ledger_entry` for all T steps (the tuner records exactly these, one
+    step at a time, merged), so mechanism, bands and privacy unit are the run's: a BandMF run is
+    accounted as ceil(T / b) participations, a user-level run at the plan's user-level delta.
+    """
+    p = row["plan"]
+    return p.ledger_entry(steps=p.steps, clip_norm=float(clip_norm),
+                          strategy_sha256=PLANNED_STRATEGY if p.mechanism == "bandmf" else None)
+
+
+def planned_delta(config, num_train: int, budgets: Sequence[Mapping[str, Any]]) -> float:
+    """The delta of the dry run's composition: that of the DP-tuning plans (1/|users| at user level
+    unless given), as the final report takes it from the models' privacy reports."""
+    for row in budgets:
+        p = row.get("plan")
+        if p is not None and p.private:
+            return float(p.delta)
+    return config.dp_tune.delta if config.dp_tune.delta is not None else 1.0 / num_train
+
+
+def unit_conflicts(config) -> list[tuple[str, str]]:
+    """(config key, message) for every release of `config` that cannot be composed with the others.
+
+    A user-level model's epsilon bounds add-or-remove-one-user releases only; an example-level
+    release about the same D_train (a DP-on-real baseline, a DP label histogram of sensitivity 1
+    per example) has no common unit with it, so the root's cost cannot be stated. The experiment
+    refuses such a config when it is loaded, before any stage runs.
+    """
+    dp_tune = config.dp_tune
+    if dp_tune.privacy_unit != "user" or not any(math.isfinite(e) for e in dp_tune.epsilons):
+        return []
+    out = []
+    if config.evaluate.baselines:
+        out.append(("evaluate.baselines", "the DP-on-real baselines are example-level DP releases about the same "
+                    "D_train, and a user-level epsilon does not bound them (nor can they be composed with the "
+                    "user-level models into one epsilon); set `evaluate: {baselines: false}`, or "
+                    "`dp_tune: {privacy_unit: example}`"))
+    if config.generate.label_distribution == "dp_histogram":
+        out.append(("generate.label_distribution", "a DP label histogram has sensitivity 1 per example, not per "
+                    "user (one user may change several counts), so it cannot be composed into a user-level "
+                    "privacy report; set `generate: {label_distribution: uniform}`, or "
+                    "`dp_tune: {privacy_unit: example}`"))
+    return out
+
+
 def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapping[str, Any]]) -> RootPrivacy | None:
     """The dry run's `RootPrivacy`, from the plan and the rows of `runner.privacy_budgets`.
 
+    Each DP-tuning release is the ledger entry its own `PrivacyPlan` (the row's `plan`) records,
+    so the dry run composes exactly what the final report will (`completed_releases`).
     Returns None when |D_train| is unknown (nothing can be planned).
     """
     if num_train is None:
         return None
-    delta = config.dp_tune.delta if config.dp_tune.delta is not None else 1.0 / num_train
+    delta = planned_delta(config, num_train, budgets)
     releases: list[Release] = []
     notes: list[str] = []
     for row in budgets:
         if math.isinf(row["epsilon"]):
             releases.append(compose_lib.nonprivate(row["dp_tune"], "dp_tune"))
-        elif "noise_multiplier" in row:
+        elif "plan" in row:
             node = plan.node(row["dp_tune"])
-            releases.append(Release(name=row["dp_tune"], kind="dp_tune", entries=({
-                "mechanism": "dpsgd", "name": "dp_tune", "sampling_probability": row["q"],
-                "noise_multiplier": row["noise_multiplier"], "clip_norm": float(node.config["clip_norm"]),
-                "dataset_size": num_train, "max_batch_size": row.get("max_batch_size"), "steps": row["steps"]},)))
+            releases.append(Release(name=row["dp_tune"], kind="dp_tune",
+                                    entries=(planned_entry(row, node.config["clip_norm"]),)))
         else:
             notes.append(f"{row['dp_tune']}: not planned ({row.get('note', '?')})")
     for node in plan.nodes:
@@ -311,7 +363,8 @@ def completed_releases(
     delta = None
     for out in models:
         rep = report_lib.load_report(out.path("model"))
-        delta = delta if delta is not None else float(rep["delta"])
+        if delta is None and rep.get("private", True):  # a non-private (epsilon inf) model's delta is 1/|train|
+            delta = float(rep["delta"])
         releases.append(Release(name=out.key, kind="dp_tune", entries=tuple(dict(e) for e in rep["ledger"]["entries"])))
     for out in labels:
         releases.append(_gaussian(out.key, fileio.read_json(out.path(LABEL_DISTRIBUTION_FILE))["noise_multiplier"]))

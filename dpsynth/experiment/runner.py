@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dpsynth import fileio
+from dpsynth import fileio, logs
 from dpsynth.experiment import cache
 from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
@@ -281,7 +281,10 @@ def train_users(plan: Plan) -> int | None:
 
 
 def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None) -> list[dict[str, Any]]:
-    """Per DP-tuning node: epsilon, delta, q, steps and the calibrated noise multiplier.
+    """Per DP-tuning node: epsilon, delta, q, steps, the calibrated noise multiplier and `plan`.
+
+    `plan` is the node's `dpsynth.dp.plan.PrivacyPlan` (mechanism, bands, privacy unit), from
+    which the dry run's composition takes each release's ledger entry.
 
     Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
     `dpsynth.dp.plan.plan_privacy` on the node's `TuneConfig`); entries say why when nothing
@@ -315,7 +318,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
                     raise ValueError("the number of users of D_train is unknown")
             p = finetune.plan_run(tc, num_train, num_users=num_users)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
-                       accountant=p.accountant, max_batch_size=p.max_batch_size)
+                       accountant=p.accountant, max_batch_size=p.max_batch_size, plan=p)
         except ImportError as e:
             row["note"] = f"tuner not available ({e})"
         except ValueError as e:
@@ -382,11 +385,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials (default 1)")
     p.add_argument("--until", choices=STAGES, help="stop after this stage kind")
     p.add_argument("--data-dir", help="embedded default data directory (default $DPSYNTH_EMBEDDED_DIR or data/embedded)")
+    logs.add_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logs.configure(fmt="%(message)s", verbose=args.verbose)
     try:
         config = load_config(args.config)
         root = args.out or config.out
@@ -402,11 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dpsynth experiment: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    return report_result(result)
+    return report_result(result, verbose=args.verbose)
 
 
-def report_result(result: ExperimentResult) -> int:
-    """Prints how a run ended and returns its exit code."""
+def report_result(result: ExperimentResult, *, verbose: bool = False) -> int:
+    """Prints how a run ended and returns its exit code.
+
+    A stage that failed on its input or configuration (a `ValueError`: unreadable data, too many
+    dead letters, a refused resume) is one line; anything else, or `verbose`, adds the traceback.
+    """
     _log(f"{len(result.ran)} stage(s) ran, {len(result.cached)} cached, {result.seconds:.1f}s")
     if result.missing is not None:
         print(f"dpsynth experiment: stopped: {result.missing}", file=sys.stderr)
@@ -414,7 +423,7 @@ def report_result(result: ExperimentResult) -> int:
     if result.failed is not None:
         print(f"dpsynth experiment: FAILED: {result.failed}", file=sys.stderr)
         cause = result.failed.__cause__
-        if cause is not None:
+        if cause is not None and (verbose or not isinstance(cause, ValueError)):
             import traceback
 
             traceback.print_exception(cause, file=sys.stderr)

@@ -12,7 +12,7 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 
 | stage      | files                                                                      |
 |------------|----------------------------------------------------------------------------|
-| sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` |
+| sensitive  | `data/{train,valid,test}.jsonl` (`id`, `text`, `label`), `dead_letters.jsonl` (file, record, reason) |
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
 | dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
 | tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
@@ -60,7 +60,12 @@ def _quiet(fn):
 
 def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
                           ) -> tuple[dict[str, list[dict[str, Any]]], list[Any]]:
-    """The train/valid/test records of the `sensitive` config subset, plus dead letters.
+    """The train/valid/test records of the `sensitive` config subset, plus a dead-letter summary
+    (`dpsynth.data.dead_letters.Summary`) per file read that had any.
+
+    Raises `dead_letters.TooManyDeadLetters` when a file has more than `max_dead_letters`
+    (default `dead_letters.DEFAULT_LIMIT`): the dry run (which counts D_train this way) says so
+    before anything runs.
 
     Embedded: the fine-food reviews (`dpsynth.data.embedded`, from `data_dir`). Files: read with
     `dpsynth.data.readers.read_sensitive` and split by `dpsynth.data.splits.make_splits`
@@ -78,7 +83,7 @@ def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
         splits = {s: splits_lib.subsample(r, max_sizes[s], spec.subsample, spec.seed) if max_sizes[s] else r
                   for s, r in splits.items()}
     else:
-        from dpsynth.data import readers
+        from dpsynth.data import dead_letters, readers
 
         fmt = config.get("format", "auto")
         sources = {}
@@ -94,8 +99,12 @@ def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
                                         format=fmt if fmt == "label_text" else None,
                                         extra_columns=[spec.split_column] if spec.split_column else (),
                                         user_column=config.get("user_column") if split == "train" else None)
-            dead.extend(ds.dead_letters)
+            summary = dead_letters.summarize(ds, name=f"sensitive.{split} ({path})",
+                                             limit=config.get("max_dead_letters"))
+            if summary.dead:
+                dead.append(summary)
             sources[split] = [{**r, "label": str(r["label"])} for r in ds.records]
+        dead_letters.enforce(dead)  # past max_dead_letters: refused (the error carries every summary)
         splits = splits_lib.make_splits(sources, spec, max_sizes)
     names = {str(k): str(v) for k, v in (config.get("label_names") or {}).items()}
     if names:
@@ -125,25 +134,32 @@ def sensitive_data(ctx: StageContext) -> dict[str, Any]:
     """Reads the sensitive dataset once into `train/valid/test.jsonl` (the stages' one copy)."""
     from dpsynth.data import readers
 
-    splits, dead = load_sensitive_splits(ctx.config, ctx.data_dir)
+    from dpsynth.data import dead_letters  # every rejected record: listed (file, record, reason), counted, explained
+
+    dead_path = os.path.join(ctx.out_dir, dead_letters.FILE)
+    try:
+        splits, dead = load_sensitive_splits(ctx.config, ctx.data_dir)
+    except dead_letters.TooManyDeadLetters as e:  # the refused run still lists what was wrong
+        dead_letters.write(dead_path, e.summaries)
+        raise
     for split, records in splits.items():
         if not records:
             raise readers.EmptyDatasetError(f"sensitive.{split}: no records")
         readers.write_jsonl(os.path.join(ctx.out_dir, "data", f"{split}.jsonl"), records)
-    readers.write_jsonl(os.path.join(ctx.out_dir, "dead_letters.jsonl"), [d.to_json() for d in dead])
+    dead_file = dead_letters.write(dead_path, dead)
     labels = sorted({r["label"] for r in splits["train"]})
     unknown = sorted({r["label"] for s in ("valid", "test") for r in splits[s]} - set(labels))
     if unknown:
         raise readers.InputError(f"sensitive: labels {unknown} appear in valid/test but not in train")
     summary = {f"num_{s}": len(r) for s, r in splits.items()}
-    summary.update(labels=labels, dead_lettered=len(dead))
+    summary.update(labels=labels, dead_lettered=sum(len(s.dead) for s in dead))
     if ctx.config.get("user_column"):
         summary["num_train_users"] = len({r["user"] for r in splits["train"]})
     source = "embedded fine-food reviews" if ctx.config["embedded"] else "files"
     ctx.report(
         f"sensitive data ({source}): train {summary['num_train']} / valid {summary['num_valid']} / "
-        f"test {summary['num_test']} examples; labels {', '.join(labels)}; {len(dead)} dead-lettered"
-    )
+        f"test {summary['num_test']} examples; labels {', '.join(labels)}; {summary['dead_lettered']} dead-lettered"
+        + "".join(f"\n  {s.describe(dead_file)}" for s in dead))
     return summary
 
 
@@ -403,12 +419,12 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     # The train/valid losses are computed on D_train/D_valid without DP: private state only.
     losses = ctx.private_path(LOSSES_FILE)
     write_private_json(losses, {"train_loss": result.train_loss, "valid_loss": result.valid_loss,
-                                "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+                                "truncated_train": result.truncated_train, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     print(f"dp_tune: the train/valid losses (NOT DP) are in the owner-only {losses}", flush=True)
     return {
         "mode": config.mode, "target_epsilon": config.epsilon, "epsilon": eps, "delta": result.delta,
-        "steps": result.steps, "noise_multiplier": result.noise_multiplier, "truncated_train": result.truncated_train,
-    }
+        "steps": result.steps, "noise_multiplier": result.noise_multiplier,
+    }  # (the exact truncation count is not DP: it is in the private losses file, never in stage.json)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -574,7 +590,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
     root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
     ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
-    ctx.report(f"report: {os.path.join(ctx.out_dir, 'report.html')}", echo=False)
+    ctx.report(f"report: {os.path.join(ctx.final_dir or ctx.out_dir, 'report.html')}", echo=False)  # not the .work dir
     dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
                    "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
                    "trials_accounted": b["trials_accounted"],

@@ -40,7 +40,8 @@ from typing import Any
 import apache_beam as beam
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.generate.model_info import GenerateError, ModelBundle, ModelInfo, load_bundle, read_model_info
+from dpsynth.generate.model_info import (GenerateError, ModelBundle, ModelInfo, check_label_histogram, load_bundle,
+                                         read_model_info)
 from dpsynth.generate.outputs import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -132,6 +133,9 @@ def generate(
             check_outside(audit_dir, config.out_dir, "--audit-dir: the memorisation audit directory")
         except ValueError as e:
             raise GenerateError(str(e)) from e
+    dist = config.label_distribution
+    if label_histogram is not None or (dist is not None and dist.source == "dp_histogram"):
+        check_label_histogram(config.model_dir)  # refused before the draw and before anything is written
     if label_histogram is not None:
         config = draw_label_histogram(config, label_histogram)
     info = read_model_info(config.model_dir)

@@ -91,6 +91,11 @@ def read_model_info(model_dir: str) -> ModelInfo:
         raise GenerateError(f"{model_dir}: model directory not found")
     manifest_path = os.path.join(model_dir, "manifest.json")
     config_path = os.path.join(model_dir, "config.json")
+    from dpsynth.train import release
+
+    incomplete = release.status(model_dir)  # a directory a killed run left half-written is never read
+    if incomplete:
+        raise GenerateError(f"{model_dir}: {incomplete}")
     for path in (manifest_path, config_path):
         if not os.path.exists(path):
             raise GenerateError(f"{path}: missing; is {model_dir!r} a checkpoint written by `dpsynth pretrain`/`dp-tune`?")
@@ -129,3 +134,25 @@ def model_delta(model_dir: str) -> float | None:
     if not os.path.exists(path):
         return None
     return float(read_json(path)["delta"])
+
+
+def check_label_histogram(model_dir: str) -> None:
+    """Raises `GenerateError` when a DP label histogram cannot be composed into the model's privacy report.
+
+    Called before the histogram is drawn and before anything is written, so a refused job
+    leaves neither a spent release nor a corpus without a privacy report (a user-level model:
+    the histogram's sensitivity is 1 per example, not per user; `dpsynth.dp.report`).
+    """
+    from dpsynth.dp import report as report_lib
+
+    path = os.path.join(model_dir, "privacy_report.json")
+    if not os.path.exists(path):
+        return  # a non-private model: the corpus is marked non-private anyway
+    report = read_json(path)
+    if report.get("private") is False:
+        return
+    try:
+        report_lib.check_gaussian_composable(report, "label_histogram")
+    except ValueError as e:
+        raise GenerateError(f"{model_dir}: a DP label histogram cannot be drawn for this model: {e}; use the "
+                            "uniform label distribution") from e

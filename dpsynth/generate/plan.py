@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth.generate import labels as labels_lib
-from dpsynth.generate.model_info import GenerateError, ModelInfo, model_delta, read_model_info
+from dpsynth.generate.model_info import GenerateError, ModelInfo, check_label_histogram, model_delta, read_model_info
 from dpsynth.generate.postprocess import PostprocessConfig
 from dpsynth.generate.sampler import SamplerConfig
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS, NULL_LABEL
@@ -249,20 +249,26 @@ def dp_label_distribution(
     epsilon: float | None = None,
     delta: float | None = None,
     seed: int | None = None,
+    dead_letters=None,
 ) -> labels_lib.LabelDistribution:
     """A DP label histogram of D_train (`label_source`) for the model's label set.
+
+    `dead_letters`: a `dpsynth.data.dead_letters.Policy` for `label_source`'s rejected records
+    (printed and counted always; written to `policy.out`; refused past `policy.limit`; default:
+    the default limit, not written).
 
     Exactly one of `noise_multiplier` (sigma) or `epsilon` (calibrates sigma for the histogram
     alone at `delta`, default the model's delta). Its cost is composed into the output's
     privacy report by `generate` (`dpsynth.dp.report.compose_gaussian`).
     """
-    from dpsynth.data.readers import read_sensitive
+    from dpsynth.data import dead_letters as dead_letters_lib
 
     if not label_source:
         raise GenerateError("--label-distribution dp-histogram needs --label-source (the D_train file(s))")
     if (noise_multiplier is None) == (epsilon is None):
         raise GenerateError("the DP label histogram needs exactly one of --label-noise-multiplier or --label-epsilon")
     info = read_model_info(model_dir)
+    check_label_histogram(model_dir)  # before the draw: a user-level model refuses it
     label_set = labels_lib.check_labels(labels if labels is not None else (info.labels or ()), info.labels, "--labels")
     if epsilon is not None:
         if delta is None:
@@ -270,7 +276,13 @@ def dp_label_distribution(
         if delta is None:
             raise GenerateError(f"{model_dir}: no privacy report to take delta from; pass --label-delta")
         noise_multiplier = labels_lib.calibrate_histogram_noise(epsilon, delta)
-    data = read_sensitive(label_source)
+    policy = dead_letters or dead_letters_lib.Policy(prefix="generate: ")
+    [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy)
+    unseen = [r for r in data.records if r["label"] not in set(label_set)]
+    if unseen:  # a label the model was not tuned on: named, never counted into another label or dropped
+        first = unseen[0]
+        raise GenerateError(f"--label-source {label_source}: record {first['id']}: label {first['label']!r} is not one "
+                            f"the model was tuned on {list(label_set)} ({len(unseen)} records have such labels)")
     return labels_lib.dp_label_histogram([r["label"] for r in data.records], label_set,
                                          noise_multiplier=float(noise_multiplier), seed=seed)
 
@@ -289,6 +301,7 @@ class DpLabelHistogram:
       epsilon: calibrate sigma for the histogram alone at `delta`.
       delta: delta for `epsilon` (default: the model's).
       seed: noise seed for tests only; None draws from the OS entropy pool.
+      dead_letters: what to do with `source`'s rejected records (`dpsynth.data.dead_letters.Policy`).
     """
 
     source: str | None
@@ -296,6 +309,7 @@ class DpLabelHistogram:
     epsilon: float | None = None
     delta: float | None = None
     seed: int | None = None
+    dead_letters: Any = None
 
 
 def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
@@ -304,5 +318,5 @@ def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> G
         raise GenerateError("pass either a label distribution or a DP label histogram to draw, not both")
     dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
                                  noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
-                                 delta=request.delta, seed=request.seed)
+                                 delta=request.delta, seed=request.seed, dead_letters=request.dead_letters)
     return dataclasses.replace(config, label_distribution=dist)

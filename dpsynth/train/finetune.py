@@ -13,10 +13,10 @@ Gaussian noise sigma C, divided by B, then Adam (fixed lr) or Adafactor. sigma c
 privacy plan (`dpsynth.dp.plan.plan_privacy`) so that the whole run is (epsilon, delta)-DP. The
 ledger records the sigma of the strategy object that adds the noise (one source of truth); it is
 saved with the privacy plan in every checkpoint and checked against the budget before the
-first step. A resume whose plan, clipping norm or mode differs from the checkpoint's is
-refused before any compute (`resume_differences`). The privacy report is written next to the
-model. `epsilon = inf` runs the same loop without clipping or noise (plain mean gradient): the
-non-private baseline.
+first step. A resume whose plan, clipping norm, mode or BandMF strategy differs from the
+checkpoint's is refused before any training compute (`resume_differences`). The privacy report
+is written next to the model, before its manifest (`dpsynth.train.release`). `epsilon = inf`
+runs the same loop without clipping or noise (plain mean gradient): the non-private baseline.
 
 Privacy unit and mechanism (`dpsynth.dp.mechanism`): `privacy_unit="user"` groups rows by
 their "user" field (read with a user column), keeps at most `max_examples_per_user` rows per
@@ -63,13 +63,14 @@ import optax
 from dpsynth import fileio
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
-from dpsynth.dp.mechanism import build_run_mechanism, count_users
+from dpsynth.dp.mechanism import build_run_mechanism, count_users, recorded_strategies, strategy_differences
 from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train import recipe as recipe_lib
+from dpsynth.train import release
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
                                    encode_null_examples, label_dropout_rows, manifest_fields, template_of)
 
@@ -83,8 +84,11 @@ LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct comp
 CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
 STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
 LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
+COUNTS_FILE = "counts.json"  # exact non-DP counts (truncated examples, rows dropped per user), in the private state dir
 SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
 SWEEP_ACCOUNTING = ("composed", "selected-only")
+NON_DP_COUNTS_NOTICE = ("exact counts over D_train/D_valid computed without noise: NOT differentially private; for "
+                        "the data owner only, never published with the model")
 NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
                         "owner only, never published with the model")
 
@@ -314,6 +318,8 @@ def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyP
     diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
     mine = accounted_settings(config, plan)
     diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
+    if not diffs:  # the same plan: it must also run the checkpoint's BandMF strategy (`dpsynth.dp.mechanism`)
+        diffs += strategy_differences(saved.get("ledger", {}).get("entries", []), plan)
     return diffs
 
 
@@ -334,7 +340,8 @@ def default_state_dir(out_dir: str) -> str:
     return os.path.abspath(out_dir).rstrip(os.sep) + STATE_SUFFIX
 
 
-def _state_dir(out_dir: str, state_dir: str | None) -> str:
+def resolve_state_dir(out_dir: str, state_dir: str | None) -> str:
+    """The run's private state directory (`state_dir`, default `<out>.private/`); TuneError if inside `out_dir`."""
     state_dir = os.path.abspath(state_dir or default_state_dir(out_dir))
     try:
         check_outside(state_dir, os.path.abspath(out_dir), "the private state directory")
@@ -347,9 +354,10 @@ def _state_dir(out_dir: str, state_dir: str | None) -> str:
 class TuneResult:
     """What a run produced.
 
-    `train_loss` and `valid_loss` are PRIVATE: computed on D_train/D_valid without DP. They are
-    written only to the private state (`state_dir/losses.json`), never into `out_dir`; callers
-    must not put them in anything that travels with the model.
+    `train_loss`, `valid_loss`, `truncated_train` and `truncated_valid` are PRIVATE: computed on
+    D_train/D_valid without DP. They are written only to the private state
+    (`state_dir/losses.json`, `state_dir/counts.json`), never into `out_dir`; callers must not put
+    them in anything that travels with the model.
     """
 
     out_dir: str
@@ -508,7 +516,7 @@ def _selection_channel(selection: dict) -> dict:
             "were never written to this directory and the validation losses stay in the private state"}
 
 
-def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, selection: dict | None,
+def _side_channels(config: TuneConfig, labels_from_data: bool, selection: dict | None,
                    auto_recipe: bool = False) -> list[dict]:
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
@@ -518,8 +526,9 @@ def _side_channels(config: TuneConfig, labels_from_data: bool, truncated: int, s
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
                      "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
                      "learning rate from it (and from public settings only)" if auto_recipe else "")})
-    channels.append({"name": "truncation count", "detail": f"{truncated} training examples were truncated to "
-                     f"{config.max_tokens} tokens; the count is recorded without DP"})
+    channels.append({"name": "truncation count", "detail": f"training examples longer than {config.max_tokens} "
+                     "tokens were truncated to it; how many is not released (an exact count would reveal whether one "
+                     f"long example is in D_train): it stays in the private state ({COUNTS_FILE})"})
     channels.append(dict(PRIVATE_STATE_CHANNEL))
     if selection:
         channels.append(_selection_channel(selection))
@@ -599,8 +608,9 @@ def dp_tune(
             (default: read from the base manifest when recorded there).
         resume: continue from the latest checkpoint in `state_dir/checkpoints`. Refused before any
             compute when the checkpoint's privacy plan (dataset size, expected batch, steps, sigma,
-            epsilon, delta, accountant, cap, compositions), clipping norm or mode differs from this
-            run's; the message names each differing field with both values.
+            epsilon, delta, accountant, cap, compositions), clipping norm, mode or BandMF strategy
+            (`strategy_sha256`) differs from this run's; the message names each differing field
+            with both values.
         stop_after: checkpoint and stop once this step is reached (time-sliced runs; resume later).
         selection: recorded in the report when this run is a sweep trial's winner.
         mesh: (data, model) device mesh shape (`dpsynth.train.sharding.make_mesh`); None = one
@@ -640,11 +650,19 @@ def dp_tune(
     # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
     if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
-    state_dir = _state_dir(out_dir, state_dir)
+    state_dir = resolve_state_dir(out_dir, state_dir)
     ckpt_dir = os.path.join(state_dir, "checkpoints")
     if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        half = release.status(out_dir)
         raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
-                        "a new --out / --state-dir to start afresh")
+                        "a new --out / --state-dir to start afresh" + (f" ({out_dir}: {half})" if half else ""))
+    try:  # a finished model is never mixed with a new run's report; a half-written one is said and replaced
+        half = release.status(out_dir) if resume else release.check_fresh_run(out_dir)
+    except release.ReleaseError as e:
+        raise TuneError(str(e)) from e
+    if half:
+        logger.warning("%s: %s; this run %s it", out_dir, half,
+                       "rewrites" if resume else "replaces")
     if resume and not os.path.isdir(ckpt_dir):
         raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
                               "--state-dir of the run)")
@@ -709,7 +727,7 @@ def dp_tune(
             "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
             "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
             "compositions": plan.compositions,
-            "epochs": ledger.steps_recorded * plan.sampling_probability, "optimizer": config.optimizer,
+            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
             "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
@@ -720,7 +738,7 @@ def dp_tune(
             **({"recipe": recipe.to_json()} if recipe else {}),
             "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
         }
-        channels = _side_channels(config, labels_from_data, train.truncated, selection, recipe is not None)
+        channels = _side_channels(config, labels_from_data, selection, recipe is not None)
         if base_source:
             training["base_source"] = {k: v for k, v in base_source.items() if not k.startswith("hf_")}
             training["embedding_clipping"] = ("sparse (exact, untied input table)"
@@ -770,6 +788,10 @@ def dp_tune(
                                      expected_batch_size=plan.expected_batch_size, embedding=spec)
     else:
         strategy = core.MeanGradient()
+    if jax.process_index() == 0:  # exact counts computed without DP: the private state, never the report
+        write_private_json(os.path.join(state_dir, COUNTS_FILE), {
+            "truncated_train": int(train.truncated), "truncated_valid": int(valid.truncated) if valid else 0,
+            **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": NON_DP_COUNTS_NOTICE})
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
     per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices
@@ -803,6 +825,10 @@ def dp_tune(
             if recorded - {sigma}:
                 raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records noise multiplier(s) {sorted(recorded)} "
                                 f"but this run adds noise with {sigma}; refusing to resume")
+            if mech is not None and recorded_strategies(ledger.entries) - {mech.strategy_sha256}:
+                raise TuneError(f"{ckpt_dir}: the checkpoint's ledger records BandMF strategy "
+                                f"{sorted(recorded_strategies(ledger.entries))} but this run would add noise with "
+                                f"{mech.strategy_sha256}; refusing to resume")
             if ledger.steps_recorded != int(state.step):
                 raise TuneError(f"{ckpt_dir}: ledger records {ledger.steps_recorded} steps but the state is at step "
                                 f"{int(state.step)}; the checkpoint is inconsistent")
@@ -858,6 +884,9 @@ def dp_tune(
             "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
+    if finished and primary:  # the final report first, the manifest (tied to it) last: `dpsynth.train.release`
+        release.unmark(out_dir)
+        report_lib.write_report(out_dir, rep)
     if finished:
         extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels, config.label_dropout),
                           "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
@@ -866,11 +895,13 @@ def dp_tune(
                           "contamination_sha256": contamination_sha256, "private": rep["private"]}
         if base_source:
             extra_manifest["base_source"] = base_source  # what `dpsynth export-model` needs
+        if primary:
+            extra_manifest.update(release.report_fields(out_dir))
         collections = TRAINABLE[config.mode]
         save_model(out_dir, model_config, final_vars, base.tokenizer, extra_manifest,
                    collections=collections if config.mode != "full" else ("params",),
                    base_dir=None if config.mode == "full" else base_dir, created_by="dpsynth dp-tune")
-    if primary:
+    elif primary:
         report_lib.write_report(out_dir, rep)
     eps = ledger.epsilons()
     return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
@@ -921,7 +952,7 @@ def sweep(
     k = len(grid)
     compositions = k if sweep_accounting == "composed" else 1
     plan_for_records(config, train_records, compositions=compositions)  # fail fast before any trial
-    state_dir = _state_dir(out_dir, state_dir)
+    state_dir = resolve_state_dir(out_dir, state_dir)
     make_private_dir(state_dir)
     trials, results = [], []
     for i, (lr, c) in enumerate(grid):
@@ -947,8 +978,10 @@ def sweep(
     # ------------------------------------------------------------ the release: the selected model only
     src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
     os.makedirs(out_dir, exist_ok=True)
+    if primary:
+        release.unmark(out_dir)  # written again last, after the composed report
     for name in os.listdir(src) if primary else ():
-        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD):
+        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, release.MANIFEST):
             continue  # rebuilt below
         s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
         if os.path.isdir(s_):
@@ -968,11 +1001,11 @@ def sweep(
     rep["selection"] = selection
     if primary:
         report_lib.write_report(out_dir, rep)
-        manifest_path = os.path.join(out_dir, "manifest.json")
-        manifest = fileio.read_json(manifest_path)
+        manifest = fileio.read_json(os.path.join(src, release.MANIFEST))
         manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
                                                                    "selected": selection["selected"]})
-        fileio.write_json(manifest_path, manifest)
+        manifest.update(release.report_fields(out_dir))
+        fileio.write_json(os.path.join(out_dir, release.MANIFEST), manifest)  # last: the directory is complete
     chosen = results[best["trial"]]
     result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
                         epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],

@@ -33,6 +33,11 @@ losses and parameters equal a single-process run on as many devices up to float 
 (tested in 2 processes). Checkpoints are Orbax multi-host (every process writes its shards
 into the shared OUT, which must be one file system all hosts see, e.g. GCS or NFS); the
 metrics, TensorBoard events and the model directory's JSON files are written by process 0.
+
+Crash safety: a kill at any point loses at most the steps since the last checkpoint (`--resume`
+continues exactly), and the model directory's manifest is written last (`dpsynth.train.release`):
+a kill while the model is written leaves no manifest, so nothing loads it, and the rerun says
+so and rewrites it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import numpy as np
 from dpsynth import tokens as tokens_lib
 from dpsynth.models import ModelConfig, Transformer, get_config
 from dpsynth.train import checkpoint as ckpt_lib
-from dpsynth.train import core, lm, loop, optim, sharding
+from dpsynth.train import core, lm, loop, optim, release, sharding
 
 logger = logging.getLogger("dpsynth.pretrain")
 
@@ -483,9 +488,13 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                             f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
     os.makedirs(out_dir, exist_ok=True)
     checkpointer = ckpt_lib.TrainCheckpointer(os.path.join(out_dir, "checkpoints"))
+    half = release.status(out_dir)  # a model directory left half-written by a killed run: said, and rewritten
     if not resume and checkpointer.latest_step() is not None:
         raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
-                            "pass --resume to continue it, or choose a new --out")
+                            "pass --resume to continue it, or choose a new --out"
+                            + (f" ({out_dir}: {half})" if half else ""))
+    if half:
+        logger.warning("%s: %s; this run rewrites it", out_dir, half)
 
     if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
         raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
@@ -582,6 +591,8 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                "valid_groups": group_metrics, "finished": final_step >= cfg.steps}
     if final_step >= cfg.steps:
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
+        if primary:
+            release.unmark(out_dir)  # a rewrite (a finished run resumed) is incomplete until its manifest is back
         ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
             "valid_perplexity": valid_metrics.get("perplexity"),

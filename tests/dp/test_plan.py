@@ -67,3 +67,13 @@ def test_differences_name_each_field_and_json_round_trip():
 def test_bad_input(kwargs, match):
     with pytest.raises(accounting.PrivacyConfigError, match=match):
         plan_privacy(**kwargs)
+
+
+def test_bandmf_epochs_are_steps_times_b_over_n_not_steps_times_q():
+    """The audit's case (N = 3600, B = 64, T = 1000, b = 8): 17.8 epochs, not T x q = 142.2."""
+    p = plan_privacy(dataset_size=3600, expected_batch_size=64, steps=1000, noise_multiplier=2.0,
+                     mechanism="bandmf", bands=8)
+    assert p.sampling_probability == pytest.approx(64 / 450)
+    assert p.epochs == pytest.approx(1000 * 64 / 3600) and p.epochs_of(500) == pytest.approx(500 * 64 / 3600)
+    d = plan_privacy(dataset_size=3600, expected_batch_size=64, steps=1000, noise_multiplier=2.0)
+    assert d.epochs_of(10) == pytest.approx(10 * d.sampling_probability)  # DP-SGD: steps x q, as before

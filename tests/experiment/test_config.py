@@ -35,6 +35,10 @@ def test_full_config_parses_types():
         cfg.pretrain.steps = 3  # type: ignore[misc]
 
 
+_USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv", "user_column": "author"},
+               "dp_tune": {"privacy_unit": "user", "max_examples_per_user": 4}}
+
+
 @pytest.mark.parametrize(
     "data, key",
     [
@@ -82,6 +86,12 @@ def test_full_config_parses_types():
         ({"generate": {"samplings": [{"guidance": 1, "guidance_contrast": "x"}]}},
          "generate.samplings[0].guidance_contrast: must be one of others, null"),
         ({"bogus": 1}, "bogus: unknown key"),
+        # A user-level model cannot be composed with example-level releases: refused when the config is loaded,
+        # not at the evaluate stage (the audit's run failed there with ValueError after every model was trained).
+        (_USER_LEVEL, "evaluate.baselines: with dp_tune.privacy_unit: user"),
+        ({**_USER_LEVEL, "evaluate": {"baselines": False}, "generate": {"label_distribution": "dp_histogram",
+                                                                        "label_noise_multiplier": 10}},
+         "generate.label_distribution: with dp_tune.privacy_unit: user"),
     ],
 )
 def test_errors_name_the_yaml_key(data, key):
@@ -118,3 +128,15 @@ def test_repo_configs_are_valid():
     assert configs, "configs/*.yaml missing"
     for path in configs:
         load_config(str(path))
+
+
+def test_uncomposable_releases_name_what_to_change():
+    for data in (_USER_LEVEL, {**_USER_LEVEL, "evaluate": {"baselines": False},
+                               "generate": {"label_distribution": "dp_histogram", "label_noise_multiplier": 10}}):
+        with pytest.raises(ConfigError) as err:
+            from_dict(data)
+        assert "dp_tune: {privacy_unit: example}" in str(err.value)
+    ok = from_dict({**_USER_LEVEL, "evaluate": {"baselines": False}})  # user-level models alone compose
+    assert ok.dp_tune.privacy_unit == "user"
+    # Non-private user-level trials have no unit: nothing to refuse.
+    assert from_dict({**_USER_LEVEL, "dp_tune": {**_USER_LEVEL["dp_tune"], "epsilons": [math.inf]}})

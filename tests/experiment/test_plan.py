@@ -152,7 +152,9 @@ def test_user_level_and_bandmf_settings_enter_only_when_set(data_files, tmp_path
     (data_files / "train.csv").write_text("text,label,author\n" + "".join(f"t{i},{'xy'[i % 2]},u1\n" for i in range(20)))
     user = build_plan(grid_config(data_files, sensitive={"user_column": "author"},
                                   dp_tune={"privacy_unit": "user", "max_examples_per_user": 4, "mechanism": "bandmf",
-                                           "bands": 2}), str(tmp_path / "run"))
+                                           "bands": 2},
+                                  evaluate={"baselines": False}),  # example-level baselines: refused at user level
+                      str(tmp_path / "run"))
     tunes = [n for n in user.nodes if n.stage == "dp_tune"]
     assert all(n.config["privacy_unit"] == "user" and n.config["bands"] == 2 for n in tunes)
     assert user.node("sensitive").config["user_column"] == "author"

@@ -165,5 +165,93 @@ def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, m
     eps = compose_lib.compose([compose_lib.Release("m", "dp_tune", tuple(
         report_lib.load_report(m1.path("model"))["ledger"]["entries"]))], 1.0 / N).epsilon["rdp"]
     assert f"the whole root: epsilon {eps:.3f} (rdp)" in done.report
+    # The stored report names the final stage directory (it is shown again when cached), not the .work one.
+    assert f"report: {os.path.join(done.dir, 'report.html')}" in done.report and ".work-" not in done.report
     assert os.path.exists(done.path(privacy.FILE_JSON)) and f"{eps:.3f}" in open(done.path("report.html")).read()
     assert done.summary["root_epsilon"]["epsilon"]["rdp"] == pytest.approx(eps)
+
+
+# ----------------------------------------------------------------------------- the dry run equals the run
+
+UNITS = {
+    "dpsgd": {},
+    "bandmf": {"mechanism": "bandmf", "bands": 4},
+    "user": {"privacy_unit": "user", "max_examples_per_user": 4, "batch_size": 5},
+    "user-bandmf": {"privacy_unit": "user", "max_examples_per_user": 4, "batch_size": 4, "mechanism": "bandmf",
+                    "bands": 2},
+}
+
+
+def _tuned_like_the_tuner(node, records, out_dir):
+    """The model report the dp_tune stage writes for `node`, built the way `finetune.dp_tune` builds it:
+    the tuner's own plan and mechanism (`plan_for_records`, `build_run_mechanism`), one ledger record
+    per step of the strategy that adds the noise (`strategy_ledger_entry`)."""
+    from dpsynth.dp.mechanism import build_run_mechanism
+    from dpsynth.train import finetune
+
+    tc = stages.tune_config(node.config)
+    p = finetune.plan_for_records(tc, records)
+    mech = build_run_mechanism(p, clip_norm=tc.clip_norm, microbatch_size=8, seed=7, num_rows=len(records),
+                               user_ids=finetune.user_ids(tc, records), max_examples_per_user=tc.max_examples_per_user)
+    ledger = ledger_lib.PrivacyLedger(delta=p.delta, target_epsilon=tc.epsilon, accountant=tc.accountant)
+    for _ in range(p.steps):
+        entry = finetune.strategy_ledger_entry(p, mech.strategy, steps=1, clip_norm=tc.clip_norm,
+                                               strategy_sha256=mech.strategy_sha256)
+        ledger.record_dpsgd(steps=1, **{k: v for k, v in entry.items() if k != "steps"})
+    rep = report_lib.build_report(ledger, training={"mode": tc.mode}, contamination_sha256=None,
+                                  **mech.report_kwargs())
+    report_lib.write_report(os.path.join(out_dir, "model"), rep)
+    return StageOutput(key=node.key, stage="dp_tune", hash=node.hash, dir=out_dir, summary={}, seconds=0, cached=True)
+
+
+@pytest.mark.parametrize("unit", sorted(UNITS))
+def test_dry_run_composition_equals_the_final_one(data_files, tmp_path, monkeypatch, unit):
+    """The audit's finding: the dry run hard-coded DP-SGD and example level (T steps instead of
+    ceil(T / b), delta 1/|train| instead of 1/|users|); it now composes each model's own plan entry."""
+    from dpsynth.data import readers
+
+    monkeypatch.setenv("DPSYNTH_CACHE_DIR", str(tmp_path / "cache"))  # BandMF strategies: a private cache
+    n = 200
+    (data_files / "train.csv").write_text("text,label,author\n" + "".join(
+        f"review {i},{'xy'[i % 2]},u{i % 40}\n" for i in range(n)))
+    user = UNITS[unit].get("privacy_unit") == "user"
+    cfg = _grid(data_files).replace(
+        sensitive={"user_column": "author"} if user else {},
+        dp_tune={"modes": ["lora"], "epsilons": [2, math.inf], "learning_rates": [0.001], "batch_size": 10,
+                 "epochs": None, "steps": 12, **UNITS[unit]},
+        generate={"label_distribution": "uniform", "label_noise_multiplier": None},
+        evaluate={"baselines": False})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    rows = runner.privacy_budgets(plan, cfg, n)
+    dry = privacy.planned_releases(plan, cfg, n, rows)
+    records = readers.read_sensitive(str(data_files / "train.csv"), user_column="author" if user else None).records
+    models = [_tuned_like_the_tuner(node, records, str(tmp_path / "stages" / node.key))
+              for node in plan.nodes if node.stage == "dp_tune"]
+    final = privacy.completed_releases(eval_cfg=plan.node("evaluate").config, models=models, labels=[], baselines=[],
+                                       out_dir=str(tmp_path), num_train=n)
+    assert dry.delta == final.delta == (1 / 40 if user else 1 / n)
+    assert [r.name for r in dry.releases] == [r.name for r in final.releases]
+    for a, b in zip(dry.releases, final.releases):
+        assert a.private == b.private and a.unit == b.unit
+        assert dry.release_epsilons[a.name] == pytest.approx(final.release_epsilons[b.name], rel=1e-9)
+    assert dry.composition.epsilon_dp_releases == pytest.approx(final.composition.epsilon_dp_releases, rel=1e-9)
+    own_dry, own_final = dry.corpus_epsilons(), final.corpus_epsilons()
+    assert own_dry.keys() == own_final.keys()
+    for trial, eps in own_dry.items():
+        assert eps == pytest.approx(own_final[trial], rel=1e-9)
+    private = [r for r in dry.releases if r.private]
+    assert private and private[0].epsilons(dry.delta)["rdp"] == pytest.approx(2.0, rel=1e-3)  # the target
+
+
+def test_dry_run_of_the_audits_bandmf_grid_point_shows_its_target(data_files, tmp_path):
+    """N = 3600, B = 64, T = 1000, b = 8, epsilon 3: the dry run showed 10.206 (RDP) / 9.205 (PLD)."""
+    cfg = _grid(data_files).replace(
+        dp_tune={"modes": ["lora"], "epsilons": [3], "learning_rates": [0.001], "batch_size": 64, "epochs": None,
+                 "steps": 1000, "mechanism": "bandmf", "bands": 8},
+        generate={"label_distribution": "uniform", "label_noise_multiplier": None}, evaluate={"baselines": False})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    root = privacy.planned_releases(plan, cfg, 3600, runner.privacy_budgets(plan, cfg, 3600))
+    [release] = root.releases
+    assert release.entries[0]["mechanism"] == "bandmf" and release.entries[0]["bands"] == 8
+    eps = root.composition.epsilon
+    assert eps["rdp"] == pytest.approx(3.0, abs=1e-3) and eps["pld"] < 3.0  # the audit's independent value: 2.658

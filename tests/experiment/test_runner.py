@@ -268,7 +268,8 @@ def test_dry_run_budget_at_user_level_counts_users(env, tmp_path):
     cfg = from_dict({**env["data"], "sensitive": {"embedded": False, "train": str(train), "test": str(test),
                                                   "user_column": "author"},
                      "dp_tune": {"epsilons": [3], "batch_size": 5, "steps": 20, "epochs": None, "privacy_unit": "user",
-                                 "max_examples_per_user": 4}})
+                                 "max_examples_per_user": 4},
+                     "evaluate": {"baselines": False}})  # example-level DP-on-real: refused at user level
     plan = runner.build_plan(cfg, env["root"])
     [row] = runner.privacy_budgets(plan, cfg, num_train=180)
     ref = plan_privacy(dataset_size=40, expected_batch_size=5, steps=20, epsilon=3.0, privacy_unit="user")

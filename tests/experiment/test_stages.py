@@ -233,6 +233,9 @@ def _modes(path):
 TRAIN_LOSS, VALID_LOSS = 1.2345678, 2.3456789
 
 
+TRUNCATED = 48613  # a distinctive exact count
+
+
 def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
@@ -251,7 +254,7 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
         calls.append(kw)
         os.makedirs(model_dir)
         return SimpleNamespace(report=privacy, epsilon=ledger.epsilons(), steps=10, noise_multiplier=1.0, delta=1e-3,
-                               train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=0)
+                               train_loss=TRAIN_LOSS, valid_loss=VALID_LOSS, truncated_train=TRUNCATED)
 
     from dpsynth.train import finetune
 
@@ -266,10 +269,14 @@ def test_dp_tune_losses_stay_in_private_state(tmp_path, monkeypatch, capsys):
         for loss in (TRAIN_LOSS, VALID_LOSS):
             assert f"{loss:.3f}".encode() not in data and repr(loss).encode() not in data, path
     assert "train_loss" not in out.summary and "valid_loss" not in out.summary
+    # The exact truncation count is not DP either (one long example moves it): private state only.
+    assert "truncated_train" not in out.summary
+    assert all(str(TRUNCATED).encode() not in data for data in _tree_bytes(out.dir).values())
     assert f"{TRAIN_LOSS:.3f}" not in printed  # nor in the logs
     private = root / "private" / "dp_tune" / ("d" * 16) / stages.LOSSES_FILE
     with open(private) as f:
-        assert json.load(f)["valid_loss"] == VALID_LOSS
+        kept = json.load(f)
+    assert kept["valid_loss"] == VALID_LOSS and kept["truncated_train"] == TRUNCATED
     assert _modes(private) == 0o600
     assert {_modes(p) for p in (private.parent, private.parent.parent, root / "private")} == {0o700}
     # The tuner's own private state (checkpoints, secret seed) goes to the stage's private state too.

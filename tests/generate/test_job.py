@@ -546,3 +546,36 @@ def test_null_contrast_needs_a_model_tuned_with_label_dropout(model_dir, tmp_pat
         _config(dropped, tmp_path / "x", guidance=1.0, guidance_contrast="bogus")
     with pytest.raises(GenerateError, match="--guidance"):
         _config(dropped, tmp_path / "x", guidance=-1.0)
+
+
+def test_label_histogram_on_a_user_level_model_is_refused_before_drawing_or_writing(tmp_path, monkeypatch):
+    """Issue 23, finding 4: the histogram was drawn over all rows and the corpus written before the
+    composition into the user-level report was refused, leaving a corpus without a privacy report."""
+    from dpsynth.dp.ledger import PrivacyLedger
+    from dpsynth.dp.report import build_report, write_report
+    from dpsynth.generate import labels as labels_lib
+    from dpsynth.generate.job import DpLabelHistogram, dp_label_distribution
+
+    model = write_fake_model_dir(str(tmp_path / "user_model"), max_len=MAX_LEN, seed=TABLE_SEED)
+    ledger = PrivacyLedger(delta=1e-3, target_epsilon=3.0)
+    ledger.record_dpsgd(sampling_probability=0.05, noise_multiplier=1.0, steps=100, clip_norm=1.0, dataset_size=600,
+                        unit="user")
+    write_report(model, build_report(ledger, training={"mode": "lora"}, contamination_sha256=None,
+                                     privacy_unit="user", max_examples_per_user=4))
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"t{i}", "label": "great" if i < 9 else "other"}) + "\n"
+                             for i in range(12)))
+    drawn = []
+    real_draw = labels_lib.dp_label_histogram
+    monkeypatch.setattr(labels_lib, "dp_label_histogram", lambda *a, **k: drawn.append(1) or real_draw(*a, **k))
+    out = tmp_path / "out"
+    with pytest.raises(GenerateError, match="user-level"):
+        generate(_config(model, out), loader=load_fake_bundle,
+                 label_histogram=DpLabelHistogram(source=str(train), noise_multiplier=1.0, seed=0))
+    with pytest.raises(GenerateError, match="user-level"):
+        dp_label_distribution(model, str(tmp_path / "never_read.jsonl"), noise_multiplier=1.0)
+    hist = LabelDistribution(labels=("great", "other"), weights=(0.5, 0.5), source="dp_histogram",
+                             noise_multiplier=1.0, noisy_counts=(5.0, 5.0))
+    with pytest.raises(GenerateError, match="user-level"):  # a histogram drawn elsewhere: refused the same way
+        generate(_config(model, out, label_distribution=hist), loader=load_fake_bundle)
+    assert drawn == [] and not out.exists()  # nothing drawn, nothing written

@@ -63,7 +63,18 @@ def test_user_level_run_reports_users(user_run):
         counts[r["user"]] = counts.get(r["user"], 0) + 1
     dropped = sum(max(0, c - 4) for c in counts.values())
     bounding = [c for c in rep["side_channels"] if c["name"] == "contribution bounding"]
-    assert bounding and f"{dropped} rows were dropped" in bounding[0]["detail"]
+    # The exact count is not released (one user with m > K rows moves it by m - K): the private state has it.
+    assert bounding and str(dropped) not in bounding[0]["detail"] and "private state" in bounding[0]["detail"]
+    with open(os.path.join(res.state_dir, finetune.COUNTS_FILE)) as f:
+        counts_kept = json.load(f)
+    assert counts_kept["rows_dropped"] == dropped and counts_kept["rows_kept"] == len(TRAIN) - dropped
+    assert counts_kept["dp"] is False and os.stat(os.path.join(res.state_dir, finetune.COUNTS_FILE)).st_mode & 0o077 == 0
+    released = "".join(open(os.path.join(out, f)).read() for f in ("privacy_report.json", "privacy_report.md"))
+    assert "rows_dropped" not in released and f"{dropped} rows" not in released
+    # The same leak, for the number of examples cut to max_tokens: named as a side channel, counted privately.
+    [trunc] = [c for c in rep["side_channels"] if c["name"] == "truncation count"]
+    assert not any(ch.isdigit() for ch in trunc["detail"].replace(str(USER_CFG.max_tokens), ""))
+    assert counts_kept["truncated_train"] == res.truncated_train
     assert all(e["unit"] == "user" and e["dataset_size"] == USERS for e in rep["ledger"]["entries"])
     assert "(users)" in open(os.path.join(out, "privacy_report.md")).read()
 
@@ -204,3 +215,53 @@ def test_two_processes_match_one_device_at_user_level_and_with_bandmf(tiny_base,
     out = str(tmp_path / "band" / "lora")
     assert _lora_diff(one.out_dir, out) < 1e-4
     assert report.load_report(one.out_dir) == report.load_report(out)
+
+
+def _other_strategy_cache(directory, steps, bands):
+    """A valid cache entry for (steps, bands) holding another strategy than the optimiser's (another cache,
+    or another jax-privacy version, at resume time)."""
+    from dpsynth import fileio
+    from dpsynth.dp import bandmf
+
+    coefs = np.linspace(1.0, 0.5, bands)
+    coefs = (coefs / np.linalg.norm(coefs)).tolist()
+    os.makedirs(os.path.join(directory, "bandmf"))
+    fileio.write_json(os.path.join(directory, "bandmf", f"toeplitz_n{steps}_b{bands}.json"), {
+        "format": bandmf.CACHE_FORMAT, "steps": steps, "bands": bands, "coefs": coefs,
+        "sha256": bandmf.strategy_sha256(steps, bands, coefs)})
+    return bandmf.strategy_sha256(steps, bands, coefs)
+
+
+def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_over_n(tiny_base, tmp_path,
+                                                                                      monkeypatch):
+    """Issue 23, findings 5 and 6: a resume whose BandMF strategy differs from the checkpoint's is refused
+    before the model is loaded (the noise so far came from the checkpoint's C^-1); the report's epochs are
+    steps x B / N, not steps x q (q = B / floor(N / b) is b times larger)."""
+    from dpsynth.train import checkpoint
+
+    base_dir, _ = tiny_base
+    records = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
+    out = str(tmp_path / "out")
+    part = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, stop_after=2, progress_interval=1e9)
+    rep = report.load_report(out)
+    n, b = len(records), BANDMF_CFG.bands
+    assert part.steps == 2 and rep["training"]["sampling_probability"] == pytest.approx(12 / (n // b))
+    assert rep["training"]["epochs"] == pytest.approx(2 * 12 / n)  # was 2 x q = 0.4 (b times too high)
+    recorded = rep["strategy_sha256"]
+    other = tmp_path / "other_cache"
+    sha = _other_strategy_cache(str(other), BANDMF_CFG.steps, b)
+    assert sha != recorded
+    monkeypatch.setenv("DPSYNTH_CACHE_DIR", str(other))
+    real_load = checkpoint.load_model
+    monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded before the check"))
+    with pytest.raises(finetune.TuneError) as e:
+        finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, resume=True, progress_interval=1e9)
+    assert f"strategy_sha256: checkpoint {recorded!r}, this run {sha!r}" in str(e.value)
+    assert "refusing to resume" in str(e.value)
+    monkeypatch.setattr(checkpoint, "load_model", real_load)
+    monkeypatch.setenv("DPSYNTH_CACHE_DIR", str(tmp_path / "cache"))  # the run's own cache: resumes
+    res = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, resume=True, progress_interval=1e9)
+    rep = report.load_report(out)
+    assert res.steps == 4 and rep["strategy_sha256"] == recorded
+    assert rep["training"]["epochs"] == pytest.approx(4 * 12 / n)
+
