@@ -224,7 +224,7 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
             "ag_news": {"max_train": None, "max_valid": None, "max_test": None},
         },
         "max_tokens": CPU_MAX_TOKENS, "recipe": CPU_RECIPE, "epsilons": [1, 3, 10, "inf"], "replicates": 3,
-        "generate_batch": 64,
+        "generate_batch": 64, "label_sigma": CPU_LABEL_SIGMA,
     },
     "quick": {
         "tokenizer": {"vocab_size": 2000, "max_sentences": 20000},
@@ -235,7 +235,7 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
                                  "eval_every": 15, "eval_batches": 2, "checkpoint_every": 15, "log_every": 10}},
         "sets": {name: {"max_train": 200, "max_valid": 50, "max_test": 100} for name in CPU_SETS},
         "max_tokens": 24, "recipe": {"recipe": "auto", "token_budget": 2e4}, "epsilons": [3, "inf"], "replicates": 2,
-        "generate_batch": 32,
+        "generate_batch": 32, "label_sigma": 3.0,  # ~50 examples per label: sigma 30 could zero a label's weight
     },
 }
 CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
@@ -291,7 +291,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
                         "replicates": replicates, **s["recipe"], **(dp or {})},
             "generate": {"max_tokens": s["max_tokens"], "batch_size": s["generate_batch"], "multiples": list(multiples),
                          "samplings": samplings or guided, "label_distribution": "dp_histogram",
-                         "label_noise_multiplier": CPU_LABEL_SIGMA},
+                         "label_noise_multiplier": s["label_sigma"]},
             "evaluate": {**ev, "baselines": baselines},
         }
 
@@ -615,7 +615,7 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
     md = [f"# The cpu-scale study, one recipe for every set ({scale} scale)", "", f"Command: `{command}`", "",
           f"One recipe for all four sets: DP tuning `recipe: auto` (token budget {CPU_RECIPE['token_budget']:,.0f} "
           f"example-tokens per run), {CPU_SCALES[scale]['max_tokens']} tokens per example, labels from a DP label "
-          f"histogram (sigma {CPU_LABEL_SIGMA:g}), generation unguided (w 0) and label-guided (w {w:g}, contrast: the "
+          f"histogram (sigma {CPU_SCALES[scale]['label_sigma']:g}), generation unguided (w 0) and label-guided (w {w:g}, contrast: the "
           "other labels). Accuracy / balanced accuracy of the WordCNN trained on the synthetic data (selected on the "
           "synthetic valid split) on the real test set; DP-on-real: the same WordCNN trained with DP-Adam on the real "
           "training set at the same epsilon; real: trained on the real training set without DP.", ""]

@@ -12,8 +12,9 @@ reviews: the generative classifier argmax_y log p(x | prompt(y)) (balanced accur
 (`dpsynth.generate.label_scores`). Named peer: the hand-picked recipe of the first cpu study
 (expected batch 512, 3 epochs, lr 0.02); the script prints each candidate's ratio to it.
 
-Candidates are `name=B:E:LR` (expected batch, epochs, learning rate) or `auto` (the recipe
-itself); each run is cached under --out, so a rerun only adds what is new.
+Candidates are `name=B:E:LR[:RANK[:TARGETS]]` (expected batch, epochs, learning rate, LoRA rank
+and targets), `name=auto[:LR[:RANK[:TARGETS]]]` (the recipe's batch and steps) or `auto` (the
+recipe itself); each run is cached under --out, so a rerun only adds what is new.
 """
 
 from __future__ import annotations
@@ -36,16 +37,21 @@ PEER = "first-study=512:3:0.02"
 DEFAULT_CANDIDATES = [PEER, "auto", "auto-lr0.005=auto:0.005", "auto-lr0.02=auto:0.02", "t30=1333:10:0.018"]
 
 
-def parse_candidate(text: str) -> tuple[str, str | None, float | None, float | None]:
-    """'name=B:E:LR' | 'name=auto:LR' | 'auto' -> (name, B or 'auto', E, LR)."""
+def parse_candidate(text: str) -> tuple[str, str, float | None, float | None, dict]:
+    """'name=B:E:LR[:RANK[:TARGETS]]' | 'name=auto[:LR[:RANK[:TARGETS]]]' | 'auto' -> (name, B or 'auto', E, LR, lora)."""
     if text == "auto":
-        return "auto", "auto", None, None
+        return "auto", "auto", None, None, {}
     name, _, spec = text.partition("=")
     parts = spec.split(":")
     if parts[0] == "auto":
-        return name, "auto", None, float(parts[1]) if len(parts) > 1 else None
-    b, e, lr = parts
-    return name, b, float(e), float(lr)
+        parts = ["auto", None] + parts[1:]
+    b, e, lr, *rest = parts + [None] * (3 - len(parts))
+    lora = {}
+    if rest and rest[0]:
+        lora["lora_rank"] = int(rest[0])
+    if len(rest) > 1 and rest[1]:
+        lora["lora_targets"] = rest[1]
+    return name, b, None if e is None else float(e), None if lr in (None, "") else float(lr), lora
 
 
 def run(args) -> int:
@@ -64,9 +70,9 @@ def run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for text in args.candidates:
-        name, b, e, lr = parse_candidate(text)
+        name, b, e, lr, lora = parse_candidate(text)
         base_cfg = dict(mode="lora", epsilon=args.epsilon, max_tokens=args.max_tokens, microbatch_size=32,
-                        checkpoint_every=10_000)
+                        checkpoint_every=10_000, **lora)
         if b == "auto":
             cfg = finetune.TuneConfig(**base_cfg, recipe="auto", token_budget=args.token_budget)
             cfg, chosen = finetune.resolve_recipe(cfg, len(task.train))
@@ -99,7 +105,7 @@ def run(args) -> int:
         samples = [np.asarray(bundle.tokenizer.encode(r["text"]), np.int32)[:room] for r in task.test]
         ll = label_log_likelihoods(bundle.decoder, bundle.params, prompt_ids, samples, batch_size=64)
         own = [task.labels.index(r["label"]) for r in task.test]
-        row = {"name": name, "batch": res.report["training"]["expected_batch_size"], "steps": res.steps,
+        row = {"name": name, **lora, "batch": res.report["training"]["expected_batch_size"], "steps": res.steps,
                "epochs": res.report["training"]["epochs"], "learning_rate": cfg.learning_rate,
                "sigma": res.noise_multiplier, "epsilon": res.epsilon.get("rdp"),
                "balanced_accuracy": classification_scores(own, np.argmax(ll, axis=1)).balanced_accuracy,

@@ -73,7 +73,7 @@ def test_classify(tmp_path, capsys, monkeypatch):
     def fake_classify_files(train, valid, test, max_dead_letters=0, **kw):  # the library's read, not its training
         for name, path in (("train", train), ("valid", valid), ("test", test)):
             used[name] = len(corpora.read_real(path, name, max_dead_letters=max_dead_letters))
-        return types.SimpleNamespace(selected={}, test_mean=0.5, test_std=0.0, privacy=None)
+        return types.SimpleNamespace(selected={}, test_mean=0.5, test_std=0.0, score_mean={}, privacy=None)
 
     monkeypatch.setattr(tc, "classify_files", fake_classify_files)
     out = str(tmp_path / "m.json")
