@@ -303,12 +303,6 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], eps),
         "sst2": experiment("sst2", "sst2", ["lora"], eps),
         "ag_news": experiment("ag_news", "ag_news", ["lora"], eps),
-        # The main set: prompt and full tuning at epsilon 3; 3x data; independent repeats of the
-        # epsilon-3 LoRA run (repeat 0 is main's own model), for the seed spread.
-        "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
-        "main_x3": experiment("main_x3", "yelp_sentences", ["lora"], [3], multiples=(3,), baselines=False),
-        "main_repeats": experiment("main_repeats", "yelp_sentences", ["lora"], [3], replicates=s["replicates"],
-                                   baselines=False),
         # The first look at the guidance weight (reuses Yelp polarity's epsilon-3 model).
         "guidance_look": experiment("guidance_look", "yelp_polarity", ["lora"], [3],
                                     samplings=[_sampling(w) for w in CPU_GUIDANCE_LOOK], baselines=False),
@@ -316,6 +310,12 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "null_contrast": experiment("null_contrast", "yelp_polarity", ["lora"], [3],
                                     samplings=[_sampling(0.0), _sampling(CPU_GUIDANCE, "null")], baselines=False,
                                     dp={"label_dropout": CPU_LABEL_DROPOUT}),
+        # The main set: prompt and full tuning at epsilon 3; 3x data; independent repeats of the
+        # epsilon-3 LoRA run (repeat 0 is main's own model), for the seed spread.
+        "main_x3": experiment("main_x3", "yelp_sentences", ["lora"], [3], multiples=(3,), baselines=False),
+        "main_repeats": experiment("main_repeats", "yelp_sentences", ["lora"], [3], replicates=s["replicates"],
+                                   baselines=False),
+        "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
     }
 
 
