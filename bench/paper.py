@@ -256,8 +256,8 @@ def _sampling(w: float, contrast: str = "others") -> dict[str, Any]:
     return out
 
 
-def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False
-                    ) -> dict[str, dict[str, Any]]:
+def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False,
+                    epsilons: list | None = None) -> dict[str, dict[str, Any]]:
     """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
     dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining)."""
     s = copy.deepcopy(CPU_SCALES[scale])
@@ -271,6 +271,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     pretrain = s["pretrain"]
     if pretrain_steps:
         pretrain["steps"] = int(pretrain_steps)
+    if epsilons:
+        s["epsilons"] = list(epsilons)
     public = {"embedded": False, "paths": [os.path.join(data, "public", "opinrank", "opinrank-*.jsonl.gz"),
                                            os.path.join(data, "public", "enwiki", "enwiki-*.jsonl.gz")]}
     if s.get("public_max_documents"):
@@ -742,7 +744,8 @@ def run(args) -> int:
         return 2
     scale = "quick" if args.quick else args.scale
     if scale in CPU_SCALES:
-        configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone)
+        configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone,
+                                  epsilons=args.epsilons)
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
@@ -750,10 +753,12 @@ def run(args) -> int:
     stage_times: dict[str, float] = {}  # stage directory -> seconds (shared stages once)
     stage_names: dict[str, str] = {}  # stage directory -> "experiment: stage key"
     t0 = time.monotonic()
-    for name, data in configs.items():
-        if args.only and name not in args.only:
-            continue
-        cfg = from_dict(data)
+    order = list(dict.fromkeys(args.only)) if args.only else list(configs)  # --only runs in the order given
+    for name in order:
+        if name not in configs:
+            print(f"paper: no experiment '{name}' at scale {scale} (it has: {', '.join(configs)})", file=sys.stderr)
+            return 2
+        cfg = from_dict(configs[name])
         print(f"\n##### paper: experiment '{name}' ({len(cfg.dp_tune.modes) * len(cfg.dp_tune.epsilons)} DP runs)", flush=True)
         result = run_experiment(cfg, root=root, jobs=args.jobs)
         code = report_result(result)
@@ -799,6 +804,13 @@ def run(args) -> int:
     return 0
 
 
+def _epsilon(text: str) -> float | str:
+    if text.strip().lower() in ("inf", "infinity"):
+        return "inf"
+    value = float(text)
+    return int(value) if value.is_integer() else value  # 3, as the default grid spells it
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the cpu study at smoke scale (minutes; numbers are meaningless)")
@@ -812,7 +824,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="Markdown results file (default ROOT/results.md)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
     p.add_argument("--only", nargs="+", choices=sorted({"main", "full_lm", "x3", "prior", "prompt_lr"} | set(CPU_EXPERIMENTS)),
-                   help="run only these experiments")
+                   help="run only these experiments, in this order (the tables need 'main')")
+    p.add_argument("--epsilons", nargs="+", type=_epsilon, default=None,
+                   help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf); cached stages are reused")
     return run(p.parse_args(argv))
 
 
