@@ -66,7 +66,7 @@ SMALL = {
     "sensitive": {"max_train": 400, "max_valid": 100, "max_test": 200},
     "tokenizer": {"vocab_size": 1000},
     "pretrain": {"steps": 20, "seq_len": 64, "batch_size": 8},
-    "dp_tune": {"batch_size": 64, "epochs": 1, "max_tokens": 64},
+    "dp_tune": {"token_budget": 400 * 64, "max_tokens": 64},  # the recipe: 1 pass, 25 steps at batch 16
     "generate": {"max_tokens": 48, "multiples": [0.25]},
 }
 
