@@ -257,7 +257,7 @@ def _sampling(w: float, contrast: str = "others") -> dict[str, Any]:
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False,
-                    epsilons: list | None = None) -> dict[str, dict[str, Any]]:
+                    epsilons: dict[str, list] | None = None) -> dict[str, dict[str, Any]]:
     """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
     dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining)."""
     s = copy.deepcopy(CPU_SCALES[scale])
@@ -271,8 +271,9 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     pretrain = s["pretrain"]
     if pretrain_steps:
         pretrain["steps"] = int(pretrain_steps)
-    if epsilons:
-        s["epsilons"] = list(epsilons)
+    epsilons = dict(epsilons or {})
+    if epsilons.get(""):
+        s["epsilons"] = list(epsilons[""])
     public = {"embedded": False, "paths": [os.path.join(data, "public", "opinrank", "opinrank-*.jsonl.gz"),
                                            os.path.join(data, "public", "enwiki", "enwiki-*.jsonl.gz")]}
     if s.get("public_max_documents"):
@@ -297,14 +298,14 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             "evaluate": {**ev, "baselines": baselines},
         }
 
-    eps = s["epsilons"]
+    grid = lambda name: list(epsilons.get(name) or s["epsilons"])  # noqa: E731 (the set's epsilon grid)
     main_cls = ["wordcnn", "backbone"] if backbone else None
     return {
         # LoRA at every epsilon on each set, guided and unguided, with its real-data and DP-on-real peers.
-        "main": experiment("main", "yelp_sentences", ["lora"], eps, classifiers=main_cls),
-        "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], eps),
-        "sst2": experiment("sst2", "sst2", ["lora"], eps),
-        "ag_news": experiment("ag_news", "ag_news", ["lora"], eps),
+        "main": experiment("main", "yelp_sentences", ["lora"], grid("main"), classifiers=main_cls),
+        "yelp_polarity": experiment("yelp_polarity", "yelp_polarity", ["lora"], grid("yelp_polarity")),
+        "sst2": experiment("sst2", "sst2", ["lora"], grid("sst2")),
+        "ag_news": experiment("ag_news", "ag_news", ["lora"], grid("ag_news")),
         # The first look at the guidance weight (reuses Yelp polarity's epsilon-3 model).
         "guidance_look": experiment("guidance_look", "yelp_polarity", ["lora"], [3],
                                     samplings=[_sampling(w) for w in CPU_GUIDANCE_LOOK], baselines=False),
@@ -745,7 +746,7 @@ def run(args) -> int:
     scale = "quick" if args.quick else args.scale
     if scale in CPU_SCALES:
         configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone,
-                                  epsilons=args.epsilons)
+                                  epsilons=_epsilon_grids(args.epsilons))
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
@@ -777,7 +778,7 @@ def run(args) -> int:
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
                          "report": os.path.realpath(result.report_dir),
                          "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
-    if "main" not in results:
+    if "main" not in results and scale not in CPU_SCALES:
         print("paper: the tables need the 'main' experiment", file=sys.stderr)
         return 2
     classifiers = list(configs["main"]["evaluate"]["classifiers"])
@@ -804,6 +805,15 @@ def run(args) -> int:
     return 0
 
 
+def _epsilon_grids(items: list[str] | None) -> dict[str, list]:
+    """`--epsilons` -> {"": default grid, experiment: its grid}."""
+    out: dict[str, list] = {}
+    for item in items or []:
+        name, _, values = item.rpartition("=")
+        out.setdefault(name, []).extend(_epsilon(v) for v in values.split(",") if v)
+    return out
+
+
 def _epsilon(text: str) -> float | str:
     if text.strip().lower() in ("inf", "infinity"):
         return "inf"
@@ -825,8 +835,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
     p.add_argument("--only", nargs="+", choices=sorted({"main", "full_lm", "x3", "prior", "prompt_lr"} | set(CPU_EXPERIMENTS)),
                    help="run only these experiments, in this order (the tables need 'main')")
-    p.add_argument("--epsilons", nargs="+", type=_epsilon, default=None,
-                   help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf); cached stages are reused")
+    p.add_argument("--epsilons", nargs="+", default=None, metavar="EPS|SET=EPS,EPS",
+                   help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf), and per set "
+                        "(e.g. `3 inf main=3`: main at 3 only); cached stages are reused")
     return run(p.parse_args(argv))
 
 
