@@ -1,0 +1,51 @@
+"""`bench/paper.py`'s cpu study: every experiment is a valid config, and its flags build the grids they say.
+
+The study itself needs ../shared/data and hours; these checks need neither (configs are built
+from paths, never read)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from dpsynth.experiment.config import from_dict
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import paper  # noqa: E402
+
+
+@pytest.mark.parametrize("scale", sorted(paper.CPU_SCALES))
+def test_every_cpu_experiment_is_a_valid_config_with_one_recipe(scale):
+    configs = paper.cpu_experiments(scale, "/nonexistent/data")
+    assert set(configs) == set(paper.CPU_EXPERIMENTS)
+    for name, data in configs.items():
+        cfg = from_dict(data)
+        assert cfg.dp_tune.recipe == "auto", name  # one recipe, chosen by the software, on every set
+        assert cfg.dp_tune.max_tokens == cfg.generate.max_tokens == paper.CPU_SCALES[scale]["max_tokens"]
+
+
+def test_epsilon_flags_set_the_default_grid_and_per_experiment_grids():
+    grids = paper._epsilon_grids(["3", "inf", "main=3", "sst2=1,10"])
+    assert grids == {"": [3, "inf"], "main": [3], "sst2": [1, 10]}
+    assert paper._epsilon("2.5") == 2.5 and paper._epsilon("Infinity") == "inf"
+    configs = paper.cpu_experiments("quick", "/nonexistent/data", epsilons=grids)
+    eps = {name: from_dict(configs[name]).dp_tune.epsilons for name in ("main", "sst2", "ag_news")}
+    assert eps["main"] == (3.0,) and eps["sst2"] == (1.0, 10.0) and eps["ag_news"][0] == 3.0
+    assert eps["ag_news"][1] == float("inf")
+    # The default grid is the scale's own.
+    default = from_dict(paper.cpu_experiments("quick", "/nonexistent/data")["ag_news"]).dp_tune.epsilons
+    assert len(default) == len(paper.CPU_SCALES["quick"]["epsilons"])
+
+
+def test_only_runs_in_the_order_given_and_refuses_an_unknown_experiment(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr("dpsynth.experiment.runner.run_experiment",
+                        lambda cfg, **kw: ran.append(cfg.name) or (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        paper.main(["--scale", "quick", "--data", str(tmp_path), "--only", "sst2", "main"])
+    assert ran == ["paper-quick-sst2"]  # sst2 first, as given
+    assert paper.main(["--scale", "quick", "--data", str(tmp_path), "--only", "x3"]) == 2
+    assert "no experiment 'x3' at scale quick" in capsys.readouterr().err
