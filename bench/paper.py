@@ -660,8 +660,8 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
             met[g] += ok
             cells.append(f"{_ab(r)} {'(met)' if ok else '(not met)'}")
             best = acc if best is None else max(best, acc)
-            if g == w and dp:
-                ratios.append(f"{SET_TITLES[ds]} eps 3: synthetic (w {w:g}) {acc:.3f} vs DP-on-real "
+            if g > 0 and dp:
+                ratios.append(f"{SET_TITLES[ds]} eps 3: synthetic (w {g:g}) {acc:.3f} vs DP-on-real "
                               f"{float(dp['accuracy']):.3f} -> ratio {acc / float(dp['accuracy']):.3f}")
         gap = f"{100 * (float(real['accuracy']) - best):.1f} points" if real and best is not None else "-"
         md.append(f"| {SET_TITLES[ds]} | " + " | ".join(cells) + f" | {_ab(dp, '')} | {_ab(real, '')} | "
@@ -718,10 +718,8 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
     look, null = results.get("guidance_look"), results.get("null_contrast")
     for ds in CPU_SETS:
         res = results.get(SET_EXPERIMENT[ds])
-        cells = [(g, _pick(res, guidance=g)) for g in weights]
-        if ds == "yelp_polarity":
-            cells += [(g, _pick(look, guidance=g)) for g in CPU_GUIDANCE_LOOK if g not in weights]
-            cells.sort(key=lambda c: c[0])
+        cells = [(g, _pick(res, guidance=g) or (_pick(look, guidance=g) if ds == "yelp_polarity" else None))
+                 for g in weights]
         for g, r in cells:
             if r is None:
                 continue
