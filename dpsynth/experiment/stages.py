@@ -579,7 +579,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = lib.summary_table(result, config.classifiers)
-    ctx.report("evaluation summary (accuracy on the real test set):\n" + table, echo=False)  # the caller prints `table`
+    ctx.report("evaluation summary (accuracy, balanced accuracy and macro-F1 on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
     # What publishing the whole root costs: every release about D_train, composed from the ledgers.
     from dpsynth.experiment import privacy as root_privacy
