@@ -25,3 +25,17 @@ def shared_data():
     if not SHARED_DATA.exists():
         pytest.skip(f"{SHARED_DATA} not present (real-data test)")
     return SHARED_DATA
+
+
+def persistent_compilation_cache(directory):
+    """Generator body for a module fixture: JAX's persistent compilation cache in `directory`
+    (identical compiled steps are reused across the tuner runs of one module), restored after."""
+    import jax
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    old = tuple(getattr(jax.config, k) for k in keys)
+    jax.config.update(keys[0], str(directory))
+    jax.config.update(keys[1], 0.5)
+    yield
+    for key, value in zip(keys, old):
+        jax.config.update(key, value)

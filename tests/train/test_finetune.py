@@ -17,6 +17,7 @@ from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
 from dpsynth.train import finetune, lm
 from dpsynth.train.checkpoint import TrainCheckpointer, load_model
+from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
 
@@ -24,13 +25,8 @@ from tests.train.conftest import make_records
 @pytest.fixture(scope="module", autouse=True)
 def _compilation_cache(tmp_path_factory):
     """Reuses identical compiled steps across the tuner runs of this module (resume tests rerun
-    the same computation three times); restored afterwards so other test areas are unaffected."""
-    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    yield
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    the same computation); restored afterwards so other test areas are unaffected."""
+    yield from persistent_compilation_cache(tmp_path_factory.mktemp("jax_cache"))
 
 
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)

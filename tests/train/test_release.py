@@ -19,6 +19,7 @@ from dpsynth import fileio
 from dpsynth.dp import report
 from dpsynth.train import finetune, release
 from dpsynth.train.checkpoint import load_model
+from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,12 +30,9 @@ CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, micr
 
 @pytest.fixture(scope="module", autouse=True)
 def _compilation_cache(tmp_path_factory):
-    old = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    yield
-    jax.config.update("jax_compilation_cache_dir", old[0])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+    """Reuses identical compiled steps across the tuner runs of this module (resume tests rerun
+    the same computation); restored afterwards so other test areas are unaffected."""
+    yield from persistent_compilation_cache(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _lora(out):
