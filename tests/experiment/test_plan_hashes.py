@@ -1,0 +1,31 @@
+"""Stage cache hashes are stable: every pinned experiment plans to the hashes recorded on main.
+
+`plan_hashes.json` was written by `plan_hashes.py` from main before the settings refactor of
+issue 25 (one declaration per setting, defaults dropped from the hashes generically). A change
+that moves a hash invalidates every cache made with it (a multi-hour study among them): if it
+is intended, bump the stage's `STAGE_VERSIONS` entry and rewrite the fixture in the same change.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.experiment import plan_hashes
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return json.loads(plan_hashes.FIXTURE.read_text(encoding="utf-8"))
+
+
+def test_every_pinned_experiment_is_still_listed(shared_data, recorded):
+    assert sorted(plan_hashes.experiments(str(shared_data))) == sorted(recorded)
+
+
+@pytest.mark.parametrize("name", sorted(json.loads(plan_hashes.FIXTURE.read_text(encoding="utf-8"))))
+def test_stage_hashes_are_unchanged(shared_data, recorded, monkeypatch, name):
+    monkeypatch.chdir(plan_hashes.REPO)  # demo.yaml has no relative paths, but the resolver reads the cwd
+    cfg = plan_hashes.experiments(str(shared_data))[name]
+    assert plan_hashes.plan_hashes(cfg) == recorded[name]
