@@ -25,6 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = pathlib.Path(__file__).with_name("plan_hashes.json")
 SHARED_DATA = REPO.parent / "shared" / "data"
 ROOT = "/tmp/dpsynth-plan-hashes"  # the root does not enter the hashes
+READS_SHARED_DATA = ("demo-user", "demo-also")  # besides the paper-* experiments
 
 
 def _paper():
@@ -64,9 +65,9 @@ def variants(data: str) -> dict[str, dict]:
                                                  {"guidance": 1.5, "guidance_contrast": "null"}]}),
         "demo-modes": v(dp_tune={"modes": ["full", "prompt", "lora"], "mode_learning_rates": {"prompt": [0.03]},
                                  "prompt_length": 12, "lora_rank": 4, "loss": "full", "replicates": 2,
-                                 "accountant": "pld", "steps": 50, "epochs": None, "clip_norms": [0.5, 1.0],
+                                 "accountant": "pld", "recipe": "manual", "token_budget": None, "steps": 50, "epochs": None, "clip_norms": [0.5, 1.0],
                                  "options": {"microbatch_size": 8}}),
-        "demo-recipe": v(dp_tune={"recipe": "auto", "token_budget": 1e5, "learning_rates": [0.001]}),
+        "demo-recipe": v(dp_tune={"recipe": "manual", "token_budget": None, "learning_rates": [0.001], "batch_size": 32, "epochs": 2}),
         "demo-split": v(sensitive={"embedded": True, "split": {"holdout": "hash", "valid_fraction": 0.2}},
                         public={"embedded": True, "plant": 0}),
         "demo-also": v(dedup={"min_tokens": 40, "also_against": {"sst2": paper.cpu_datasets(data)["sst2"]}}),
