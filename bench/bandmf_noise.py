@@ -17,7 +17,7 @@ itself; the utility comparison is a training run (see docs/dp.md).
     .venv/bin/python bench/bandmf_noise.py --steps 2000 --bands 2 4 8 16 --epsilon 1
 
 `--train` also trains a toy model through the real training core with both mechanisms at the
-same epsilon (`dpsynth.dp.mechanism.build_run_mechanism`: the tuner's strategies and samplers)
+same epsilon (`dpsynth.dp.mechanisms.run.build_run_mechanism`: the tuner's strategies and samplers)
 and prints the final training loss of each (mean over `--seeds`): linear regression on
 synthetic data (d = 20, y = x.w + 0.5 noise), per-example squared loss, clipping norm 1, SGD
 with momentum 0.9. A toy, not the LM study.
@@ -72,7 +72,7 @@ def train_toy(args) -> None:
     import jax.numpy as jnp
     import optax
 
-    from dpsynth.dp.mechanism import build_run_mechanism
+    from dpsynth.dp.mechanisms.run import build_run_mechanism
     from dpsynth.train import core
 
     n, d = args.dataset_size, 20

@@ -33,7 +33,8 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, plan
+    from dpsynth.dp import accounting, mechanisms
+    from dpsynth.dp.users import PRIVACY_UNITS
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import finetune as tune
     from dpsynth.train import recipe as recipe_lib
@@ -67,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
         "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "
                          "default: a secret seed from the OS entropy pool, kept in the private checkpoint"},
-        "privacy_unit": {"choices": plan.PRIVACY_UNITS,
+        "privacy_unit": {"choices": PRIVACY_UNITS,
                          "help": "unit of privacy: one example (default) or one user (needs --user-column and "
                                  "--max-examples-per-user; delta then defaults to 1/|users|, --batch-size counts users)"},
         "max_examples_per_user": {"help": "K: at most K rows per user are kept (chosen with the secret seed)"},
-        "mechanism": {"choices": plan.MECHANISMS,
+        "mechanism": {"choices": mechanisms.names(),
                       "help": "dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)"},
         "bands": {"help": "BandMF bands (= sampling cycle length)"},
         "recipe": {"choices": recipe_lib.RECIPES,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import dp_accounting
 
@@ -219,29 +219,51 @@ def calibrate_noise_multiplier(
         PrivacyConfigError: bad epsilon/delta/q/steps, or a target that needs a noise
             multiplier above `MAX_NOISE_MULTIPLIER` (unreachable in practice).
     """
-    check_delta(delta)
     check_sampling(q, steps)
+    spent = list(already_spent)
+    return calibrate(
+        lambda sigma: dp_accounting.ComposedDpEvent(spent + [dpsgd_event(
+            q, steps, sigma, dataset_size=dataset_size, max_batch_size=max_batch_size, cycle_length=cycle_length)]),
+        target_epsilon, delta, accountant, tol=tol, what=f"q = {q:.6g} and {steps} steps")
+
+
+def calibrate(
+    make_event: Callable[[float], dp_accounting.DpEvent],
+    target_epsilon: float,
+    delta: float,
+    accountant: str = DEFAULT_ACCOUNTANT,
+    *,
+    tol: float | None = None,
+    what: str = "these settings",
+) -> float:
+    """The smallest noise multiplier sigma with epsilon(make_event(sigma)) <= target (any mechanism).
+
+    Uses `dp_accounting.calibrate_dp_mechanism` (bisection over sigma in [MIN, MAX]). Returns 0.0
+    for `target_epsilon = inf` (non-private). `what` names the settings in the error message.
+
+    Raises:
+        PrivacyConfigError: a bad epsilon/delta, or a target that needs a noise multiplier above
+            `MAX_NOISE_MULTIPLIER` (unreachable in practice).
+    """
+    check_delta(delta)
     if math.isinf(target_epsilon) and target_epsilon > 0:
         return 0.0
     target_epsilon = check_epsilon(target_epsilon)
-    spent = list(already_spent)
 
-    def make_event(sigma: float) -> dp_accounting.DpEvent:
-        step_event = dpsgd_event(q, steps, sigma, dataset_size=dataset_size, max_batch_size=max_batch_size,
-                                 cycle_length=cycle_length)
-        return dp_accounting.ComposedDpEvent(spent + [step_event])
+    def event(sigma: float) -> dp_accounting.DpEvent:
+        e = make_event(sigma)
+        return e if isinstance(e, dp_accounting.ComposedDpEvent) else dp_accounting.ComposedDpEvent([e])
 
-    if epsilon_of_events([make_event(MAX_NOISE_MULTIPLIER)], delta, accountant) > target_epsilon:
+    if epsilon_of_events([event(MAX_NOISE_MULTIPLIER)], delta, accountant) > target_epsilon:
         raise PrivacyConfigError(
-            f"target epsilon {target_epsilon} at delta {delta:g} is unreachable with q = {q:.6g} and "
-            f"{steps} steps: it would need a noise multiplier above {MAX_NOISE_MULTIPLIER:g}. "
-            f"Use more data, fewer steps or a larger epsilon."
+            f"target epsilon {target_epsilon} at delta {delta:g} is unreachable with {what}: it would need a "
+            f"noise multiplier above {MAX_NOISE_MULTIPLIER:g}. Use more data, fewer steps or a larger epsilon."
         )
-    if epsilon_of_events([make_event(MIN_NOISE_MULTIPLIER)], delta, accountant) <= target_epsilon:
+    if epsilon_of_events([event(MIN_NOISE_MULTIPLIER)], delta, accountant) <= target_epsilon:
         return MIN_NOISE_MULTIPLIER  # any target this loose is met by the smallest sigma searched
     sigma = dp_accounting.calibrate_dp_mechanism(
         lambda: make_accountant(accountant),
-        make_event,
+        event,
         target_epsilon,
         delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER),

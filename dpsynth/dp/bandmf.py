@@ -50,7 +50,6 @@ from dpsynth import fileio
 from dpsynth.dp import sampling
 from dpsynth.dp.strategy import DPSGDStrategy, UserDPSGDStrategy
 
-MECHANISMS = ("dpsgd", "bandmf")
 CACHE_ENV = "DPSYNTH_CACHE_DIR"
 CACHE_FORMAT = "dpsynth.bandmf_strategy"
 # L-BFGS iterations of the strategy optimisation (jax-privacy's default).

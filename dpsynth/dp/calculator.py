@@ -30,7 +30,9 @@ import sys
 
 from dpsynth import logs
 from dpsynth.dp import accounting
-from dpsynth.dp.plan import MECHANISMS, PRIVACY_UNITS, plan_privacy
+from dpsynth.dp import mechanisms
+from dpsynth.dp.plan import plan_privacy
+from dpsynth.dp.users import PRIVACY_UNITS
 
 DEFAULT_DELTA_SOURCE = "default 1/N (the paper's choice; weak, see docs/dp.md: prefer --delta well below 1/N)"
 USER_DELTA_SOURCE = "default 1/|users| (weak, see docs/dp.md: prefer --delta well below 1/|users|)"
@@ -124,8 +126,9 @@ def compute(
     eps = plan.epsilons()
     result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
     if not user and max_examples_per_user is not None:
-        if plan.mechanism != "dpsgd":
-            raise accounting.PrivacyConfigError("--max-examples-per-user at example level is only analysed for dpsgd")
+        if plan.mechanism != mechanisms.DEFAULT:
+            raise accounting.PrivacyConfigError(f"--max-examples-per-user at example level is only analysed for "
+                                                f"{mechanisms.DEFAULT}")
         result["max_examples_per_user"] = int(max_examples_per_user)
         result["epsilon_per_user_pld"] = (math.inf if plan.noise_multiplier == 0 else example_dpsgd_epsilon_per_user(
             dataset_size=units, batch_size=batch_size, steps=plan.steps, noise_multiplier=plan.noise_multiplier,
@@ -152,8 +155,9 @@ def _format(result: dict) -> str:
         f"epsilon (PLD)       {result['epsilon_pld']:.6g}",
         f"adjacency           {result['adjacency']}",
     ]
-    if result["mechanism"] == "bandmf":
-        lines.append(f"mechanism           BandMF, {result['bands']} bands (ceil(T/b) participations accounted)")
+    mechanism = mechanisms.get(result["mechanism"]).plan_line(result["bands"])
+    if mechanism:
+        lines.append(f"mechanism           {mechanism}")
     if "epsilon_per_user_pld" in result:
         lines.append(f"per user (<= {result['max_examples_per_user']} rows) {result['epsilon_per_user_pld']:.6g}  "
                      "(PLD: what this example-level run guarantees a person with that many rows)")
@@ -180,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-examples-per-user", type=int, default=None,
                    help="K: at user level the contribution bound (recorded); at example level, also print the "
                         "guarantee of the example-level run for a person with up to K rows")
-    p.add_argument("--mechanism", choices=MECHANISMS, default="dpsgd",
+    p.add_argument("--mechanism", choices=mechanisms.names(), default=mechanisms.DEFAULT,
                    help="dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)")
     p.add_argument("--bands", type=int, default=None, help="BandMF bands b (= the sampling cycle length)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every input and result")
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset_size=args.dataset_size, batch_size=args.batch_size, delta=args.delta, steps=args.steps,
             epochs=args.epochs, noise_multiplier=args.noise_multiplier, epsilon=args.epsilon,
             accountant=args.accountant, privacy_unit=args.privacy_unit, num_users=args.num_users,
-            mechanism=args.mechanism, bands=args.bands if args.mechanism == "bandmf" or args.bands else None,
+            mechanism=args.mechanism, bands=args.bands,
             max_examples_per_user=args.max_examples_per_user,
         )
     except accounting.PrivacyConfigError as e:

@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpsynth.dp import accounting
+from dpsynth.dp import accounting, mechanisms
 from dpsynth.dp.ledger import PrivacyLedger
 
 
@@ -55,7 +55,7 @@ class Release:
 
     @property
     def private(self) -> bool:
-        return not any(e["mechanism"] == "nonprivate" or (e["mechanism"] in ("dpsgd", "bandmf", "gaussian")
+        return not any(e["mechanism"] == "nonprivate" or ((mechanisms.is_training_entry(e) or e["mechanism"] == "gaussian")
                                                             and float(e["noise_multiplier"]) == 0.0)
                        for e in self.entries)
 

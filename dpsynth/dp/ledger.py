@@ -12,6 +12,8 @@ accountants analyse. Entry kinds:
   `bands` bands and cyclic Poisson sampling (rate q within the eligible group), accounted as
   ceil(steps / bands) subsampled Gaussian participations (`dpsynth.dp.bandmf`); the strategy
   matrix is identified by its SHA-256. Merged like DP-SGD steps.
+* Entries of other registered mechanisms (`dpsynth.dp.mechanisms`) have the DP-SGD fields plus
+  their own (the mechanism's `entry_fields`), and are accounted by its `event`.
 * DP-SGD and BandMF entries of a user-level run carry `"unit": "user"` (`dataset_size` is then
   the number of users); entries without it are example-level.
 * `{"mechanism": "gaussian", "name", "noise_multiplier", "count"}`: `count` Gaussian
@@ -38,7 +40,7 @@ from typing import Any
 import dp_accounting
 
 from dpsynth import fileio
-from dpsynth.dp import accounting
+from dpsynth.dp import accounting, mechanisms
 
 FORMAT = "dpsynth.privacy_ledger"
 FORMAT_VERSION = 1
@@ -53,14 +55,10 @@ class BudgetExceeded(RuntimeError):
 
 def _event(entry: dict) -> dp_accounting.DpEvent:
     kind = entry["mechanism"]
-    if kind in ("dpsgd", "bandmf"):
-        if kind == "bandmf" and not (isinstance(entry.get("bands"), int) and entry.get("strategy_sha256")):
-            raise ValueError("a bandmf ledger entry needs integer 'bands' and 'strategy_sha256'")
-        return accounting.dpsgd_event(
-            entry["sampling_probability"], entry["steps"], entry["noise_multiplier"],
-            dataset_size=entry.get("dataset_size"), max_batch_size=entry.get("max_batch_size"),
-            cycle_length=entry["bands"] if kind == "bandmf" else 1,
-        )
+    if mechanisms.is_training_entry(entry):  # training steps: the registered mechanism accounts them
+        mech = mechanisms.get(kind)
+        mech.check_entry(entry)
+        return mech.event(entry)
     if kind == "gaussian":
         if entry["noise_multiplier"] <= 0:
             return dp_accounting.NonPrivateDpEvent()
@@ -96,26 +94,22 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ recording
     def record_dpsgd(self, *, sampling_probability: float, noise_multiplier: float, steps: int, clip_norm: float,
                      dataset_size: int, max_batch_size: int | None = None, name: str = "dp_tune",
-                     mechanism: str = "dpsgd", bands: int | None = None, strategy_sha256: str | None = None,
                      unit: str = "example") -> None:
-        """Records `steps` DP-SGD (or BandMF: `mechanism`, `bands`, `strategy_sha256`) steps, merged into
-        the last entry when parameters match; `unit="user"` marks user-level steps."""
-        entry = {"mechanism": mechanism, "name": name, "sampling_probability": float(sampling_probability),
+        """Records `steps` example- (or `unit="user"`) level DP-SGD steps, merged into the last entry
+        when parameters match. Other mechanisms: `record_steps(plan.ledger_entry(...))`."""
+        entry = {"mechanism": "dpsgd", "name": name, "sampling_probability": float(sampling_probability),
                  "noise_multiplier": float(noise_multiplier), "clip_norm": float(clip_norm),
                  "dataset_size": int(dataset_size), "max_batch_size": max_batch_size, "steps": int(steps)}
-        if mechanism == "bandmf":
-            entry.update(bands=bands, strategy_sha256=strategy_sha256)
-        elif bands is not None or strategy_sha256 is not None:
-            raise ValueError("bands/strategy_sha256 belong to mechanism 'bandmf'")
         if unit != "example":
             entry["unit"] = unit
         self.record_steps(entry)
 
     def record_steps(self, entry: dict) -> None:
-        """Records a "dpsgd" or "bandmf" entry (e.g. `PrivacyPlan.ledger_entry`), merged into the last
-        entry when everything but the step count matches."""
-        if entry["mechanism"] not in ("dpsgd", "bandmf"):
-            raise ValueError(f"record_steps takes dpsgd/bandmf entries, got {entry['mechanism']!r}")
+        """Records training steps of a registered mechanism (e.g. `PrivacyPlan.ledger_entry`), merged
+        into the last entry when everything but the step count matches."""
+        if not mechanisms.is_training_entry(entry):
+            raise ValueError(f"record_steps takes training entries of {mechanisms.names()}, "
+                             f"got {entry['mechanism']!r}")
         steps = entry["steps"]
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -148,8 +142,8 @@ class PrivacyLedger:
 
     @property
     def steps_recorded(self) -> int:
-        """Number of DP-SGD/BandMF steps in the ledger (must equal the training step on resume)."""
-        return sum(e["steps"] for e in self.entries if e["mechanism"] in ("dpsgd", "bandmf"))
+        """Number of training steps in the ledger (must equal the training step on resume)."""
+        return sum(e["steps"] for e in self.entries if mechanisms.is_training_entry(e))
 
     # ------------------------------------------------------------------ accounting
     def events(self, extra: Sequence[dict] = ()) -> list[dp_accounting.DpEvent]:

@@ -12,9 +12,9 @@ planned, what is shown before a run and what is accounted after it are the same 
 the target (a hyperparameter sweep of k trials on the same data): k self-composed runs of T
 Poisson-subsampled Gaussian steps are exactly k T such steps, so sigma is calibrated for k T.
 
-Mechanisms and units: `mechanism="bandmf"` with `bands=b` plans BandMF with cyclic Poisson
-sampling (`dpsynth.dp.bandmf`): q = B / floor(N / b) within the eligible group and ceil(T / b)
-accounted participations; `privacy_unit="user"` plans user-level DP, where N is the number of
+Mechanisms and units: the mechanism (`dpsynth.dp.mechanisms`, e.g. "dpsgd" or "bandmf" with
+`bands=b`: cyclic Poisson sampling, q = B / floor(N / b) within the eligible group and ceil(T / b)
+accounted participations) decides q and the DP event; `privacy_unit="user"` plans user-level DP, where N is the number of
 users, B the expected users per step and delta defaults to 1 / |users| (`dpsynth.dp.users`).
 
 Formal guarantee: a run that executes the plan (Poisson sampling with rate q, per-example
@@ -29,13 +29,12 @@ import dataclasses
 import math
 from typing import Any
 
-from dpsynth.dp import accounting
+from dpsynth.dp import accounting, mechanisms
+from dpsynth.dp.users import PRIVACY_UNITS
 
 # The fields whose change between a checkpoint and a resume changes what is accounted.
 PLAN_FIELDS = ("dataset_size", "expected_batch_size", "steps", "noise_multiplier", "target_epsilon", "delta",
                "accountant", "max_batch_size", "compositions", "mechanism", "bands", "privacy_unit")
-MECHANISMS = ("dpsgd", "bandmf")
-PRIVACY_UNITS = ("example", "user")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,8 +52,9 @@ class PrivacyPlan:
         accountant: "rdp" or "pld": what sigma is calibrated and the budget enforced with.
         max_batch_size: optional cap on the Poisson batch (truncated Poisson; PLD only).
         compositions: how many runs of this plan the target covers together (>= 1).
-        mechanism: "dpsgd" (iid noise) or "bandmf" (banded correlated noise, cyclic Poisson).
-        bands: b, BandMF's bands and cycle length (1 for DP-SGD).
+        mechanism: the registered mechanism (`dpsynth.dp.mechanisms`): "dpsgd" (iid noise) or
+            "bandmf" (banded correlated noise, cyclic Poisson).
+        bands: b, the mechanism's cycle length (BandMF's bands; 1 for DP-SGD).
         privacy_unit: "example" or "user".
     """
 
@@ -95,27 +95,30 @@ class PrivacyPlan:
 
         BandMF entries need the strategy's `strategy_sha256` (`dpsynth.dp.bandmf`).
         """
-        entry = {"mechanism": self.mechanism, "name": name, "sampling_probability": self.sampling_probability,
-                 "noise_multiplier": self.noise_multiplier, "clip_norm": float(clip_norm),
-                 "dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size, "steps": int(steps)}
-        if self.mechanism == "bandmf":
-            if not strategy_sha256:
-                raise ValueError("a BandMF ledger entry needs the strategy's sha256")
-            entry.update(bands=self.bands, strategy_sha256=strategy_sha256)
+        entry = self._entry(steps, self.noise_multiplier, clip_norm=clip_norm, name=name)
+        entry.update(mechanisms.get(self.mechanism).entry_fields(cycle_length=self.bands,
+                                                                  strategy_sha256=strategy_sha256))
         if self.privacy_unit != "example":
             entry["unit"] = self.privacy_unit
         return entry
+
+    def _entry(self, steps: int, noise_multiplier: float, *, clip_norm: float = 1.0,
+               name: str = "dp_tune") -> dict[str, Any]:
+        """The common fields of a ledger entry of this plan."""
+        return {"mechanism": self.mechanism, "name": name, "sampling_probability": self.sampling_probability,
+                "noise_multiplier": noise_multiplier, "clip_norm": float(clip_norm),
+                "dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size, "steps": int(steps)}
+
+    def event(self, steps: int, noise_multiplier: float, compositions: int = 1):
+        """The DpEvent of `compositions` runs of `steps` steps of this plan at noise multiplier sigma."""
+        entry = {**self._entry(steps, noise_multiplier), "bands": self.bands}  # what the mechanism's event reads
+        return mechanisms.get(self.mechanism).event(entry, compositions=compositions)
 
     def epsilons(self, steps: int | None = None) -> dict[str, float | None]:
         """Epsilon of one run of `steps` (default: T) steps, from every accountant."""
         if not self.private:
             return {name: math.inf for name in accounting.ACCOUNTANTS}
-        cap = ({"dataset_size": self.dataset_size, "max_batch_size": self.max_batch_size}
-               if self.max_batch_size is not None else {})
-        return accounting.epsilons_of_events(
-            [accounting.dpsgd_event(self.sampling_probability, steps or self.steps, self.noise_multiplier,
-                                    cycle_length=self.bands, **cap)],
-            self.delta)
+        return accounting.epsilons_of_events([self.event(steps or self.steps, self.noise_multiplier)], self.delta)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -170,7 +173,7 @@ def plan_privacy(
         accountant: "rdp" or "pld".
         max_batch_size: cap on the Poisson batch (PLD only).
         compositions: k >= 1 runs of this plan that the target covers together.
-        mechanism: "dpsgd" or "bandmf".
+        mechanism: a registered mechanism's name (`dpsynth.dp.mechanisms`): "dpsgd" or "bandmf".
         bands: b >= 1 for "bandmf" (required there; b <= T and B <= floor(N / b)).
         privacy_unit: "example" or "user" (N and B then count users).
 
@@ -183,53 +186,42 @@ def plan_privacy(
         raise accounting.PrivacyConfigError(f"compositions must be a positive integer, got {compositions}")
     if (epsilon is None) == (noise_multiplier is None):
         raise accounting.PrivacyConfigError("give exactly one of epsilon and noise_multiplier")
-    if mechanism not in MECHANISMS:
-        raise accounting.PrivacyConfigError(f"unknown mechanism {mechanism!r}; choose one of {MECHANISMS}")
+    mech = mechanisms.get(mechanism)
     if privacy_unit not in PRIVACY_UNITS:
         raise accounting.PrivacyConfigError(f"unknown privacy unit {privacy_unit!r}; choose one of {PRIVACY_UNITS}")
-    if mechanism == "dpsgd":
-        if bands not in (None, 1):
-            raise accounting.PrivacyConfigError("bands are a BandMF setting: pass mechanism='bandmf'")
-        bands = 1
-    elif bands is None or int(bands) != bands or bands < 1:
-        raise accounting.PrivacyConfigError(f"BandMF needs bands >= 1, got {bands}")
-    bands = int(bands)
+    try:
+        bands = mech.cycle_length(bands)
+    except accounting.PrivacyConfigError as e:
+        raise accounting.PrivacyConfigError(f"bands {e}") from None
     q_all = accounting.sampling_probability(dataset_size, expected_batch_size)
     if steps is None:
         if epochs is None:
             raise accounting.PrivacyConfigError("give steps or epochs")
         steps = accounting.steps_for_epochs(epochs, q_all)
-    if bands > 1:
-        if bands > steps:
-            raise accounting.PrivacyConfigError(f"BandMF bands ({bands}) cannot exceed the steps ({steps})")
-        if dataset_size // bands < expected_batch_size:
-            raise accounting.PrivacyConfigError(
-                f"BandMF with {bands} bands samples from groups of floor(N / b) = {dataset_size // bands} units: "
-                f"the expected batch {expected_batch_size} must not exceed it (fewer bands or a smaller batch)")
-        q = float(expected_batch_size) / (dataset_size // bands)
-    else:
-        q = q_all
+    q = mech.sampling_probability(dataset_size=dataset_size, expected_batch_size=expected_batch_size,
+                                  steps=int(steps), cycle_length=bands)
     accounting.check_sampling(q, steps)
     delta = accounting.check_delta(delta if delta is not None else 1.0 / dataset_size)
     if max_batch_size is not None and accountant != "pld":
         raise accounting.PrivacyConfigError("a batch-size cap (truncated Poisson sampling) is only analysed by the "
                                             "PLD accountant")
-    if max_batch_size is not None and bands > 1:
-        raise accounting.PrivacyConfigError("a batch-size cap is not supported with BandMF")
-    cap = {"dataset_size": int(dataset_size), "max_batch_size": max_batch_size} if max_batch_size is not None else {}
-    cap["cycle_length"] = bands
-    # k runs of ceil(T / b) participations each: k b ceil(T / b) steps of the same cycle (= k T for DP-SGD).
-    total = int(compositions) * bands * accounting.participations(int(steps), bands)
+    if max_batch_size is not None and not mech.supports_batch_cap:
+        raise accounting.PrivacyConfigError(f"a batch-size cap is not supported with {mech.title}")
+    plan = PrivacyPlan(dataset_size=int(dataset_size), expected_batch_size=q_all * dataset_size,
+                       sampling_probability=q, steps=int(steps), delta=delta, target_epsilon=math.inf,
+                       noise_multiplier=0.0, accountant=accountant, max_batch_size=max_batch_size,
+                       compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit)
+
+    def make_event(sigma: float):  # all k runs of the plan together
+        return plan.event(int(steps), sigma, compositions=int(compositions))
+
     if epsilon is not None:
         target = float(epsilon)
-        sigma = accounting.calibrate_noise_multiplier(target, delta, q, total, accountant, **cap)
+        sigma = accounting.calibrate(make_event, target, delta, accountant,
+                                     what=f"q = {q:.6g} and {int(compositions) * int(steps)} steps")
     else:
         sigma = float(noise_multiplier)
         if math.isnan(sigma) or sigma < 0:
             raise accounting.PrivacyConfigError(f"noise multiplier must be >= 0, got {sigma}")
-        target = (math.inf if sigma == 0 else
-                  accounting.epsilon(q, total, sigma, delta, accountant, **cap))
-    return PrivacyPlan(dataset_size=int(dataset_size), expected_batch_size=q_all * dataset_size,
-                       sampling_probability=q, steps=int(steps), delta=delta, target_epsilon=target,
-                       noise_multiplier=float(sigma), accountant=accountant, max_batch_size=max_batch_size,
-                       compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit)
+        target = math.inf if sigma == 0 else accounting.epsilon_of_events([make_event(sigma)], delta, accountant)
+    return dataclasses.replace(plan, target_epsilon=target, noise_multiplier=float(sigma))

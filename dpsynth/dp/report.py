@@ -35,6 +35,7 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.dp import mechanisms
 from dpsynth.dp.ledger import PrivacyLedger
 
 FORMAT = "dpsynth.privacy_report"
@@ -46,12 +47,7 @@ USER_ADJACENCY = "add-or-remove one user (all of their examples)"
 COVERS = ("every checkpoint written by this run (the final model and all intermediate checkpoints) and "
           "everything computed from them without further access to the sensitive data (synthetic data "
           "generated from the model, classifiers trained on it, metrics of it): post-processing")
-SAMPLING_METHOD = ("Poisson sampling: each example is in each step's batch independently with probability q, "
-                   "from a dedicated per-step random stream (seed, step); noise from an independent JAX key")
-USER_SAMPLING_METHOD = ("Poisson sampling over users: each user (with all of its kept rows) is in each step's batch "
-                        "independently with probability q; its gradient is the mean of its rows' gradients, clipped")
-CYCLIC_SAMPLING_METHOD = ("cyclic Poisson sampling (BandMF): units are assigned to b groups independently and "
-                          "uniformly at random; step t samples group t mod b, each unit with probability q")
+SAMPLING_METHOD = mechanisms.dpsgd.SAMPLING_METHOD  # the default mechanism's (reports without a `sampling` field)
 
 LABEL_SET_CHANNEL = {
     "name": "label set",
@@ -97,8 +93,8 @@ def build_report(
     """The privacy report of a ledger (epsilons recomputed by every accountant).
 
     `privacy_unit="user"` (with `max_examples_per_user` K) states the user-level unit and
-    adjacency; `mechanism` is {"name": "dpsgd"} (default) or {"name": "bandmf", "bands",
-    "strategy_sha256"}.
+    adjacency; `mechanism` is {"name": "dpsgd"} (default) or {"name": <a registered mechanism>,
+    **its `report_fields`} (e.g. BandMF's "bands" and "strategy_sha256").
     """
     eps = ledger.epsilons()
     private = not any(v is not None and math.isinf(v) for v in eps.values())
@@ -122,7 +118,7 @@ def build_report(
         "max_tokens_per_example": int(max_tokens_per_example),
         "max_examples_per_user": int(max_examples_per_user) if privacy_unit == "user" else None,
         "mechanism": mech.pop("name"),
-        **{k: mech[k] for k in ("bands", "strategy_sha256") if k in mech},
+        **mech,  # the mechanism's own fields (`Mechanism.report_fields`)
         "adjacency": adjacency,
         "delta": ledger.delta,
         "target_epsilon": _fmt_eps(ledger.target_epsilon),
@@ -242,9 +238,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     user = report.get("privacy_unit") == "user"
     if user:
         lines.append(f"| max examples per user | {report['max_examples_per_user']} |")
-    if report.get("mechanism", "dpsgd") != "dpsgd":
-        lines.append(f"| mechanism | {report['mechanism']} ({report.get('bands')} bands, strategy sha256 "
-                     f"{str(report.get('strategy_sha256'))[:16]}...) |")
+    row = mechanisms.get(report.get("mechanism", mechanisms.DEFAULT)).report_row(report)
+    if row:
+        lines.append(row)
     for key in ("mode", "noise_multiplier", "clip_norm", "sampling_probability", "expected_batch_size",
                 "dataset_size", "steps", "epochs", "optimizer", "learning_rate", "max_batch_size"):
         if key in t:
@@ -266,8 +262,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     for e in report["ledger"]["entries"]:
-        if e["mechanism"] in ("dpsgd", "bandmf"):
-            kind = "DP-SGD" if e["mechanism"] == "dpsgd" else f"BandMF ({e['bands']} bands, cyclic Poisson)"
+        if mechanisms.is_training_entry(e):
+            kind = mechanisms.get(e["mechanism"]).describe(e)
             lines.append(f"- `{e['name']}`: {e['steps']} {kind} steps, q = {e['sampling_probability']:.4g}, "
                          f"noise multiplier {e['noise_multiplier']:.4g}, clipping norm {e['clip_norm']:g}"
                          + (f", batch cap {e['max_batch_size']}" if e.get("max_batch_size") else "")

@@ -96,6 +96,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.dp import mechanisms
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 from dpsynth.train.recipe import RECIPES
 
@@ -268,14 +269,12 @@ class DPTuneConfig:
 
     def validate(self, key: str) -> None:
         _choice(self.privacy_unit, ("example", "user"), f"{key}.privacy_unit")
-        _choice(self.mechanism, ("dpsgd", "bandmf"), f"{key}.mechanism")
+        _choice(self.mechanism, mechanisms.names(), f"{key}.mechanism")
         if self.privacy_unit == "user":
             _check(self.max_examples_per_user is not None and self.max_examples_per_user >= 1,
                    f"{key}.max_examples_per_user", "must be >= 1 with privacy_unit: user")
-        if self.mechanism == "bandmf":
-            _check(self.bands is not None and self.bands >= 1, f"{key}.bands", "must be >= 1 with mechanism: bandmf")
-        else:
-            _check(self.bands is None, f"{key}.bands", "is a BandMF setting (mechanism: bandmf)")
+        problem = mechanisms.get(self.mechanism).check_settings(bands=self.bands, max_batch_size=None)
+        _check(problem is None, f"{key}.bands", problem)
         _nonempty(self.modes, f"{key}.modes")
         for i, mode in enumerate(self.modes):
             _choice(mode, MODES, f"{key}.modes[{i}]")

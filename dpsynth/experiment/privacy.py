@@ -249,7 +249,7 @@ def planned_entry(row: Mapping[str, Any], clip_norm: float) -> dict[str, Any]:
     """
     p = row["plan"]
     return p.ledger_entry(steps=p.steps, clip_norm=float(clip_norm),
-                          strategy_sha256=PLANNED_STRATEGY if p.mechanism == "bandmf" else None)
+                          strategy_sha256=PLANNED_STRATEGY)  # used only by mechanisms with a strategy matrix
 
 
 def planned_delta(config, num_train: int, budgets: Sequence[Mapping[str, Any]]) -> float:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpsynth import fileio, logs
+from dpsynth.dp import mechanisms
 from dpsynth.experiment import cache
 from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
@@ -347,7 +348,7 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
         lines += ["", f"privacy budget per DP-tuning run (|train| = {num_train if num_train is not None else '?'}, {how}; "
                       f"delta = {('1/|users|' if user else '1/|train|') if config.dp_tune.delta is None else config.dp_tune.delta}; "
                       f"add-or-remove one {'user' if user else 'example'}"
-                      + (f", BandMF {config.dp_tune.bands} bands" if config.dp_tune.mechanism == "bandmf" else "") + "):"]
+                      + mechanisms.get(config.dp_tune.mechanism).summary(config.dp_tune.bands) + "):"]
         lines.append(f"  {'dp_tune'.ljust(width)}  {'epsilon':>7}  {'delta':>9}  {'q':>8}  {'steps':>6}  noise multiplier")
         rows = privacy_budgets(plan, config, num_train)
         for row in rows:

@@ -18,7 +18,7 @@ checkpoint's is refused before any training compute (`resume_differences`). The 
 is written next to the model, before its manifest (`dpsynth.train.release`). `epsilon = inf`
 runs the same loop without clipping or noise (plain mean gradient): the non-private baseline.
 
-Privacy unit and mechanism (`dpsynth.dp.mechanism`): `privacy_unit="user"` groups rows by
+Privacy unit and mechanism (`dpsynth.dp.mechanisms.run`): `privacy_unit="user"` groups rows by
 their "user" field (read with a user column), keeps at most `max_examples_per_user` rows per
 user (chosen with the secret seed), samples users and clips each user's mean gradient
 (`dpsynth.dp.users`); `mechanism="bandmf"` with `bands` adds banded correlated noise with
@@ -63,7 +63,8 @@ import optax
 from dpsynth import fileio
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
-from dpsynth.dp.mechanism import build_run_mechanism, count_users, recorded_strategies, strategy_differences
+from dpsynth.dp import mechanisms
+from dpsynth.dp.mechanisms.run import build_run_mechanism, count_users, recorded_strategies, strategy_differences
 from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
@@ -217,14 +218,12 @@ class TuneConfig:
             raise TuneError(f"privacy_unit must be 'example' or 'user', got {self.privacy_unit!r}")
         if self.privacy_unit == "user" and (self.max_examples_per_user is None or self.max_examples_per_user < 1):
             raise TuneError("privacy_unit 'user' needs max_examples_per_user >= 1 (--max-examples-per-user K)")
-        if self.mechanism not in ("dpsgd", "bandmf"):
-            raise TuneError(f"mechanism must be 'dpsgd' or 'bandmf', got {self.mechanism!r}")
-        if self.mechanism == "bandmf" and (self.bands is None or self.bands < 1):
-            raise TuneError("mechanism 'bandmf' needs bands >= 1 (--bands B)")
-        if self.mechanism == "dpsgd" and self.bands is not None:
-            raise TuneError("bands are a BandMF setting: pass mechanism 'bandmf' (--mechanism bandmf)")
-        if self.mechanism == "bandmf" and self.max_batch_size is not None:
-            raise TuneError("a batch-size cap is not supported with BandMF")
+        if self.mechanism not in mechanisms.names():
+            raise TuneError(f"mechanism must be one of {mechanisms.names()}, got {self.mechanism!r}")
+        problem = mechanisms.get(self.mechanism).check_settings(bands=self.bands, max_batch_size=self.max_batch_size)
+        if problem:
+            raise TuneError(f"{problem if problem.startswith('a ') else 'bands ' + problem} (--mechanism, --bands, "
+                            "--max-batch-size)")
         ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
         if self.recipe not in recipe_lib.RECIPES:
             raise TuneError(f"recipe must be one of {recipe_lib.RECIPES}, got {self.recipe!r}")
@@ -287,7 +286,7 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
                              steps=config.steps, epochs=config.epochs, epsilon=config.epsilon, delta=config.delta,
                              accountant=config.accountant, max_batch_size=config.max_batch_size,
                              compositions=compositions,
-                             mechanism=config.mechanism if config.private else "dpsgd",
+                             mechanism=config.mechanism if config.private else mechanisms.DEFAULT,
                              bands=config.bands if config.private else None,
                              privacy_unit="user" if user else "example")
     except accounting.PrivacyConfigError as e:
@@ -318,7 +317,7 @@ def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyP
     diffs = PrivacyPlan.from_json(saved["privacy_plan"]).differences(plan)
     mine = accounted_settings(config, plan)
     diffs += [(name, saved.get(name), mine[name]) for name in RESUME_FIELDS if saved.get(name) != mine[name]]
-    if not diffs:  # the same plan: it must also run the checkpoint's BandMF strategy (`dpsynth.dp.mechanism`)
+    if not diffs:  # the same plan: it must also run the checkpoint's BandMF strategy (`dpsynth.dp.mechanisms.run`)
         diffs += strategy_differences(saved.get("ledger", {}).get("entries", []), plan)
     return diffs
 
@@ -577,6 +576,192 @@ def _released_config(config: TuneConfig) -> dict[str, Any]:
     return d
 
 
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What the checks before any compute decided (`_prepare`)."""
+
+    config: TuneConfig  # with an automatic recipe resolved
+    recipe: recipe_lib.Recipe | None
+    plan: PrivacyPlan
+    labels: list[str]
+    labels_from_data: bool
+    train_users: list[str] | None
+    state_dir: str
+    ckpt_dir: str
+    resume_meta: dict | None  # the checkpoint's metadata (read once), when resuming
+
+
+def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compositions: int, mesh, out_dir: str,
+             state_dir: str | None, resume: bool) -> _Prepared:
+    """Every check that needs no model or compute: the data, the recipe and plan, the mesh, the
+    directories, and a resume's accounted settings against its checkpoint (metadata read once)."""
+    if not train_records:
+        raise TuneError("empty training set: nothing to tune on")
+    labels_from_data = labels is None
+    if labels is None:
+        labels = sorted({str(r.get("label")) for r in train_records})
+    labels = [str(l) for l in labels]
+    train_users = user_ids(config, train_records)
+    config, recipe = resolve_recipe(config, count_users(train_users) if train_users is not None else len(train_records))
+    for line in recipe.why if recipe else ():
+        logger.info("recipe auto: %s", line)
+    plan = plan_for_records(config, train_records, compositions=compositions)
+    if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
+        raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
+                        f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
+    user_level = config.private and config.privacy_unit == "user"
+    # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
+    if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
+        raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
+    state_dir = resolve_state_dir(out_dir, state_dir)
+    ckpt_dir = os.path.join(state_dir, "checkpoints")
+    if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+        half = release.status(out_dir)
+        raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
+                        "a new --out / --state-dir to start afresh" + (f" ({out_dir}: {half})" if half else ""))
+    try:  # a finished model is never mixed with a new run's report; a half-written one is said and replaced
+        half = release.status(out_dir) if resume else release.check_fresh_run(out_dir)
+    except release.ReleaseError as e:
+        raise TuneError(str(e)) from e
+    if half:
+        logger.warning("%s: %s; this run %s it", out_dir, half,
+                       "rewrites" if resume else "replaces")
+    resume_meta = _read_resume_meta(ckpt_dir) if resume else None
+    if resume_meta is not None:  # the accounted settings must match the checkpoint's, checked before any compute
+        diffs = resume_differences(resume_meta, config, plan)
+        if diffs:
+            raise TuneError(
+                f"{ckpt_dir}: refusing to resume: this run's privacy plan differs from the checkpoint's, so the noise "
+                "added and the noise accounted would disagree: "
+                + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
+                + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
+    return _Prepared(config=config, recipe=recipe, plan=plan, labels=labels, labels_from_data=labels_from_data,
+                     train_users=train_users, state_dir=state_dir, ckpt_dir=ckpt_dir, resume_meta=resume_meta)
+
+
+def _read_resume_meta(ckpt_dir: str) -> dict:
+    """The latest checkpoint's metadata; CheckpointError when there is none."""
+    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer
+
+    if not os.path.isdir(ckpt_dir):
+        raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
+                              "--state-dir of the run)")
+    probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+    try:
+        if probe.latest_step() is None:
+            raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
+        return probe.read_meta()
+    finally:
+        probe.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+    """D_train / D_valid as padded Prefix-LM rows (rows N..2N-1: the null prompt, with label dropout)."""
+
+    train: EncodedExamples
+    valid: EncodedExamples | None
+    train_arrays: dict[str, np.ndarray]
+    valid_arrays: dict[str, np.ndarray] | None
+
+
+def _encode(train_records: Sequence[dict], valid_records: Sequence[dict], tokenizer, labels: list[str],
+            config: TuneConfig) -> _Data:
+    try:
+        train = encode_examples(train_records, tokenizer, labels, config.example_config(), where="D_train")
+        valid = (encode_examples(valid_records, tokenizer, labels, config.example_config(), where="D_valid")
+                 if valid_records else None)
+    except ValueError as e:
+        raise TuneError(str(e)) from e
+    if train.truncated:
+        logger.info("D_train: %d of %d examples truncated to %d tokens", train.truncated, len(train), config.max_tokens)
+    length = _row_length(train, config.max_tokens - 1)
+    null_train = None
+    if config.label_dropout:  # rows N..2N-1: the same examples under the null prompt
+        null_train = encode_null_examples(train_records, tokenizer, config.example_config(), where="D_train")
+        length = max(length, _row_length(null_train, config.max_tokens - 1))
+    train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
+    if null_train is not None:
+        train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
+    valid_arrays = ({k: _pad_cols(v, _row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
+                    if valid else None)
+    return _Data(train=train, valid=valid, train_arrays=train_arrays, valid_arrays=valid_arrays)
+
+
+def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: int, mesh):
+    """(the run's mechanism or None, the training core's gradient strategy), from the plan."""
+    from dpsynth.train import core
+
+    config, plan = prep.config, prep.plan
+    if not config.private:
+        return None, core.MeanGradient()
+    try:
+        mech = build_run_mechanism(plan, clip_norm=config.clip_norm, microbatch_size=config.microbatch_size,
+                                   seed=run_seed, num_rows=num_rows, user_ids=prep.train_users,
+                                   max_examples_per_user=config.max_examples_per_user,
+                                   data_shards=mesh[0] if mesh is not None else 1)
+    except (UserColumnError, ValueError) as e:
+        raise TuneError(str(e)) from e
+    spec = embedding_spec(model_config, config)
+    if spec is None:
+        return mech, mech.strategy
+    # exact sparse clipping of an untied input table (imported models, full mode)
+    if not mech.mechanism.supports_sparse_embedding or plan.privacy_unit != "example":
+        raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
+                        "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
+    return mech, DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
+                               expected_batch_size=plan.expected_batch_size, embedding=spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reporter:
+    """Builds the run's privacy report from its ledger (with every checkpoint and at the end)."""
+
+    prep: _Prepared
+    selection: dict | None
+    base_dir: str
+    base_manifest_sha256: str
+    base_source: dict | None
+    model_config: Any
+    contamination_sha256: str | None
+    mech: Any
+    sigma: float
+
+    def __call__(self, ledger: PrivacyLedger) -> dict:
+        config, plan, recipe, mech = self.prep.config, self.prep.plan, self.prep.recipe, self.mech
+        training = {
+            "mode": config.mode, "noise_multiplier": self.sigma, "clip_norm": config.clip_norm,
+            "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
+            "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+            "compositions": plan.compositions,
+            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
+            "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
+            "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
+            "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
+                    if not config.full_lm else "full LM (label prompt trained on; ablation)",
+            "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
+                        else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
+            **manifest_fields(config.template, self.prep.labels, config.label_dropout),
+            **({"recipe": recipe.to_json()} if recipe else {}),
+            "base_model": os.path.abspath(self.base_dir), "base_manifest_sha256": self.base_manifest_sha256,
+        }
+        channels = _side_channels(config, self.prep.labels_from_data, self.selection, recipe is not None)
+        if self.base_source:
+            training["base_source"] = {k: v for k, v in self.base_source.items() if not k.startswith("hf_")}
+            training["embedding_clipping"] = ("sparse (exact, untied input table)"
+                                              if embedding_spec(self.model_config, config) else "dense")
+            channels.append(imported_base_channel(self.base_source))
+        if mech is not None:
+            training.update(mech.training_fields())
+            channels += mech.side_channels()
+        return report_lib.build_report(
+            ledger, training=training, contamination_sha256=self.contamination_sha256,
+            side_channels=channels,
+            max_tokens_per_example=config.max_tokens,
+            extra={"selection": self.selection} if self.selection else None,
+            **(mech.report_kwargs() if mech else {}))
+
+
 def dp_tune(
     base_dir: str,
     train_records: Sequence[dict],
@@ -626,62 +811,16 @@ def dp_tune(
     Raises:
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
         continuation) would exceed the budget.
+
+    The run: `_prepare` (checks before any compute) -> load and `_encode` the data ->
+    `_build_mechanism` -> `_train` (the one loop, checkpoints) -> `_write_outputs`.
     """
-    from dpsynth.train import core, lm, loop, sharding
-    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer, load_model, save_model
+    from dpsynth.train.checkpoint import load_model
 
     t0 = time.monotonic()
-    # ------------------------------------------------------------ checks before any compute
-    if not train_records:
-        raise TuneError("empty training set: nothing to tune on")
-    labels_from_data = labels is None
-    if labels is None:
-        labels = sorted({str(r.get("label")) for r in train_records})
-    labels = [str(l) for l in labels]
-    train_users = user_ids(config, train_records)
-    config, recipe = resolve_recipe(config, count_users(train_users) if train_users is not None else len(train_records))
-    for line in recipe.why if recipe else ():
-        logger.info("recipe auto: %s", line)
-    plan = plan_for_records(config, train_records, compositions=compositions)
-    if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
-        raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
-                        f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
-    user_level = config.private and config.privacy_unit == "user"
-    # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
-    if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
-        raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
-    state_dir = resolve_state_dir(out_dir, state_dir)
-    ckpt_dir = os.path.join(state_dir, "checkpoints")
-    if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-        half = release.status(out_dir)
-        raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
-                        "a new --out / --state-dir to start afresh" + (f" ({out_dir}: {half})" if half else ""))
-    try:  # a finished model is never mixed with a new run's report; a half-written one is said and replaced
-        half = release.status(out_dir) if resume else release.check_fresh_run(out_dir)
-    except release.ReleaseError as e:
-        raise TuneError(str(e)) from e
-    if half:
-        logger.warning("%s: %s; this run %s it", out_dir, half,
-                       "rewrites" if resume else "replaces")
-    if resume and not os.path.isdir(ckpt_dir):
-        raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
-                              "--state-dir of the run)")
-    resume_meta = None
-    if resume:  # the accounted settings must match the checkpoint's, checked before any compute
-        probe = TrainCheckpointer(ckpt_dir, max_to_keep=2)
-        try:
-            if probe.latest_step() is None:
-                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
-            resume_meta = probe.read_meta()
-        finally:
-            probe.close()
-        diffs = resume_differences(resume_meta, config, plan)
-        if diffs:
-            raise TuneError(
-                f"{ckpt_dir}: refusing to resume: this run's privacy plan differs from the checkpoint's, so the noise "
-                "added and the noise accounted would disagree: "
-                + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
-                + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
+    prep = _prepare(train_records, config, labels=labels, compositions=compositions, mesh=mesh, out_dir=out_dir,
+                    state_dir=state_dir, resume=resume)
+    config = prep.config
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -690,108 +829,56 @@ def dp_tune(
     if config.max_tokens - 1 > model_config.max_len:
         raise TuneError(f"max_tokens {config.max_tokens} needs {config.max_tokens - 1} positions but the model supports "
                         f"max_len {model_config.max_len}; lower --max-tokens")
-    try:
-        train = encode_examples(train_records, base.tokenizer, labels, config.example_config(), where="D_train")
-        valid = (encode_examples(valid_records, base.tokenizer, labels, config.example_config(), where="D_valid")
-                 if valid_records else None)
-    except ValueError as e:
-        raise TuneError(str(e)) from e
-    if train.truncated:
-        logger.info("D_train: %d of %d examples truncated to %d tokens", train.truncated, len(train), config.max_tokens)
-    length = _row_length(train, config.max_tokens - 1)
-    null_train = None
-    if config.label_dropout:  # rows N..2N-1: the same examples under the null prompt
-        null_train = encode_null_examples(train_records, base.tokenizer, config.example_config(), where="D_train")
-        length = max(length, _row_length(null_train, config.max_tokens - 1))
-    train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
-    if null_train is not None:
-        train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
-    valid_arrays = ({k: _pad_cols(v, _row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
-                    if valid else None)
-    if contamination_sha256 is None:
-        contamination_sha256 = base.manifest.get("contamination_sha256")
-    # An imported base (dpsynth import-model): its provenance travels into the report and manifest.
-    base_source = base.manifest.get("source") or base.manifest.get("base_source")
-
-    ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
-    fingerprint = hashlib.sha256(json.dumps(
-        {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
-        sort_keys=True).encode() + _data_fingerprint(train_arrays).encode() + base.tokenizer.sha256.encode()).hexdigest()
-
-    base_manifest_sha256 = fileio.sha256_file(os.path.join(base_dir, "manifest.json"))
-
-    def build_run_report() -> dict:
-        """The privacy report of the ledger so far (written with every checkpoint and at the end)."""
-        training = {
-            "mode": config.mode, "noise_multiplier": sigma, "clip_norm": config.clip_norm,
-            "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
-            "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-            "compositions": plan.compositions,
-            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
-            "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
-            "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
-            "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
-                    if not config.full_lm else "full LM (label prompt trained on; ablation)",
-            "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
-                        else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            **manifest_fields(config.template, labels, config.label_dropout),
-            **({"recipe": recipe.to_json()} if recipe else {}),
-            "base_model": os.path.abspath(base_dir), "base_manifest_sha256": base_manifest_sha256,
-        }
-        channels = _side_channels(config, labels_from_data, selection, recipe is not None)
-        if base_source:
-            training["base_source"] = {k: v for k, v in base_source.items() if not k.startswith("hf_")}
-            training["embedding_clipping"] = ("sparse (exact, untied input table)"
-                                              if embedding_spec(model_config, config) else "dense")
-            channels.append(imported_base_channel(base_source))
-        if mech is not None:
-            training.update(mech.training_fields())
-            channels += mech.side_channels()
-        return report_lib.build_report(
-            ledger, training=training, contamination_sha256=contamination_sha256,
-            side_channels=channels,
-            max_tokens_per_example=config.max_tokens,
-            extra={"selection": selection} if selection else None, **(mech.report_kwargs() if mech else {}))
-
-    # ------------------------------------------------------------ model, loss, core
-    variables = init_variables(model_config, base_params, config)
-    params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
-    loss_fn = make_loss_fn(model_config, config)
-    make_private_dir(state_dir)
-    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+    data = _encode(train_records, valid_records, base.tokenizer, prep.labels, config)
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
-    if resume_meta is not None and "sampling_seed" in resume_meta:
-        run_seed = int(resume_meta["sampling_seed"])
+    if prep.resume_meta is not None and "sampling_seed" in prep.resume_meta:
+        run_seed = int(prep.resume_meta["sampling_seed"])
     else:
         run_seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
     # The mechanism (strategy + batches) of the plan: user grouping and bounding, and the cyclic
     # sampler's groups, are functions of the secret seed, so a resume rebuilds the same ones.
-    mech = None
-    if config.private:
-        try:
-            mech = build_run_mechanism(plan, clip_norm=config.clip_norm, microbatch_size=config.microbatch_size,
-                                       seed=run_seed, num_rows=len(train_records), user_ids=train_users,
-                                       max_examples_per_user=config.max_examples_per_user,
-                                       data_shards=mesh[0] if mesh is not None else 1)
-        except (UserColumnError, ValueError) as e:
-            checkpointer.close()
-            raise TuneError(str(e)) from e
-        strategy = mech.strategy
-        spec = embedding_spec(model_config, config)
-        if spec is not None:  # exact sparse clipping of an untied input table (imported models, full mode)
-            if plan.mechanism != "dpsgd" or plan.privacy_unit != "example":
-                checkpointer.close()
-                raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
-                                "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
-            strategy = DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
-                                     expected_batch_size=plan.expected_batch_size, embedding=spec)
-    else:
-        strategy = core.MeanGradient()
+    mech, strategy = _build_mechanism(prep, model_config, run_seed=run_seed, num_rows=len(train_records), mesh=mesh)
+    # One source of truth for sigma: what the ledger, the budget check, the report and the
+    # checkpoint record is read from the strategy object that adds the noise.
+    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+    reporter = _Reporter(
+        prep=prep, selection=selection, base_dir=base_dir,
+        base_manifest_sha256=fileio.sha256_file(os.path.join(base_dir, "manifest.json")),
+        # An imported base (dpsynth import-model): its provenance travels into the report and manifest.
+        base_source=base.manifest.get("source") or base.manifest.get("base_source"), model_config=model_config,
+        contamination_sha256=(contamination_sha256 if contamination_sha256 is not None
+                              else base.manifest.get("contamination_sha256")),
+        mech=mech, sigma=sigma)
+    make_private_dir(prep.state_dir)
     if jax.process_index() == 0:  # exact counts computed without DP: the private state, never the report
-        write_private_json(os.path.join(state_dir, COUNTS_FILE), {
-            "truncated_train": int(train.truncated), "truncated_valid": int(valid.truncated) if valid else 0,
+        write_private_json(os.path.join(prep.state_dir, COUNTS_FILE), {
+            "truncated_train": int(data.train.truncated),
+            "truncated_valid": int(data.valid.truncated) if data.valid else 0,
             **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": NON_DP_COUNTS_NOTICE})
+    fingerprint = hashlib.sha256(json.dumps(
+        {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
+        sort_keys=True).encode() + _data_fingerprint(data.train_arrays).encode()
+        + base.tokenizer.sha256.encode()).hexdigest()
+    loss_fn = make_loss_fn(model_config, config)
+    state, ledger, losses, start = _train(
+        prep, data, init_variables(model_config, base_params, config), loss_fn, mech, strategy,
+        run_seed=run_seed, fingerprint=fingerprint, reporter=reporter, out_dir=out_dir, mesh=mesh,
+        stop_after=stop_after, progress_interval=progress_interval)
+    return _write_outputs(prep, data, state, ledger, losses, start, loss_fn=loss_fn, reporter=reporter, base=base,
+                          base_dir=base_dir, model_config=model_config, out_dir=out_dir, sigma=sigma, t0=t0)
+
+
+def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strategy, *, run_seed: int,
+           fingerprint: str, reporter: _Reporter, out_dir: str, mesh, stop_after: int | None,
+           progress_interval: float):
+    """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
+    (state, ledger, non-DP loss sums, first step run)."""
+    from dpsynth.train import core, lm, loop, sharding
+    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer
+
+    config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
+    params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
     fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
     per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices
@@ -800,24 +887,25 @@ def dp_tune(
     primary = jax.process_index() == 0
     rng = jax.random.fold_in(seeds.jax_key(run_seed), 0x7E5)
     state = fns.init_state(params, frozen, rng=rng)
-    sampler = sampling.PoissonSampler(plan.dataset_size, plan.expected_batch_size, config.microbatch_size,
-                                      seed=run_seed, max_batch_size=config.max_batch_size) if mech is None else None
-
-    # One source of truth for sigma: what the ledger, the budget check, the report and the
-    # checkpoint record is read from the strategy object that adds the noise.
-    sigma = float(getattr(strategy, "noise_multiplier", 0.0))
+    batches = mech.batches if mech is not None else sampling.PoissonSampler(
+        plan.dataset_size, plan.expected_batch_size, config.microbatch_size, seed=run_seed,
+        max_batch_size=config.max_batch_size)  # non-private: the same Poisson batches, no noise
+    sigma = reporter.sigma
+    ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
 
     def entry(steps: int) -> dict[str, Any]:
         return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm,
                                      strategy_sha256=mech.strategy_sha256 if mech is not None else None)
+
+    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
     try:
-        if resume:
-            if checkpointer.latest_step() is None:
-                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
-            meta = checkpointer.read_meta()
+        if prep.resume_meta is not None:
+            meta = prep.resume_meta
             if meta.get("format") != CHECKPOINT_FORMAT or meta.get("fingerprint") != fingerprint:
                 raise TuneError(f"{ckpt_dir}: checkpoint was made with another configuration or data; resume with "
                                 "the same flags and files, or use a new --out")
+            if checkpointer.latest_step() is None:
+                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
             state, meta = checkpointer.restore(state)
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
@@ -837,8 +925,7 @@ def dp_tune(
         remaining = plan.steps - start
         if remaining < 0:
             raise BudgetExceeded(f"the checkpoint is at step {start}, past the {plan.steps} planned steps")
-        planned = [entry(remaining)] if remaining else []
-        ledger.check_budget(planned)  # refuses to start/continue past the budget
+        ledger.check_budget([entry(remaining)] if remaining else [])  # refuses to start/continue past the budget
 
         def save_checkpoint(done: int, state) -> None:
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
@@ -846,20 +933,18 @@ def dp_tune(
                     **accounted_settings(config, plan)}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
-                report_lib.write_report(out_dir, build_run_report())  # the report follows the checkpoints
+                report_lib.write_report(out_dir, reporter(ledger))  # the report follows the checkpoints
 
-        # ------------------------------------------------------------ the loop
         def batch(step: int) -> list[dict[str, np.ndarray]]:
-            indices = mech.batches.microbatches(step) if mech is not None else sampler.microbatches(step)
-            indices = [label_dropout_rows(m, step, seed=run_seed, p=config.label_dropout, num_examples=len(train))
-                       for m in indices]
-            return [gather_users(train_arrays, m[local]) if per_user else sampling.gather(train_arrays, m[local])
+            indices = [label_dropout_rows(m, step, seed=run_seed, p=config.label_dropout, num_examples=len(data.train))
+                       for m in batches.microbatches(step)]
+            return [gather_users(data.train_arrays, m[local]) if per_user else sampling.gather(data.train_arrays, m[local])
                     for m in indices]
 
         losses = {"sum": 0.0, "count": 0.0}  # the non-DP train loss of the steps run (private state only)
 
         def after_step(done: int, state, metrics) -> dict[str, float]:
-            ledger.record_dpsgd(steps=1, **{k: v for k, v in entry(1).items() if k != "steps"})
+            ledger.record_steps(entry(1))
             losses["sum"] += float(metrics["loss_sum"])
             losses["count"] += float(metrics["count"])
             return {"loss": float(metrics["loss"])}
@@ -872,15 +957,27 @@ def dp_tune(
             stream=None if primary else io.StringIO()).state
     finally:
         checkpointer.close()
+    return state, ledger, losses, start
 
-    # ------------------------------------------------------------ outputs
-    valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, valid_arrays, config.microbatch_size)
-                  if valid_arrays is not None else float("nan"))
+
+def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, losses: dict, start: int, *,
+                   loss_fn, reporter: _Reporter, base, base_dir: str, model_config, out_dir: str, sigma: float,
+                   t0: float) -> TuneResult:
+    """The private losses; then, when every planned step ran, the final report and the model (its
+    manifest last, tied to the report: `dpsynth.train.release`); else the report so far."""
+    from dpsynth.train import lm, sharding
+    from dpsynth.train.checkpoint import save_model
+
+    config, plan = prep.config, prep.plan
+    primary = jax.process_index() == 0
+    valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, data.valid_arrays,
+                                config.microbatch_size)
+                  if data.valid_arrays is not None else float("nan"))
     final_vars = sharding.gather(lm.merge_variables(state.params, state.frozen))
-    rep = build_run_report()
+    rep = reporter(ledger)
     train_loss = losses["sum"] / max(losses["count"], 1.0)
     if primary:
-        write_private_json(os.path.join(state_dir, LOSSES_FILE), {
+        write_private_json(os.path.join(prep.state_dir, LOSSES_FILE), {
             "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
             "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
@@ -888,13 +985,14 @@ def dp_tune(
         release.unmark(out_dir)
         report_lib.write_report(out_dir, rep)
     if finished:
-        extra_manifest = {"created_by": "dpsynth dp-tune", **manifest_fields(config.template, labels, config.label_dropout),
-                          "dp_tune": {"mode": config.mode, "config": _released_config(config), "steps": ledger.steps_recorded,
-                                      "epsilon": rep["epsilon"], "delta": plan.delta,
+        extra_manifest = {"created_by": "dpsynth dp-tune",
+                          **manifest_fields(config.template, prep.labels, config.label_dropout),
+                          "dp_tune": {"mode": config.mode, "config": _released_config(config),
+                                      "steps": ledger.steps_recorded, "epsilon": rep["epsilon"], "delta": plan.delta,
                                       "noise_multiplier": sigma},
-                          "contamination_sha256": contamination_sha256, "private": rep["private"]}
-        if base_source:
-            extra_manifest["base_source"] = base_source  # what `dpsynth export-model` needs
+                          "contamination_sha256": reporter.contamination_sha256, "private": rep["private"]}
+        if reporter.base_source:
+            extra_manifest["base_source"] = reporter.base_source  # what `dpsynth export-model` needs
         if primary:
             extra_manifest.update(release.report_fields(out_dir))
         collections = TRAINABLE[config.mode]
@@ -903,12 +1001,11 @@ def dp_tune(
                    base_dir=None if config.mode == "full" else base_dir, created_by="dpsynth dp-tune")
     elif primary:
         report_lib.write_report(out_dir, rep)
-    eps = ledger.epsilons()
     return TuneResult(out_dir=out_dir, steps=ledger.steps_recorded, noise_multiplier=sigma,
-                      epsilon=eps, delta=plan.delta, valid_loss=valid_loss,
-                      train_loss=train_loss, truncated_train=train.truncated,
-                      truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0,
-                      state_dir=state_dir)
+                      epsilon=ledger.epsilons(), delta=plan.delta, valid_loss=valid_loss,
+                      train_loss=train_loss, truncated_train=data.train.truncated,
+                      truncated_valid=data.valid.truncated if data.valid else 0, report=rep,
+                      seconds=time.monotonic() - t0, state_dir=prep.state_dir)
 
 
 def sweep(

@@ -186,7 +186,7 @@ def _tuned_like_the_tuner(node, records, out_dir):
     """The model report the dp_tune stage writes for `node`, built the way `finetune.dp_tune` builds it:
     the tuner's own plan and mechanism (`plan_for_records`, `build_run_mechanism`), one ledger record
     per step of the strategy that adds the noise (`strategy_ledger_entry`)."""
-    from dpsynth.dp.mechanism import build_run_mechanism
+    from dpsynth.dp.mechanisms.run import build_run_mechanism
     from dpsynth.train import finetune
 
     tc = stages.tune_config(node.config)
@@ -197,7 +197,7 @@ def _tuned_like_the_tuner(node, records, out_dir):
     for _ in range(p.steps):
         entry = finetune.strategy_ledger_entry(p, mech.strategy, steps=1, clip_norm=tc.clip_norm,
                                                strategy_sha256=mech.strategy_sha256)
-        ledger.record_dpsgd(steps=1, **{k: v for k, v in entry.items() if k != "steps"})
+        ledger.record_steps(entry)
     rep = report_lib.build_report(ledger, training={"mode": tc.mode}, contamination_sha256=None,
                                   **mech.report_kwargs())
     report_lib.write_report(os.path.join(out_dir, "model"), rep)

@@ -339,18 +339,18 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
     out = str(_copy(src, tmp_path))
     plan = finetune.plan_run(AUDIT_CFG, len(TRAIN))
     used, recorded = [], []
-    real_step, real_record = core.TrainFunctions.accumulated_step, PrivacyLedger.record_dpsgd
+    real_step, real_record = core.TrainFunctions.accumulated_step, PrivacyLedger.record_steps
 
     def step(self, state, mbs, **kw):
         used.append(float(self.strategy.noise_multiplier))
         return real_step(self, state, mbs, **kw)
 
-    def record(self, **kw):
-        recorded.append(float(kw["noise_multiplier"]))
-        return real_record(self, **kw)
+    def record(self, entry):
+        recorded.append(float(entry["noise_multiplier"]))
+        return real_record(self, entry)
 
     monkeypatch.setattr(core.TrainFunctions, "accumulated_step", step)
-    monkeypatch.setattr(PrivacyLedger, "record_dpsgd", record)
+    monkeypatch.setattr(PrivacyLedger, "record_steps", record)
     try:  # 8 steps stopped after 2, resumed with 3 steps: refused now (it used to run with a fresh sigma)
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(AUDIT_CFG, steps=3), resume=True,
                          progress_interval=1e9)

@@ -265,3 +265,24 @@ def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_o
     assert res.steps == 4 and rep["strategy_sha256"] == recorded
     assert rep["training"]["epochs"] == pytest.approx(4 * 12 / n)
 
+
+
+def test_a_mechanism_registered_outside_the_library_runs_in_the_tuner(tiny_base, tmp_path):
+    """Locality of the mechanism registry: full-batch DP-GD, defined in tests only, is planned, run,
+    accounted and reported by `dp_tune` with no change to the library."""
+    from dpsynth.dp import mechanisms
+    from tests.dp.mechanism_fakes import FullBatchDPGD
+
+    base_dir, _ = tiny_base
+    train = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
+    with mechanisms.registered(FullBatchDPGD()):
+        cfg = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=len(train), steps=2, microbatch_size=64,
+                                  max_tokens=32, lora_rank=2, learning_rate=1e-2, mechanism="dpgd", seed=1)
+        res = finetune.dp_tune(base_dir, train, VALID, str(tmp_path / "m"), cfg, progress_interval=1e9)
+        plan = finetune.plan_run(cfg, len(train))
+        rep = report.load_report(res.out_dir)  # its ledger is read through the registry
+    assert res.steps == 2 and rep["mechanism"] == "dpgd" and rep["training"]["mechanism"] == "dpgd"
+    assert [(e["mechanism"], e["steps"], e["sampling_probability"]) for e in rep["ledger"]["entries"]] == [("dpgd", 2, 1.0)]
+    assert res.noise_multiplier == plan.noise_multiplier > 0 and rep["epsilon"]["rdp"] <= 4.0 * (1 + 1e-6)
+    with open(os.path.join(res.out_dir, "privacy_report.md"), encoding="utf-8") as f:
+        assert "2 full-batch DP-GD steps, q = 1" in f.read()

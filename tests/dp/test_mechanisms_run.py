@@ -1,8 +1,8 @@
-"""The run mechanism (`dpsynth.dp.mechanism`): what it releases does not depend on exact data counts."""
+"""The run mechanism (`dpsynth.dp.mechanisms.run`): what it releases does not depend on exact data counts."""
 
 import math
 
-from dpsynth.dp import mechanism
+from dpsynth.dp.mechanisms import run as mechanism
 from dpsynth.dp.plan import plan_privacy
 
 

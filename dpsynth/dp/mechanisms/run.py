@@ -11,15 +11,14 @@ so it never builds a strategy or a sampler by hand:
         state, _ = fns.accumulated_step(state, mech.microbatches(arrays, step))
         ledger.record_steps(mech.ledger_entry(1))
 
-| privacy unit | mechanism | units sampled | strategy | sampler |
-|---|---|---|---|---|
-| example | dpsgd | rows | `DPSGDStrategy` | `sampling.PoissonSampler` |
-| example | bandmf | rows | `bandmf.BandMFStrategy` | `bandmf.CyclicPoissonSampler` |
-| user | dpsgd | users | `UserDPSGDStrategy` | `users.UserBatches` over a Poisson sampler of users |
-| user | bandmf | users | `BandMFStrategy(per_user=True)` | `users.UserBatches` over a cyclic sampler of users |
+The mechanism (`plan.mechanism`, from the registry `dpsynth.dp.mechanisms`) builds the strategy
+and the sampler over units; this module adds the privacy unit: at example level the units are
+rows; at user level they are users (`users.group_by_user` bounds each to K rows with the secret
+seed, and `users.UserBatches` turns sampled users into [users, W] row-slot matrices; the
+strategy clips each user's mean gradient).
 
 Formal guarantee: the combination executes exactly the mechanism `plan` accounts (see the
-modules in the table); a user-level plan must have `dataset_size` = the number of distinct users.
+mechanism's module); a user-level plan must have `dataset_size` = the number of distinct users.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.dp import report as report_lib
-from dpsynth.dp import sampling, users
+from dpsynth.dp import mechanisms, sampling, users
 from dpsynth.dp.plan import PrivacyPlan
-from dpsynth.dp.strategy import DPSGDStrategy, UserDPSGDStrategy
 
 
 def count_users(user_ids: Sequence) -> int:
@@ -54,8 +51,7 @@ class RunMechanism:
         strategy: the training core's gradient strategy.
         batches: `.microbatches(step)` -> index arrays (1-D rows, or [users, W] slot matrices).
         groups: the bounded user groups (user level), else None.
-        coefs: BandMF strategy coefficients, else None.
-        strategy_sha256: BandMF strategy hash, else None.
+        strategy_sha256: the identity of the mechanism's strategy matrix (BandMF), else None.
     """
 
     plan: PrivacyPlan
@@ -63,8 +59,11 @@ class RunMechanism:
     strategy: Any
     batches: Any
     groups: users.UserGroups | None = None
-    coefs: tuple[float, ...] | None = None
     strategy_sha256: str | None = None
+
+    @property
+    def mechanism(self) -> mechanisms.Mechanism:
+        return mechanisms.get(self.plan.mechanism)
 
     @property
     def per_user(self) -> bool:
@@ -86,20 +85,16 @@ class RunMechanism:
 
     def report_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `report.build_report` for this mechanism."""
-        mech = {"name": self.plan.mechanism}
-        if self.plan.mechanism == "bandmf":
-            mech.update(bands=self.plan.bands, strategy_sha256=self.strategy_sha256)
+        mech = {"name": self.plan.mechanism, **self.mechanism.report_fields(
+            cycle_length=self.plan.bands, strategy_sha256=self.strategy_sha256)}
         return {"privacy_unit": self.plan.privacy_unit, "mechanism": mech,
                 "max_examples_per_user": self.groups.max_examples_per_user if self.groups else None}
 
     def training_fields(self) -> dict[str, Any]:
         """Fields of the report's `training` section that describe the mechanism."""
         out: dict[str, Any] = {"mechanism": self.plan.mechanism, "privacy_unit": self.plan.privacy_unit}
-        if self.plan.mechanism == "bandmf":
-            out.update(bands=self.plan.bands, strategy_sha256=self.strategy_sha256,
-                       sampling=report_lib.CYCLIC_SAMPLING_METHOD + (" (units: users)" if self.per_user else ""))
-        elif self.per_user:
-            out["sampling"] = report_lib.USER_SAMPLING_METHOD
+        out.update(self.mechanism.training_fields(cycle_length=self.plan.bands, strategy_sha256=self.strategy_sha256,
+                                                  per_user=self.per_user))
         if self.per_user:
             out.update(num_users=self.groups.num_users, max_examples_per_user=self.groups.max_examples_per_user,
                        gradient="per-user mean gradient clipped to C + noise / expected users")
@@ -129,22 +124,18 @@ class RunMechanism:
 
 
 def planned_strategy_sha256(plan: PrivacyPlan, *, strategy_cache_dir: str | None = None) -> str | None:
-    """The SHA-256 of the BandMF strategy a run of `plan` would use now (None for DP-SGD).
+    """The SHA-256 of the strategy matrix a run of `plan` would use now (None without one: DP-SGD).
 
-    The strategy is read from the cache, or optimised and cached (data-independent; no data is
-    read), exactly as `build_run_mechanism` does.
+    A BandMF strategy is read from the cache, or optimised and cached (data-independent; no data
+    is read), exactly as `build_run_mechanism` does.
     """
-    if plan.mechanism != "bandmf":
-        return None
-    from dpsynth.dp import bandmf  # JAX-heavy; imported only by trainers
-
-    coefs = bandmf.optimized_coefs(plan.steps, plan.bands, directory=strategy_cache_dir)
-    return bandmf.strategy_sha256(plan.steps, plan.bands, coefs)
+    return mechanisms.get(plan.mechanism).planned_strategy_sha256(plan, strategy_cache_dir=strategy_cache_dir)
 
 
 def recorded_strategies(ledger_entries: Sequence[dict]) -> set[str]:
-    """The BandMF strategy hashes a ledger's training entries were run with."""
-    return {e["strategy_sha256"] for e in ledger_entries if e.get("mechanism") == "bandmf"}
+    """The strategy-matrix hashes (BandMF) a ledger's training entries were run with."""
+    return {e["strategy_sha256"] for e in ledger_entries
+            if mechanisms.is_training_entry(e) and e.get("strategy_sha256")}
 
 
 def strategy_differences(ledger_entries: Sequence[dict], plan: PrivacyPlan, *,
@@ -157,9 +148,9 @@ def strategy_differences(ledger_entries: Sequence[dict], plan: PrivacyPlan, *,
     jax-privacy optimiser) would continue with noise whose columns no longer match. Refuse it.
     """
     saved = recorded_strategies(ledger_entries)
-    if plan.mechanism != "bandmf" and not saved:
-        return []
     mine = planned_strategy_sha256(plan, strategy_cache_dir=strategy_cache_dir)
+    if mine is None and not saved:
+        return []
     if saved != ({mine} if mine else set()):
         return [("strategy_sha256", sorted(saved)[0] if len(saved) == 1 else sorted(saved), mine)]
     return []
@@ -189,14 +180,8 @@ def build_run_mechanism(
         users.UserColumnError: missing user ids, or a user count other than the plan's.
         ValueError: a plan that cannot be executed (e.g. bad bands).
     """
-    from dpsynth.dp import bandmf  # JAX-heavy; imported only by trainers
-
-    coefs = sha = None
-    if plan.mechanism == "bandmf":
-        coefs = tuple(float(c) for c in bandmf.optimized_coefs(plan.steps, plan.bands, directory=strategy_cache_dir))
-        sha = bandmf.strategy_sha256(plan.steps, plan.bands, coefs)
-    common = dict(clip_norm=clip_norm, noise_multiplier=plan.noise_multiplier,
-                  expected_batch_size=plan.expected_batch_size)
+    mechanism = mechanisms.get(plan.mechanism)
+    built = dict(clip_norm=float(clip_norm), seed=seed, strategy_cache_dir=strategy_cache_dir)
     if plan.privacy_unit == "user":
         if user_ids is None or len(user_ids) != num_rows:
             raise users.UserColumnError("user-level DP needs one user id per training row (read the data with its "
@@ -208,25 +193,12 @@ def build_run_mechanism(
             raise users.UserColumnError(f"the plan is for {plan.dataset_size} users but the data has "
                                         f"{groups.num_users}")
         per_mb = max(1, int(microbatch_size) // groups.slots.shape[1])
-        if plan.mechanism == "bandmf":
-            unit_sampler = bandmf.CyclicPoissonSampler(groups.num_users, plan.expected_batch_size, plan.bands,
-                                                       per_mb, seed)
-            strategy = bandmf.BandMFStrategy(**common, coefs=coefs, steps=plan.steps, per_user=True)
-        else:
-            unit_sampler = sampling.PoissonSampler(groups.num_users, plan.expected_batch_size, per_mb, seed=seed,
-                                                   max_batch_size=plan.max_batch_size)
-            strategy = UserDPSGDStrategy(**common)
-        return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=strategy,
-                            batches=users.UserBatches(groups, unit_sampler, per_mb, pad_multiple=data_shards),
-                            groups=groups, coefs=coefs, strategy_sha256=sha)
+        run = mechanism.build(plan, num_units=groups.num_users, microbatch_size=per_mb, per_user=True, **built)
+        return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=run.strategy,
+                            batches=users.UserBatches(groups, run.sampler, per_mb, pad_multiple=data_shards),
+                            groups=groups, strategy_sha256=run.strategy_sha256)
     if num_rows != plan.dataset_size:
         raise ValueError(f"the plan is for {plan.dataset_size} examples but the data has {num_rows}")
-    if plan.mechanism == "bandmf":
-        batches = bandmf.CyclicPoissonSampler(num_rows, plan.expected_batch_size, plan.bands, microbatch_size, seed)
-        strategy = bandmf.BandMFStrategy(**common, coefs=coefs, steps=plan.steps)
-    else:
-        batches = sampling.PoissonSampler(num_rows, plan.expected_batch_size, microbatch_size, seed=seed,
-                                          max_batch_size=plan.max_batch_size)
-        strategy = DPSGDStrategy(**common)
-    return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=strategy, batches=batches, coefs=coefs,
-                        strategy_sha256=sha)
+    run = mechanism.build(plan, num_units=num_rows, microbatch_size=microbatch_size, per_user=False, **built)
+    return RunMechanism(plan=plan, clip_norm=float(clip_norm), strategy=run.strategy, batches=run.sampler,
+                        strategy_sha256=run.strategy_sha256)
