@@ -89,7 +89,7 @@ def plan_hashes(cfg: dict, data_dir: str | None = None) -> dict[str, str]:
     from dpsynth.experiment.config import from_dict
     from dpsynth.experiment.plan import build_plan
 
-    plan = build_plan(from_dict(cfg), ROOT, data_dir=data_dir or str(REPO / "data" / "embedded"))
+    plan = build_plan(from_dict(cfg), ROOT, data_dir=data_dir or "data/embedded")  # relative: paths enter the hashes
     return {n.key: n.hash for n in plan.nodes}
 
 
