@@ -97,9 +97,15 @@ def all_hashes(data: str = str(SHARED_DATA)) -> dict[str, dict[str, str]]:
     return {name: plan_hashes(cfg) for name, cfg in experiments(data).items()}
 
 
+# The fixture's key for where ../shared/data was when it was recorded: its files' paths enter the
+# data fingerprints, so the experiments that read it are compared only where it is the same.
+SHARED_KEY = "__shared_data__"
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     os.chdir(REPO)
     hashes = all_hashes()
-    FIXTURE.write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    FIXTURE.write_text(json.dumps({SHARED_KEY: str(SHARED_DATA), **hashes}, indent=1, sort_keys=True)
+                       + "\n", encoding="utf-8")
     print(f"{FIXTURE}: {sum(len(h) for h in hashes.values())} node hashes of {len(hashes)} experiments")
