@@ -575,7 +575,7 @@ def _audit(tiny_base, tmp_path, epsilon, steps, canaries):
     cfg = finetune.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16,
                               max_tokens=32, learning_rate=1e-2, checkpoint_every=10**6, seed=1)
     return audit.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
-                                 num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
+                              num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
 
 
 def test_canaries_near_chance_with_dp_and_memorised_without(tiny_base, tmp_path):

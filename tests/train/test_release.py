@@ -151,7 +151,7 @@ def test_a_crash_while_releasing_a_sweep_leaves_no_complete_looking_directory(ti
     monkeypatch.setattr(report, "write_report", write_report)
     with pytest.raises(Killed):
         sweep.sweep(base_dir, TRAIN, VALID, out, dataclasses.replace(CFG, steps=2, seed=None),
-                       learning_rates=[1e-2, 3e-2], clip_norms=[1.0], progress_interval=1e9)
+                    learning_rates=[1e-2, 3e-2], clip_norms=[1.0], progress_interval=1e9)
     assert not os.path.exists(os.path.join(out, "manifest.json")) and not release.is_complete(out)
 
 
