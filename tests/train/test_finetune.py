@@ -453,7 +453,7 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     out = str(tmp_path / "sweep")
     result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
-                                    clip_norms=[1.0], progress_interval=1e9)
+                                 clip_norms=[1.0], progress_interval=1e9)
     composed = finetune.plan_run(SWEEP_CFG, len(TRAIN), compositions=2)
     single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
     assert composed.noise_multiplier > single.noise_multiplier
@@ -482,7 +482,7 @@ def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path)
     base_dir, _ = tiny_base
     out = str(tmp_path / "sweep")
     result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
-                                    clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
+                                 clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
     single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
     assert all(t["noise_multiplier"] == single.noise_multiplier for t in trials)
     rep = report.load_report(out)
@@ -496,7 +496,7 @@ def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path)
     assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
     with pytest.raises(finetune.TuneError, match="sweep_accounting"):
         sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3], clip_norms=[1.0],
-                       sweep_accounting="paper")
+                    sweep_accounting="paper")
 
 
 def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, capsys):
