@@ -21,6 +21,8 @@ import sys
 
 from dpsynth import logs
 from dpsynth.data import dead_letters
+from dpsynth.dp import selection
+from dpsynth.evaluate import registry
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -32,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--train", required=True)
     ap.add_argument("--valid", required=True, help="selection set (synthetic valid for synthetic data)")
     ap.add_argument("--test", required=True, help="real test set")
-    ap.add_argument("--classifier", default="wordcnn", choices=("wordcnn", "backbone"))
+    ap.add_argument("--classifier", default="wordcnn", choices=registry.names())
     ap.add_argument("--model", help="pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP "
                     "WordCNN's vocabulary)")
     ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
@@ -47,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--expected-batch-size", type=int, default=64)
     ap.add_argument("--dp-epochs", type=float, default=5.0)
     ap.add_argument("--accountant", default="rdp", choices=("rdp", "pld"))
-    ap.add_argument("--sweep-accounting", default="composed", choices=("composed", "selected-only"),
+    ap.add_argument("--sweep-accounting", default="composed", choices=selection.SWEEP_ACCOUNTINGS,
                     help="DP: all trials of the sweep together meet --epsilon (composed) or only the selected one")
     ap.add_argument("--vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
                     help="WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "

@@ -4,8 +4,8 @@ Example:
     dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
         --mode lora --epsilon 3 --out runs/dp_lora
 
-Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
-with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
+Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or
+`dpsynth.train.sweep.sweep` with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column); every rejected record (dead letter) is
 counted and explained on stderr and listed in the private state, and past --max-dead-letters the
 run is refused before any compute (`dpsynth.data.dead_letters`).
@@ -33,7 +33,7 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, plan
+    from dpsynth.dp import accounting, plan, selection
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import finetune as tune
     from dpsynth.train import recipe as recipe_lib
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
-    p.add_argument("--sweep-accounting", choices=tune.SWEEP_ACCOUNTING, default="composed",
+    p.add_argument("--sweep-accounting", choices=selection.SWEEP_ACCOUNTINGS, default="composed",
                    help="composed (default): the k trials together meet --epsilon, the report covers all of them; "
                         "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
     p.add_argument("--text-column", default="text")
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.data.readers import InputError
     from dpsynth.train import finetune as tune
+    from dpsynth.train import sweep as sweep_lib
     from dpsynth.dp.ledger import BudgetExceeded
     from dpsynth.train.checkpoint import CheckpointError
 
@@ -140,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
             raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
         if args.sweep_lr or args.sweep_clip:
-            result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
-                                   learning_rates=args.sweep_lr or [config.learning_rate],
-                                   clip_norms=args.sweep_clip or [config.clip_norm],
-                                   sweep_accounting=args.sweep_accounting, **kwargs)
+            result, _ = sweep_lib.sweep(args.base, train.records, valid, args.out, config,
+                                        learning_rates=args.sweep_lr or [config.learning_rate],
+                                        clip_norms=args.sweep_clip or [config.clip_norm],
+                                        sweep_accounting=args.sweep_accounting, **kwargs)
         else:
             result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
                                   stop_after=args.stop_after, **kwargs)

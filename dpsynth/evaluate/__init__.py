@@ -3,7 +3,8 @@
 Modules: `divergence` (divergence frontiers), `mauve` (MAUVE / MAUVE*), `ngrams` (unigram,
 bigram and length frontiers), `embed` (pluggable embedders), `lm` (generator perplexity and
 features), `text` (word tokenization), `classifiers` (WordCNN, backbone classifier),
-`train_classifier` (training on the shared core, sweeps, DP-on-real), `scores` (accuracy,
+`registry` (classifiers by name; families in `wordcnn` and `backbone`), `trainer` (one run on
+the shared core, early stopping, DP-Adam), `train_classifier` (sweeps, DP-on-real), `scores` (accuracy,
 balanced accuracy, macro-F1 from predictions), `ranking` (Spearman, Kendall, RBO), `corpora`
 (inputs and checks), `verdict` (does a corpus beat DP-on-real?), `report` (tables, plots, HTML,
 summaries), `pipeline` (Beam).

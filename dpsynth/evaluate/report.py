@@ -34,9 +34,13 @@ from typing import Any
 import numpy as np
 
 from dpsynth import fileio
+from dpsynth.dp import selection
 from dpsynth.evaluate import classifiers as cls_lib
-from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, scores, verdict
+from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, registry, scores, verdict
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
+from dpsynth.evaluate import wordcnn as wordcnn_lib
+from dpsynth.evaluate.backbone import Backbone
 from dpsynth.evaluate.verdict import nominal_epsilon
 
 logger = logging.getLogger("dpsynth.evaluate")
@@ -73,15 +77,16 @@ class EvaluateConfig:
     """What to compute.
 
     Attributes:
-      classifiers: downstream classifiers ("wordcnn", "backbone"); empty = none.
+      classifiers: downstream classifiers (`registry.names()`: "wordcnn", "backbone"); empty = none.
       model_dir: pretrained LM for the backbone classifier and the default MAUVE embedder.
       embedder: "auto" ("lm:<model_dir>" when model_dir is set, else "hashing"), or a spec for
         `embed.make_embedder`.
       mauve: MAUVE settings; mauve_seeds / mauve_subsample: repeats (mean and std).
       wordcnn: WordCNN sizes; backbone_max_len / pooling / freeze_backbone: backbone settings.
       sweep: lr x wd grid, repeats and per-run settings (also clip norms for DP-on-real).
-      backbone_sweep: the backbone classifier's own sweep (None = `sweep`): fine-tuning the
-        LM costs far more per run than a WordCNN, so it may want a smaller grid.
+      backbone_sweep: the own sweep of a classifier on the pretrained LM (the backbone classifier;
+        `registry.ClassifierKind.uses_backbone`; None = `sweep`): fine-tuning the LM costs far
+        more per run than a WordCNN, so it may want a smaller grid.
       dp_epsilons: DP-on-real baselines at these epsilons (empty = none).
       dp_expected_batch_size, dp_epochs: DP-on-real training; dp_microbatch_size: examples per
         per-example-gradient microbatch (memory: one gradient per example, e.g. 11.5M floats
@@ -123,17 +128,19 @@ class EvaluateConfig:
 
     def __post_init__(self):
         for c in self.classifiers:
-            if c not in tc.CLASSIFIERS:
-                raise ValueError(f"unknown classifier {c!r} (known: {tc.CLASSIFIERS})")
-        if "backbone" in self.classifiers and not self.model_dir:
-            raise ValueError("the backbone classifier needs model_dir")
+            if c not in registry.names():
+                raise ValueError(f"unknown classifier {c!r} (known: {registry.names()})")
+        for c in self.classifiers:
+            if registry.get(c).needs_model_dir and not self.model_dir:
+                raise ValueError(f"the {c} classifier needs model_dir")
         if any(not (e > 0 and math.isfinite(e)) for e in self.dp_epsilons):
             raise ValueError(f"dp_epsilons must be finite and > 0, got {self.dp_epsilons}")
-        if self.dp_sweep_accounting not in tc.SWEEP_ACCOUNTINGS:
-            raise ValueError(f"dp_sweep_accounting must be one of {tc.SWEEP_ACCOUNTINGS}, got "
+        if self.dp_sweep_accounting not in selection.SWEEP_ACCOUNTINGS:
+            raise ValueError(f"dp_sweep_accounting must be one of {selection.SWEEP_ACCOUNTINGS}, got "
                              f"{self.dp_sweep_accounting!r}")
-        if self.wordcnn_vocabulary not in tc.VOCABULARIES:
-            raise ValueError(f"wordcnn_vocabulary must be one of {tc.VOCABULARIES}, got {self.wordcnn_vocabulary!r}")
+        if self.wordcnn_vocabulary not in wordcnn_lib.VOCABULARIES:
+            raise ValueError(f"wordcnn_vocabulary must be one of {wordcnn_lib.VOCABULARIES}, got "
+                             f"{self.wordcnn_vocabulary!r}")
 
     def embedder_spec(self) -> str:
         if self.embedder != "auto":
@@ -141,8 +148,15 @@ class EvaluateConfig:
         return f"lm:{self.model_dir}" if self.model_dir else "hashing"
 
     def sweep_for(self, kind: str) -> tc.SweepConfig:
-        """The sweep of classifier `kind`."""
-        return self.backbone_sweep if kind == "backbone" and self.backbone_sweep is not None else self.sweep
+        """The sweep of classifier `kind`: `backbone_sweep` for one that fine-tunes the pretrained LM."""
+        return self.backbone_sweep if registry.get(kind).uses_backbone and self.backbone_sweep is not None else self.sweep
+
+    def dp_config(self, epsilon: float, num_train: int) -> tr.DPConfig:
+        """The DP-on-real settings at `epsilon` for a training set of `num_train` examples."""
+        return tr.DPConfig.for_dataset(num_train, epsilon=epsilon, expected_batch_size=self.dp_expected_batch_size,
+                                       microbatch_size=self.dp_microbatch_size, epochs=self.dp_epochs,
+                                       delta=self.dp_delta, accountant=self.dp_accountant,
+                                       sweep_accounting=self.dp_sweep_accounting)
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
@@ -176,7 +190,8 @@ class Scorer:
         tc.check_label_sets(sets)
         self.embedder = embed.make_embedder(config.embedder_spec())
         self.real_features = self.embedder.embed([r["text"] for r in real.test])
-        self.backbone = tc.Backbone.load(config.model_dir) if "backbone" in config.classifiers else None
+        uses_backbone = any(registry.get(c).uses_backbone for c in config.classifiers)
+        self.backbone = Backbone.load(config.model_dir) if uses_backbone else None
         self._generators: dict[str, Any] = {}
 
     # -------------------------------------------------------------------- one corpus
@@ -258,11 +273,7 @@ class Scorer:
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
                              **_score_columns(res), **{f"selected_{k}": v for k, v in res.selected.items()}})
             for eps in self.config.dp_epsilons:
-                dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(self.config.dp_expected_batch_size, len(train)),
-                                 microbatch_size=min(self.config.dp_microbatch_size, len(train)),
-                                 epochs=self.config.dp_epochs, delta=self.config.dp_delta,
-                                 accountant=self.config.dp_accountant,
-                                 sweep_accounting=self.config.dp_sweep_accounting)
+                dp = self.config.dp_config(eps, len(train))
                 res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,
@@ -672,7 +683,7 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
         dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
         dp_accountant=dp_accountant,
         sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
-                             train=tc.TrainConfig(max_epochs=max_epochs)))
+                             train=tr.TrainConfig(max_epochs=max_epochs)))
 
 
 def _num(v) -> str:
@@ -781,10 +792,10 @@ def plain_summary(metrics: Mapping[str, Any], test_labels: Sequence[str], classi
 
 
 def classifiers_in(metrics: Mapping[str, Any]) -> list[str]:
-    """The classifiers with results in `metrics` (a `metrics.json`), in `train_classifier.CLASSIFIERS` order."""
+    """The classifiers with results in `metrics` (a `metrics.json`), in `registry.names()` order."""
     keys = {k for r in metrics.get("corpora") or [] for k in r} | {
         f"{b.get('classifier')}_accuracy" for b in metrics.get("baselines") or []}
-    return [k for k in tc.CLASSIFIERS if f"{k}_accuracy" in keys]
+    return [k for k in registry.names() if f"{k}_accuracy" in keys]
 
 
 def report_summary(out_dir: str, test_labels: Sequence[str]) -> str:

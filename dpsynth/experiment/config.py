@@ -96,6 +96,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.evaluate import registry
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 from dpsynth.train.recipe import RECIPES
 
@@ -104,7 +105,6 @@ LOSSES = ("prefix", "full")
 ACCOUNTANTS = ("rdp", "pld")
 FORMATS = ("auto", "csv", "jsonl", "parquet", "label_text")
 LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
-CLASSIFIERS = ("wordcnn", "backbone")
 
 
 class ConfigError(ValueError):
@@ -412,7 +412,7 @@ class EvaluateConfig:
     def validate(self, key: str) -> None:
         _nonempty(self.classifiers, f"{key}.classifiers")
         for i, c in enumerate(self.classifiers):
-            _choice(c, CLASSIFIERS, f"{key}.classifiers[{i}]")
+            _choice(c, registry.names(), f"{key}.classifiers[{i}]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +61,7 @@ import optax
 
 from dpsynth import fileio
 from dpsynth.dp import accounting, report as report_lib, sampling, seeds
+from dpsynth.dp import selection as selection_lib
 from dpsynth.dp.ledger import BudgetExceeded, PrivacyLedger
 from dpsynth.dp.mechanism import build_run_mechanism, count_users, recorded_strategies, strategy_differences
 from dpsynth.dp.users import UserColumnError, gather_users
@@ -72,7 +72,7 @@ from dpsynth.owner_only import check_outside, make_private_dir, write_private_js
 from dpsynth.train import recipe as recipe_lib
 from dpsynth.train import release
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
-                                   encode_null_examples, label_dropout_rows, manifest_fields, template_of)
+                                   encode_null_examples, label_dropout_rows, manifest_fields)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -85,8 +85,6 @@ CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
 STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
 LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
 COUNTS_FILE = "counts.json"  # exact non-DP counts (truncated examples, rows dropped per user), in the private state dir
-SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
-SWEEP_ACCOUNTING = ("composed", "selected-only")
 NON_DP_COUNTS_NOTICE = ("exact counts over D_train/D_valid computed without noise: NOT differentially private; for "
                         "the data owner only, never published with the model")
 NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
@@ -500,20 +498,8 @@ PRIVATE_STATE_CHANNEL = {
 
 
 def _selection_channel(selection: dict) -> dict:
-    k, grid = selection["trials"], selection["grid"]
-    if selection["accounting"] == "composed":
-        return {"name": "validation-based selection", "detail":
-                f"{k} hyperparameter trials ({grid}) were trained on the same D_train, each calibrated so that all {k} "
-                "together meet the target (epsilon, delta): the ledger and the epsilon of this report cover all "
-                f"{k} trials. Choosing the trial with the lowest loss on D_valid is NOT differentially private with "
-                "respect to D_valid (a declared side channel); the validation losses are not released (private "
-                "state only), and only the selected model is written here"}
-    return {"name": "validation-based selection (selected-only accounting)", "detail":
-            f"{k} hyperparameter trials ({grid}) were each trained at the target (epsilon, delta) on their own and "
-            "ONLY THE SELECTED TRIAL IS ACCOUNTED (the paper's way): the ledger and the epsilon of this report cover "
-            f"one trial, not the {k} trained on the same D_train, whose composition is the true cost of the whole "
-            "procedure. Choosing the trial by its loss on D_valid is NOT differentially private; the other trials "
-            "were never written to this directory and the validation losses stay in the private state"}
+    return selection_lib.selection_channel(selection["accounting"], sweep=selection_lib.DP_TUNE,
+                                           trials=selection["trials"], grid=selection["grid"])
 
 
 def _side_channels(config: TuneConfig, labels_from_data: bool, selection: dict | None,
@@ -909,159 +895,3 @@ def dp_tune(
                       train_loss=train_loss, truncated_train=train.truncated,
                       truncated_valid=valid.truncated if valid else 0, report=rep, seconds=time.monotonic() - t0,
                       state_dir=state_dir)
-
-
-def sweep(
-    base_dir: str,
-    train_records: Sequence[dict],
-    valid_records: Sequence[dict],
-    out_dir: str,
-    config: TuneConfig,
-    *,
-    learning_rates: Sequence[float],
-    clip_norms: Sequence[float],
-    sweep_accounting: str = "composed",
-    state_dir: str | None = None,
-    **kwargs,
-) -> tuple[TuneResult, list[dict]]:
-    """Grid over learning rate x clipping norm; releases the trial with the lowest D_valid loss.
-
-    Accounting (`sweep_accounting`):
-      * "composed" (default): each of the k trials is calibrated with
-        `plan_privacy(compositions=k)`, so the composition of all k meets the target
-        (epsilon, delta); the released report's ledger holds every trial's steps and its epsilon
-        is that of the k-fold composition. The selection on D_valid is a declared non-DP side
-        channel.
-      * "selected-only" (the paper's way): each trial is calibrated to the target on its own and
-        only the selected trial is accounted; the report says so in its side channels.
-
-    Every trial runs in the private state (`state_dir/trials/<i>/{model,state}`); only the
-    selected model and its report are written to `out_dir`. The validation losses stay in the
-    private state (`state_dir/sweep.json`), never in `out_dir`.
-    """
-    if sweep_accounting not in SWEEP_ACCOUNTING:
-        raise TuneError(f"sweep_accounting must be one of {SWEEP_ACCOUNTING}, got {sweep_accounting!r}")
-    if config.recipe == "auto":
-        raise TuneError("a sweep tries learning rates, which the automatic recipe chooses itself: use recipe 'manual' "
-                        "for a sweep")
-    if not valid_records:
-        raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    grid = [(float(lr), float(c)) for lr in learning_rates for c in clip_norms]
-    if not grid:
-        raise TuneError("an empty sweep grid: give at least one learning rate and one clipping norm")
-    k = len(grid)
-    compositions = k if sweep_accounting == "composed" else 1
-    plan_for_records(config, train_records, compositions=compositions)  # fail fast before any trial
-    state_dir = resolve_state_dir(out_dir, state_dir)
-    make_private_dir(state_dir)
-    trials, results = [], []
-    for i, (lr, c) in enumerate(grid):
-        trial_config = dataclasses.replace(config, learning_rate=lr, clip_norm=c)
-        tdir = os.path.join(state_dir, "trials", f"{i:03d}")
-        res = dp_tune(base_dir, train_records, valid_records, os.path.join(tdir, "model"), trial_config,
-                      state_dir=os.path.join(tdir, "state"), compositions=compositions, **kwargs)
-        results.append(res)
-        trials.append({"trial": i, "learning_rate": lr, "clip_norm": c, "valid_loss": res.valid_loss,
-                       "epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier})
-        logger.info("sweep trial %d of %d done", i + 1, k)  # the loss goes to the private state, not to logs
-    best = min(trials, key=lambda t: (math.isnan(t["valid_loss"]), t["valid_loss"]))
-    selection = {"trials": k, "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
-                 "selected_by": "lowest loss on D_valid (not DP)", "accounting": sweep_accounting,
-                 "selected": {key: best[key] for key in ("trial", "learning_rate", "clip_norm")}}
-    from dpsynth.train import sharding
-
-    primary = jax.process_index() == 0  # multi-host: one process copies and writes
-    if primary:
-        write_private_json(os.path.join(state_dir, SWEEP_FILE), {
-            "selection": selection, "trials": trials, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
-
-    # ------------------------------------------------------------ the release: the selected model only
-    src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
-    os.makedirs(out_dir, exist_ok=True)
-    if primary:
-        release.unmark(out_dir)  # written again last, after the composed report
-    for name in os.listdir(src) if primary else ():
-        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, release.MANIFEST):
-            continue  # rebuilt below
-        s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
-        if os.path.isdir(s_):
-            shutil.copytree(s_, d_, dirs_exist_ok=True)
-        else:
-            shutil.copy2(s_, d_)
-    sharding.sync(f"dpsynth sweep copy {out_dir}")
-    rep = report_lib.load_report(src)
-    if sweep_accounting == "composed":
-        ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)
-        for t, res in zip(trials, results):
-            for e in res.report["ledger"]["entries"]:
-                ledger.entries.append({**e, "name": f"{e.get('name', 'dp_tune')} (sweep trial {t['trial']})"})
-        rep = report_lib.refresh(rep, ledger)
-    rep["side_channels"] = [ch for ch in rep["side_channels"] if not ch["name"].startswith("validation-based")]
-    rep["side_channels"].append(_selection_channel(selection))
-    rep["selection"] = selection
-    if primary:
-        report_lib.write_report(out_dir, rep)
-        manifest = fileio.read_json(os.path.join(src, release.MANIFEST))
-        manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
-                                                                   "selected": selection["selected"]})
-        manifest.update(release.report_fields(out_dir))
-        fileio.write_json(os.path.join(out_dir, release.MANIFEST), manifest)  # last: the directory is complete
-    chosen = results[best["trial"]]
-    result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
-                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],
-                        valid_loss=best["valid_loss"], train_loss=chosen.train_loss,
-                        truncated_train=chosen.truncated_train, truncated_valid=chosen.truncated_valid, report=rep,
-                        seconds=sum(r.seconds for r in results), state_dir=state_dir)
-    return result, trials
-
-
-def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: str | None = None,
-                max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
-    """Per-text loss (mean negative log-probability per target token after the label prompt) under a model dir."""
-    from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
-    from dpsynth.train.lm import make_lm_loss
-
-    loaded = load_model(model_dir)
-    template = template or template_of(loaded.manifest)
-    records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
-    enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
-    loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)
-    fn = jax.jit(lambda v, b: loss_fn(v, {}, b, None)[0])
-    arrays = enc.arrays()
-    losses = []
-    for lo in range(0, len(enc), batch_size):
-        idx = np.arange(lo, lo + batch_size)
-        idx = np.where(idx < len(enc), idx, -1)
-        losses.append(np.asarray(fn(loaded.variables, sampling.gather(arrays, idx)))[idx >= 0])
-    return np.concatenate(losses)
-
-
-def canary_audit(
-    base_dir: str,
-    train_records: Sequence[dict],
-    out_dir: str,
-    config: TuneConfig,
-    *,
-    num_canaries: int = 16,
-    repeats: int = 4,
-    canary_length: int = 12,
-    seed: int = 0,
-    labels: Sequence[str] | None = None,
-    **tune_kwargs,
-):
-    """`dpsynth.dp.audit.canary_audit` of the DP tuner: tunes on D_train + canaries into `out_dir`, scores them."""
-    from dpsynth.dp import audit
-    from dpsynth.train.checkpoint import load_model
-
-    tokenizer = load_model(base_dir).tokenizer
-    labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})
-    canaries = audit.make_canaries(tokenizer, 2 * num_canaries, length=canary_length, seed=seed)
-
-    def train(augmented: list[dict]):
-        dp_tune(base_dir, augmented, [], out_dir, config, labels=labels, progress_interval=30.0, **tune_kwargs)
-        return lambda texts: score_texts(out_dir, texts, labels[0], template=config.template,
-                                         max_tokens=config.max_tokens)
-
-    return audit.canary_audit(train_records, canaries, train, label=labels[0], epsilon=config.epsilon,
-                              delta=config.delta, repeats=repeats)

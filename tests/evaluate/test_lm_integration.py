@@ -8,6 +8,7 @@ import numpy as np
 
 from dpsynth.evaluate import embed, lm, mauve, report
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
 
 
@@ -26,7 +27,7 @@ def test_checkpoint_drives_embedder_backbone_and_perplexity(tiny_lm, tmp_path):
     config = report.EvaluateConfig(
         classifiers=("backbone",), model_dir=model_dir, backbone_max_len=32, real_baseline=False,
         mauve=mauve.MauveConfig(kmeans_num_redo=1), mauve_seeds=(0,),
-        sweep=tc.SweepConfig(learning_rates=(1e-3,), repeats=1, train=tc.TrainConfig(max_epochs=1)))
+        sweep=tc.SweepConfig(learning_rates=(1e-3,), repeats=1, train=tr.TrainConfig(max_epochs=1)))
     out = report.evaluate([str(corpus)], real, str(tmp_path / "out"), config)
     (row,) = out["rows"]
     assert row["status"] == "ok", row.get("error")

@@ -10,6 +10,7 @@ import pytest
 
 from dpsynth.evaluate import classifiers, mauve, report
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
 
 SMALL_CNN = classifiers.WordCNNConfig(vocab_words=300, embed_dim=16, filters=16, hidden=16, max_len=16)
@@ -59,7 +60,7 @@ def evaluated():
     cfg = report.EvaluateConfig(
         wordcnn=SMALL_CNN, mauve=mauve.MauveConfig(kmeans_num_redo=1, max_buckets=10), mauve_seeds=(0, 1),
         sweep=tc.SweepConfig(learning_rates=(3e-3, 1e-2), weight_decays=(1e-4,), clip_norms=(1.0,), repeats=1,
-                             train=tc.TrainConfig(max_epochs=3, patience=1)),
+                             train=tr.TrainConfig(max_epochs=3, patience=1)),
         dp_epsilons=(3.0,), dp_expected_batch_size=50, dp_epochs=2, embedder="hashing:128", length_bins=10)
     data = report.load_real(*(os.path.join(root, f"real_{s}.jsonl") for s in ("train", "test", "valid")))
     out = report.evaluate(dirs, data, os.path.join(root, "out"), cfg)
