@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.data import dead_letters
 
 
@@ -90,14 +90,11 @@ def run(argv=None, test_pipeline=None) -> dict:
     return {"out": args.out, "corpora": len(dirs), "summary": report.report_summary(args.out, labels)}
 
 
+@errors.command("evaluate", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    try:
-        out = run(argv)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth evaluate: error: {logs.error_line(e)}", file=sys.stderr)
-        return 2
+    out = run(argv)
     print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")
     return 0

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth.errors import DpsynthError, MissingFileError
 from dpsynth.fileio import dumps_json, parse_jsonl, sha256_bytes, write_bytes_fs
 
 FORMAT = "dpsynth.tokens"
@@ -54,7 +55,7 @@ NATIVE_SPECIAL_IDS = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID
 SP_FILE, HF_FILE, SPECIAL_IDS_FILE = "tokenizer.model", "tokenizer.json", "special_ids.json"
 
 
-class FormatError(ValueError):
+class FormatError(DpsynthError, ValueError):
     """A token corpus does not match the documented format (names the file and the problem)."""
 
 
@@ -335,7 +336,7 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str) -> "Tokenizer":
         if not FileSystems.exists(path):
-            raise FileNotFoundError(f"{path}: tokenizer model not found (train one with `dpsynth tokenizer train`)")
+            raise MissingFileError(f"{path}: tokenizer model not found (train one with `dpsynth tokenizer train`)")
         return cls(_read_bytes(path))
 
     def save(self, path: str) -> None:
@@ -463,11 +464,11 @@ def load_tokenizer(directory: str) -> Tokenizer:
             raise ValueError(f"{ids_path}: not valid JSON ({e})") from e
     if FileSystems.exists(_join(directory, HF_FILE)):
         if special is None:
-            raise FileNotFoundError(f"{ids_path}: missing (a tokenizer.json needs its special ids)")
+            raise MissingFileError(f"{ids_path}: missing (a tokenizer.json needs its special ids)")
         return HFTokenizer(_read_bytes(_join(directory, HF_FILE)), special)
     path = _join(directory, SP_FILE)
     if not FileSystems.exists(path):
-        raise FileNotFoundError(f"{directory}: holds neither {SP_FILE} nor {HF_FILE}")
+        raise MissingFileError(f"{directory}: holds neither {SP_FILE} nor {HF_FILE}")
     return Tokenizer(_read_bytes(path), special)
 
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.data import dead_letters
 from dpsynth.dp import selection
 from dpsynth.evaluate import registry
@@ -65,27 +65,24 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+@errors.command("classify", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     from dpsynth.evaluate import train_classifier as tc
 
     args = parser().parse_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    try:
-        # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
-        policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
-                                        prefix="dpsynth classify: ")
-        dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
-                                   ("test (--test)", args.test)], policy)
-        result = tc.classify_files(
-            args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
-            pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
-            repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
-            clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
-            accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
-            seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth classify: error: {e}", file=sys.stderr)
-        return 2
+    # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
+    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                    prefix="dpsynth classify: ")
+    dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
+                               ("test (--test)", args.test)], policy)
+    result = tc.classify_files(
+        args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
+        pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
+        repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
+        clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
+        accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
+        seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
                "test_scores_mean": result.score_mean}
     if result.privacy is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth import tokens as tok
 from dpsynth.data.tokenizer_training import train_public_tokenizer
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@errors.command("tokenizer")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)

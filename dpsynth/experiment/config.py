@@ -96,6 +96,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import registry
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 from dpsynth.train.recipe import RECIPES
@@ -107,8 +108,10 @@ FORMATS = ("auto", "csv", "jsonl", "parquet", "label_text")
 LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
 
 
-class ConfigError(ValueError):
+class ConfigError(DpsynthError, ValueError):
     """An invalid experiment config; the message starts with the YAML key at fault."""
+
+    kind = "config error"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -476,7 +479,7 @@ def load_config(path: str) -> ExperimentConfig:
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: config file not found") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e  # one line
     if data is None:
         data = {}
     try:

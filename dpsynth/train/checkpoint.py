@@ -35,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dpsynth import fileio
+from dpsynth.errors import DpsynthError
 from dpsynth.models.config import ModelConfig
 from dpsynth.tokens import HF_FILE, SP_FILE, SPECIAL_IDS_FILE, Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.train import sharding
@@ -45,7 +46,7 @@ MODEL_FORMAT_VERSION = 1
 MANIFEST, CONFIG, TOKENIZER, VARIABLES = "manifest.json", "config.json", "tokenizer.model", "variables"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DpsynthError, ValueError):
     """A checkpoint or model directory that cannot be used (says why and what to do)."""
 
 

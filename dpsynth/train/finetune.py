@@ -68,6 +68,7 @@ from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
+from dpsynth.errors import DpsynthError
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train import recipe as recipe_lib
 from dpsynth.train import release
@@ -91,7 +92,7 @@ NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT d
                         "owner only, never published with the model")
 
 
-class TuneError(ValueError):
+class TuneError(DpsynthError, ValueError):
     """Bad tuning input or configuration (raised before any compute)."""
 
 

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsynth import tokens as tokens_lib
+from dpsynth.errors import DpsynthError
 from dpsynth.models import ModelConfig, Transformer, get_config
 from dpsynth.train import checkpoint as ckpt_lib
 from dpsynth.train import core, lm, loop, optim, release, sharding
@@ -71,7 +72,7 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
 VALID_UNITS = ("block", "document")
 
 
-class PretrainError(ValueError):
+class PretrainError(DpsynthError, ValueError):
     """Bad input to pretraining (says which file/flag and what to do)."""
 
 

@@ -22,11 +22,17 @@ def test_cli_trains_on_public_files(tmp_path, capsys):
     assert f"{t.vocab_size} pieces from 4 public files" in capsys.readouterr().out
 
 
-def test_empty_corpus_is_a_clear_error(tmp_path):
+def test_empty_corpus_is_a_clear_error(tmp_path, capsys):
+    from dpsynth.data.tokenizer_training import train_public_tokenizer
+
     (tmp_path / "e.jsonl").write_text(json.dumps({"text": "   "}) + "\n")
     with pytest.raises(readers.InputError, match="e.jsonl"):
-        cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "e.jsonl"), "--vocab-size", "300",
-                  "--out", str(tmp_path / "t.model")])
+        train_public_tokenizer([str(tmp_path / "e.jsonl")], vocab_size=300, out=str(tmp_path / "t.model"))
+    # The command: that error as one line, exit status 2 (dpsynth.errors).
+    assert cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "e.jsonl"), "--vocab-size", "300",
+                     "--out", str(tmp_path / "t.model")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpsynth tokenizer: error: ") and err.count("\n") == 1 and "e.jsonl" in err, err
 
 
 def test_cli_sample_is_bounded_by_bytes(tmp_path, monkeypatch):
