@@ -41,9 +41,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dpsynth import fileio
-from dpsynth import tokens as tok
-from dpsynth.data import readers
+from dpsynth.data import readers, token_shards
 from dpsynth.data.text import DEFAULT_MAX_CHUNK_CHARS, encode_document
+from dpsynth.data.tokenizers import Tokenizer
 
 logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
@@ -207,8 +207,8 @@ class _TokenizeFn(beam.DoFn):
         self.bytes = Metrics.counter(NAMESPACE, "text_bytes")
 
     def setup(self):
-        self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
-        self.dtype = tok.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
+        self.tokenizer = Tokenizer.load(self.tokenizer_path)
+        self.dtype = token_shards.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
 
     def process(self, element):
         name, batch = element
@@ -240,7 +240,7 @@ class _TokenizeFn(beam.DoFn):
 
 
 class TokenizeDocuments(beam.PTransform):
-    """Tokenizes documents with a SentencePiece model (`dpsynth.tokens.Tokenizer`)."""
+    """Tokenizes documents with a SentencePiece model (`dpsynth.data.tokenizers.Tokenizer`)."""
 
     def __init__(self, tokenizer_path: str, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
         super().__init__()
@@ -273,15 +273,15 @@ class _WriteShardFn(beam.DoFn):
 
     def __init__(self, out_dirs: dict[str, str], vocab_size: int):
         self.out_dirs, self.vocab_size = out_dirs, vocab_size
-        self.dtype = tok.token_dtype(vocab_size)
+        self.dtype = token_shards.token_dtype(vocab_size)
         self.shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, element):
         (name, index), parts = element
         out_dir = self.out_dirs[name]
         docs = sorted((d for part in parts for d in part), key=lambda d: d[0])
-        entry = tok.write_shard(
-            out_dir, tok.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
+        entry = token_shards.write_shard(
+            out_dir, token_shards.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
             [d[1] for d in docs], self.vocab_size,
         )
         labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
@@ -378,7 +378,7 @@ class _WriteManifestFn(beam.DoFn):
         if labels:
             extra["labels"] = dict(sorted(labels.items()))
         remove_stale_shards(output.out_dir, {e["name"] for e in entries})
-        yield name, tok.write_manifest(
+        yield name, token_shards.write_manifest(
             output.out_dir, name=name, shards=entries, vocab_size=self.vocab_size,
             tokenizer_sha256=self.tokenizer_sha256, extra=extra,
         )
@@ -427,9 +427,9 @@ def is_token_corpus(path: str) -> bool:
     if "*" in path or path.startswith(TFDS_PREFIX):
         return False
     try:
-        tok.read_manifest(path)
+        token_shards.read_manifest(path)
         return True
-    except (tok.FormatError, OSError, ValueError):
+    except (token_shards.FormatError, OSError, ValueError):
         return False
 
 

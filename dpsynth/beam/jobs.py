@@ -21,10 +21,10 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth import tokens as tok
 from dpsynth.beam import corpus
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
-from dpsynth.data import readers
+from dpsynth.data import readers, token_shards
+from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
@@ -66,7 +66,7 @@ def tokenize(
         corpus (`EmptyDatasetError`, after it).
     """
     start = time.monotonic()
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     source = corpus.plan_source(inputs, kind=kind, name=name, text_column=text_column,
                                 label_column=label_column, tfds_data_dir=tfds_data_dir)
     if source.token_dir is not None:
@@ -82,7 +82,7 @@ def tokenize(
         )
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
-    manifest = tok.read_manifest(out_dir)
+    manifest = token_shards.read_manifest(out_dir)
     corpus.check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
     print(f"tokenize: {summarize_manifest(manifest, out_dir)} "
@@ -141,7 +141,7 @@ def dedup(
     if not sensitive:
         raise readers.InputError("dedup needs at least one --sensitive dataset")
     start = time.monotonic()
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
                              tfds_data_dir=tfds_data_dir)
     dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
@@ -181,13 +181,13 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
     return sources
 
 
-def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer, tokenizer_path: str,
+def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
                 out_dir: str) -> dict[str, str]:
     """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
-            m = tok.read_manifest(src.token_dir)
+            m = token_shards.read_manifest(src.token_dir)
             if m["tokenizer_sha256"] != tokenizer.sha256:
                 raise readers.InputError(
                     f"{src.token_dir}: tokenized with tokenizer {m['tokenizer_sha256'][:12]}, not "
@@ -199,7 +199,7 @@ def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer
     return dirs
 
 
-def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: tok.Tokenizer,
+def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: Tokenizer,
                       tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
                       beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
@@ -221,7 +221,7 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
         run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifests = {}
     for s in sources:
-        manifests[s.name] = tok.read_manifest(dirs[s.name])
+        manifests[s.name] = token_shards.read_manifest(dirs[s.name])
         corpus.check_not_empty(manifests[s.name], s)
         print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
     return manifests
@@ -232,7 +232,7 @@ def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[s
     to the workers by path); returns that path."""
     from dpsynth.dedup.index import SensitiveIndex
 
-    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sensitive])
+    index = SensitiveIndex.build([(s.name, token_shards.read_corpus(dirs[s.name])) for s in sensitive])
     index_path = FileSystems.join(out_dir, INDEX_FILE)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -240,7 +240,7 @@ def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[s
     return index_path
 
 
-def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: tok.Tokenizer,
+def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: Tokenizer,
                   tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
                   beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, Any]:
     """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
@@ -258,7 +258,8 @@ def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokeniz
             | "Report" >> bdedup.WriteDedupReport(
                 out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
                 tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
-                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(public_dir, tok.MANIFEST))})
+                extra={"public_manifest_sha256":
+                       token_shards.sha256_file(FileSystems.join(public_dir, token_shards.MANIFEST))})
         )
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)

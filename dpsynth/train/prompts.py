@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_TEMPLATE = "[{label}] "
 DEFAULT_MAX_TOKENS = 512

@@ -105,7 +105,7 @@ def test_worker_style_build_from_the_sdist(tmp_path):
 
 def test_dedup_tokenizes_file_and_in_memory_corpora_in_one_pipeline(tmp_path, tokenizer_path):
     """Files of every corpus are read in one step; an in-memory (TFDS) corpus is created on its own."""
-    from dpsynth import tokens as tok
+    from dpsynth.data.tokenizers import Tokenizer
     from dpsynth.beam import corpus
     from dpsynth.data import readers
 
@@ -116,7 +116,7 @@ def test_dedup_tokenizes_file_and_in_memory_corpora_in_one_pipeline(tmp_path, to
                corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive", name="files"),
                corpus.CorpusSource("memory", "sensitive", ("tfds:x",), readers.Columns(text="text", label="label"),
                                    records=records)]
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     dirs = {s.name: str(tmp_path / "tok" / s.name) for s in sources}
     manifests = jobs._tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=None,
                                        shard_bytes=1 << 20, max_document_bytes=1 << 20, beam_args=None,
