@@ -22,6 +22,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.beam import corpus
+from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import readers, token_shards
 from dpsynth.data.tokenizers import Tokenizer
@@ -51,7 +52,7 @@ def tokenize(
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,
-    shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     beam_args: Sequence[str] | None = None,
@@ -67,8 +68,8 @@ def tokenize(
     """
     start = time.monotonic()
     tokenizer = Tokenizer.load(tokenizer_path)
-    source = corpus.plan_source(inputs, kind=kind, name=name, text_column=text_column,
-                                label_column=label_column, tfds_data_dir=tfds_data_dir)
+    source = plan_source(inputs, kind=kind, name=name, text_column=text_column,
+                         label_column=label_column, tfds_data_dir=tfds_data_dir)
     if source.token_dir is not None:
         raise readers.InputError(f"{source.token_dir}: already a token corpus; nothing to tokenize")
     shards = num_shards or source.num_shards(shard_bytes)
@@ -83,7 +84,7 @@ def tokenize(
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifest = token_shards.read_manifest(out_dir)
-    corpus.check_not_empty(manifest, source)
+    check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
     print(f"tokenize: {summarize_manifest(manifest, out_dir)} "
           f"[{source.total_bytes / 1e6 / max(elapsed, 1e-9):.2f} MB/s, {elapsed:.1f}s]")
@@ -114,7 +115,7 @@ def dedup(
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,
-    shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     threads: int = 1,
@@ -166,14 +167,14 @@ def dedup(
 
 
 def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
-                   label_column: str | None, tfds_data_dir: str | None) -> list[corpus.CorpusSource]:
+                   label_column: str | None, tfds_data_dir: str | None) -> list[CorpusSource]:
     """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
-    sources = [corpus.plan_source(public, kind="public", name="public", text_column=text_column)]
+    sources = [plan_source(public, kind="public", name="public", text_column=text_column)]
     names = set()
     for spec in sensitive:
         name, path = parse_named(spec)
-        src = corpus.plan_source(path, kind="sensitive", name=name, text_column=text_column,
-                                 label_column=label_column, tfds_data_dir=tfds_data_dir)
+        src = plan_source(path, kind="sensitive", name=name, text_column=text_column,
+                          label_column=label_column, tfds_data_dir=tfds_data_dir)
         if src.name in names or src.name == "public":
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
@@ -181,7 +182,7 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
     return sources
 
 
-def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
+def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
                 out_dir: str) -> dict[str, str]:
     """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
     dirs = {}
@@ -199,7 +200,7 @@ def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: Tokenizer, to
     return dirs
 
 
-def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: Tokenizer,
+def _tokenize_sources(sources: Sequence[CorpusSource], dirs: dict[str, str], tokenizer: Tokenizer,
                       tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
                       beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
@@ -222,12 +223,12 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
     manifests = {}
     for s in sources:
         manifests[s.name] = token_shards.read_manifest(dirs[s.name])
-        corpus.check_not_empty(manifests[s.name], s)
+        check_not_empty(manifests[s.name], s)
         print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
     return manifests
 
 
-def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
+def _save_sensitive_index(sensitive: Sequence[CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
     """Stage 2: the sensitive index, built once on the driver and saved as one file (broadcast
     to the workers by path); returns that path."""
     from dpsynth.dedup.index import SensitiveIndex

@@ -12,7 +12,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs import tokenize as tokenize_job
-from dpsynth.beam import corpus
+from dpsynth.beam import corpus, inputs
 from dpsynth.beam.pipeline import make_pipeline_options
 from dpsynth.data import readers, token_shards
 from dpsynth.data.text import encode_document
@@ -90,19 +90,9 @@ def test_dead_letters_are_counted_and_written(tmp_path, tokenizer_path):
     assert sum(manifest["dead_letter_reasons"].values()) == 4
 
 
-def test_fatal_inputs_fail_before_the_pipeline(tmp_path, tokenizer_path):
-    (tmp_path / "d.csv").write_text("review,label\nhi,a\n")
-    with pytest.raises(readers.InputError, match=r"d\.csv: missing column\(s\) \['text'\]"):
-        corpus.plan_source(str(tmp_path / "d.csv"), kind="sensitive")
-    (tmp_path / "bad.jsonl").write_bytes(b"\n".join([b"{}", b"\xff", b'{"text": " "}']) + b"\n")
-    with pytest.raises(readers.EmptyDatasetError, match=r"no valid document \(3 dead-lettered"):
-        tokenize_job.run(["--input", str(tmp_path / "bad.jsonl"), "--tokenizer", tokenizer_path,
-                          "--out", str(tmp_path / "o")])
-
-
 def test_read_corpora_ptransform_keys(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x y"}\n\n{"text": "z"}\n')
-    source = corpus.plan_source(str(tmp_path), kind="public", name="c")
+    source = inputs.plan_source(str(tmp_path), kind="public", name="c")
     with beam.Pipeline(options=make_pipeline_options()) as p:
         batches = p | corpus.ReadCorpora([source])
         assert_that(batches | beam.FlatMap(lambda nb: [(nb[0], it[0], it[1]) for it in nb[1]]),
@@ -144,7 +134,7 @@ def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
     texts = _write_public(tmp_path / "in", seed=3)
     (tmp_path / "in" / "bad.jsonl").write_bytes(b"\xff\n")
     tokenizer = Tokenizer.load(tokenizer_path)
-    source = corpus.plan_source(str(tmp_path / "in"), kind="public")
+    source = inputs.plan_source(str(tmp_path / "in"), kind="public")
     p = beam.Pipeline(options=make_pipeline_options())
     _ = p | corpus.TokenizeCorpus(source, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
                                   tokenizer_sha256=tokenizer.sha256, out_dir=str(tmp_path / "out"), num_shards=2)
@@ -163,9 +153,9 @@ def test_tokenize_corpus_ptransform_reports_counters(tmp_path, tokenizer_path):
 def test_tokenize_corpora_shares_its_steps_and_writes_what_each_corpus_alone_writes(tmp_path, tokenizer_path):
     _write_public(tmp_path / "pub", seed=4)
     (tmp_path / "s.jsonl").write_text('{"text": "good food", "label": "a"}\n\n{"text": "bad", "label": "b"}\n')
-    public = corpus.plan_source(str(tmp_path / "pub"), kind="public")
-    sensitive = corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive")
-    memory = corpus.CorpusSource("mem", "sensitive", ("memory",), sensitive.columns,
+    public = inputs.plan_source(str(tmp_path / "pub"), kind="public")
+    sensitive = inputs.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive")
+    memory = inputs.CorpusSource("mem", "sensitive", ("memory",), sensitive.columns,
                                  records=({"id": "m1", "text": "good good food", "label": "a"}, {"id": "m2", "text": " "}))
     with beam.Pipeline(options=make_pipeline_options()) as p:  # the read step: every file of every corpus
         read = p | corpus.ReadCorpora([public, sensitive])
@@ -200,7 +190,7 @@ def test_tokenize_corpora_shares_its_steps_and_writes_what_each_corpus_alone_wri
 def test_read_corpora_reads_big_files_in_parts_with_the_same_items(tmp_path, part_bytes):
     (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "x y"}\n\n{"text": "z", "id": "q"}\n[1]\n{"text": "w"}\n' * 3)
     (tmp_path / "b.csv").write_text("text\nhello\n")  # not a line format: one part
-    source = corpus.plan_source(str(tmp_path), kind="public", name="c")
+    source = inputs.plan_source(str(tmp_path), kind="public", name="c")
     read = corpus.ReadCorpora([source], part_bytes=part_bytes)
     parts = [e[4] for e in read.files]
     assert parts == ([(0, 1), (0, 1)] if part_bytes > 200 else
