@@ -6,7 +6,7 @@
         --runner DataflowRunner --project P --region R --temp_location gs://B/tmp --setup_file ./setup.py
 
 Unknown flags are Beam pipeline options (`--runner`, `--direct_num_workers`, ...).
-Output format: `dpsynth/tokens.py`; bad records go to `OUT/dead_letters.jsonl`.
+Output format: `dpsynth/data/token_shards.py`; bad records go to `OUT/dead_letters.jsonl`.
 """
 
 from __future__ import annotations

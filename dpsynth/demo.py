@@ -173,10 +173,10 @@ def final_report_path(root: str) -> str:
 
 
 def _plain_summary(report_dir: str, test_path: str) -> str:
-    """The report's plain summary (`report.report_summary`), ending with the verdict per corpus."""
+    """The report's plain summary (`tables.report_summary`), ending with the verdict per corpus."""
     import json
 
-    from dpsynth.evaluate.report import report_summary
+    from dpsynth.evaluate.tables import report_summary
 
     if not os.path.exists(os.path.join(report_dir, "metrics.json")):  # say so without reading the labels
         return report_summary(report_dir, [])

@@ -31,7 +31,7 @@ def wordcnn_model(train_texts: Sequence[str] | None, num_classes: int, config: c
         "tokenizer" (the pieces of `tokenizer`, a public SentencePiece model: the CNN reads
         piece ids, `config.max_len` of them) or "hashing" (words hashed into
         `config.vocab_words` buckets; no data).
-      tokenizer: a `dpsynth.tokens.Tokenizer` for "tokenizer"; tokenizer_source names it.
+      tokenizer: a `dpsynth.data.tokenizers.Tokenizer` for "tokenizer"; tokenizer_source names it.
     """
     if vocabulary == "train":
         if train_texts is None:
@@ -82,7 +82,7 @@ class WordCNNKind(registry.ClassifierKind):
             if backbone is not None:
                 tokenizer = backbone.tokenizer
             else:
-                from dpsynth.tokens import load_tokenizer
+                from dpsynth.data.tokenizers import load_tokenizer
 
                 tokenizer = load_tokenizer(spec.model_dir)
             source = f"{spec.model_dir}/{tokenizer.filename}"

@@ -78,7 +78,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
     evaluate:
       classifiers: [wordcnn]        # wordcnn | backbone
       baselines: true               # real data and DP-on-real at the same epsilons
-      options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.report.EvaluateConfig)
+      options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.scoring.EvaluateConfig)
 
 Unknown keys and bad values raise `ConfigError` naming the YAML key, e.g.
 `dp_tune.epsilons[1]: must be > 0 or inf, got -1`.

@@ -190,7 +190,7 @@ def _gaussian(name: str, sigma: float) -> Release:
 
 
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
-    from dpsynth.evaluate.report import EvaluateConfig
+    from dpsynth.evaluate.scoring import EvaluateConfig
     from dpsynth.binding import make_config
     from dpsynth.experiment.stages import evaluate_options
 

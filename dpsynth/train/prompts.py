@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from dpsynth.errors import DpsynthError
-from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_TEMPLATE = "[{label}] "
 DEFAULT_MAX_TOKENS = 512
