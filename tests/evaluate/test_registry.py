@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dpsynth.evaluate import classifiers, registry, report
+from dpsynth.evaluate import classifiers, registry, scoring
 from dpsynth.evaluate import text as text_lib
 from dpsynth.evaluate import train_classifier as tc
 from dpsynth.evaluate import trainer as tr
@@ -56,14 +56,14 @@ def test_the_registry_names_its_classifiers_and_refuses_others():
     with pytest.raises(ValueError, match="classifier must be one of .*'wordcnn'.*got 'bow'"):
         tc.ClassifierSpec(kind="bow")
     with pytest.raises(ValueError, match="unknown classifier 'bow'"):
-        report.EvaluateConfig(classifiers=("bow",))
+        scoring.EvaluateConfig(classifiers=("bow",))
 
 
 def test_a_classifier_registered_in_a_test_trains_through_the_normal_path(bow):
     train, valid, test = make_records(200, 1, signal=3), make_records(60, 2, signal=3), make_records(100, 3, signal=3)
     spec = tc.ClassifierSpec(kind=bow, max_len=16)
     assert spec.input_len == 16 and registry.names()[-1] == bow
-    assert report.EvaluateConfig(classifiers=("wordcnn", bow)).sweep_for(bow) == tc.SweepConfig()
+    assert scoring.EvaluateConfig(classifiers=("wordcnn", bow)).sweep_for(bow) == tc.SweepConfig()
     sweep = tc.SweepConfig(learning_rates=(1e-3, 0.3), weight_decays=(0.0,), repeats=1,
                            train=tr.TrainConfig(max_epochs=6, patience=6))
     res = tc.classify(train, valid, {"real": test}, spec, sweep)
