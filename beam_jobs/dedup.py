@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
@@ -56,14 +56,11 @@ def run(argv=None, test_pipeline=None) -> dict:
     )
 
 
+@errors.command("dedup", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        run(argv)
-    except (ValueError, FileNotFoundError) as e:  # InputError, FormatError: one line naming the file
-        print(f"dpsynth dedup: error: {logs.error_line(e)}", file=sys.stderr)
-        return 2
+    run(argv)
     return 0
 
 

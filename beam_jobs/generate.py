@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.data import dead_letters
-from dpsynth.data.readers import InputError
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, GenerateError, generate
-from dpsynth.generate.labels import LabelError
+from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 
 
@@ -92,14 +90,11 @@ def run(argv=None, test_pipeline=None) -> dict:
                     train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 
 
+@errors.command("generate")
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        manifest = run(argv)
-    except (GenerateError, LabelError, InputError) as e:
-        print(f"dpsynth generate: error: {logs.error_line(e)}", file=sys.stderr)
-        return 2
+    manifest = run(argv)
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
     print(f"dpsynth generate: wrote {counts} ({'private' if manifest['private'] else 'NOT PRIVATE'})")
     return 0

@@ -15,9 +15,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.data import dead_letters
+
+if TYPE_CHECKING:
+    from dpsynth.evaluate.scoring import EvaluateConfig
+
+# `--cnn small`: WordCNN sizes for a CPU demo (`--cnn paper`: the paper's `WordCNNConfig()`).
+SMALL_CNN_SIZES = {"vocab_words": 10_000, "embed_dim": 64, "filters": 64, "hidden": 64, "max_len": 128}
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -61,16 +69,44 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = None, pooling: str = "mean",
+                      embedder: str = "auto", dp_epsilons: Sequence[float] = (), grid: str = "small", repeats: int = 3,
+                      max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500, mauve_seeds: int = 3,
+                      mauve_subsample: int | None = None, perplexity: bool = True,
+                      real_baseline: bool = True, dp_sweep_accounting: str = "composed",
+                      wordcnn_vocabulary: str = "auto", dp_delta: float | None = None,
+                      dp_accountant: str = "rdp") -> EvaluateConfig:
+    """An `EvaluateConfig` from the flags' values (`--classifiers` a comma list or "none", `--grid`
+    small | wide, `--cnn` paper | small, `--mauve-seeds` a count, ...)."""
+    from dpsynth.evaluate import classifiers as cls_lib
+    from dpsynth.evaluate import mauve
+    from dpsynth.evaluate import train_classifier as tc
+    from dpsynth.evaluate import trainer as tr
+    from dpsynth.evaluate.scoring import EvaluateConfig
+
+    kinds = () if classifiers.strip() in ("", "none") else tuple(c.strip() for c in classifiers.split(",") if c.strip())
+    lrs, wds = (tc.WIDE_LR_GRID, tc.WIDE_WD_GRID) if grid == "wide" else (tc.SMALL_LR_GRID, tc.SMALL_WD_GRID)
+    return EvaluateConfig(
+        classifiers=kinds, model_dir=model_dir, pooling=pooling, embedder=embedder, dp_epsilons=tuple(dp_epsilons),
+        wordcnn=cls_lib.WordCNNConfig(**SMALL_CNN_SIZES) if cnn == "small" else cls_lib.WordCNNConfig(),
+        mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
+        mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
+        dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
+        dp_accountant=dp_accountant,
+        sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
+                             train=tr.TrainConfig(max_epochs=max_epochs)))
+
+
 def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags, builds the config and runs the job; returns {"out": DIR, "corpora": N, "summary": text}
-    (the plain summary of the written report, `report.report_summary`).
+    (the plain summary of the written report, `tables.report_summary`).
 
     `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
-    from dpsynth.evaluate import corpora, pipeline, report
+    from dpsynth.evaluate import corpora, pipeline, tables
 
     args, beam_args = parser().parse_known_args(argv)
-    config = report.config_from_flags(
+    config = config_from_flags(
         classifiers=args.classifiers, model_dir=args.model, pooling=args.pooling, embedder=args.embedder,
         dp_epsilons=args.dp_epsilons, grid=args.grid, repeats=args.repeats, max_epochs=args.max_epochs, cnn=args.cnn,
         mauve_max_buckets=args.mauve_max_buckets, mauve_seeds=args.mauve_seeds, mauve_subsample=args.mauve_subsample,
@@ -87,17 +123,14 @@ def run(argv=None, test_pipeline=None) -> dict:
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
                      beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit)
     labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test", max_dead_letters=policy.limit)]
-    return {"out": args.out, "corpora": len(dirs), "summary": report.report_summary(args.out, labels)}
+    return {"out": args.out, "corpora": len(dirs), "summary": tables.report_summary(args.out, labels)}
 
 
+@errors.command("evaluate", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    try:
-        out = run(argv)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth evaluate: error: {logs.error_line(e)}", file=sys.stderr)
-        return 2
+    out = run(argv)
     print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")
     return 0

@@ -6,7 +6,7 @@
         --runner DataflowRunner --project P --region R --temp_location gs://B/tmp --setup_file ./setup.py
 
 Unknown flags are Beam pipeline options (`--runner`, `--direct_num_workers`, ...).
-Output format: `dpsynth/tokens.py`; bad records go to `OUT/dead_letters.jsonl`.
+Output format: `dpsynth/data/token_shards.py`; bad records go to `OUT/dead_letters.jsonl`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 
@@ -61,14 +61,11 @@ def run(argv=None, test_pipeline=None) -> dict:
     )
 
 
+@errors.command("tokenize", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
-    except (ValueError, FileNotFoundError) as e:  # InputError, FormatError: one line naming the file
-        print(f"dpsynth tokenize: error: {logs.error_line(e)}", file=sys.stderr)
-        return 2
+    run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
     return 0
 
 

@@ -56,10 +56,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 SHARED = os.environ.get("DPSYNTH_SHARED_DATA", os.path.join(os.path.dirname(REPO), "shared", "data"))
 
-from dpsynth import tokens as tok  # noqa: E402
 from dpsynth.beam import jobs  # noqa: E402
 from dpsynth.data import readers  # noqa: E402
 from dpsynth.data.text import complement_ranges, encode_document  # noqa: E402
+from dpsynth.data.tokenizer_training import train_tokenizer  # noqa: E402
+from dpsynth.data.tokenizers import Tokenizer  # noqa: E402
 
 
 def naive_dedup(public_docs, sensitive_docs, tokenizer, k):
@@ -146,8 +147,8 @@ def main(argv=None) -> int:
     # The public copy: the corpus (x scale), plus planted sensitive texts at paragraph boundaries.
     t = time.monotonic()
     tokenizer_path = os.path.join(work, "tok.model")
-    tok.train_tokenizer((d["text"] for d in public), vocab_size=args.vocab_size).save(tokenizer_path)
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    train_tokenizer((d["text"] for d in public), vocab_size=args.vocab_size).save(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     t_tokenizer = time.monotonic() - t
     rng = random.Random(0)
     pool = [r for rows in sensitive.values() for r in rows if len(tokenizer.encode(r["text"])) >= args.min_tokens + 10]
@@ -265,7 +266,7 @@ def child(args, beam_args) -> int:
                    shared_ids=sorted(f"{r['name']}/{i}" for r in report["sensitive"] for i in r["shared_example_ids"]))
         shutil.rmtree(os.path.join(args.workdir, f"out-{os.getpid()}"), ignore_errors=True)
     elif args.child == "naive":
-        tokenizer = tok.Tokenizer.load(inputs["tokenizer"])
+        tokenizer = Tokenizer.load(inputs["tokenizer"])
         t0 = time.monotonic()
         public = readers.read_public(inputs["public"]).records
         sens = [r for spec in inputs["sensitive"] for r in readers.read_sensitive(jobs.parse_named(spec)[1]).records]
@@ -341,10 +342,10 @@ def large(args) -> int:
     if tokenizer_path is None:
         t = time.monotonic()
         tokenizer_path = os.path.join(work, "tok.model")
-        tok.train_tokenizer(readers.iter_public_texts(public_dirs), vocab_size=args.vocab_size).save(tokenizer_path)
+        train_tokenizer(readers.iter_public_texts(public_dirs), vocab_size=args.vocab_size).save(tokenizer_path)
         print(f"bench: tokenizer ({args.vocab_size} pieces, default byte-bounded sample) trained in "
               f"{time.monotonic() - t:.0f}s (not timed)")
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     # Planted: public documents (from the first enwiki file) with sensitive texts inserted.
     rng = random.Random(0)
     pool = [(name, r) for name, rows in sensitive.items() for r in rows if len(r["text"]) > 400]

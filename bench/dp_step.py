@@ -100,19 +100,19 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
 def measure_wordcnn(strategy_name: str, vocab: int, dim: int, b: int, t: int, reps: int) -> dict:
     """One WordCNN accumulate step: "sparse" / "dense" DP clipping or "nonprivate"."""
     from dpsynth.evaluate import classifiers
-    from dpsynth.evaluate import train_classifier as tc
+    from dpsynth.evaluate import trainer as tr
 
     cfg = classifiers.WordCNNConfig(vocab_words=vocab - 2, embed_dim=dim, max_len=t)
     module = classifiers.WordCNN(vocab, 2, cfg)
     params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, t), jnp.int32))["params"]
-    model = tc.Model(module, params, {}, None, "wordcnn", embedding_path=("embed", "embedding"))
-    trainer = tc.Trainer(model)
+    model = tr.Model(module, params, {}, None, "wordcnn", embedding_path=("embed", "embedding"))
+    trainer = tr.Trainer(model)
     if strategy_name == "nonprivate":
-        strategy, loss_fn = core.MeanGradient(), tc._loss_fn(model)
+        strategy, loss_fn = core.MeanGradient(), tr.classification_loss(model)
     else:
-        dp = tc.DPConfig(epsilon=1.0, clip_norm=1.0, sparse_embedding=strategy_name == "sparse")
+        dp = tr.DPConfig(epsilon=1.0, clip_norm=1.0, sparse_embedding=strategy_name == "sparse")
         strategy = trainer.dp_strategy(dp, 1.0, float(b))
-        loss_fn = tc._embedded_loss(model, strategy.embedding) if strategy.embedding else tc._loss_fn(model)
+        loss_fn = tr.embedded_loss(model, strategy.embedding) if strategy.embedding else tr.classification_loss(model)
     fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
     state = fns.init_state(params, {}, rng=0)
     rng = np.random.default_rng(0)

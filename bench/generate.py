@@ -166,7 +166,7 @@ def _save_model_dir(preset: str, max_len: int, path: str) -> None:
 
     from dpsynth.dp.ledger import PrivacyLedger
     from dpsynth.dp.report import build_report, write_report
-    from dpsynth.tokens import train_tokenizer
+    from dpsynth.data.tokenizer_training import train_tokenizer
     from dpsynth.train.checkpoint import save_model
 
     config, _, variables = make_model(preset, max_len)

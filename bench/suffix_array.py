@@ -1,8 +1,8 @@
 """Benchmark: our native SA-IS suffix array vs pydivsufsort (libdivsufsort), same token stream.
 
 The stream is real text: the public corpora and labeled sets of ../shared/data tokenized with a
-SentencePiece model trained on the public text (dpsynth.tokens.train_tokenizer), concatenated
-and repeated until it holds --tokens tokens (default 50M). Without ../shared/data a synthetic
+SentencePiece model trained on the public text (dpsynth.data.tokenizer_training.train_tokenizer),
+concatenated and repeated until it holds --tokens tokens (default 50M). Without ../shared/data a synthetic
 Zipf stream is used instead (and the output says so).
 
 Each run is a fresh subprocess that loads the stream, then sorts it, reporting wall time and
@@ -74,7 +74,7 @@ def real_stream(vocab_size: int) -> tuple[np.ndarray, str]:
     if os.path.exists(cache):
         return np.load(cache), desc
     sys.path.insert(0, ROOT)
-    from dpsynth.tokens import train_tokenizer
+    from dpsynth.data.tokenizer_training import train_tokenizer
 
     t0 = time.time()
     print(f"training a {vocab_size}-piece tokenizer on the public text ...", flush=True)
@@ -175,7 +175,7 @@ def dedup_shard_figures(stream: np.ndarray) -> int:
     from dpsynth.dedup.match import dedup_shard
     from dpsynth.dedup.sensitive_sa import with_separators
     from dpsynth.dedup.suffix_array import cross_match, lcp_array, suffix_array
-    from dpsynth.tokens import TokenShard
+    from dpsynth.data.token_shards import TokenShard
 
     def shard(name, t, length):
         o = np.arange(0, t.size + 1, length, dtype=np.int64)

@@ -2,13 +2,16 @@
 
 This module only dispatches: each subcommand is a thin entry point (in `beam_jobs/`,
 `trainers/` or the library) exposing `main(argv) -> int` with its own argparse parser,
-so `dpsynth STAGE --help` shows that stage's flags.
+so `dpsynth STAGE --help` shows that stage's flags. A `dpsynth.errors.DpsynthError` escaping
+a command is printed as one line, `dpsynth COMMAND: error: MESSAGE`, with exit status 2.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from dpsynth import errors
 
 # name -> ("module:function", one-line description). Imports are lazy so `--help` is fast.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -50,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, func_name = COMMANDS[name][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
+    try:
+        return int(func(rest) or 0)
+    except errors.DpsynthError as e:  # (the entry points' `errors.command` already reports their own)
+        return errors.report(name, e)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 # The demo experiment (mirrored in configs/demo.yaml).
@@ -114,6 +114,9 @@ def run_demo(
 ) -> int:
     """Runs the demo experiment, printing each stage's report; returns the exit code.
 
+    Raises `dpsynth.errors.DpsynthError` on what the user can fix (e.g. `EmbeddedDataMissing`:
+    run `make data`).
+
     Args:
         out: output root (stages are cached under it; rerunning reuses them).
         data_dir: the embedded default's directory (default `$DPSYNTH_EMBEDDED_DIR` or
@@ -122,7 +125,6 @@ def run_demo(
         jobs: worker processes for independent trials.
         registry: stage functions (default: the real stages; tests pass fakes).
     """
-    from dpsynth.data.embedded import EmbeddedDataMissing
     from dpsynth.experiment import runner
     from dpsynth.experiment.plan import build_plan
 
@@ -141,11 +143,7 @@ def run_demo(
     print(f"dpsynth demo: {len(plan.trials)} trial(s), {total} stages, output {plan.root}")
     print("(finished stages are cached: rerunning `make demo` reuses them)")
     t0 = time.monotonic()
-    try:
-        result = runner.run_plan(plan, jobs=jobs, on_stage=banner, registry=registry)
-    except EmbeddedDataMissing as e:
-        print(f"\ndemo: {e}", file=sys.stderr)
-        return 2
+    result = runner.run_plan(plan, jobs=jobs, on_stage=banner, registry=registry)
     if result.missing is not None:
         done = ", ".join(result.outputs) or "none"
         print(
@@ -175,10 +173,10 @@ def final_report_path(root: str) -> str:
 
 
 def _plain_summary(report_dir: str, test_path: str) -> str:
-    """The report's plain summary (`report.report_summary`), ending with the verdict per corpus."""
+    """The report's plain summary (`tables.report_summary`), ending with the verdict per corpus."""
     import json
 
-    from dpsynth.evaluate.report import report_summary
+    from dpsynth.evaluate.tables import report_summary
 
     if not os.path.exists(os.path.join(report_dir, "metrics.json")):  # say so without reading the labels
         return report_summary(report_dir, [])
@@ -187,6 +185,7 @@ def _plain_summary(report_dir: str, test_path: str) -> str:
     return report_summary(report_dir, labels)
 
 
+@errors.command("demo")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dpsynth demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None, help="embedded default data (default $DPSYNTH_EMBEDDED_DIR or data/embedded)")
@@ -198,13 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     config = None
     if args.config:
-        from dpsynth.experiment.config import ConfigError, load_config
+        from dpsynth.experiment.config import load_config
 
-        try:
-            config = load_config(args.config)
-        except ConfigError as e:
-            print(f"demo: config error: {e}", file=sys.stderr)
-            return 2
+        config = load_config(args.config)
     return run_demo(out=args.out, data_dir=args.data_dir, config=config, jobs=args.jobs)
 
 

@@ -6,7 +6,7 @@ complete: a reader sees the old file or the new one, never a partial one, and a 
 removes its temporary file. `TMP_MARK` is the infix every temporary name carries, for code
 that clears the leftovers of a killed process.
 
-Local paths use `os`; `write_bytes_fs` writes through Beam's `FileSystems` (`gs://`, ...).
+Local paths use `os`; `read_bytes_fs` and `write_bytes_fs` go through Beam's `FileSystems` (`gs://`, ...).
 The owner-only policy for private state (directories 0700, files 0600) lives in
 `dpsynth.owner_only`, which writes through `write_bytes(..., mode=0o600)`.
 """
@@ -136,6 +136,14 @@ def sha256_file(path: str, chunk_bytes: int = CHUNK_BYTES) -> str:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
+
+
+def read_bytes_fs(path: str) -> bytes:
+    """The bytes of `path`, read through Beam's `FileSystems` (`gs://` too)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        return f.read()
 
 
 def write_bytes_fs(path: str, data: bytes) -> None:

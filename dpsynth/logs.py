@@ -39,7 +39,8 @@ class ReraisedStepErrorFilter(logging.Filter):
     """Drops Apache Beam's ERROR log of a failing step (the error with its worker traceback).
 
     Beam logs it and then re-raises the same error from `Pipeline.run`, where the entry point
-    prints it as one line (`error_line`); the logged copy would put a traceback before it.
+    prints it as one line (`dpsynth.errors.error_line`); the logged copy would put a traceback
+    before it.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -61,16 +62,6 @@ VERBOSE_HELP = "also show the INFO lines of the libraries (JAX, Apache Beam, Orb
 def add_flags(parser) -> None:
     """Adds `--verbose` to an entry point's argparse parser."""
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-
-
-def error_line(error: BaseException) -> str:
-    """An error as the one line a command prints: the first line of its message.
-
-    Apache Beam re-raises an error from inside a pipeline with the worker's traceback appended
-    to its message; the user needs the error (file, record, reason), not the traceback.
-    """
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def configure(level: int = logging.INFO, fmt: str = "%(message)s", *, verbose: bool = False) -> None:

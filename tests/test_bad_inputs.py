@@ -31,11 +31,11 @@ def fake_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from dpsynth import tokens
+    from dpsynth.data.tokenizer_training import train_tokenizer
 
     path = str(tmp_path_factory.mktemp("tok") / "tok.model")
     texts = [f"review {i} text great other line one two alpha beta" for i in range(300)]
-    tokens.train_tokenizer(texts, vocab_size=300).save(path)
+    train_tokenizer(texts, vocab_size=300).save(path)
     return path
 
 

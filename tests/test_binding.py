@@ -56,7 +56,7 @@ def test_make_config_builds_nested_dataclasses():
 
 
 def test_make_config_builds_optional_nested_dataclasses():
-    from dpsynth.evaluate.report import EvaluateConfig
+    from dpsynth.evaluate.scoring import EvaluateConfig
     from dpsynth.evaluate.train_classifier import SweepConfig
 
     got = make_config(EvaluateConfig, {"classifiers": ["wordcnn"], "backbone_sweep": {"learning_rates": [0.01], "repeats": 1}},

@@ -88,7 +88,7 @@ def test_classify(tmp_path, capsys, monkeypatch):
 
 def test_evaluate(tmp_path, capsys, monkeypatch):
     from beam_jobs import metrics
-    from dpsynth.evaluate import pipeline, report
+    from dpsynth.evaluate import pipeline, scoring
 
     data = bad_csv(tmp_path / "test.csv")
     train = tmp_path / "train.jsonl"
@@ -97,7 +97,7 @@ def test_evaluate(tmp_path, capsys, monkeypatch):
     used = {}
 
     def fake_run_job(dirs, real_paths, out_dir, config, max_dead_letters=0, **kw):
-        real = report.load_real(*real_paths, max_dead_letters=max_dead_letters)
+        real = scoring.load_real(*real_paths, max_dead_letters=max_dead_letters)
         used.update(train=len(real.train), test=len(real.test))
 
     monkeypatch.setattr(pipeline, "run_job", fake_run_job)

@@ -99,7 +99,7 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     # The dedup found and cut every planted review; its temporary tokenizer (it saw them) and
     # that tokenizer's ids are not in its stage directory; the released tokenizer came after
     # the dedup and re-tokenized the clean corpus.
-    from dpsynth.tokens import read_manifest
+    from dpsynth.data.token_shards import read_manifest
 
     dedup, tok = result.outputs["dedup"], result.outputs["tokenizer"]
     assert dedup.summary["planted"] == 2 and dedup.summary["planted_found"] == 2

@@ -19,8 +19,10 @@ import argparse
 import json
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.data import dead_letters
+from dpsynth.dp import selection
+from dpsynth.evaluate import registry
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -32,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--train", required=True)
     ap.add_argument("--valid", required=True, help="selection set (synthetic valid for synthetic data)")
     ap.add_argument("--test", required=True, help="real test set")
-    ap.add_argument("--classifier", default="wordcnn", choices=("wordcnn", "backbone"))
+    ap.add_argument("--classifier", default="wordcnn", choices=registry.names())
     ap.add_argument("--model", help="pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP "
                     "WordCNN's vocabulary)")
     ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
@@ -47,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--expected-batch-size", type=int, default=64)
     ap.add_argument("--dp-epochs", type=float, default=5.0)
     ap.add_argument("--accountant", default="rdp", choices=("rdp", "pld"))
-    ap.add_argument("--sweep-accounting", default="composed", choices=("composed", "selected-only"),
+    ap.add_argument("--sweep-accounting", default="composed", choices=selection.SWEEP_ACCOUNTINGS,
                     help="DP: all trials of the sweep together meet --epsilon (composed) or only the selected one")
     ap.add_argument("--vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
                     help="WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
@@ -63,27 +65,24 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+@errors.command("classify", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     from dpsynth.evaluate import train_classifier as tc
 
     args = parser().parse_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    try:
-        # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
-        policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
-                                        prefix="dpsynth classify: ")
-        dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
-                                   ("test (--test)", args.test)], policy)
-        result = tc.classify_files(
-            args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
-            pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
-            repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
-            clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
-            accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
-            seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"dpsynth classify: error: {e}", file=sys.stderr)
-        return 2
+    # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
+    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                    prefix="dpsynth classify: ")
+    dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
+                               ("test (--test)", args.test)], policy)
+    result = tc.classify_files(
+        args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
+        pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
+        repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
+        clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
+        accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
+        seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
                "test_scores_mean": result.score_mean}
     if result.privacy is not None:

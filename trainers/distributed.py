@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from dpsynth.train.sharding import initialize_distributed
+from dpsynth.train.sharding import DistributedError, initialize_distributed
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -24,9 +24,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def start(args: argparse.Namespace) -> None:
-    """Joins the processes when `--distributed` is given. Raises ValueError on a bad combination."""
+    """Joins the processes when `--distributed` is given. Raises `DistributedError` on a bad combination."""
     if args.distributed:
         initialize_distributed(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
                                process_id=args.process_id)
     elif (args.coordinator_address, args.num_processes, args.process_id) != (None, None, None):
-        raise ValueError("--coordinator-address/--num-processes/--process-id need --distributed")
+        raise DistributedError("--coordinator-address/--num-processes/--process-id need --distributed")

@@ -4,8 +4,8 @@ Example:
     dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
         --mode lora --epsilon 3 --out runs/dp_lora
 
-Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or `sweep`
-with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
+Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or
+`dpsynth.train.sweep.sweep` with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column); every rejected record (dead letter) is
 counted and explained on stderr and listed in the private state, and past --max-dead-letters the
 run is refused before any compute (`dpsynth.data.dead_letters`).
@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from dpsynth import binding, logs
+from dpsynth import binding, errors, logs
 from dpsynth.data import dead_letters
 from trainers import distributed
 
@@ -33,7 +33,7 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, mechanisms
+    from dpsynth.dp import accounting, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import finetune as tune
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
-    p.add_argument("--sweep-accounting", choices=tune.SWEEP_ACCOUNTING, default="composed",
+    p.add_argument("--sweep-accounting", choices=selection.SWEEP_ACCOUNTINGS, default="composed",
                    help="composed (default): the k trials together meet --epsilon, the report covers all of them; "
                         "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
     p.add_argument("--text-column", default="text")
@@ -105,52 +105,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
-    from dpsynth.data.readers import InputError
     from dpsynth.train import finetune as tune
-    from dpsynth.dp.ledger import BudgetExceeded
-    from dpsynth.train.checkpoint import CheckpointError
+    from dpsynth.train import sweep as sweep_lib
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        distributed.start(args)  # multi-host: before any other JAX call
-    except ValueError as e:
-        print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        config = binding.from_args(tune.TuneConfig, args)
-        if args.privacy_unit == "user" and not args.user_column:
-            raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
-        if args.user_column and args.privacy_unit != "user":
-            raise tune.TuneError("--user-column is used with --privacy-unit user")
-        # Every rejected record is counted, explained and listed in the private state; past
-        # --max-dead-letters the run is refused before any compute.
-        state_dir = tune.resolve_state_dir(args.out, args.state_dir)
-        policy = dead_letters.Policy.of(args.max_dead_letters, os.path.join(state_dir, dead_letters.FILE),
-                                        prefix="dpsynth dp-tune: ")
-        inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]
-        inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
-        train, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
-                                                 label_column=args.label_column)
-        valid = rest[0].records if rest else []
-        kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
-                      mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
-        if args.stop_after is not None and args.stop_after < 1:
-            raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
-        if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
-            raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
-        if args.sweep_lr or args.sweep_clip:
-            result, _ = tune.sweep(args.base, train.records, valid, args.out, config,
-                                   learning_rates=args.sweep_lr or [config.learning_rate],
-                                   clip_norms=args.sweep_clip or [config.clip_norm],
-                                   sweep_accounting=args.sweep_accounting, **kwargs)
-        else:
-            result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
-                                  stop_after=args.stop_after, **kwargs)
-    except (tune.TuneError, InputError, BudgetExceeded, CheckpointError) as e:
-        print(f"dpsynth dp-tune: error: {e}", file=sys.stderr)
-        return 2
+    distributed.start(args)  # multi-host: before any other JAX call
+    config = binding.from_args(tune.TuneConfig, args)
+    if args.privacy_unit == "user" and not args.user_column:
+        raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
+    if args.user_column and args.privacy_unit != "user":
+        raise tune.TuneError("--user-column is used with --privacy-unit user")
+    # Every rejected record is counted, explained and listed in the private state; past
+    # --max-dead-letters the run is refused before any compute.
+    state_dir = tune.resolve_state_dir(args.out, args.state_dir)
+    policy = dead_letters.Policy.of(args.max_dead_letters, os.path.join(state_dir, dead_letters.FILE),
+                                    prefix="dpsynth dp-tune: ")
+    inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]
+    inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
+    train, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
+                                             label_column=args.label_column)
+    valid = rest[0].records if rest else []
+    kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
+                  mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
+    if args.stop_after is not None and args.stop_after < 1:
+        raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
+    if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
+        raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
+    if args.sweep_lr or args.sweep_clip:
+        result, _ = sweep_lib.sweep(args.base, train.records, valid, args.out, config,
+                                    learning_rates=args.sweep_lr or [config.learning_rate],
+                                    clip_norms=args.sweep_clip or [config.clip_norm],
+                                    sweep_accounting=args.sweep_accounting, **kwargs)
+    else:
+        result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
+                              stop_after=args.stop_after, **kwargs)
     chosen = result.report.get("training", {}).get("recipe")
     if chosen:  # what the automatic recipe chose, and why (public settings and |D_train| only)
         print("dpsynth dp-tune: recipe auto: " + "; ".join(chosen["why"]), file=sys.stderr)

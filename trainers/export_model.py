@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
-from dpsynth.models import hf_export, hf_files
-from dpsynth.models.hf_files import HFFormatError
-from dpsynth.train.checkpoint import CheckpointError
+from dpsynth import errors, logs
+from dpsynth.models import hf_export
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,15 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@errors.command("export-model", also=(OSError,))  # every failure we foresee: one line, no traceback
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
-    except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback
-        print(f"dpsynth export-model: error: {hf_files.error_line(e)}", file=sys.stderr)
-        return 2
+    record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
     print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
     return 0
 

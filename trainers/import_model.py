@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
-from dpsynth.models import hf_files, hf_import
-from dpsynth.models.hf_files import HFFormatError
-from dpsynth.train.checkpoint import CheckpointError
+from dpsynth import errors, logs
+from dpsynth.models import hf_import
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,15 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@errors.command("import-model", also=(OSError,))  # every failure we foresee: one line, no traceback
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
-    except (HFFormatError, CheckpointError, OSError) as e:  # every failure we foresee: one line, no traceback
-        print(f"dpsynth import-model: error: {hf_files.error_line(e)}", file=sys.stderr)
-        return 2
+    manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
     src = manifest["source"]
     print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "
           f"{args.out}")

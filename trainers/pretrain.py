@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.models.config import PRESETS
 from dpsynth.train import pretrain
 from trainers import distributed
@@ -79,25 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# also: the library's plain ValueErrors and a missing file, as one line too
+@errors.command("pretrain", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        distributed.start(args)
-        config = pretrain.PretrainConfig(
-            preset=args.preset, model_overrides=dict(args.overrides), seq_len=args.seq_len,
-            batch_size=args.batch_size, grad_accum=args.grad_accum, steps=args.steps, optimizer=args.optimizer,
-            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-            z_loss=args.z_loss, valid_fraction=args.valid_fraction, valid_unit=args.valid_unit,
-            valid_groups=tuple(args.valid_groups), eval_every=args.eval_every,
-            eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
-            seed=args.seed, mesh_data=args.mesh_data, mesh_model=args.mesh_model, peak_tflops=args.peak_tflops,
-            tensorboard=not args.no_tensorboard)
-        summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,
-                                        stop_after=args.stop_after)
-    except (ValueError, FileNotFoundError) as e:  # PretrainError, FormatError, CheckpointError
-        print(f"dpsynth pretrain: error: {e}", file=sys.stderr)
-        return 2
+    distributed.start(args)
+    config = pretrain.PretrainConfig(
+        preset=args.preset, model_overrides=dict(args.overrides), seq_len=args.seq_len,
+        batch_size=args.batch_size, grad_accum=args.grad_accum, steps=args.steps, optimizer=args.optimizer,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        z_loss=args.z_loss, valid_fraction=args.valid_fraction, valid_unit=args.valid_unit,
+        valid_groups=tuple(args.valid_groups), eval_every=args.eval_every,
+        eval_batches=args.eval_batches, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
+        seed=args.seed, mesh_data=args.mesh_data, mesh_model=args.mesh_model, peak_tflops=args.peak_tflops,
+        tensorboard=not args.no_tensorboard)
+    summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,
+                                    stop_after=args.stop_after)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import logs
-from dpsynth import tokens as tok
-from dpsynth.data.tokenizer_training import train_public_tokenizer
+from dpsynth import errors, logs
+from dpsynth.data.tokenizer_training import DEFAULT_SAMPLE_BYTES, train_public_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=int, required=True, metavar="N")
     t.add_argument("--out", required=True, metavar="MODEL", help="where to write the .model file")
     t.add_argument("--text-column", default="text", help="text field of .jsonl/.parquet inputs")
-    t.add_argument("--max-sample-mb", type=float, default=tok.DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
+    t.add_argument("--max-sample-mb", type=float, default=DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
                    help="sample at most this many MiB of lines (peak ~0.3 GB + ~25x this, docs/data.md)")
     t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
@@ -34,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@errors.command("tokenizer")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)

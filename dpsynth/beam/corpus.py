@@ -1,5 +1,8 @@
 """PTransforms that read text corpora and write token corpora (the `dpsynth tokenize` job).
 
+What to read is planned on the driver (`dpsynth.beam.inputs`: `plan_source` -> `CorpusSource`);
+the shard files are those of `dpsynth.data.token_shards`.
+
 Elements flowing between the transforms are plain tuples, so every runner can carry them:
 
 * `Item = (kind, key, payload)` with `kind` "doc" or "dead"; `key = (file_index, record)`
@@ -41,14 +44,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dpsynth import fileio
-from dpsynth import tokens as tok
-from dpsynth.data import readers
+from dpsynth.beam.inputs import CorpusSource
+from dpsynth.data import readers, token_shards
 from dpsynth.data.text import DEFAULT_MAX_CHUNK_CHARS, encode_document
+from dpsynth.data.tokenizers import Tokenizer
 
 logger = logging.getLogger("dpsynth")
 NAMESPACE = "dpsynth"
 DEAD_LETTERS = "dead_letters.jsonl"
-DEFAULT_SHARD_BYTES = 64 << 20
 BATCH_RECORDS = 512
 BATCH_BYTES = 16 << 20
 PART_BYTES = 8 << 20  # ReadCorpora: file bytes (compressed, as stored) per part of a big file
@@ -142,7 +145,7 @@ class ReadCorpora(beam.PTransform):
     File indices (the first part of an Item's key) count within each corpus.
     """
 
-    def __init__(self, sources: Sequence["CorpusSource"],
+    def __init__(self, sources: Sequence[CorpusSource],
                  max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES, part_bytes: int = PART_BYTES):
         super().__init__()
         if any(s.records is not None or s.token_dir is not None for s in sources):
@@ -207,8 +210,8 @@ class _TokenizeFn(beam.DoFn):
         self.bytes = Metrics.counter(NAMESPACE, "text_bytes")
 
     def setup(self):
-        self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
-        self.dtype = tok.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
+        self.tokenizer = Tokenizer.load(self.tokenizer_path)
+        self.dtype = token_shards.token_dtype(self.tokenizer.vocab_size)  # uint16 halves the shuffle
 
     def process(self, element):
         name, batch = element
@@ -240,7 +243,7 @@ class _TokenizeFn(beam.DoFn):
 
 
 class TokenizeDocuments(beam.PTransform):
-    """Tokenizes documents with a SentencePiece model (`dpsynth.tokens.Tokenizer`)."""
+    """Tokenizes documents with a SentencePiece model (`dpsynth.data.tokenizers.Tokenizer`)."""
 
     def __init__(self, tokenizer_path: str, max_chunk_chars: int = DEFAULT_MAX_CHUNK_CHARS):
         super().__init__()
@@ -273,15 +276,15 @@ class _WriteShardFn(beam.DoFn):
 
     def __init__(self, out_dirs: dict[str, str], vocab_size: int):
         self.out_dirs, self.vocab_size = out_dirs, vocab_size
-        self.dtype = tok.token_dtype(vocab_size)
+        self.dtype = token_shards.token_dtype(vocab_size)
         self.shards = Metrics.counter(NAMESPACE, "shards_written")
 
     def process(self, element):
         (name, index), parts = element
         out_dir = self.out_dirs[name]
         docs = sorted((d for part in parts for d in part), key=lambda d: d[0])
-        entry = tok.write_shard(
-            out_dir, tok.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
+        entry = token_shards.write_shard(
+            out_dir, token_shards.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
             [d[1] for d in docs], self.vocab_size,
         )
         labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
@@ -378,113 +381,10 @@ class _WriteManifestFn(beam.DoFn):
         if labels:
             extra["labels"] = dict(sorted(labels.items()))
         remove_stale_shards(output.out_dir, {e["name"] for e in entries})
-        yield name, tok.write_manifest(
+        yield name, token_shards.write_manifest(
             output.out_dir, name=name, shards=entries, vocab_size=self.vocab_size,
             tokenizer_sha256=self.tokenizer_sha256, extra=extra,
         )
-
-
-# ----------------------------------------------------------------------------- planning (driver)
-
-TFDS_PREFIX = "tfds:"
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusSource:
-    """One corpus to tokenize, resolved on the driver.
-
-    Exactly one of `files` (text files), `records` (in-memory, e.g. TFDS) or `token_dir`
-    (already tokenized: the job reuses it) is set.
-    """
-
-    name: str
-    kind: str  # "public" | "sensitive"
-    specs: tuple[str, ...]
-    columns: readers.Columns
-    files: tuple[readers.InputFile, ...] = ()
-    records: tuple[dict[str, Any], ...] | None = None
-    token_dir: str | None = None
-
-    @property
-    def total_bytes(self) -> int:
-        if self.records is not None:
-            return sum(len(r["text"].encode("utf-8")) for r in self.records)
-        return sum(f.size for f in self.files)
-
-    def num_shards(self, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-        """Shards of about `shard_bytes` of input text (at least one)."""
-        return max(1, math.ceil(self.total_bytes / shard_bytes))
-
-    def manifest_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"kind": self.kind, "inputs": list(self.specs), "text_column": self.columns.text}
-        if self.columns.label is not None:
-            extra["label_column"] = self.columns.label
-        return extra
-
-
-def is_token_corpus(path: str) -> bool:
-    """Whether `path` is a directory written by `dpsynth tokenize` (has a dpsynth manifest)."""
-    if "*" in path or path.startswith(TFDS_PREFIX):
-        return False
-    try:
-        tok.read_manifest(path)
-        return True
-    except (tok.FormatError, OSError, ValueError):
-        return False
-
-
-def _preflight(files: Sequence[readers.InputFile], columns: readers.Columns) -> None:
-    """Fails fast on the driver for fatal per-file problems (missing columns, .txt labels)."""
-    for f in files:
-        if f.format == "txt" and columns.label is not None:
-            raise readers.InputError(f"{f.path}: a .txt file has no label; labeled datasets must be CSV, JSONL or Parquet")
-        if f.format in ("csv", "parquet"):
-            it = readers.iter_file(f, columns)
-            next(it, None)  # reading the first record checks the header / schema
-            it.close()
-
-
-def plan_source(
-    specs: Sequence[str] | str,
-    *,
-    kind: str,
-    name: str | None = None,
-    text_column: str = "text",
-    label_column: str | None = "label",
-    tfds_data_dir: str | None = None,
-) -> CorpusSource:
-    """Resolves input specs into a `CorpusSource` (fatal input errors raise here, on the driver).
-
-    Args:
-      specs: paths, directories or globs; or one already tokenized corpus directory; or one
-        `tfds:NAME` (sensitive data from an already prepared TFDS `data_dir`, all splits).
-      kind: "public" (no label) or "sensitive" (labeled).
-      name: corpus name (default: the stem of the first spec).
-    """
-    if isinstance(specs, str):
-        specs = [specs]
-    specs = tuple(str(s) for s in specs)
-    if not specs:
-        raise readers.InputError(f"no input given for the {kind} corpus")
-    if kind not in ("public", "sensitive"):
-        raise ValueError(f"kind must be 'public' or 'sensitive', got {kind!r}")
-    columns = readers.Columns(text=text_column, label=label_column) if kind == "sensitive" else readers.Columns.public(text_column)
-    if name is None:
-        first = specs[0][len(TFDS_PREFIX):] if specs[0].startswith(TFDS_PREFIX) else specs[0]
-        name = first.rstrip("/").rsplit("/", 1)[-1].split(".")[0].split("*")[0] or kind
-    if any(s.startswith(TFDS_PREFIX) for s in specs):
-        if len(specs) != 1:
-            raise readers.InputError(f"{specs}: a tfds: input must be the only input of its dataset")
-        from dpsynth.data import tfds_source as tfds_io
-
-        splits = tfds_io.load_tfds(specs[0][len(TFDS_PREFIX):], data_dir=tfds_data_dir)
-        records = tuple(r for split in ("train", "valid", "test") for r in splits.get(split, []))
-        return CorpusSource(name, kind, specs, columns, records=records)
-    if len(specs) == 1 and is_token_corpus(specs[0]):
-        return CorpusSource(name, kind, specs, columns, token_dir=specs[0])
-    files = tuple(readers.resolve_inputs(list(specs)))
-    _preflight(files, columns)
-    return CorpusSource(name, kind, specs, columns, files=files)
 
 
 class TokenizeCorpora(beam.PTransform):
@@ -538,12 +438,3 @@ class TokenizeCorpus(beam.PTransform):
     def expand(self, pbegin):
         """PBegin -> PCollection[manifest dict] (one element, after every shard is written)."""
         return pbegin | "Corpora" >> self.corpora | "DropName" >> beam.Map(lambda kv: kv[1])
-
-
-def check_not_empty(manifest: dict[str, Any], source: CorpusSource) -> None:
-    """Raises `EmptyDatasetError` naming the inputs when a written corpus has no document."""
-    if manifest["num_documents"] == 0:
-        raise readers.EmptyDatasetError(
-            f"{', '.join(source.specs)}: no valid document ({manifest.get('dead_lettered', 0)} dead-lettered; "
-            f"reasons: {manifest.get('dead_letter_reasons', {})})"
-        )

@@ -29,9 +29,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from dpsynth import fileio
-from dpsynth import tokens as tok
 from dpsynth.beam.corpus import remove_stale_shards
+from dpsynth.data import token_shards
 from dpsynth.data.text import complement_ranges
+from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
@@ -94,20 +95,21 @@ class _DedupShardFn(beam.DoFn):
 
         self.index = SensitiveIndex.load(self.index_path)  # any Beam filesystem
         self.index.sorted_suffixes(self.threads)  # the sensitive suffix array, once per worker
-        self.tokenizer = tok.Tokenizer.load(self.tokenizer_path)
+        self.tokenizer = Tokenizer.load(self.tokenizer_path)
 
     def process(self, entry):
         from dpsynth.dedup.match import dedup_shard
 
         start = time.monotonic()
-        shard = tok.read_shard(self.public_dir, entry, self.dtype)
+        shard = token_shards.read_shard(self.public_dir, entry, self.dtype)
         result = dedup_shard(self.index, shard, min_tokens=self.min_tokens, threads=self.threads)
         cleaned, clean_dir = result.cleaned, FileSystems.join(self.out_dir, CLEAN_TOKENS)
         if result.stats.tokens_removed:
-            clean_entry = tok.write_shard(clean_dir, shard.name, [cleaned.document(i) for i in range(cleaned.num_documents)],
-                                          cleaned.docs, self.vocab_size)
+            clean_entry = token_shards.write_shard(clean_dir, shard.name,
+                                                   [cleaned.document(i) for i in range(cleaned.num_documents)],
+                                                   cleaned.docs, self.vocab_size)
         else:  # nothing cut: write_shard would write the same bytes
-            clean_entry = tok.copy_shard(self.public_dir, clean_dir, entry)
+            clean_entry = token_shards.copy_shard(self.public_dir, clean_dir, entry)
         lines, emptied, touched, removed = [], 0, 0, 0
         texts = clean_texts(self.tokenizer, shard.tokens, shard.offsets, result.ranges)
         for i, (ranges, text) in enumerate(zip(result.ranges, texts)):
@@ -173,7 +175,7 @@ class _FinishFn(beam.DoFn):
         names = {r[1] for r in results}
         for sub in (CLEAN_TOKENS, CLEAN_TEXT):
             remove_stale_shards(FileSystems.join(self.out_dir, sub), names)
-        tok.write_manifest(
+        token_shards.write_manifest(
             FileSystems.join(self.out_dir, CLEAN_TOKENS), name="clean", shards=[r[2]["entry"] for r in results],
             vocab_size=self.vocab_size, tokenizer_sha256=self.tokenizer_sha256,
             extra={"kind": "public", "min_tokens": self.min_tokens, "contamination_sha256": rep["report_sha256"],

@@ -21,10 +21,11 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from dpsynth import tokens as tok
 from dpsynth.beam import corpus
+from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
-from dpsynth.data import readers
+from dpsynth.data import readers, token_shards
+from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 logger = logging.getLogger("dpsynth")
@@ -51,7 +52,7 @@ def tokenize(
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,
-    shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     beam_args: Sequence[str] | None = None,
@@ -66,9 +67,9 @@ def tokenize(
         corpus (`EmptyDatasetError`, after it).
     """
     start = time.monotonic()
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
-    source = corpus.plan_source(inputs, kind=kind, name=name, text_column=text_column,
-                                label_column=label_column, tfds_data_dir=tfds_data_dir)
+    tokenizer = Tokenizer.load(tokenizer_path)
+    source = plan_source(inputs, kind=kind, name=name, text_column=text_column,
+                         label_column=label_column, tfds_data_dir=tfds_data_dir)
     if source.token_dir is not None:
         raise readers.InputError(f"{source.token_dir}: already a token corpus; nothing to tokenize")
     shards = num_shards or source.num_shards(shard_bytes)
@@ -82,8 +83,8 @@ def tokenize(
         )
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
-    manifest = tok.read_manifest(out_dir)
-    corpus.check_not_empty(manifest, source)
+    manifest = token_shards.read_manifest(out_dir)
+    check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
     print(f"tokenize: {summarize_manifest(manifest, out_dir)} "
           f"[{source.total_bytes / 1e6 / max(elapsed, 1e-9):.2f} MB/s, {elapsed:.1f}s]")
@@ -114,7 +115,7 @@ def dedup(
     text_column: str = "text",
     label_column: str | None = "label",
     num_shards: int | None = None,
-    shard_bytes: int = corpus.DEFAULT_SHARD_BYTES,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     threads: int = 1,
@@ -141,7 +142,7 @@ def dedup(
     if not sensitive:
         raise readers.InputError("dedup needs at least one --sensitive dataset")
     start = time.monotonic()
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
                              tfds_data_dir=tfds_data_dir)
     dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
@@ -166,14 +167,14 @@ def dedup(
 
 
 def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
-                   label_column: str | None, tfds_data_dir: str | None) -> list[corpus.CorpusSource]:
+                   label_column: str | None, tfds_data_dir: str | None) -> list[CorpusSource]:
     """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
-    sources = [corpus.plan_source(public, kind="public", name="public", text_column=text_column)]
+    sources = [plan_source(public, kind="public", name="public", text_column=text_column)]
     names = set()
     for spec in sensitive:
         name, path = parse_named(spec)
-        src = corpus.plan_source(path, kind="sensitive", name=name, text_column=text_column,
-                                 label_column=label_column, tfds_data_dir=tfds_data_dir)
+        src = plan_source(path, kind="sensitive", name=name, text_column=text_column,
+                          label_column=label_column, tfds_data_dir=tfds_data_dir)
         if src.name in names or src.name == "public":
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
@@ -181,13 +182,13 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
     return sources
 
 
-def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer, tokenizer_path: str,
+def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
                 out_dir: str) -> dict[str, str]:
     """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
-            m = tok.read_manifest(src.token_dir)
+            m = token_shards.read_manifest(src.token_dir)
             if m["tokenizer_sha256"] != tokenizer.sha256:
                 raise readers.InputError(
                     f"{src.token_dir}: tokenized with tokenizer {m['tokenizer_sha256'][:12]}, not "
@@ -199,7 +200,7 @@ def _token_dirs(sources: Sequence[corpus.CorpusSource], tokenizer: tok.Tokenizer
     return dirs
 
 
-def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, str], tokenizer: tok.Tokenizer,
+def _tokenize_sources(sources: Sequence[CorpusSource], dirs: dict[str, str], tokenizer: Tokenizer,
                       tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
                       beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
     """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
@@ -221,18 +222,18 @@ def _tokenize_sources(sources: Sequence[corpus.CorpusSource], dirs: dict[str, st
         run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
     manifests = {}
     for s in sources:
-        manifests[s.name] = tok.read_manifest(dirs[s.name])
-        corpus.check_not_empty(manifests[s.name], s)
+        manifests[s.name] = token_shards.read_manifest(dirs[s.name])
+        check_not_empty(manifests[s.name], s)
         print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
     return manifests
 
 
-def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
+def _save_sensitive_index(sensitive: Sequence[CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
     """Stage 2: the sensitive index, built once on the driver and saved as one file (broadcast
     to the workers by path); returns that path."""
     from dpsynth.dedup.index import SensitiveIndex
 
-    index = SensitiveIndex.build([(s.name, tok.read_corpus(dirs[s.name])) for s in sensitive])
+    index = SensitiveIndex.build([(s.name, token_shards.read_corpus(dirs[s.name])) for s in sensitive])
     index_path = FileSystems.join(out_dir, INDEX_FILE)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -240,7 +241,7 @@ def _save_sensitive_index(sensitive: Sequence[corpus.CorpusSource], dirs: dict[s
     return index_path
 
 
-def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: tok.Tokenizer,
+def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: Tokenizer,
                   tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
                   beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, Any]:
     """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
@@ -258,7 +259,8 @@ def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokeniz
             | "Report" >> bdedup.WriteDedupReport(
                 out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
                 tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
-                extra={"public_manifest_sha256": tok.sha256_file(FileSystems.join(public_dir, tok.MANIFEST))})
+                extra={"public_manifest_sha256":
+                       token_shards.sha256_file(FileSystems.join(public_dir, token_shards.MANIFEST))})
         )
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)

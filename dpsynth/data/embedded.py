@@ -22,6 +22,8 @@ import warnings
 import zlib
 from typing import Any
 
+from dpsynth.errors import MissingFileError
+
 AUSTEN_BOOKS = ("sensesensibility", "prideprejudice", "mansfieldpark", "emma", "northangerabbey", "persuasion")
 _R_LIB = os.path.join("usr", "lib", "R", "site-library")
 ENV_DIR = "DPSYNTH_EMBEDDED_DIR"
@@ -29,7 +31,7 @@ DEFAULT_DIR = os.path.join("data", "embedded")
 VALID_FRACTION = 0.1
 
 
-class EmbeddedDataMissing(FileNotFoundError):
+class EmbeddedDataMissing(MissingFileError):
     """The Debian packages have not been fetched (run `make data`)."""
 
 

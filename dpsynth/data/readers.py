@@ -58,6 +58,8 @@ from typing import Any, Union
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth.errors import DpsynthError
+
 FORMATS = ("txt", "jsonl", "csv", "parquet", "label_text")
 _SUFFIX_FORMAT = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
                   ".csv": "csv", ".parquet": "parquet"}
@@ -68,7 +70,7 @@ _GLOB = re.compile(r"[*?\[]")
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
-class InputError(ValueError):
+class InputError(DpsynthError, ValueError):
     """A fatal problem with an input (names the file and the reason)."""
 
 

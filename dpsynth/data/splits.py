@@ -29,12 +29,14 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsynth.errors import DpsynthError
+
 SPLITS = ("train", "valid", "test")
 HOLDOUTS = ("tail", "hash")
 SUBSAMPLES = ("first", "hash")
 
 
-class SplitError(ValueError):
+class SplitError(DpsynthError, ValueError):
     """An invalid split specification or data that does not fit it (names the split/field)."""
 
 

@@ -1,4 +1,4 @@
-"""TF-Text tokenization with the same SentencePiece model as `dpsynth.tokens.Tokenizer`.
+"""TF-Text tokenization with the same SentencePiece model as `dpsynth.data.tokenizers.Tokenizer`.
 
 `tf_tokenizer(tokenizer)` builds `tensorflow_text.SentencepieceTokenizer(model=proto)` from
 the very model bytes, so in-graph tokenization (e.g. inside a `tf.data` input pipeline) gives

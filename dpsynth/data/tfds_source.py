@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from dpsynth.errors import MissingFileError
+
 VALID_FRACTION = 0.1
 
 
@@ -54,7 +56,7 @@ def load_tfds(name: str, *, data_dir: str | None = None, valid_fraction: float =
 
     Raises:
       ValueError: unsupported dataset name.
-      FileNotFoundError: the dataset is not prepared in `data_dir` (dpsynth does not download).
+      MissingFileError (a FileNotFoundError): the dataset is not prepared in `data_dir` (dpsynth does not download).
     """
     if name not in SUPPORTED:
         raise ValueError(f"tfds:{name}: unsupported; choose one of {sorted(SUPPORTED)} or export it to JSONL/CSV")
@@ -68,7 +70,7 @@ def load_tfds(name: str, *, data_dir: str | None = None, valid_fraction: float =
         try:
             ds = builder.as_dataset(split=split, shuffle_files=False)
         except (AssertionError, FileNotFoundError, ValueError) as e:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"tfds:{name}: split {split!r} is not prepared under data_dir={data_dir!r} ({e}); prepare it "
                 f"offline with `tfds build {name} --data_dir DIR` and pass --tfds-data-dir DIR"
             ) from e

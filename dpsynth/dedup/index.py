@@ -27,8 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth.data.token_shards import FormatError, TokenShard
 from dpsynth.fileio import write_bytes_fs
-from dpsynth.tokens import FormatError, TokenShard
 
 FORMAT = "dpsynth.sensitive_index"
 FORMAT_VERSION = 1

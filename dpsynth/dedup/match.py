@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dpsynth.data.token_shards import TokenShard
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dedup.index import SensitiveIndex, check_token_arrays
 from dpsynth.dedup.suffix_array import check_threads
-from dpsynth.tokens import TokenShard
 
 logger = logging.getLogger(__name__)
 

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 
 import dp_accounting
 
+from dpsynth.errors import DpsynthError
+
 ACCOUNTANTS = ("rdp", "pld")
 DEFAULT_ACCOUNTANT = "rdp"
 # PLD grid step for the privacy loss. Measured on N = 22500, B = 1024, T = 1000, sigma 1,
@@ -54,7 +56,7 @@ NEIGHBORING_RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-class PrivacyConfigError(ValueError):
+class PrivacyConfigError(DpsynthError, ValueError):
     """Invalid privacy parameters (epsilon, delta, q, steps) or an unreachable target."""
 
 

@@ -9,7 +9,7 @@ canaries that were memorised score higher than the k held-out ones.
 
 This module knows nothing of models or training: the caller passes a function that trains on
 the augmented records and returns a loss function over texts
-(`dpsynth.train.finetune.canary_audit` does so for the DP tuner).
+(`dpsynth.train.audit.canary_audit` does so for the DP tuner).
 
 Statistics:
   * AUROC of "inserted vs held-out" by score (`jax_privacy.auditing.CanaryScoreAuditor`):

@@ -28,7 +28,7 @@ import json
 import math
 import sys
 
-from dpsynth import logs
+from dpsynth import errors, logs
 from dpsynth.dp import accounting
 from dpsynth.dp import mechanisms
 from dpsynth.dp.plan import plan_privacy
@@ -192,20 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@errors.command("privacy")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        result = compute(
-            dataset_size=args.dataset_size, batch_size=args.batch_size, delta=args.delta, steps=args.steps,
-            epochs=args.epochs, noise_multiplier=args.noise_multiplier, epsilon=args.epsilon,
-            accountant=args.accountant, privacy_unit=args.privacy_unit, num_users=args.num_users,
-            mechanism=args.mechanism, bands=args.bands,
-            max_examples_per_user=args.max_examples_per_user,
-        )
-    except accounting.PrivacyConfigError as e:
-        print(f"dpsynth privacy: error: {e}", file=sys.stderr)
-        return 2
+    result = compute(
+        dataset_size=args.dataset_size, batch_size=args.batch_size, delta=args.delta, steps=args.steps,
+        epochs=args.epochs, noise_multiplier=args.noise_multiplier, epsilon=args.epsilon,
+        accountant=args.accountant, privacy_unit=args.privacy_unit, num_users=args.num_users,
+        mechanism=args.mechanism, bands=args.bands,
+        max_examples_per_user=args.max_examples_per_user,
+    )
     print(json.dumps(result, sort_keys=True) if args.json else _format(result))
     return 0
 

@@ -41,6 +41,7 @@ import dp_accounting
 
 from dpsynth import fileio
 from dpsynth.dp import accounting, mechanisms
+from dpsynth.errors import DpsynthError
 
 FORMAT = "dpsynth.privacy_ledger"
 FORMAT_VERSION = 1
@@ -49,7 +50,7 @@ FORMAT_VERSION = 1
 BUDGET_SLACK = 1e-6
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(DpsynthError, RuntimeError):
     """Running the planned mechanisms would exceed the privacy budget."""
 
 

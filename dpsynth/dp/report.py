@@ -37,6 +37,7 @@ from dpsynth import fileio
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp import mechanisms
 from dpsynth.dp.ledger import PrivacyLedger
+from dpsynth.errors import MissingFileError
 
 FORMAT = "dpsynth.privacy_report"
 FORMAT_VERSION = 1
@@ -204,7 +205,7 @@ def write_report(directory: str, report: dict[str, Any]) -> tuple[str, str]:
 def load_report(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, REPORT_JSON)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no privacy report (was this model DP-tuned by `dpsynth dp-tune`?)")
+        raise MissingFileError(f"{path}: no privacy report (was this model DP-tuned by `dpsynth dp-tune`?)")
     return check_report(fileio.read_json(path), where=path)
 
 

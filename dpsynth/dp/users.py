@@ -37,13 +37,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpsynth.dp import sampling
+from dpsynth.errors import DpsynthError
 
 # Tag of the bounding stream (which rows of a heavy user are kept): disjoint from sampling/noise.
 BOUNDING_STREAM = 0xB0_0D
 PRIVACY_UNITS = ("example", "user")
 
 
-class UserColumnError(ValueError):
+class UserColumnError(DpsynthError, ValueError):
     """Bad user ids (missing, empty) or a bad contribution bound."""
 
 

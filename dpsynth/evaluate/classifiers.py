@@ -85,7 +85,7 @@ class BackboneClassifier(nn.Module):
     model_config: object  # dpsynth.models.ModelConfig
     num_classes: int
     pooling: str = "mean"
-    pad_id: int = 0  # the featurizer's padding id: dpsynth.tokens.PAD_ID, or -1 for imported tokenizers
+    pad_id: int = 0  # the featurizer's padding id: dpsynth.data.tokenizers.PAD_ID, or -1 for imported tokenizers
 
     @nn.compact
     def __call__(self, tokens):
@@ -134,7 +134,7 @@ class WordFeaturizer:
 class SubwordFeaturizer:
     """Texts -> LM token ids (dpsynth `Tokenizer`), BOS first, truncated and padded with PAD_ID."""
 
-    tokenizer: object  # dpsynth.tokens.Tokenizer
+    tokenizer: object  # dpsynth.data.tokenizers.Tokenizer
     max_len: int
 
     @property

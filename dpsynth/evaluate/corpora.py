@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.errors import DpsynthError
 
 
-class CorpusError(ValueError):
+class CorpusError(DpsynthError, ValueError):
     """A synthetic corpus or real split that cannot be evaluated (names the file and reason)."""
 
 

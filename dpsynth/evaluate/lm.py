@@ -85,7 +85,7 @@ class LanguageModel:
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 32, max_len: int = 256) -> np.ndarray:
         """float32 [n, d_model]: mean-pooled final hidden states of BOS + text (truncated)."""
-        from dpsynth.tokens import BOS_ID, PAD_ID
+        from dpsynth.data.tokenizers import BOS_ID, PAD_ID
 
         max_len = min(max_len, self.config.max_len)
         bos, pad = getattr(self.tokenizer, "bos_id", BOS_ID), getattr(self.tokenizer, "pad_id", PAD_ID)

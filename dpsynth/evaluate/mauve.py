@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import divergence
 
 AUTO = "auto"
@@ -28,7 +29,7 @@ EXAMPLES_PER_BUCKET = 10  # the `auto` heuristic: num_buckets = n / 10
 MIN_EXAMPLES = 2
 
 
-class TooFewExamplesError(ValueError):
+class TooFewExamplesError(DpsynthError, ValueError):
     """Not enough examples for the requested number of buckets."""
 
 

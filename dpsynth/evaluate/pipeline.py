@@ -4,7 +4,7 @@
     [baselines] --ScoreBaselines--> baseline rows --CollectBaselines--+--WriteReport--> report paths
 
 Each `ScoreCorpusFn` worker loads the real splits, the embedder (with the real-test features)
-and the backbone once in `setup()`; scoring a corpus is `report.Scorer.score_corpus`. The
+and the backbone once in `setup()`; scoring a corpus is `scoring.Scorer.score_corpus`. The
 report is written once from the collected rows (`report.write_report`). `run_job` is the
 whole job (what `beam_jobs/metrics.py` calls).
 """
@@ -16,19 +16,19 @@ from collections.abc import Sequence
 import apache_beam as beam
 
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
-from dpsynth.evaluate import report
+from dpsynth.evaluate import report, scoring
 
 NAMESPACE = "dpsynth.evaluate"
 
 
 class _ScorerFn(beam.DoFn):
-    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig, max_dead_letters=0):
+    def __init__(self, real_paths: tuple[str, str, str | None], config: scoring.EvaluateConfig, max_dead_letters=0):
         self.real_paths, self.config, self.max_dead_letters = real_paths, config, max_dead_letters
         self.scorer = None
 
     def setup(self):
-        self.scorer = report.Scorer(report.load_real(*self.real_paths, max_dead_letters=self.max_dead_letters),
-                                    self.config)
+        self.scorer = scoring.Scorer(scoring.load_real(*self.real_paths, max_dead_letters=self.max_dead_letters),
+                                     self.config)
 
 
 class ScoreCorpusFn(_ScorerFn):
@@ -62,7 +62,7 @@ class WriteReportFn(beam.DoFn):
     def setup(self):
         from dpsynth.evaluate import corpora
 
-        self.majority = report.majority_of(corpora.read_real(self.real_test, "real test"))
+        self.majority = scoring.majority_of(corpora.read_real(self.real_test, "real test"))
 
     def process(self, scored, baselines):
         rows = [r for r, _ in scored]
@@ -73,7 +73,7 @@ class WriteReportFn(beam.DoFn):
 class ScoreCorpora(beam.PTransform):
     """Scores synthetic corpora against the real splits."""
 
-    def __init__(self, real_paths: tuple[str, str, str | None], config: report.EvaluateConfig, max_dead_letters=0):
+    def __init__(self, real_paths: tuple[str, str, str | None], config: scoring.EvaluateConfig, max_dead_letters=0):
         super().__init__()
         self.real_paths, self.config, self.max_dead_letters = real_paths, config, max_dead_letters
 
@@ -85,7 +85,7 @@ class ScoreCorpora(beam.PTransform):
 
 
 def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
-          config: report.EvaluateConfig, max_dead_letters=0):
+          config: scoring.EvaluateConfig, max_dead_letters=0):
     """Adds the metric job to pipeline `p`; returns the PCollection holding the report paths dict."""
     if not synthetic_dirs:
         raise ValueError("no synthetic corpus given")
@@ -100,7 +100,7 @@ def build(p: beam.Pipeline, synthetic_dirs: Sequence[str], real_paths: tuple[str
 
 
 def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | None], out_dir: str,
-            config: report.EvaluateConfig, *, beam_args: Sequence[str] | None = None,
+            config: scoring.EvaluateConfig, *, beam_args: Sequence[str] | None = None,
             test_pipeline: PipelineFactory | None = None, max_dead_letters=0) -> None:
     """Runs the metric job: every corpus in `synthetic_dirs` against the real splits, one report.
 
@@ -116,6 +116,6 @@ def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | Non
     Raises:
       ValueError, FileNotFoundError: bad real splits (before any compute) or no corpus.
     """
-    report.load_real(*real_paths, max_dead_letters=max_dead_letters)  # clear input errors before any compute
+    scoring.load_real(*real_paths, max_dead_letters=max_dead_letters)  # clear input errors before any compute
     run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config, max_dead_letters),
                  beam_args=beam_args, test_pipeline=test_pipeline)

@@ -17,7 +17,7 @@ def select_on_synthetic_valid(rows: Sequence[Mapping[str, Any]], group_by: Seque
     """The row with the best `<classifier>_synthetic_valid_accuracy` in each group.
 
     Args:
-      rows: evaluation rows (`dpsynth.evaluate.report` metrics rows); rows without a
+      rows: evaluation rows (`dpsynth.evaluate.scoring` metrics rows); rows without a
         synthetic-valid score (errors) are skipped.
       group_by: row fields that define a group (e.g. ("mode", "epsilon")).
       classifier: whose synthetic-valid accuracy decides.

@@ -3,7 +3,7 @@
 The question a user of dpsynth asks first: at the epsilon this corpus was generated for, does a
 classifier trained on it beat the same classifier trained with DP directly on the real data? A
 verdict compares, on the real test set, the synthetic corpus's classifier with the DP-on-real
-baseline at the corpus's nominal epsilon (`report.nominal_epsilon`: its target, so 2.9995 meets
+baseline at the corpus's nominal epsilon (`nominal_epsilon`: its target, so 2.9995 meets
 the baseline at 3) and with the real-data classifier, on accuracy AND balanced accuracy. The
 corpus "beats DP-on-real" only when it is ahead on both; on a skewed test set accuracy alone can
 be won by answering the majority class. Where no DP-on-real baseline exists at that epsilon (or

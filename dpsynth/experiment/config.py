@@ -78,7 +78,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
     evaluate:
       classifiers: [wordcnn]        # wordcnn | backbone
       baselines: true               # real data and DP-on-real at the same epsilons
-      options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.report.EvaluateConfig)
+      options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.scoring.EvaluateConfig)
 
 Unknown keys and bad values raise `ConfigError` naming the YAML key, e.g.
 `dp_tune.epsilons[1]: must be > 0 or inf, got -1`.
@@ -97,6 +97,8 @@ from typing import Any
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp import mechanisms
+from dpsynth.errors import DpsynthError
+from dpsynth.evaluate import registry
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
 from dpsynth.train.recipe import RECIPES
 
@@ -105,11 +107,12 @@ LOSSES = ("prefix", "full")
 ACCOUNTANTS = ("rdp", "pld")
 FORMATS = ("auto", "csv", "jsonl", "parquet", "label_text")
 LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
-CLASSIFIERS = ("wordcnn", "backbone")
 
 
-class ConfigError(ValueError):
+class ConfigError(DpsynthError, ValueError):
     """An invalid experiment config; the message starts with the YAML key at fault."""
+
+    kind = "config error"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -411,7 +414,7 @@ class EvaluateConfig:
     def validate(self, key: str) -> None:
         _nonempty(self.classifiers, f"{key}.classifiers")
         for i, c in enumerate(self.classifiers):
-            _choice(c, CLASSIFIERS, f"{key}.classifiers[{i}]")
+            _choice(c, registry.names(), f"{key}.classifiers[{i}]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -475,7 +478,7 @@ def load_config(path: str) -> ExperimentConfig:
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: config file not found") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e  # one line
     if data is None:
         data = {}
     try:

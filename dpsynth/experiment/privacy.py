@@ -190,7 +190,7 @@ def _gaussian(name: str, sigma: float) -> Release:
 
 
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
-    from dpsynth.evaluate.report import EvaluateConfig
+    from dpsynth.evaluate.scoring import EvaluateConfig
     from dpsynth.binding import make_config
     from dpsynth.experiment.stages import evaluate_options
 
@@ -212,7 +212,7 @@ def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Relea
     all k together meet the target; "selected-only": one trial at the target is accounted),
     each accounted trial's steps in the ledger.
     """
-    from dpsynth.evaluate import train_classifier as tc
+    from dpsynth.dp import selection
 
     if not eval_cfg.get("baselines"):
         return []
@@ -224,12 +224,10 @@ def planned_baselines(eval_cfg: Mapping[str, Any], num_train: int) -> list[Relea
         if ecfg.real_baseline:
             out.append(compose_lib.nonprivate(f"real-data baseline [{kind}]", "real_baseline"))
         for eps in baseline_epsilons(eval_cfg):
-            dp = tc.DPConfig(epsilon=eps, expected_batch_size=min(ecfg.dp_expected_batch_size, num_train),
-                             epochs=ecfg.dp_epochs, delta=ecfg.dp_delta, accountant=ecfg.dp_accountant,
-                             sweep_accounting=ecfg.dp_sweep_accounting)
+            dp = ecfg.dp_config(eps, num_train)
             p = dp.plan(num_train, k)
             entry = p.ledger_entry(steps=p.steps, clip_norm=1.0, name="dp_on_real")
-            accounted = k if dp.sweep_accounting == "composed" else 1
+            accounted = selection.compositions(dp.sweep_accounting, k)
             out.append(Release(name=f"dp-on-real [{kind}, eps={eps:g}, {k} trials]", kind="dp_on_real",
                                entries=tuple(dict(entry) for _ in range(accounted))))
     return out

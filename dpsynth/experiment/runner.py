@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dpsynth import fileio, logs
+from dpsynth import errors, fileio, logs
 from dpsynth.dp import mechanisms
 from dpsynth.experiment import cache
 from dpsynth.experiment import privacy as root_privacy
@@ -34,7 +34,7 @@ from dpsynth.experiment.config import ConfigError, ExperimentConfig, load_config
 from dpsynth.experiment.plan import STAGES, Plan, StageNode, build_plan, fmt_num
 
 EXIT_FAILED = 1
-EXIT_CONFIG = 2
+EXIT_CONFIG = errors.EXIT_USER_ERROR  # a config error (any `DpsynthError` raised before a stage runs)
 EXIT_UNAVAILABLE = 3
 
 
@@ -390,24 +390,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@errors.command("experiment")
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    try:
-        config = load_config(args.config)
-        root = args.out or config.out
-        if not root:
-            raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
-        if args.dry_run:
-            plan = build_plan(config, root, data_dir=args.data_dir)
-            print(describe_plan(plan, config))
-            return 0
-        result = run_experiment(config, root=root, jobs=args.jobs, until=args.until, data_dir=args.data_dir)
-    except ConfigError as e:
-        print(f"dpsynth experiment: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+    config = load_config(args.config)
+    root = args.out or config.out
+    if not root:
+        raise ConfigError("out: no output directory (set `out:` in the config or pass --out)")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.dry_run:
+        plan = build_plan(config, root, data_dir=args.data_dir)
+        print(describe_plan(plan, config))
+        return 0
+    result = run_experiment(config, root=root, jobs=args.jobs, until=args.until, data_dir=args.data_dir)
     return report_result(result, verbose=args.verbose)
 
 

@@ -558,6 +558,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     stage directories) so the report's rows carry readable names.
     """
     from dpsynth.evaluate import report as lib
+    from dpsynth.evaluate import scoring, tables
 
     c = ctx.config
     sens = ctx.inputs["sensitive"]
@@ -568,9 +569,9 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         link = os.path.join(links, trial["id"])
         os.symlink(os.path.relpath(out.dir, links), link)
         dirs.append(link)
-    real = lib.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
+    real = scoring.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
     epsilons = sorted({float(t["epsilon"]) for t in c["trials"]} - {float("inf")}) if c["baselines"] else []
-    config = make_config(lib.EvaluateConfig, {
+    config = make_config(scoring.EvaluateConfig, {
         "classifiers": tuple(c["classifiers"]),
         "model_dir": ctx.inputs["pretrain"].path("model"),
         "dp_epsilons": tuple(epsilons),
@@ -578,7 +579,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         **evaluate_options(c),
     }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
-    table = lib.summary_table(result, config.classifiers)
+    table = tables.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy, balanced accuracy and macro-F1 on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
     # What publishing the whole root costs: every release about D_train, composed from the ledgers.
@@ -595,7 +596,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
                    "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],
                    "trials_accounted": b["trials_accounted"],
                    "side_channels": [ch["name"] for ch in b["side_channels"]],
-                   "privacy_report": os.path.join(lib.baseline_dir(b), "privacy_report.json")}
+                   "privacy_report": os.path.join(tables.baseline_dir(b), "privacy_report.json")}
                   for b in result["baselines"] if b["baseline"] == "dp_on_real"]
     return {"table": table, "dp_on_real": dp_on_real,
             "paths": {k: os.path.relpath(v, ctx.out_dir) for k, v in result["paths"].items() if isinstance(v, str)},

@@ -172,6 +172,6 @@ def _write_memorisation_audit(records: dict[str, list[dict[str, Any]]], config: 
 
 
 def _load_tokenizer(model_dir: str):
-    from dpsynth.tokens import load_tokenizer
+    from dpsynth.data.tokenizers import load_tokenizer
 
     return load_tokenizer(model_dir)

@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.errors import DpsynthError
 
-class LabelError(ValueError):
+
+class LabelError(DpsynthError, ValueError):
     """Unknown labels, empty label sets or a bad label distribution."""
 
 

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.errors import DpsynthError
 from dpsynth.generate.sampler import DecodeModel
 from dpsynth.train import prompts
 
 
-class GenerateError(ValueError):
+class GenerateError(DpsynthError, ValueError):
     """Bad generation input: names the path or flag and the reason."""
 
 

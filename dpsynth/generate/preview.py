@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsynth.data.tokenizers import BOS_ID
 from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
-from dpsynth.tokens import BOS_ID
 
 
 def preview_samples(model_dir: str, n: int = 3, *, prompts: Sequence[str] = (), max_len: int = 64, seed: int = 0,

@@ -84,7 +84,7 @@ def memorisation_stats(
     """
     from dpsynth.dedup.index import SensitiveIndex
     from dpsynth.dedup.match import shared_lengths
-    from dpsynth.tokens import TokenShard
+    from dpsynth.data.token_shards import TokenShard
 
     offsets = np.zeros(len(train_docs) + 1, np.int64)
     np.cumsum([len(d) for d in train_docs], out=offsets[1:])

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1e30
 

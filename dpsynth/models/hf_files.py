@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from dpsynth import fileio
+from dpsynth.errors import DpsynthError
 from dpsynth.models.config import ModelConfig
 
 SINGLE_FILE, INDEX_FILE, CONFIG_FILE = "model.safetensors", "model.safetensors.index.json", "config.json"
@@ -41,18 +42,8 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FAMILIES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3", "gpt2")
 
 
-class HFFormatError(ValueError):
+class HFFormatError(DpsynthError, ValueError):
     """A Hugging Face directory we cannot import (names the file and the field or tensor)."""
-
-
-def error_line(error: Exception) -> str:
-    """One line for a foreseen failure of import-model/export-model (no traceback): the
-    message, or for a file-system error the path and the reason (permission denied, disk full)."""
-    if isinstance(error, OSError) and error.filename is not None:
-        text = f"{error.filename}: {error.strerror or error}"
-    else:
-        text = str(error)
-    return " ".join(text.split())
 
 
 # ============================================================================ safetensors

@@ -194,7 +194,7 @@ def load_params(source: HFSource, *, param_dtype: str = "float32", mesh=None) ->
 
 def load_hf_tokenizer(source: HFSource):
     """The source's tokenizer (`tokenizer.json` preferred, else `tokenizer.model`), checked against the embedding."""
-    from dpsynth.tokens import HFTokenizer, Tokenizer
+    from dpsynth.data.tokenizers import HFTokenizer, Tokenizer
 
     json_path = os.path.join(source.directory, "tokenizer.json")
     sp_path = os.path.join(source.directory, "tokenizer.model")

@@ -14,7 +14,7 @@ Model directory (`save_model` / `load_model`), format "dpsynth.model" version 1:
     DIR/config.json       `ModelConfig.to_dict()` (including lora_rank / prompt_length)
     DIR/tokenizer.model   the SentencePiece model (bytes), or DIR/tokenizer.json (an imported
                           Hugging Face tokenizer); DIR/special_ids.json when the special ids
-                          are not dpsynth's (imported models, see `dpsynth.tokens`)
+                          are not dpsynth's (imported models, see `dpsynth.data.tokenizers`)
     DIR/variables/        Orbax tree {collection: {...}} of the collections listed
     DIR/privacy_report.*  (DP-tuned models only, written by dpsynth.dp)
 
@@ -35,8 +35,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dpsynth import fileio
+from dpsynth.data.tokenizers import HF_FILE, SP_FILE, SPECIAL_IDS_FILE, Tokenizer, load_tokenizer, save_tokenizer
+from dpsynth.errors import DpsynthError
 from dpsynth.models.config import ModelConfig
-from dpsynth.tokens import HF_FILE, SP_FILE, SPECIAL_IDS_FILE, Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.train import sharding
 from dpsynth.train.core import TrainState
 
@@ -45,7 +46,7 @@ MODEL_FORMAT_VERSION = 1
 MANIFEST, CONFIG, TOKENIZER, VARIABLES = "manifest.json", "config.json", "tokenizer.model", "variables"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DpsynthError, ValueError):
     """A checkpoint or model directory that cannot be used (says why and what to do)."""
 
 

@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,11 +68,12 @@ from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
 from dpsynth.dp.strategy import DPSGDStrategy
+from dpsynth.errors import DpsynthError
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train import recipe as recipe_lib
-from dpsynth.train import release
+from dpsynth.train import release, tune_report
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
-                                   encode_null_examples, label_dropout_rows, manifest_fields, template_of)
+                                   encode_null_examples, label_dropout_rows, manifest_fields)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -84,17 +84,10 @@ PROMPT_INITS = ("uniform", "vocab")
 LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
 CHECKPOINT_FORMAT = "dpsynth.dp_tune_checkpoint"
 STATE_SUFFIX = ".private"  # default private state dir: a sibling `<out>.private/` of the model dir
-LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
-COUNTS_FILE = "counts.json"  # exact non-DP counts (truncated examples, rows dropped per user), in the private state dir
-SWEEP_FILE = "sweep.json"  # every trial's grid point and validation loss, in the sweep's private state dir
-SWEEP_ACCOUNTING = ("composed", "selected-only")
-NON_DP_COUNTS_NOTICE = ("exact counts over D_train/D_valid computed without noise: NOT differentially private; for "
-                        "the data owner only, never published with the model")
-NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
-                        "owner only, never published with the model")
 
 
-class TuneError(ValueError):
+
+class TuneError(DpsynthError, ValueError):
     """Bad tuning input or configuration (raised before any compute)."""
 
 
@@ -492,53 +485,6 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
 # ============================================================================ the run
 
 
-PRIVATE_STATE_CHANNEL = {
-    "name": "private state", "detail": "checkpoints (optimizer state and the secret sampling/noise seed), the non-DP "
-    "train/valid losses and any sweep trials are kept in an owner-only state directory outside the model directory "
-    "(default `<model dir>.private/`, mode 0700); nothing in it is released or covered by this report"}
-
-
-def _selection_channel(selection: dict) -> dict:
-    k, grid = selection["trials"], selection["grid"]
-    if selection["accounting"] == "composed":
-        return {"name": "validation-based selection", "detail":
-                f"{k} hyperparameter trials ({grid}) were trained on the same D_train, each calibrated so that all {k} "
-                "together meet the target (epsilon, delta): the ledger and the epsilon of this report cover all "
-                f"{k} trials. Choosing the trial with the lowest loss on D_valid is NOT differentially private with "
-                "respect to D_valid (a declared side channel); the validation losses are not released (private "
-                "state only), and only the selected model is written here"}
-    return {"name": "validation-based selection (selected-only accounting)", "detail":
-            f"{k} hyperparameter trials ({grid}) were each trained at the target (epsilon, delta) on their own and "
-            "ONLY THE SELECTED TRIAL IS ACCOUNTED (the paper's way): the ledger and the epsilon of this report cover "
-            f"one trial, not the {k} trained on the same D_train, whose composition is the true cost of the whole "
-            "procedure. Choosing the trial by its loss on D_valid is NOT differentially private; the other trials "
-            "were never written to this directory and the validation losses stay in the private state"}
-
-
-def _side_channels(config: TuneConfig, labels_from_data: bool, selection: dict | None,
-                   auto_recipe: bool = False) -> list[dict]:
-    channels = [dict(report_lib.LABEL_SET_CHANNEL)]
-    if labels_from_data:
-        channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
-                       "per-label counts are not released); pass the label set explicitly to avoid this"}
-    channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
-    channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
-                     "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
-                     "learning rate from it (and from public settings only)" if auto_recipe else "")})
-    channels.append({"name": "truncation count", "detail": f"training examples longer than {config.max_tokens} "
-                     "tokens were truncated to it; how many is not released (an exact count would reveal whether one "
-                     f"long example is in D_train): it stays in the private state ({COUNTS_FILE})"})
-    channels.append(dict(PRIVATE_STATE_CHANNEL))
-    if selection:
-        channels.append(_selection_channel(selection))
-    if config.seed is not None and config.private:
-        channels.append({"name": "fixed seed", "detail": "the run used a user-supplied seed (its value is not "
-                         "recorded here) for its Poisson sampling and noise: anyone who knows it can regenerate the "
-                         "noise, which voids the guarantee. Use the default (a secret seed from the OS entropy pool) "
-                         "for any release"})
-    return channels
-
-
 def user_ids(config: TuneConfig, records: Sequence[dict], where: str = "D_train") -> list[str] | None:
     """The records' user ids at user level (None otherwise); TuneError naming a record without one."""
     if not (config.private and config.privacy_unit == "user"):
@@ -558,15 +504,6 @@ def plan_for_records(config: TuneConfig, records: Sequence[dict], *, composition
     ids = user_ids(config, records)
     return plan_run(config, len(records), compositions=compositions,
                     num_users=count_users(ids) if ids is not None else None)
-
-
-def imported_base_channel(source: dict) -> dict:
-    """The side channel of a third-party pretrained base model (its pretraining data is unchecked)."""
-    return {"name": "pretrained base model", "detail":
-            f"the base model was imported ({source.get('family')} from {source.get('path')}, config SHA-256 "
-            f"{source.get('config_sha256')}); its pretraining data was NOT checked against the sensitive data, so the "
-            "DP guarantee covers the fine-tuning data only: text of D that was in that pretraining corpus can be "
-            "reproduced without any bound (dpsynth's own pretraining deduplicates against D first)"}
 
 
 def _released_config(config: TuneConfig) -> dict[str, Any]:
@@ -713,55 +650,6 @@ def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: 
                                expected_batch_size=plan.expected_batch_size, embedding=spec)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Reporter:
-    """Builds the run's privacy report from its ledger (with every checkpoint and at the end)."""
-
-    prep: _Prepared
-    selection: dict | None
-    base_dir: str
-    base_manifest_sha256: str
-    base_source: dict | None
-    model_config: Any
-    contamination_sha256: str | None
-    mech: Any
-    sigma: float
-
-    def __call__(self, ledger: PrivacyLedger) -> dict:
-        config, plan, recipe, mech = self.prep.config, self.prep.plan, self.prep.recipe, self.mech
-        training = {
-            "mode": config.mode, "noise_multiplier": self.sigma, "clip_norm": config.clip_norm,
-            "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
-            "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
-            "compositions": plan.compositions,
-            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
-            "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
-            "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
-            "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
-                    if not config.full_lm else "full LM (label prompt trained on; ablation)",
-            "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
-                        else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
-            **manifest_fields(config.template, self.prep.labels, config.label_dropout),
-            **({"recipe": recipe.to_json()} if recipe else {}),
-            "base_model": os.path.abspath(self.base_dir), "base_manifest_sha256": self.base_manifest_sha256,
-        }
-        channels = _side_channels(config, self.prep.labels_from_data, self.selection, recipe is not None)
-        if self.base_source:
-            training["base_source"] = {k: v for k, v in self.base_source.items() if not k.startswith("hf_")}
-            training["embedding_clipping"] = ("sparse (exact, untied input table)"
-                                              if embedding_spec(self.model_config, config) else "dense")
-            channels.append(imported_base_channel(self.base_source))
-        if mech is not None:
-            training.update(mech.training_fields())
-            channels += mech.side_channels()
-        return report_lib.build_report(
-            ledger, training=training, contamination_sha256=self.contamination_sha256,
-            side_channels=channels,
-            max_tokens_per_example=config.max_tokens,
-            extra={"selection": self.selection} if self.selection else None,
-            **(mech.report_kwargs() if mech else {}))
-
-
 def dp_tune(
     base_dir: str,
     train_records: Sequence[dict],
@@ -842,20 +730,22 @@ def dp_tune(
     # One source of truth for sigma: what the ledger, the budget check, the report and the
     # checkpoint record is read from the strategy object that adds the noise.
     sigma = float(getattr(strategy, "noise_multiplier", 0.0))
-    reporter = _Reporter(
-        prep=prep, selection=selection, base_dir=base_dir,
+    reporter = tune_report.RunReporter(
+        config=config, plan=prep.plan, recipe=prep.recipe, labels=prep.labels, labels_from_data=prep.labels_from_data,
+        selection=selection, base_dir=base_dir,
         base_manifest_sha256=fileio.sha256_file(os.path.join(base_dir, "manifest.json")),
         # An imported base (dpsynth import-model): its provenance travels into the report and manifest.
-        base_source=base.manifest.get("source") or base.manifest.get("base_source"), model_config=model_config,
+        base_source=base.manifest.get("source") or base.manifest.get("base_source"),
+        embedding_clipping="sparse (exact, untied input table)" if embedding_spec(model_config, config) else "dense",
         contamination_sha256=(contamination_sha256 if contamination_sha256 is not None
                               else base.manifest.get("contamination_sha256")),
         mech=mech, sigma=sigma)
     make_private_dir(prep.state_dir)
     if jax.process_index() == 0:  # exact counts computed without DP: the private state, never the report
-        write_private_json(os.path.join(prep.state_dir, COUNTS_FILE), {
+        write_private_json(os.path.join(prep.state_dir, tune_report.COUNTS_FILE), {
             "truncated_train": int(data.train.truncated),
             "truncated_valid": int(data.valid.truncated) if data.valid else 0,
-            **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": NON_DP_COUNTS_NOTICE})
+            **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": tune_report.NON_DP_COUNTS_NOTICE})
     fingerprint = hashlib.sha256(json.dumps(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
         sort_keys=True).encode() + _data_fingerprint(data.train_arrays).encode()
@@ -870,7 +760,7 @@ def dp_tune(
 
 
 def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strategy, *, run_seed: int,
-           fingerprint: str, reporter: _Reporter, out_dir: str, mesh, stop_after: int | None,
+           fingerprint: str, reporter: tune_report.RunReporter, out_dir: str, mesh, stop_after: int | None,
            progress_interval: float):
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
@@ -961,7 +851,7 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
 
 
 def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, losses: dict, start: int, *,
-                   loss_fn, reporter: _Reporter, base, base_dir: str, model_config, out_dir: str, sigma: float,
+                   loss_fn, reporter: tune_report.RunReporter, base, base_dir: str, model_config, out_dir: str, sigma: float,
                    t0: float) -> TuneResult:
     """The private losses; then, when every planned step ran, the final report and the model (its
     manifest last, tied to the report: `dpsynth.train.release`); else the report so far."""
@@ -977,9 +867,9 @@ def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, l
     rep = reporter(ledger)
     train_loss = losses["sum"] / max(losses["count"], 1.0)
     if primary:
-        write_private_json(os.path.join(prep.state_dir, LOSSES_FILE), {
+        write_private_json(os.path.join(prep.state_dir, tune_report.LOSSES_FILE), {
             "train_loss": train_loss, "train_loss_steps": f"{start}..{ledger.steps_recorded}",
-            "valid_loss": valid_loss, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
+            "valid_loss": valid_loss, "dp": False, "notice": tune_report.NON_DP_LOSSES_NOTICE})
     finished = ledger.steps_recorded == plan.steps
     if finished and primary:  # the final report first, the manifest (tied to it) last: `dpsynth.train.release`
         release.unmark(out_dir)
@@ -1006,159 +896,3 @@ def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, l
                       train_loss=train_loss, truncated_train=data.train.truncated,
                       truncated_valid=data.valid.truncated if data.valid else 0, report=rep,
                       seconds=time.monotonic() - t0, state_dir=prep.state_dir)
-
-
-def sweep(
-    base_dir: str,
-    train_records: Sequence[dict],
-    valid_records: Sequence[dict],
-    out_dir: str,
-    config: TuneConfig,
-    *,
-    learning_rates: Sequence[float],
-    clip_norms: Sequence[float],
-    sweep_accounting: str = "composed",
-    state_dir: str | None = None,
-    **kwargs,
-) -> tuple[TuneResult, list[dict]]:
-    """Grid over learning rate x clipping norm; releases the trial with the lowest D_valid loss.
-
-    Accounting (`sweep_accounting`):
-      * "composed" (default): each of the k trials is calibrated with
-        `plan_privacy(compositions=k)`, so the composition of all k meets the target
-        (epsilon, delta); the released report's ledger holds every trial's steps and its epsilon
-        is that of the k-fold composition. The selection on D_valid is a declared non-DP side
-        channel.
-      * "selected-only" (the paper's way): each trial is calibrated to the target on its own and
-        only the selected trial is accounted; the report says so in its side channels.
-
-    Every trial runs in the private state (`state_dir/trials/<i>/{model,state}`); only the
-    selected model and its report are written to `out_dir`. The validation losses stay in the
-    private state (`state_dir/sweep.json`), never in `out_dir`.
-    """
-    if sweep_accounting not in SWEEP_ACCOUNTING:
-        raise TuneError(f"sweep_accounting must be one of {SWEEP_ACCOUNTING}, got {sweep_accounting!r}")
-    if config.recipe == "auto":
-        raise TuneError("a sweep tries learning rates, which the automatic recipe chooses itself: use recipe 'manual' "
-                        "for a sweep")
-    if not valid_records:
-        raise TuneError("a sweep selects by loss on D_valid: give a non-empty validation set")
-    grid = [(float(lr), float(c)) for lr in learning_rates for c in clip_norms]
-    if not grid:
-        raise TuneError("an empty sweep grid: give at least one learning rate and one clipping norm")
-    k = len(grid)
-    compositions = k if sweep_accounting == "composed" else 1
-    plan_for_records(config, train_records, compositions=compositions)  # fail fast before any trial
-    state_dir = resolve_state_dir(out_dir, state_dir)
-    make_private_dir(state_dir)
-    trials, results = [], []
-    for i, (lr, c) in enumerate(grid):
-        trial_config = dataclasses.replace(config, learning_rate=lr, clip_norm=c)
-        tdir = os.path.join(state_dir, "trials", f"{i:03d}")
-        res = dp_tune(base_dir, train_records, valid_records, os.path.join(tdir, "model"), trial_config,
-                      state_dir=os.path.join(tdir, "state"), compositions=compositions, **kwargs)
-        results.append(res)
-        trials.append({"trial": i, "learning_rate": lr, "clip_norm": c, "valid_loss": res.valid_loss,
-                       "epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier})
-        logger.info("sweep trial %d of %d done", i + 1, k)  # the loss goes to the private state, not to logs
-    best = min(trials, key=lambda t: (math.isnan(t["valid_loss"]), t["valid_loss"]))
-    selection = {"trials": k, "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
-                 "selected_by": "lowest loss on D_valid (not DP)", "accounting": sweep_accounting,
-                 "selected": {key: best[key] for key in ("trial", "learning_rate", "clip_norm")}}
-    from dpsynth.train import sharding
-
-    primary = jax.process_index() == 0  # multi-host: one process copies and writes
-    if primary:
-        write_private_json(os.path.join(state_dir, SWEEP_FILE), {
-            "selection": selection, "trials": trials, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
-
-    # ------------------------------------------------------------ the release: the selected model only
-    src = os.path.join(state_dir, "trials", f"{best['trial']:03d}", "model")
-    os.makedirs(out_dir, exist_ok=True)
-    if primary:
-        release.unmark(out_dir)  # written again last, after the composed report
-    for name in os.listdir(src) if primary else ():
-        if name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, release.MANIFEST):
-            continue  # rebuilt below
-        s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
-        if os.path.isdir(s_):
-            shutil.copytree(s_, d_, dirs_exist_ok=True)
-        else:
-            shutil.copy2(s_, d_)
-    sharding.sync(f"dpsynth sweep copy {out_dir}")
-    rep = report_lib.load_report(src)
-    if sweep_accounting == "composed":
-        ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)
-        for t, res in zip(trials, results):
-            for e in res.report["ledger"]["entries"]:
-                ledger.entries.append({**e, "name": f"{e.get('name', 'dp_tune')} (sweep trial {t['trial']})"})
-        rep = report_lib.refresh(rep, ledger)
-    rep["side_channels"] = [ch for ch in rep["side_channels"] if not ch["name"].startswith("validation-based")]
-    rep["side_channels"].append(_selection_channel(selection))
-    rep["selection"] = selection
-    if primary:
-        report_lib.write_report(out_dir, rep)
-        manifest = fileio.read_json(os.path.join(src, release.MANIFEST))
-        manifest["dp_tune"].update(epsilon=rep["epsilon"], sweep={"trials": k, "accounting": sweep_accounting,
-                                                                   "selected": selection["selected"]})
-        manifest.update(release.report_fields(out_dir))
-        fileio.write_json(os.path.join(out_dir, release.MANIFEST), manifest)  # last: the directory is complete
-    chosen = results[best["trial"]]
-    result = TuneResult(out_dir=out_dir, steps=chosen.steps, noise_multiplier=chosen.noise_multiplier,
-                        epsilon=report_lib.ledger_of(rep).epsilons(), delta=rep["delta"],
-                        valid_loss=best["valid_loss"], train_loss=chosen.train_loss,
-                        truncated_train=chosen.truncated_train, truncated_valid=chosen.truncated_valid, report=rep,
-                        seconds=sum(r.seconds for r in results), state_dir=state_dir)
-    return result, trials
-
-
-def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: str | None = None,
-                max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
-    """Per-text loss (mean negative log-probability per target token after the label prompt) under a model dir."""
-    from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
-    from dpsynth.train.lm import make_lm_loss
-
-    loaded = load_model(model_dir)
-    template = template or template_of(loaded.manifest)
-    records = [{"id": str(i), "text": t, "label": label} for i, t in enumerate(texts)]
-    enc = encode_examples(records, loaded.tokenizer, [label], ExampleConfig(template=template, max_tokens=max_tokens))
-    loss_fn = make_lm_loss(Transformer(loaded.config), z_loss=0.0)
-    fn = jax.jit(lambda v, b: loss_fn(v, {}, b, None)[0])
-    arrays = enc.arrays()
-    losses = []
-    for lo in range(0, len(enc), batch_size):
-        idx = np.arange(lo, lo + batch_size)
-        idx = np.where(idx < len(enc), idx, -1)
-        losses.append(np.asarray(fn(loaded.variables, sampling.gather(arrays, idx)))[idx >= 0])
-    return np.concatenate(losses)
-
-
-def canary_audit(
-    base_dir: str,
-    train_records: Sequence[dict],
-    out_dir: str,
-    config: TuneConfig,
-    *,
-    num_canaries: int = 16,
-    repeats: int = 4,
-    canary_length: int = 12,
-    seed: int = 0,
-    labels: Sequence[str] | None = None,
-    **tune_kwargs,
-):
-    """`dpsynth.dp.audit.canary_audit` of the DP tuner: tunes on D_train + canaries into `out_dir`, scores them."""
-    from dpsynth.dp import audit
-    from dpsynth.train.checkpoint import load_model
-
-    tokenizer = load_model(base_dir).tokenizer
-    labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})
-    canaries = audit.make_canaries(tokenizer, 2 * num_canaries, length=canary_length, seed=seed)
-
-    def train(augmented: list[dict]):
-        dp_tune(base_dir, augmented, [], out_dir, config, labels=labels, progress_interval=30.0, **tune_kwargs)
-        return lambda texts: score_texts(out_dir, texts, labels[0], template=config.template,
-                                         max_tokens=config.max_tokens)
-
-    return audit.canary_audit(train_records, canaries, train, label=labels[0], epsilon=config.epsilon,
-                              delta=config.delta, repeats=repeats)

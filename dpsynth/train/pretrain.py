@@ -1,8 +1,8 @@
 """Pretraining the decoder-only LM on a cleaned token corpus (the `dpsynth pretrain` library).
 
 Data: the corpus (token shards written by the tokenize/dedup jobs) is read with
-`dpsynth.tokens.iter_shards` (hashes verified) after checking that its manifest names the
-given tokenizer. Each document becomes `[BOS] doc [EOS]`, cut into blocks of `seq_len`
+`dpsynth.data.token_shards.iter_shards` (hashes verified) after checking that its manifest names
+the given tokenizer. Each document becomes `[BOS] doc [EOS]`, cut into blocks of `seq_len`
 tokens; a deterministic `valid_fraction` of blocks (by SHA-256 of (document id, block
 index)) is held out for validation perplexity and never trained on (a document shorter than
 `seq_len` is one block, so small documents are held out whole). With `valid_unit="document"`
@@ -56,7 +56,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth import tokens as tokens_lib
+from dpsynth.data import token_shards
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID, Tokenizer
+from dpsynth.errors import DpsynthError
 from dpsynth.models import ModelConfig, Transformer, get_config
 from dpsynth.train import checkpoint as ckpt_lib
 from dpsynth.train import core, lm, loop, optim, release, sharding
@@ -71,7 +73,7 @@ PEAK_FLOPS = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v
 VALID_UNITS = ("block", "document")
 
 
-class PretrainError(ValueError):
+class PretrainError(DpsynthError, ValueError):
     """Bad input to pretraining (says which file/flag and what to do)."""
 
 
@@ -194,9 +196,9 @@ class PackedRows:
                 "segment_ids": self.segment_ids[index], "mask": np.ones((n,), np.float32)}
 
 
-def load_documents(corpus_dir: str, tokenizer: tokens_lib.Tokenizer) -> tuple[list[np.ndarray], list[str], dict]:
+def load_documents(corpus_dir: str, tokenizer: Tokenizer) -> tuple[list[np.ndarray], list[str], dict]:
     """Reads every document of a token corpus after checking it matches `tokenizer`."""
-    manifest = tokens_lib.read_manifest(corpus_dir)
+    manifest = token_shards.read_manifest(corpus_dir)
     if manifest.get("tokenizer_sha256") != tokenizer.sha256:
         raise PretrainError(
             f"{corpus_dir}/manifest.json: the corpus was tokenized with tokenizer sha256 "
@@ -205,7 +207,7 @@ def load_documents(corpus_dir: str, tokenizer: tokens_lib.Tokenizer) -> tuple[li
     if int(manifest.get("vocab_size", 0)) > tokenizer.vocab_size:
         raise PretrainError(f"{corpus_dir}: vocab_size {manifest['vocab_size']} exceeds the tokenizer's")
     docs, ids = [], []
-    for shard in tokens_lib.iter_shards(corpus_dir):
+    for shard in token_shards.iter_shards(corpus_dir):
         for i, meta in enumerate(shard.docs):
             doc = shard.document(i)
             if len(doc):
@@ -254,7 +256,7 @@ def pack_documents(documents: list[np.ndarray], ids: list[str], seq_len: int, va
     segment = 0
     prev_train = False
     for doc, doc_id in zip(documents, ids):
-        full = np.concatenate([[tokens_lib.BOS_ID], doc, [tokens_lib.EOS_ID]]).astype(np.int32)
+        full = np.concatenate([[BOS_ID], doc, [EOS_ID]]).astype(np.int32)
         prev_train = False
         for b, start in enumerate(range(0, len(full), seq_len)):
             piece = full[start: start + seq_len]
@@ -463,7 +465,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     """Pretrains a model and writes the model directory `out_dir`; returns a summary dict.
 
     Args:
-      corpus_dir: cleaned token corpus (a `dpsynth.tokens` directory).
+      corpus_dir: cleaned token corpus (a `dpsynth.data.token_shards` directory).
       tokenizer_path: the SentencePiece model the corpus was tokenized with.
       out_dir: run and model directory.
       config: the settings.
@@ -475,7 +477,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
       PretrainError / tokens.FormatError / checkpoint.CheckpointError on bad input.
     """
     cfg = config
-    tokenizer = tokens_lib.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     model_config = cfg.model_config(tokenizer.vocab_size)
     docs, ids, corpus_manifest = load_documents(corpus_dir, tokenizer)
     corpus_sha = hashlib.sha256(json.dumps(corpus_manifest, sort_keys=True).encode()).hexdigest()

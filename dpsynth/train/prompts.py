@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth.tokens import BOS_ID, EOS_ID, PAD_ID
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from dpsynth.errors import DpsynthError
 
 DEFAULT_TEMPLATE = "[{label}] "
 DEFAULT_MAX_TOKENS = 512
@@ -53,7 +54,7 @@ NULL_LABEL = ""  # the null prompt's label: the template with nothing in its "{l
 GUIDANCE_CONTRASTS = ("others", "null")
 
 
-class ExampleError(ValueError):
+class ExampleError(DpsynthError, ValueError):
     """Bad sensitive examples (unknown label, empty set, bad template); names the record."""
 
 

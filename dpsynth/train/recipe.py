@@ -36,6 +36,8 @@ import functools
 import math
 from typing import Any
 
+from dpsynth.errors import DpsynthError
+
 RECIPES = ("manual", "auto")
 TARGET_STEPS = 100  # DP optimiser steps the recipe aims at
 MIN_STEPS = 20
@@ -47,7 +49,7 @@ DEFAULT_TOKEN_BUDGET = 20_000_000  # example-tokens (E N max_tokens) a run may p
 LEARNING_RATES = {"lora": 0.01, "prompt": 0.05, "full": 0.002}
 
 
-class RecipeError(ValueError):
+class RecipeError(DpsynthError, ValueError):
     """The recipe cannot be built (bad sizes or an unreachable target)."""
 
 

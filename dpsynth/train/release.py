@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from dpsynth import fileio
+from dpsynth.errors import DpsynthError
 
 MANIFEST = "manifest.json"
 REPORT_JSON = "privacy_report.json"
@@ -26,7 +27,7 @@ REPORT_SHA256 = "privacy_report_sha256"  # manifest field: the report the model 
 MODEL_FILES = ("variables", "config.json", "tokenizer.model", "tokenizer.json")
 
 
-class ReleaseError(ValueError):
+class ReleaseError(DpsynthError, ValueError):
     """A directory that must not be written into (it holds a finished model of another run)."""
 
 

@@ -22,7 +22,14 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dpsynth.errors import DpsynthError
+
 DATA_AXIS, MODEL_AXIS = "data", "model"
+
+
+class DistributedError(DpsynthError, ValueError):
+    """A bad combination of the multi-host flags, or a multi-host start-up that JAX refused."""
+
 
 LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", DATA_AXIS),
@@ -202,16 +209,20 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     Afterwards `jax.devices()` lists every process's devices and meshes span all of them.
 
     Raises:
-      ValueError: only some of the three given, or an id outside [0, N).
+      DistributedError: only some of the three given, an id outside [0, N), or JAX refused
+        (e.g. nothing given and no cluster detected).
     """
     given = [v is not None for v in (coordinator_address, num_processes, process_id)]
     if any(given) and not all(given):
-        raise ValueError("multi-host start-up needs all of --coordinator-address, --num-processes and --process-id, "
-                         "or none of them (cluster auto-detection on TPU VMs, SLURM, Open MPI)")
+        raise DistributedError("multi-host start-up needs all of --coordinator-address, --num-processes and "
+                               "--process-id, or none of them (cluster auto-detection on TPU VMs, SLURM, Open MPI)")
     if all(given):
         if num_processes < 1 or not 0 <= process_id < num_processes:
-            raise ValueError(f"--process-id {process_id} must be in [0, --num-processes {num_processes})")
+            raise DistributedError(f"--process-id {process_id} must be in [0, --num-processes {num_processes})")
         if ":" not in coordinator_address:
-            raise ValueError(f"--coordinator-address {coordinator_address!r} must be HOST:PORT")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+            raise DistributedError(f"--coordinator-address {coordinator_address!r} must be HOST:PORT")
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+    except ValueError as e:
+        raise DistributedError(str(e)) from e

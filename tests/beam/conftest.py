@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dpsynth import tokens as tok
+from dpsynth.data.tokenizer_training import train_tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORDS = ("the food was good and the service bad or fine with sauce tea coffee dog cat bread "
@@ -32,7 +32,7 @@ def tokenizer_path(tmp_path_factory):
     rng = random.Random(0)
     texts = [make_text(rng, 400) for _ in range(20)]
     path = tmp_path_factory.mktemp("tok") / "tok.model"
-    tok.train_tokenizer(texts, vocab_size=400).save(str(path))
+    train_tokenizer(texts, vocab_size=400).save(str(path))
     return str(path)
 
 

@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from beam_jobs import dedup as dedup_job
-from dpsynth import tokens as tok
 from dpsynth.beam import jobs
 from dpsynth.beam.dedup import clean_text
 from dpsynth.beam.pipeline import make_pipeline_options
+from dpsynth.data import token_shards
 from dpsynth.data.text import complement_ranges
+from dpsynth.data.tokenizer_training import train_tokenizer
+from dpsynth.data.tokenizers import Tokenizer
 
 from .conftest import make_text
 
@@ -33,7 +35,7 @@ def _tree_digest(root: pathlib.Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def reference(public: tok.TokenShard, sensitive: tok.TokenShard, k: int):
+def reference(public: token_shards.TokenShard, sensitive: token_shards.TokenShard, k: int):
     """(ranges per public doc id, contaminated sensitive ids) by brute force over k-grams."""
     grams: dict[tuple, set] = {}
     for j in range(sensitive.num_documents):
@@ -63,7 +65,7 @@ def reference(public: tok.TokenShard, sensitive: tok.TokenShard, k: int):
     return ranges, hit
 
 
-def longest_shared(public: tok.TokenShard, sensitive: tok.TokenShard) -> int:
+def longest_shared(public: token_shards.TokenShard, sensitive: token_shards.TokenShard) -> int:
     """The longest token sequence inside one sensitive document that occurs in a public document."""
     pub = [public.document(j).tolist() for j in range(public.num_documents)]
     alive = [sensitive.document(j).tolist() for j in range(sensitive.num_documents)]
@@ -116,9 +118,9 @@ def _run(corpora, tokenizer_path, out, extra=(), test_pipeline=None):
 
 
 def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
-    public = tok.read_corpus(str(out / "tokens" / "public"))
-    sensitive = tok.read_corpus(str(out / "tokens" / "sensitive" / "reviews"))
+    tokenizer = Tokenizer.load(tokenizer_path)
+    public = token_shards.read_corpus(str(out / "tokens" / "public"))
+    sensitive = token_shards.read_corpus(str(out / "tokens" / "sensitive" / "reviews"))
     ranges, hit = reference(public, sensitive, K)
     assert hit, "the planted passages must be found"
     assert _reported_ids(report) == hit
@@ -139,8 +141,8 @@ def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dic
     (entry,) = report["sensitive"]
     assert entry["num_examples"] == sensitive.num_documents
     assert entry["longest_shared_tokens"] == longest_shared(public, sensitive)
-    assert tok.read_manifest(str(out / "clean_tokens"))["num_tokens"] == public.num_tokens - removed
-    kept = tok.read_corpus(str(out / "clean_tokens"))
+    assert token_shards.read_manifest(str(out / "clean_tokens"))["num_tokens"] == public.num_tokens - removed
+    kept = token_shards.read_corpus(str(out / "clean_tokens"))
     by_id = {d["id"]: kept.document(i) for i, d in enumerate(kept.docs)}
     for j, doc in enumerate(public.docs):
         pieces = complement_ranges(len(public.document(j)), ranges[doc["id"]])
@@ -177,7 +179,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
 
 def test_mismatched_tokenizer_is_refused(corpora, tokenizer_path, tmp_path):
     _run(corpora, tokenizer_path, tmp_path / "out")
-    other = tok.train_tokenizer([make_text(random.Random(3), 400)], vocab_size=350)
+    other = train_tokenizer([make_text(random.Random(3), 400)], vocab_size=350)
     other.save(str(tmp_path / "other.model"))
     from dpsynth.data.readers import InputError
 

@@ -105,18 +105,18 @@ def test_worker_style_build_from_the_sdist(tmp_path):
 
 def test_dedup_tokenizes_file_and_in_memory_corpora_in_one_pipeline(tmp_path, tokenizer_path):
     """Files of every corpus are read in one step; an in-memory (TFDS) corpus is created on its own."""
-    from dpsynth import tokens as tok
-    from dpsynth.beam import corpus
+    from dpsynth.data.tokenizers import Tokenizer
+    from dpsynth.beam import inputs
     from dpsynth.data import readers
 
     (tmp_path / "pub.jsonl").write_text('{"text": "a public text"}\n{"text": "another one"}\n')
     (tmp_path / "s.jsonl").write_text('{"text": "good food", "label": "a"}\n')
     records = ({"id": "m1", "text": "kept in memory", "label": "b"}, {"id": "m2", "text": " ", "label": "b"})
-    sources = [corpus.plan_source(str(tmp_path / "pub.jsonl"), kind="public", name="public"),
-               corpus.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive", name="files"),
-               corpus.CorpusSource("memory", "sensitive", ("tfds:x",), readers.Columns(text="text", label="label"),
+    sources = [inputs.plan_source(str(tmp_path / "pub.jsonl"), kind="public", name="public"),
+               inputs.plan_source(str(tmp_path / "s.jsonl"), kind="sensitive", name="files"),
+               inputs.CorpusSource("memory", "sensitive", ("tfds:x",), readers.Columns(text="text", label="label"),
                                    records=records)]
-    tokenizer = tok.Tokenizer.load(tokenizer_path)
+    tokenizer = Tokenizer.load(tokenizer_path)
     dirs = {s.name: str(tmp_path / "tok" / s.name) for s in sources}
     manifests = jobs._tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=None,
                                        shard_bytes=1 << 20, max_document_bytes=1 << 20, beam_args=None,

@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from dpsynth import tokens as tok
 from dpsynth.data import text
+from dpsynth.data.tokenizer_training import train_tokenizer
 
 
 def test_split_chunks_partitions_the_text():
@@ -30,7 +30,7 @@ def test_encode_document_matches_whole_encoding_on_line_boundaries():
     words = "pear apple plum fig kiwi lime".split()
     rng = random.Random(1)
     lines = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(40)]
-    tokenizer = tok.train_tokenizer(lines, vocab_size=300)
+    tokenizer = train_tokenizer(lines, vocab_size=300)
     doc = "\n".join(lines)
     whole = tokenizer.encode(doc)
     np.testing.assert_array_equal(text.encode_document(tokenizer, doc), whole)  # shorter than a chunk

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from dpsynth import tokens as tok
-from dpsynth.data import tf_text, tfds_source, tfrecord
+from dpsynth.data import tf_text, tfds_source, tfrecord, token_shards
+from dpsynth.data.tokenizer_training import train_tokenizer
 
 pytestmark = pytest.mark.tf
 
@@ -27,7 +27,7 @@ def test_tfrecord_roundtrip(tmp_path):
 def test_tf_text_gives_the_same_ids_as_the_tokenizer():
     rng = random.Random(0)
     words = "quick brown fox jumps over lazy dog café naïve".split()
-    tokenizer = tok.train_tokenizer([" ".join(rng.choice(words) for _ in range(30)) for _ in range(50)], vocab_size=300)
+    tokenizer = train_tokenizer([" ".join(rng.choice(words) for _ in range(30)) for _ in range(50)], vocab_size=300)
     texts = ["the quick brown fox", "", "  spaces  and\nnewlines\t", "Ünïcode ✓ 🙂 日本語", "café naïve " * 20]
     got = tf_text.tf_encode(tokenizer, texts)
     for text, ids in zip(texts, got):
@@ -61,7 +61,7 @@ def test_tokenize_job_reads_tfds(tmp_path):
 
     from beam_jobs import tokenize as tokenize_job
 
-    tokenizer = tok.train_tokenizer(["abc def ghi jkl " * 20] * 5, vocab_size=300)
+    tokenizer = train_tokenizer(["abc def ghi jkl " * 20] * 5, vocab_size=300)
     tokenizer.save(str(tmp_path / "t.model"))
     with tfds.testing.mock_data(num_examples=10):
         manifest = tokenize_job.run(["--kind", "sensitive", "--input", "tfds:imdb_reviews", "--tfds-data-dir",
@@ -70,5 +70,5 @@ def test_tokenize_job_reads_tfds(tmp_path):
     # 9 train + 1 valid + 10 test examples; mock texts may be empty and are then dead-lettered.
     assert manifest["records_in"] == 20 == manifest["num_documents"] + manifest["dead_lettered"]
     assert set(manifest["labels"]) <= {"neg", "pos"}
-    ids = {d["id"] for s in tok.iter_shards(str(tmp_path / "out")) for d in s.docs}
+    ids = {d["id"] for s in token_shards.iter_shards(str(tmp_path / "out")) for d in s.docs}
     assert ids <= {f"imdb_reviews/{split}-{i:06d}" for split in ("train", "test") for i in range(10)}

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from dpsynth.data.token_shards import FormatError, TokenShard
 from dpsynth.dedup.index import SensitiveIndex
-from dpsynth.tokens import FormatError, TokenShard
 
 
 def shard(name, docs, dtype=np.uint16):

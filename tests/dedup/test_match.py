@@ -12,7 +12,7 @@ from dpsynth.dedup.match import (
     matching_statistics,
     shared_lengths,
 )
-from dpsynth.tokens import TokenShard
+from dpsynth.data.token_shards import TokenShard
 
 
 def make_shard(name, docs, dtype=np.uint16):

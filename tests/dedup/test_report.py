@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 
+from dpsynth.data.token_shards import TokenShard
 from dpsynth.dedup.index import SensitiveIndex
 from dpsynth.dedup.match import dedup_shard
 from dpsynth.dedup.report import build_report, merge_stats, report_sha256, summary_text, write_report
-from dpsynth.tokens import TokenShard
 
 
 def shard(name, docs):

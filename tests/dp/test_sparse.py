@@ -116,24 +116,24 @@ def test_strategy_sparse_equals_dense():
 
 def test_dp_wordcnn_step_sparse_equals_dense():
     """The DP-on-real WordCNN accumulate step: sparse path == dense vmap(grad) path."""
-    from dpsynth.evaluate import classifiers
-    from dpsynth.evaluate import train_classifier as tc
+    from dpsynth.evaluate import classifiers, wordcnn
+    from dpsynth.evaluate import trainer as tr
 
     cfg = classifiers.WordCNNConfig(vocab_words=30, embed_dim=8, filters=6, hidden=5, max_len=10)
     texts = ["good tea good tea", "awful bland coffee", "the price was very very good", "sweet bread again"] * 3
-    model = tc.wordcnn_model(texts, 2, cfg)
+    model = wordcnn.wordcnn_model(texts, 2, cfg)
     x = model.featurize(texts[:6] + ["tea tea tea tea tea tea tea tea tea tea", ""])
     batch = {"x": x, "y": np.array([0, 1, 0, 1, 1, 0, 1, 0], np.int32),
              "mask": np.array([1, 1, 1, 1, 1, 1, 1, 0], np.float32)}
     assert (x == x[:, :1]).all(axis=1).any()  # a row repeating one word
     norms = clipping.global_norms(clipping.per_example_grads(
-        tc._loss_fn(model), model.params, {}, batch, jax.random.PRNGKey(0)))
+        tr.classification_loss(model), model.params, {}, batch, jax.random.PRNGKey(0)))
     clip_norm = float(np.median(np.asarray(norms)[:7]))
-    trainer = tc.Trainer(model)
-    config = tc.TrainConfig(learning_rate=1e-2)
+    trainer = tr.Trainer(model)
+    config = tr.TrainConfig(learning_rate=1e-2)
     sums = {}
     for sparse_embedding in (False, True):
-        dp = tc.DPConfig(epsilon=1.0, clip_norm=clip_norm, sparse_embedding=sparse_embedding)
+        dp = tr.DPConfig(epsilon=1.0, clip_norm=clip_norm, sparse_embedding=sparse_embedding)
         strategy = trainer.dp_strategy(dp, 1.0, 8.0)
         assert (strategy.embedding is not None) == sparse_embedding
         fns = trainer.fns(strategy, key=("test", sparse_embedding))

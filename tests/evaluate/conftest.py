@@ -26,7 +26,7 @@ def tiny_lm():
     import jax
 
     from dpsynth.models import Transformer, get_config
-    from dpsynth.tokens import train_tokenizer
+    from dpsynth.data.tokenizer_training import train_tokenizer
 
     texts = [r["text"] for r in make_records(400, 99)] + ["[great] [other] great: other:"] * 5
     tok = train_tokenizer(texts, vocab_size=400)

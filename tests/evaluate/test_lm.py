@@ -12,7 +12,7 @@ from tests.evaluate.conftest import make_records
 def _brute_nll(cfg, variables, tok, record, template):
     """Scores one example alone, token by token from the full logits (no padding, no batching)."""
     from dpsynth.models import Transformer
-    from dpsynth.tokens import BOS_ID, EOS_ID
+    from dpsynth.data.tokenizers import BOS_ID, EOS_ID
 
     prefix = [BOS_ID] + list(tok.encode(template.replace("{label}", record["label"])))
     body = list(tok.encode(record["text"])) + [EOS_ID]

@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 
-from dpsynth.evaluate import embed, lm, mauve, report
+from dpsynth.evaluate import embed, lm, mauve, report, scoring
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
 
 
@@ -22,11 +23,11 @@ def test_checkpoint_drives_embedder_backbone_and_perplexity(tiny_lm, tmp_path):
     for split, n, seed in (("train", 60, 1), ("valid", 20, 2)):
         (corpus / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_records(n, seed)))
     (corpus / "generation_config.json").write_text(json.dumps({"model_dir": model_dir}))
-    real = report.RealData(make_records(60, 3), make_records(60, 4))
-    config = report.EvaluateConfig(
+    real = scoring.RealData(make_records(60, 3), make_records(60, 4))
+    config = scoring.EvaluateConfig(
         classifiers=("backbone",), model_dir=model_dir, backbone_max_len=32, real_baseline=False,
         mauve=mauve.MauveConfig(kmeans_num_redo=1), mauve_seeds=(0,),
-        sweep=tc.SweepConfig(learning_rates=(1e-3,), repeats=1, train=tc.TrainConfig(max_epochs=1)))
+        sweep=tc.SweepConfig(learning_rates=(1e-3,), repeats=1, train=tr.TrainConfig(max_epochs=1)))
     out = report.evaluate([str(corpus)], real, str(tmp_path / "out"), config)
     (row,) = out["rows"]
     assert row["status"] == "ok", row.get("error")

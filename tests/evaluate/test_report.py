@@ -8,8 +8,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from dpsynth.evaluate import classifiers, mauve, report
+from dpsynth.evaluate import classifiers, mauve, report, scoring, tables, verdict
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
 
 SMALL_CNN = classifiers.WordCNNConfig(vocab_words=300, embed_dim=16, filters=16, hidden=16, max_len=16)
@@ -56,12 +57,12 @@ def evaluated():
         _corpus(root, "nonprivate", make_records(200, 8), make_records(60, 10)),
         _corpus(root, "badlabels", bad, make_records(30, 11), _privacy(8.0, "prompt")),
     ]
-    cfg = report.EvaluateConfig(
+    cfg = scoring.EvaluateConfig(
         wordcnn=SMALL_CNN, mauve=mauve.MauveConfig(kmeans_num_redo=1, max_buckets=10), mauve_seeds=(0, 1),
         sweep=tc.SweepConfig(learning_rates=(3e-3, 1e-2), weight_decays=(1e-4,), clip_norms=(1.0,), repeats=1,
-                             train=tc.TrainConfig(max_epochs=3, patience=1)),
+                             train=tr.TrainConfig(max_epochs=3, patience=1)),
         dp_epsilons=(3.0,), dp_expected_batch_size=50, dp_epochs=2, embedder="hashing:128", length_bins=10)
-    data = report.load_real(*(os.path.join(root, f"real_{s}.jsonl") for s in ("train", "test", "valid")))
+    data = scoring.load_real(*(os.path.join(root, f"real_{s}.jsonl") for s in ("train", "test", "valid")))
     out = report.evaluate(dirs, data, os.path.join(root, "out"), cfg)
     yield root, out
     shutil.rmtree(root, ignore_errors=True)
@@ -156,10 +157,10 @@ def test_balanced_accuracy_and_macro_f1_beside_accuracy_everywhere(evaluated):
     assert "<th>wordcnn_balanced_accuracy</th>" in html and "<th>wordcnn_macro_f1</th>" in html
     assert "<th>balanced accuracy</th><th>macro-F1</th>" in html and f"majority class &#x27;{top}&#x27;" in html
     # The plain summary that `dpsynth evaluate` and `make demo` print ends with the verdicts.
-    text = report.report_summary(os.path.join(root, "out"), labels)
+    text = tables.report_summary(os.path.join(root, "out"), labels)
     assert text.splitlines()[-4:] == [f"  {v['line']}" for v in saved["verdicts"]]
     assert f"majority class '{top}': {labels.count(top) / 200:.3f} (balanced accuracy 0.500 = 1/2 classes" in text
-    table = report.summary_table(out, ["wordcnn"])
+    table = tables.summary_table(out, ["wordcnn"])
     assert "bal.acc" in table and "mac.F1" in table and f"majority class '{top}'" in table
 
 
@@ -177,15 +178,11 @@ def test_every_plot_is_a_valid_png(evaluated):
     assert "validation-based selection" in html and "baselines/dp_on_real-wordcnn-eps3/privacy_report.json" in html
 
 
-def test_nominal_epsilon_axis_clipped_lengths_and_synthetic_examples_only(evaluated):
+def test_nominal_epsilon_and_synthetic_examples_only(evaluated):
     root, out = evaluated
     rows = {r["corpus"]: r for r in out["rows"]}
-    assert rows["lora_eps3"]["epsilon"] == pytest.approx(2.9995) and report.nominal_epsilon(rows["lora_eps3"]) == 3.0
-    assert report.nominal_epsilon(rows["lora_eps1"]) == 1.0 and report.nominal_epsilon(rows["nonprivate"]) == math.inf
-    pos, ticks = report.epsilon_axis([3.0, 1.0, math.inf, 3.0, 10.0])
-    assert pos == {1.0: 0, 3.0: 1, 10.0: 2, math.inf: 3} and ticks[:3] == ["1", "3", "10"] and ticks[3].startswith("inf")
-    edges, hi = report.clipped_edges(list(range(100)) + [100000], [5, 6], bins=10)
-    assert hi < 1000 and len(edges) == 11 and edges[-1] == hi  # one very long text does not set the range
+    assert rows["lora_eps3"]["epsilon"] == pytest.approx(2.9995) and verdict.nominal_epsilon(rows["lora_eps3"]) == 3.0
+    assert verdict.nominal_epsilon(rows["lora_eps1"]) == 1.0 and verdict.nominal_epsilon(rows["nonprivate"]) == math.inf
     html = open(out["paths"]["report_html"]).read()
     assert "Synthetic examples" in html
     synth = [json.loads(l)["text"] for l in open(os.path.join(root, "lora_eps3", "train.jsonl"))]
@@ -226,33 +223,3 @@ def test_report_plots_load_in_headless_chromium(evaluated):
     assert "DP-on-real" in lora3["line"] and "no DP-on-real baseline at eps 1" in dom
     assert "<th>wordcnn_balanced_accuracy</th>" in dom and "<th>wordcnn_macro_f1</th>" in dom
     assert "<th>balanced accuracy</th><th>macro-F1</th>" in dom and 'class="majority"' in dom
-
-
-def test_plain_summary_says_how_good_the_data_is_in_numbers():
-    metrics = {"corpora": [
-        {"corpus": "lora-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.80, "mauve": 0.5,
-         "wordcnn_balanced_accuracy": 0.71, "wordcnn_macro_f1": 0.69, "mode": "lora"},
-        {"corpus": "prompt-eps3", "status": "ok", "epsilon": 2.9995, "target_epsilon": 3.0, "wordcnn_accuracy": 0.70},
-        {"corpus": "broken", "status": "error", "error": "label sets differ"}],
-        "baselines": [{"baseline": "real", "classifier": "wordcnn", "epsilon": "inf", "accuracy": 0.90,
-                       "balanced_accuracy": 0.88, "macro_f1": 0.87},
-                      {"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0, "accuracy": 0.75,
-                       "balanced_accuracy": 0.60}]}
-    text = report.plain_summary(metrics, ["great"] * 70 + ["other"] * 30)
-    # Balanced accuracy and macro-F1 beside accuracy; chance (the majority's balanced accuracy) is 1/2.
-    assert "majority class 'great': 0.700 (balanced accuracy 0.500 = 1/2 classes: chance; macro-F1 0.412)" in text
-    assert "(no privacy): 0.900 (balanced accuracy 0.880, macro-F1 0.870)" in text
-    assert "    balanced accuracy 0.710 (+21.0 points vs chance 0.500), macro-F1 0.690" in text
-    # It ends with the verdicts.
-    assert text.splitlines()[-3:] == [
-        "  broken: not scored (label sets differ)",
-        "  lora-eps3: eps 3, lora, wordcnn: synthetic 0.800 (balanced 0.710) vs DP-on-real 0.750 (0.600) vs real "
-        "0.900 (0.880): beats DP-on-real",
-        "  prompt-eps3: eps 3, wordcnn: synthetic 0.700 (balanced -) vs DP-on-real 0.750 (0.600) vs real 0.900 "
-        "(0.880): does NOT beat DP-on-real"]
-    assert "majority class 'great': 0.700" in text and "(no privacy): 0.900" in text
-    assert "lora-eps3 (epsilon 3): 0.800, +10.0 points vs majority, +5.0 vs DP-on-real (0.750)" in text
-    assert "recovers 50% of the real data's gain" in text and "MAUVE 0.500" in text
-    assert "carries label signal" in text  # lora
-    assert "prompt-eps3 (epsilon 3): 0.700, +0.0 points" in text and "does NOT beat" in text
-    assert "broken: not scored (label sets differ)" in text

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp import accounting
-from dpsynth.evaluate import classifiers
+from dpsynth.evaluate import classifiers, registry
 from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
 
 CNN = classifiers.WordCNNConfig(vocab_words=200, embed_dim=16, filters=16, hidden=16, max_len=16)
@@ -16,7 +17,7 @@ SPEC = tc.ClassifierSpec(wordcnn=CNN)
 
 def test_wordcnn_learns_and_sweep_selects_by_valid_mean():
     train, valid, test = make_records(240, 1), make_records(80, 2), make_records(200, 3)
-    sweep = tc.SweepConfig(learning_rates=(1e-4, 1e-2), repeats=2, train=tc.TrainConfig(max_epochs=4, patience=2))
+    sweep = tc.SweepConfig(learning_rates=(1e-4, 1e-2), repeats=2, train=tr.TrainConfig(max_epochs=4, patience=2))
     res = tc.classify(train, valid, {"real": test}, SPEC, sweep)
     assert len(res.trials) == 4
     means = {lr: np.mean([t["valid_accuracy"] for t in res.trials if t["learning_rate"] == lr]) for lr in (1e-4, 1e-2)}
@@ -43,8 +44,8 @@ def test_trainer_scores_its_predictions_like_scikit_learn(batch_size):
     model, split = _splits(150, 12)
     # A skewed test set (about 80% of one class), where accuracy and balanced accuracy differ.
     keep = np.flatnonzero((split.y == 0) | (np.arange(len(split.y)) % 4 == 0))
-    split = tc.Split(split.x[keep], split.y[keep])
-    trainer = tc.Trainer(model)
+    split = tr.Split(split.x[keep], split.y[keep])
+    trainer = tr.Trainer(model)
     pred = trainer.predict(model.params, model.frozen, split, batch_size)
     assert pred.shape == split.y.shape
     got = trainer.score(model.params, model.frozen, split, batch_size)
@@ -55,7 +56,7 @@ def test_trainer_scores_its_predictions_like_scikit_learn(batch_size):
 
 def test_dp_trial_is_accounted_at_the_target_epsilon():
     train, valid = make_records(200, 4), make_records(50, 5)
-    dp = tc.DPConfig(epsilon=2.0, expected_batch_size=40, microbatch_size=20, epochs=2)
+    dp = tr.DPConfig(epsilon=2.0, expected_batch_size=40, microbatch_size=20, epochs=2)
     res = tc.classify(train, valid, {"real": valid}, SPEC,
                       tc.SweepConfig(learning_rates=(1e-2,), clip_norms=(0.5,), repeats=1), dp=dp)
     assert [t["clip_norm"] for t in res.trials] == [0.5] and res.selected["clip_norm"] == 0.5
@@ -72,7 +73,7 @@ def test_bad_input_is_rejected_with_names():
     with pytest.raises(ValueError, match="record 1 .* empty"):
         tc.classify([good[0], dict(good[1], text="  ")], good, {"real": good}, SPEC)
     with pytest.raises(ValueError, match="finite"):
-        tc.DPConfig(epsilon=math.inf)
+        tr.DPConfig(epsilon=math.inf)
     with pytest.raises(ValueError, match="model_dir"):
         tc.ClassifierSpec(kind="backbone")
 
@@ -105,10 +106,10 @@ TINY_SPEC = tc.ClassifierSpec(wordcnn=TINY)
 
 
 def _splits(n: int, seed: int):
-    model = tc.build_model(TINY_SPEC, None, 2, private=True)
+    model = registry.make(TINY_SPEC, None, 2, private=True)
     labels = classifiers.LabelMap(("great", "other"))
     recs = make_records(n, seed)
-    return model, tc.Split(model.featurize([r["text"] for r in recs]), labels.encode([r["label"] for r in recs]))
+    return model, tr.Split(model.featurize([r["text"] for r in recs]), labels.encode([r["label"] for r in recs]))
 
 
 def _fixed_sigma_plan():
@@ -125,7 +126,7 @@ def _spy_dp_randomness(monkeypatch):
     from dpsynth.dp import sampling
 
     drawn, keys = [], []
-    real_batches, real_init = sampling.PoissonSampler.microbatches, tc.Trainer._init_state
+    real_batches, real_init = sampling.PoissonSampler.microbatches, tr.Trainer._init_state
 
     def microbatches(self, step):
         out = real_batches(self, step)
@@ -138,16 +139,16 @@ def _spy_dp_randomness(monkeypatch):
         return state
 
     monkeypatch.setattr(sampling.PoissonSampler, "microbatches", microbatches)
-    monkeypatch.setattr(tc.Trainer, "_init_state", init_state)
+    monkeypatch.setattr(tr.Trainer, "_init_state", init_state)
     return drawn, keys
 
 
 def test_dp_sampling_and_noise_seed_is_secret_unless_fixed(monkeypatch):
     drawn, keys = _spy_dp_randomness(monkeypatch)
     model, train = _splits(60, 1)
-    trainer = tc.Trainer(model)
-    cfg = tc.TrainConfig(seed=0)  # the same public configuration every time
-    dp = tc.DPConfig(epsilon=4.0, expected_batch_size=20, microbatch_size=20, epochs=1)
+    trainer = tr.Trainer(model)
+    cfg = tr.TrainConfig(seed=0)  # the same public configuration every time
+    dp = tr.DPConfig(epsilon=4.0, expected_batch_size=20, microbatch_size=20, epochs=1)
     runs = []
     for d in (dp, dp, dataclasses.replace(dp, seed=123), dataclasses.replace(dp, seed=123)):
         drawn.clear(), keys.clear()
@@ -223,7 +224,7 @@ def test_sweep_ledger_is_the_plan_and_the_k_trials_meet_the_target(accounting, v
         _forbid_vocabulary_from_data(monkeypatch)
     n, eps = 60, 3.0
     train, valid = make_records(n, 4), make_records(30, 5)
-    dp = tc.DPConfig(epsilon=eps, expected_batch_size=20, microbatch_size=20, epochs=1, sweep_accounting=accounting)
+    dp = tr.DPConfig(epsilon=eps, expected_batch_size=20, microbatch_size=20, epochs=1, sweep_accounting=accounting)
     sweep = tc.SweepConfig(learning_rates=(1e-2, 3e-2), clip_norms=(1.0,), repeats=2)
     spec = tc.ClassifierSpec(wordcnn=TINY, vocabulary=vocabulary)
     res = tc.classify(train, valid, {"real": valid}, spec, sweep, dp=dp)
@@ -262,7 +263,7 @@ def test_sweep_ledger_is_the_plan_and_the_k_trials_meet_the_target(accounting, v
 @pytest.mark.parametrize("k", [1, 3, 12])
 @pytest.mark.parametrize("eps", [0.5, 4.0])
 def test_composed_plan_meets_the_target_over_k_trials(k, eps):
-    plan = tc.DPConfig(epsilon=eps, expected_batch_size=50, epochs=2).plan(1000, k)
+    plan = tr.DPConfig(epsilon=eps, expected_batch_size=50, epochs=2).plan(1000, k)
     assert plan.compositions == k
     got = _composition_epsilon(plan.sampling_probability, plan.steps, plan.noise_multiplier, k, plan.delta, "rdp")
     assert got <= eps * (1 + 1e-6) and got == pytest.approx(eps, rel=0.02)
@@ -270,13 +271,13 @@ def test_composed_plan_meets_the_target_over_k_trials(k, eps):
 
 def test_dp_vocabulary_is_public_by_default(monkeypatch, tmp_path, tiny_lm):
     _forbid_vocabulary_from_data(monkeypatch)
-    hashed = tc.build_model(TINY_SPEC, None, 2, private=True)
+    hashed = registry.make(TINY_SPEC, None, 2, private=True)
     assert hashed.vocabulary["source"] == "hashing" and hashed.vocabulary["size"] == TINY.vocab_words + 2
     # With a model directory: the pieces of its (public) tokenizer, whatever D_train holds.
     _, _, tok = tiny_lm
     tok.save(str(tmp_path / "tokenizer.model"))
     spec = tc.ClassifierSpec(wordcnn=TINY, model_dir=str(tmp_path))
-    a, b = (tc.build_model(spec, None, 2, private=True) for _ in range(2))
+    a, b = (registry.make(spec, None, 2, private=True) for _ in range(2))
     probe = [r["text"] for r in make_records(5, 8)]
     assert a.vocabulary["source"] == "tokenizer" and a.vocabulary["size"] == tok.vocab_size
     np.testing.assert_array_equal(a.featurize(probe), b.featurize(probe))
@@ -284,18 +285,18 @@ def test_dp_vocabulary_is_public_by_default(monkeypatch, tmp_path, tiny_lm):
     # Non-private training keeps the paper's protocol (its own training set).
     monkeypatch.undo()
     train = [r["text"] for r in make_records(60, 6)]
-    assert tc.build_model(TINY_SPEC, train, 2).vocabulary["source"] == "train"
-    assert tc.build_model(dataclasses.replace(TINY_SPEC, vocabulary="train"), train, 2,
-                          private=True).vocabulary["source"] == "train"  # only when asked for
+    assert registry.make(TINY_SPEC, train, 2).vocabulary["source"] == "train"
+    assert registry.make(dataclasses.replace(TINY_SPEC, vocabulary="train"), train, 2,
+                         private=True).vocabulary["source"] == "train"  # only when asked for
 
 
 def test_training_loops_report_step_progress(capsys):
     model, train = _splits(60, 1)
-    trainer = tc.Trainer(model, progress_interval=0.0)
-    trainer.train_dp(train, train, {}, tc.TrainConfig(), tc.DPConfig(epsilon=4.0, expected_batch_size=20,
+    trainer = tr.Trainer(model, progress_interval=0.0)
+    trainer.train_dp(train, train, {}, tr.TrainConfig(), tr.DPConfig(epsilon=4.0, expected_batch_size=20,
                                                                      microbatch_size=20, epochs=1),
                      plan=_PLAN, desc="dp trial")
-    trainer.train(train, train, {}, tc.TrainConfig(batch_size=20, max_epochs=1), desc="plain trial")
+    trainer.train(train, train, {}, tr.TrainConfig(batch_size=20, max_epochs=1), desc="plain trial")
     err = capsys.readouterr().err
     assert "dp trial: 1/3 step" in err and "dp trial: 3/3 step (100.0%)" in err and "ETA" in err
     assert "plain trial: 3/3 step" in err and "step/s" in err

@@ -133,6 +133,7 @@ def test_final_report_composes_the_ledgers_the_stages_wrote(tmp_path):
 
 def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, monkeypatch):
     from dpsynth.evaluate import report as evaluate_lib
+    from dpsynth.evaluate import tables
     from dpsynth.experiment import cache
     from dpsynth.experiment.plan import StageNode
 
@@ -151,7 +152,7 @@ def test_evaluate_stage_writes_the_composition_into_the_final_report(tmp_path, m
         return {"rows": [], "baselines": [], "paths": {"html": os.path.join(out_dir, "report.html")}}
 
     monkeypatch.setattr(evaluate_lib, "evaluate", fake_evaluate)
-    monkeypatch.setattr(evaluate_lib, "summary_table", lambda result, kinds: "table")
+    monkeypatch.setattr(tables, "summary_table", lambda result, kinds: "table")
     trials = [{"id": "a-t1", "epsilon": 3.0, "dp_tune": "dp_tune[a]", "labels": None}]
     node = StageNode(key="evaluate", stage="evaluate", hash="f" * 64, inputs={},
                      config={"trials": trials, "baselines": False, "classifiers": [], "options": {}})

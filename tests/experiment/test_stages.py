@@ -77,7 +77,7 @@ RARE = "zorblaxquuxian"  # appears only in the sensitive reviews (and so, once p
 
 
 def _pieces(path):
-    from dpsynth.tokens import Tokenizer
+    from dpsynth.data.tokenizers import Tokenizer
 
     tok = Tokenizer.load(path)
     return [tok._sp.id_to_piece(i) for i in range(tok.vocab_size)]
@@ -109,7 +109,8 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     released = _pieces(tok.path("tokenizer.model"))
     assert not any(RARE in p for p in released) and not any(p.strip("\u2581") and p.strip("\u2581") in RARE
                                                             and len(p.strip("\u2581")) >= 8 for p in released)
-    from dpsynth.tokens import Tokenizer, read_manifest
+    from dpsynth.data.token_shards import read_manifest
+    from dpsynth.data.tokenizers import Tokenizer
 
     assert Tokenizer.load(tok.path("tokenizer.model")).sha256 == tok.summary["sha256"]
     assert read_manifest(tok.path("clean_tokens"))["tokenizer_sha256"] == tok.summary["sha256"]  # re-tokenized

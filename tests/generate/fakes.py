@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth.tokens import EOS_ID
+from dpsynth.data.tokenizers import EOS_ID
 
 
 def make_tables(vocab: int = 12, max_len: int = 64, seed: int = 0, eos_logit: float = -1.0):

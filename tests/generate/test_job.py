@@ -249,7 +249,7 @@ def tiny_model_dir(tmp_path_factory):
     import jax.numpy as jnp
 
     from dpsynth.models import Transformer, get_config
-    from dpsynth.tokens import train_tokenizer
+    from dpsynth.data.tokenizer_training import train_tokenizer
     from dpsynth.train.checkpoint import save_model
     from tests.generate.fakes import write_fake_model_dir
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from dpsynth.data.tokenizers import EOS_ID
 from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
-from dpsynth.tokens import EOS_ID
 from tests.generate.fakes import (BigramDecoder, greedy_reference, log_softmax_np, logits_np, make_tables,
                                   score_reference)
 

@@ -8,9 +8,9 @@ import random
 import pytest
 import sentencepiece as spm
 
+from dpsynth.data.tokenizers import HFTokenizer, Tokenizer
 from dpsynth.models import hf_tokenizer
 from dpsynth.models.hf_files import HFFormatError
-from dpsynth.tokens import HFTokenizer, Tokenizer
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 CORPUS = """The quick brown fox jumps over the lazy dog. Privacy is a property of the mechanism,

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsynth import tokens
+from dpsynth.data import token_shards
+from dpsynth.data.tokenizer_training import train_tokenizer
 
 _WORDS = ("the a quiet house garden letter morning sister walked read wrote said long evening visit ball "
           "brother mother father friend carriage rain sun river town village hope heart").split()
@@ -24,7 +25,7 @@ def tiny_corpus(tmp_path_factory):
     """(corpus_dir, tokenizer_path, tokenizer): 60 documents in two shards, vocab ~300."""
     root = tmp_path_factory.mktemp("corpus")
     texts = _texts(60, seed=0)
-    tok = tokens.train_tokenizer(texts, vocab_size=300)
+    tok = train_tokenizer(texts, vocab_size=300)
     tok_path = str(root / "tok.model")
     tok.save(tok_path)
     corpus = root / "clean"
@@ -32,9 +33,9 @@ def tiny_corpus(tmp_path_factory):
     for i, part in enumerate((texts[:30], texts[30:])):
         docs = [tok.encode(t) for t in part]
         metas = [{"id": f"doc-{i}-{j}"} for j in range(len(part))]
-        entries.append(tokens.write_shard(str(corpus), tokens.shard_name(i), docs, metas, tok.vocab_size))
-    tokens.write_manifest(str(corpus), name="tiny", shards=entries, vocab_size=tok.vocab_size,
-                          tokenizer_sha256=tok.sha256)
+        entries.append(token_shards.write_shard(str(corpus), token_shards.shard_name(i), docs, metas, tok.vocab_size))
+    token_shards.write_manifest(str(corpus), name="tiny", shards=entries, vocab_size=tok.vocab_size,
+                                tokenizer_sha256=tok.sha256)
     return str(corpus), tok_path, tok
 
 
@@ -58,7 +59,7 @@ def make_records(n, seed, prefix="r"):
 def tiny_base(tmp_path_factory):
     """(base_dir, tokenizer): a randomly initialised `tiny` model saved as a model directory."""
     from dpsynth.models import Transformer, get_config
-    from dpsynth.tokens import train_tokenizer
+    from dpsynth.data.tokenizer_training import train_tokenizer
     from dpsynth.train.checkpoint import save_model
 
     texts = [r["text"] for r in make_records(400, 123)] + ["[great] [other] great other"] * 20

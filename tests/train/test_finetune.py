@@ -15,7 +15,7 @@ import pytest
 from dpsynth.dp import clipping, report
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
-from dpsynth.train import finetune, lm
+from dpsynth.train import audit, finetune, lm, sweep
 from dpsynth.train.checkpoint import TrainCheckpointer, load_model
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
@@ -229,7 +229,7 @@ def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
     assert res.epsilon["rdp"] <= cfg.epsilon
     assert any("automatic recipe" in c["detail"] for c in res.report["side_channels"])
     with pytest.raises(finetune.TuneError, match="recipe"):
-        finetune.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
+        sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
 
 
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
@@ -452,8 +452,8 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
 
     base_dir, _ = tiny_base
     out = str(tmp_path / "sweep")
-    result, trials = finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
-                                    clip_norms=[1.0], progress_interval=1e9)
+    result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
+                                 clip_norms=[1.0], progress_interval=1e9)
     composed = finetune.plan_run(SWEEP_CFG, len(TRAIN), compositions=2)
     single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
     assert composed.noise_multiplier > single.noise_multiplier
@@ -473,7 +473,7 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
     # Only the selected model is released; the trials and the validation losses stay private.
     assert not os.path.exists(os.path.join(out, "trials")) and not os.path.exists(os.path.join(out, "checkpoints"))
     _assert_no_losses_released(out)
-    with open(os.path.join(result.state_dir, finetune.SWEEP_FILE)) as f:
+    with open(os.path.join(result.state_dir, sweep.SWEEP_FILE)) as f:
         assert [t["valid_loss"] for t in json.load(f)["trials"]] == [t["valid_loss"] for t in trials]
     assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
 
@@ -481,8 +481,8 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
 def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     out = str(tmp_path / "sweep")
-    result, trials = finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
-                                    clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
+    result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
+                                 clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
     single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
     assert all(t["noise_multiplier"] == single.noise_multiplier for t in trials)
     rep = report.load_report(out)
@@ -495,8 +495,8 @@ def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path)
     _assert_no_losses_released(out)
     assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
     with pytest.raises(finetune.TuneError, match="sweep_accounting"):
-        finetune.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3], clip_norms=[1.0],
-                       sweep_accounting="paper")
+        sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3], clip_norms=[1.0],
+                    sweep_accounting="paper")
 
 
 def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, capsys):
@@ -574,8 +574,8 @@ def _audit(tiny_base, tmp_path, epsilon, steps, canaries):
     base_dir, _ = tiny_base
     cfg = finetune.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16,
                               max_tokens=32, learning_rate=1e-2, checkpoint_every=10**6, seed=1)
-    return finetune.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
-                                 num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
+    return audit.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
+                              num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
 
 
 def test_canaries_near_chance_with_dp_and_memorised_without(tiny_base, tmp_path):

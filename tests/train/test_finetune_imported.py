@@ -74,7 +74,9 @@ def test_dp_tune_every_mode_records_the_base_provenance(llama_base, tmp_path, mo
 
 
 def test_imported_model_tune_generate_evaluate_export(llama_base, tmp_path):
-    from dpsynth.evaluate.report import RealData, config_from_flags, evaluate
+    from beam_jobs.metrics import config_from_flags
+    from dpsynth.evaluate.report import evaluate
+    from dpsynth.evaluate.scoring import RealData
     from dpsynth.generate.job import GenerateConfig, generate
 
     tuned = str(tmp_path / "lora")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpsynth.dp import report
-from dpsynth.train import finetune
+from dpsynth.train import finetune, tune_report
 from dpsynth.train.checkpoint import TrainCheckpointer, load_model
 from tests.train.conftest import make_records
 
@@ -65,10 +65,10 @@ def test_user_level_run_reports_users(user_run):
     bounding = [c for c in rep["side_channels"] if c["name"] == "contribution bounding"]
     # The exact count is not released (one user with m > K rows moves it by m - K): the private state has it.
     assert bounding and str(dropped) not in bounding[0]["detail"] and "private state" in bounding[0]["detail"]
-    with open(os.path.join(res.state_dir, finetune.COUNTS_FILE)) as f:
+    with open(os.path.join(res.state_dir, tune_report.COUNTS_FILE)) as f:
         counts_kept = json.load(f)
     assert counts_kept["rows_dropped"] == dropped and counts_kept["rows_kept"] == len(TRAIN) - dropped
-    assert counts_kept["dp"] is False and os.stat(os.path.join(res.state_dir, finetune.COUNTS_FILE)).st_mode & 0o077 == 0
+    assert counts_kept["dp"] is False and os.stat(os.path.join(res.state_dir, tune_report.COUNTS_FILE)).st_mode & 0o077 == 0
     released = "".join(open(os.path.join(out, f)).read() for f in ("privacy_report.json", "privacy_report.md"))
     assert "rows_dropped" not in released and f"{dropped} rows" not in released
     # The same leak, for the number of examples cut to max_tokens: named as a side channel, counted privately.

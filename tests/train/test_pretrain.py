@@ -6,7 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from dpsynth import tokens
+from dpsynth.data import token_shards
+from dpsynth.data.tokenizer_training import train_tokenizer
+from dpsynth.data.tokenizers import EOS_ID
 from dpsynth.train import checkpoint, pretrain
 
 SMALL = dict(preset="tiny", model_overrides={"num_layers": 1, "d_ff": 64}, seq_len=32, batch_size=4, steps=6,
@@ -25,7 +27,7 @@ def test_packing_keeps_documents_apart():
     np.testing.assert_array_equal(train.weights.reshape(-1)[:-1].astype(bool), seg[:-1] == seg[1:])
     flat_in, flat_w = train.inputs.reshape(-1), train.weights.reshape(-1)
     # EOS is never followed by a trained target (the next document's BOS).
-    assert not np.any(flat_w[flat_in == tokens.EOS_ID])
+    assert not np.any(flat_w[flat_in == EOS_ID])
     np.testing.assert_array_equal(train.targets.reshape(-1)[:-1], flat_in[1:])
 
 
@@ -104,7 +106,7 @@ def test_bad_input_errors(tiny_corpus, tmp_path):
     out = str(tmp_path / "out")
     with pytest.raises(pretrain.PretrainError, match="max_len"):
         pretrain.run_pretrain(corpus, tok_path, out, pretrain.PretrainConfig(**{**SMALL, "seq_len": 4096}))
-    other_tok = tokens.train_tokenizer(["completely different words here"] * 20, vocab_size=280)
+    other_tok = train_tokenizer(["completely different words here"] * 20, vocab_size=280)
     other_path = str(tmp_path / "other.model")
     other_tok.save(other_path)
     with pytest.raises(pretrain.PretrainError, match="tokenized with tokenizer"):
@@ -113,15 +115,15 @@ def test_bad_input_errors(tiny_corpus, tmp_path):
     shutil.copytree(corpus, broken)
     with open(os.path.join(broken, "shard-00001.tokens"), "r+b") as f:
         f.write(b"\xff\xff")
-    with pytest.raises(tokens.FormatError, match="shard-00001.tokens.*SHA-256"):
+    with pytest.raises(token_shards.FormatError, match="shard-00001.tokens.*SHA-256"):
         pretrain.run_pretrain(broken, tok_path, out, cfg)
     os.remove(os.path.join(broken, "shard-00000.offsets"))
-    with pytest.raises(tokens.FormatError, match="shard-00000.offsets.*missing"):
+    with pytest.raises(token_shards.FormatError, match="shard-00000.offsets.*missing"):
         pretrain.run_pretrain(broken, tok_path, out, cfg)
     manifest = json.load(open(os.path.join(broken, "manifest.json")))
     manifest["format_version"] = 7
     json.dump(manifest, open(os.path.join(broken, "manifest.json"), "w"))
-    with pytest.raises(tokens.FormatError, match="format_version 7"):
+    with pytest.raises(token_shards.FormatError, match="format_version 7"):
         pretrain.run_pretrain(broken, tok_path, out, cfg)
     with pytest.raises(pretrain.PretrainError, match="batch_size"):
         pretrain.PretrainConfig(**{**SMALL, "batch_size": 3, "mesh_data": 2})

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpsynth.tokens import BOS_ID, EOS_ID
+from dpsynth.data.tokenizers import BOS_ID, EOS_ID
 from dpsynth.train import prompts
 from dpsynth.train.prompts import ExampleConfig, ExampleError, encode_examples
 from tests.train.reference import prefix_lm_loss

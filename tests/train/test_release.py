@@ -17,7 +17,7 @@ import pytest
 
 from dpsynth import fileio
 from dpsynth.dp import report
-from dpsynth.train import finetune, release
+from dpsynth.train import finetune, release, sweep
 from dpsynth.train.checkpoint import load_model
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
@@ -150,8 +150,8 @@ def test_a_crash_while_releasing_a_sweep_leaves_no_complete_looking_directory(ti
 
     monkeypatch.setattr(report, "write_report", write_report)
     with pytest.raises(Killed):
-        finetune.sweep(base_dir, TRAIN, VALID, out, dataclasses.replace(CFG, steps=2, seed=None),
-                       learning_rates=[1e-2, 3e-2], clip_norms=[1.0], progress_interval=1e9)
+        sweep.sweep(base_dir, TRAIN, VALID, out, dataclasses.replace(CFG, steps=2, seed=None),
+                    learning_rates=[1e-2, 3e-2], clip_norms=[1.0], progress_interval=1e9)
     assert not os.path.exists(os.path.join(out, "manifest.json")) and not release.is_complete(out)
 
 

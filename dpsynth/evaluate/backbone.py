@@ -1,0 +1,69 @@
+"""The pretrained-backbone classifier family: our pretrained LM plus a linear head.
+
+`classifiers.BackboneClassifier` over the mean-pooled or last-token final hidden states of a
+dpsynth pretrained model (public data); the whole model or only the head (`freeze_backbone`)
+trains. The LM (`Backbone`) is loaded once per evaluate stage and shared by every sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dpsynth.evaluate import classifiers, registry, trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+    """A pretrained LM: `ModelConfig`, base parameters and its `Tokenizer`."""
+
+    config: Any
+    params: Any
+    tokenizer: Any
+
+    @classmethod
+    def load(cls, model_dir: str) -> "Backbone":
+        from dpsynth.train.checkpoint import load_model  # models package, lazily
+
+        loaded = load_model(model_dir)
+        return cls(loaded.config, loaded.variables["params"], loaded.tokenizer)
+
+
+def backbone_model(backbone: Backbone, num_classes: int, *, pooling: str = "mean", max_len: int = 128,
+                   freeze_backbone: bool = False, seed: int = 0) -> trainer.Model:
+    """The pretrained LM plus a fresh linear head; the whole model or only the head trains."""
+    cfg = backbone.config
+    if getattr(cfg, "lora_rank", 0) or getattr(cfg, "prompt_length", 0):
+        cfg = dataclasses.replace(cfg, lora_rank=0, prompt_length=0)  # the classifier uses the base weights
+    if max_len > cfg.max_len:
+        raise ValueError(f"max_len {max_len} exceeds the backbone's max_len {cfg.max_len}")
+    feat = classifiers.SubwordFeaturizer(backbone.tokenizer, max_len)
+    module = classifiers.BackboneClassifier(cfg, num_classes, pooling, pad_id=feat.pad_id)
+    init = module.init(jax.random.PRNGKey(seed), jnp.zeros((1, max_len), jnp.int32))["params"]
+    head = {"head": init["head"]}
+    base = {"backbone": jax.tree.map(jnp.asarray, backbone.params)}
+    vocab = {"source": "tokenizer", "size": feat.vocab_size,
+             "detail": f"the pretrained model's tokenizer (sha256 {backbone.tokenizer.sha256})"}
+    if freeze_backbone:
+        return trainer.Model(module, head, base, feat, "backbone-head", vocabulary=vocab)
+    return trainer.Model(module, {**base, **head}, {}, feat, "backbone", vocabulary=vocab)
+
+
+class BackboneKind(registry.ClassifierKind):
+    """The backbone classifier: `spec.model_dir`'s LM, `spec.pooling`, `spec.max_len`, `spec.freeze_backbone`."""
+
+    needs_model_dir = True
+    uses_backbone = True
+
+    def make(self, spec, train_texts: Sequence[str] | None, num_classes: int, *, backbone: Any = None,
+             private: bool = False) -> trainer.Model:
+        backbone = backbone if backbone is not None else Backbone.load(spec.model_dir)
+        return backbone_model(backbone, num_classes, pooling=spec.pooling, max_len=spec.max_len,
+                              freeze_backbone=spec.freeze_backbone)
+
+
+BACKBONE = BackboneKind()

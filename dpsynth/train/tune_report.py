@@ -1,0 +1,134 @@
+"""What a DP-tuning run releases about itself, and what it keeps private.
+
+The privacy report of a run (`RunReporter`, written with every checkpoint and at the end,
+format: `dpsynth.dp.report`), its declared non-DP side channels (`side_channels`), and the
+names of the owner-only files of the private state directory whose contents are never
+released (`LOSSES_FILE`, `COUNTS_FILE`, with the notices written into them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from dpsynth.dp import report as report_lib
+from dpsynth.dp import selection as selection_lib
+from dpsynth.dp.ledger import PrivacyLedger
+from dpsynth.dp.plan import PrivacyPlan
+from dpsynth.train.prompts import manifest_fields
+
+LOSSES_FILE = "losses.json"  # non-DP train/valid losses, in the private state dir
+COUNTS_FILE = "counts.json"  # exact non-DP counts (truncated examples, rows dropped per user), in the private state dir
+NON_DP_COUNTS_NOTICE = ("exact counts over D_train/D_valid computed without noise: NOT differentially private; for "
+                        "the data owner only, never published with the model")
+NON_DP_LOSSES_NOTICE = ("losses on D_train/D_valid computed without noise: NOT differentially private; for the data "
+                        "owner only, never published with the model")
+
+PRIVATE_STATE_CHANNEL = {
+    "name": "private state", "detail": "checkpoints (optimizer state and the secret sampling/noise seed), the non-DP "
+    "train/valid losses and any sweep trials are kept in an owner-only state directory outside the model directory "
+    "(default `<model dir>.private/`, mode 0700); nothing in it is released or covered by this report"}
+
+
+def selection_channel(selection: dict) -> dict:
+    """The side channel of a sweep's validation-based selection (`dpsynth.dp.selection`)."""
+    return selection_lib.selection_channel(selection["accounting"], sweep=selection_lib.DP_TUNE,
+                                           trials=selection["trials"], grid=selection["grid"])
+
+
+def side_channels(config, labels_from_data: bool, selection: dict | None, auto_recipe: bool = False) -> list[dict]:
+    """The declared non-DP side channels of a run with `config` (a `finetune.TuneConfig`)."""
+    channels = [dict(report_lib.LABEL_SET_CHANNEL)]
+    if labels_from_data:
+        channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
+                       "per-label counts are not released); pass the label set explicitly to avoid this"}
+    channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
+    channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
+                     "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
+                     "learning rate from it (and from public settings only)" if auto_recipe else "")})
+    channels.append({"name": "truncation count", "detail": f"training examples longer than {config.max_tokens} "
+                     "tokens were truncated to it; how many is not released (an exact count would reveal whether one "
+                     f"long example is in D_train): it stays in the private state ({COUNTS_FILE})"})
+    channels.append(dict(PRIVATE_STATE_CHANNEL))
+    if selection:
+        channels.append(selection_channel(selection))
+    if config.seed is not None and config.private:
+        channels.append({"name": "fixed seed", "detail": "the run used a user-supplied seed (its value is not "
+                         "recorded here) for its Poisson sampling and noise: anyone who knows it can regenerate the "
+                         "noise, which voids the guarantee. Use the default (a secret seed from the OS entropy pool) "
+                         "for any release"})
+    return channels
+
+
+def imported_base_channel(source: dict) -> dict:
+    """The side channel of a third-party pretrained base model (its pretraining data is unchecked)."""
+    return {"name": "pretrained base model", "detail":
+            f"the base model was imported ({source.get('family')} from {source.get('path')}, config SHA-256 "
+            f"{source.get('config_sha256')}); its pretraining data was NOT checked against the sensitive data, so the "
+            "DP guarantee covers the fine-tuning data only: text of D that was in that pretraining corpus can be "
+            "reproduced without any bound (dpsynth's own pretraining deduplicates against D first)"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunReporter:
+    """Builds a run's privacy report from its ledger so far (`reporter(ledger)`).
+
+    Attributes:
+        config: the run's `finetune.TuneConfig` (recipe resolved); plan: its `PrivacyPlan`.
+        recipe: the automatic recipe (`dpsynth.train.recipe.Recipe`) or None.
+        labels, labels_from_data: the label set, and whether it was read from D_train.
+        selection: the sweep's selection when this run is its winner, else None.
+        base_dir, base_manifest_sha256, base_source: the base model (an imported one's provenance).
+        embedding_clipping: how an imported base's input table is clipped ("sparse ..."/"dense").
+        contamination_sha256: the pretraining corpus's contamination report.
+        mech: the run's `dpsynth.dp.mechanisms.run.RunMechanism` (None: non-private).
+        sigma: the noise multiplier of the strategy that adds the noise.
+    """
+
+    config: Any
+    plan: PrivacyPlan
+    recipe: Any
+    labels: list[str]
+    labels_from_data: bool
+    selection: dict | None
+    base_dir: str
+    base_manifest_sha256: str
+    base_source: dict | None
+    embedding_clipping: str
+    contamination_sha256: str | None
+    mech: Any
+    sigma: float
+
+    def __call__(self, ledger: PrivacyLedger) -> dict:
+        config, plan, recipe, mech = self.config, self.plan, self.recipe, self.mech
+        training = {
+            "mode": config.mode, "noise_multiplier": self.sigma, "clip_norm": config.clip_norm,
+            "sampling_probability": plan.sampling_probability, "expected_batch_size": plan.expected_batch_size,
+            "dataset_size": plan.dataset_size, "steps": ledger.steps_recorded, "planned_steps": plan.steps,
+            "compositions": plan.compositions,
+            "epochs": plan.epochs_of(ledger.steps_recorded), "optimizer": config.optimizer,
+            "learning_rate": config.learning_rate, "max_batch_size": config.max_batch_size,
+            "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
+            "loss": "Prefix-LM (label prompt not trained on), per-example mean over target tokens"
+                    if not config.full_lm else "full LM (label prompt trained on; ablation)",
+            "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
+                        else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
+            **manifest_fields(config.template, self.labels, config.label_dropout),
+            **({"recipe": recipe.to_json()} if recipe else {}),
+            "base_model": os.path.abspath(self.base_dir), "base_manifest_sha256": self.base_manifest_sha256,
+        }
+        channels = side_channels(config, self.labels_from_data, self.selection, recipe is not None)
+        if self.base_source:
+            training["base_source"] = {k: v for k, v in self.base_source.items() if not k.startswith("hf_")}
+            training["embedding_clipping"] = self.embedding_clipping
+            channels.append(imported_base_channel(self.base_source))
+        if mech is not None:
+            training.update(mech.training_fields())
+            channels += mech.side_channels()
+        return report_lib.build_report(
+            ledger, training=training, contamination_sha256=self.contamination_sha256,
+            side_channels=channels,
+            max_tokens_per_example=config.max_tokens,
+            extra={"selection": self.selection} if self.selection else None,
+            **(mech.report_kwargs() if mech else {}))
