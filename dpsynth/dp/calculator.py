@@ -70,7 +70,7 @@ def compute(
     accountant: str = accounting.DEFAULT_ACCOUNTANT,
     privacy_unit: str = "example",
     num_users: int | None = None,
-    mechanism: str = "dpsgd",
+    mechanism: str = mechanisms.DEFAULT,
     bands: int | None = None,
     max_examples_per_user: int | None = None,
 ) -> dict:

@@ -68,7 +68,7 @@ class PrivacyPlan:
     accountant: str = accounting.DEFAULT_ACCOUNTANT
     max_batch_size: int | None = None
     compositions: int = 1
-    mechanism: str = "dpsgd"
+    mechanism: str = mechanisms.DEFAULT
     bands: int = 1
     privacy_unit: str = "example"
 
@@ -157,7 +157,7 @@ def plan_privacy(
     accountant: str = accounting.DEFAULT_ACCOUNTANT,
     max_batch_size: int | None = None,
     compositions: int = 1,
-    mechanism: str = "dpsgd",
+    mechanism: str = mechanisms.DEFAULT,
     bands: int | None = None,
     privacy_unit: str = "example",
 ) -> PrivacyPlan:

@@ -109,7 +109,7 @@ def build_report(
         unit, adjacency = f"one example (label + text), at most {max_tokens_per_example} tokens", ADJACENCY
     else:
         raise ValueError(f"unknown privacy unit {privacy_unit!r}")
-    mech = dict(mechanism or {"name": "dpsgd"})
+    mech = dict(mechanism or {"name": mechanisms.DEFAULT})
     report = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -266,7 +266,7 @@ class DPTuneConfig:
     accountant: str = "rdp"
     privacy_unit: str = "example"
     max_examples_per_user: int | None = None
-    mechanism: str = "dpsgd"
+    mechanism: str = mechanisms.DEFAULT
     bands: int | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -161,7 +161,7 @@ class TuneConfig:
     checkpoint_every: int = 50
     privacy_unit: str = "example"
     max_examples_per_user: int | None = None
-    mechanism: str = "dpsgd"
+    mechanism: str = mechanisms.DEFAULT
     bands: int | None = None
     recipe: str = "manual"
     token_budget: float | None = None
