@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth import fileio, tokens
+from dpsynth import fileio
+from dpsynth.data import tokenizers
 from dpsynth.models import hf_files, hf_tokenizer
 from dpsynth.models.hf_files import HFFormatError
 
@@ -47,7 +48,7 @@ EXPORT_RECORD, SOFT_PROMPT, ADAPTER_CONFIG, ADAPTER_WEIGHTS = (
     "dpsynth_export.json", "soft_prompt.safetensors", "adapter_config.json", "adapter_model.safetensors")
 PRIVACY_FILES = ("privacy_report.json", "privacy_report.md")
 # Every file an export may write: what an earlier export in --out may have left.
-EXPORT_FILES = (hf_files.CONFIG_FILE, hf_files.SINGLE_FILE, hf_tokenizer.TOKENIZER_JSON, tokens.SP_FILE,
+EXPORT_FILES = (hf_files.CONFIG_FILE, hf_files.SINGLE_FILE, hf_tokenizer.TOKENIZER_JSON, tokenizers.SP_FILE,
                 hf_tokenizer.TOKENIZER_CONFIG, hf_tokenizer.GENERATION_CONFIG, SOFT_PROMPT, ADAPTER_CONFIG,
                 ADAPTER_WEIGHTS, *PRIVACY_FILES, EXPORT_RECORD)
 # Our projection -> the PEFT module name (relative to the decoder layer) per family.

@@ -474,7 +474,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         used by tests and by time-sliced jobs; the final model is then not written.
 
     Raises:
-      PretrainError / tokens.FormatError / checkpoint.CheckpointError on bad input.
+      PretrainError / token_shards.FormatError / checkpoint.CheckpointError on bad input.
     """
     cfg = config
     tokenizer = Tokenizer.load(tokenizer_path)
