@@ -20,8 +20,6 @@ import ast
 import collections
 import pathlib
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dpsynth"
 
@@ -165,12 +163,10 @@ def function_level_imports() -> list[tuple[str, int, str]]:
             for target, line, inner in imports(name, path) if inner]
 
 
-@pytest.mark.xfail(strict=True, reason="the cycles are broken in the next commit")
 def test_no_cycles_between_subpackages():
     assert cycles(unit_graph()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the cycles are broken in the next commit")
 def test_no_cycles_between_modules():
     assert cycles(graph()) == []
 
@@ -182,14 +178,12 @@ def test_dp_imports_none_of_the_layers_above():
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="the cycles are broken in the next commit")
 def test_models_do_not_import_train():
     bad = [(src, dst) for src, targets in graph().items() if unit(src) == "dpsynth.models"
            for dst in targets if unit(dst) == "dpsynth.train"]
     assert bad == []
 
 
-@pytest.mark.xfail(strict=True, reason="the cycles are broken in the next commit")
 def test_every_arrow_points_down():
     assert arrows_back_up() == []
 

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from dpsynth.data.readers import InputError
     from dpsynth.train import finetune as tune
     from dpsynth.dp.ledger import BudgetExceeded
-    from dpsynth.train.checkpoint import CheckpointError
+    from dpsynth.models.directory import CheckpointError
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)

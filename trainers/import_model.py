@@ -13,7 +13,7 @@ import sys
 from dpsynth import logs
 from dpsynth.models import hf_files, hf_import
 from dpsynth.models.hf_files import HFFormatError
-from dpsynth.train.checkpoint import CheckpointError
+from dpsynth.models.directory import CheckpointError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -968,7 +968,7 @@ def sweep(
     selection = {"trials": k, "grid": f"learning_rate {list(learning_rates)} x clip_norm {list(clip_norms)}",
                  "selected_by": "lowest loss on D_valid (not DP)", "accounting": sweep_accounting,
                  "selected": {key: best[key] for key in ("trial", "learning_rate", "clip_norm")}}
-    from dpsynth.train import sharding
+    from dpsynth.models import sharding as model_sharding
 
     primary = jax.process_index() == 0  # multi-host: one process copies and writes
     if primary:
@@ -988,7 +988,7 @@ def sweep(
             shutil.copytree(s_, d_, dirs_exist_ok=True)
         else:
             shutil.copy2(s_, d_)
-    sharding.sync(f"dpsynth sweep copy {out_dir}")
+    model_sharding.sync(f"dpsynth sweep copy {out_dir}")
     rep = report_lib.load_report(src)
     if sweep_accounting == "composed":
         ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)
@@ -1019,7 +1019,7 @@ def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: s
                 max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
     """Per-text loss (mean negative log-probability per target token after the label prompt) under a model dir."""
     from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
     from dpsynth.train.lm import make_lm_loss
 
     loaded = load_model(model_dir)
@@ -1052,7 +1052,7 @@ def canary_audit(
 ):
     """`dpsynth.dp.audit.canary_audit` of the DP tuner: tunes on D_train + canaries into `out_dir`, scores them."""
     from dpsynth.dp import audit
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     tokenizer = load_model(base_dir).tokenizer
     labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})

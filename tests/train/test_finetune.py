@@ -16,7 +16,8 @@ from dpsynth.dp import clipping, report
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
 from dpsynth.train import finetune, lm
-from dpsynth.train.checkpoint import TrainCheckpointer, load_model
+from dpsynth.models.directory import load_model
+from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 

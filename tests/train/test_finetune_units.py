@@ -10,7 +10,8 @@ import pytest
 
 from dpsynth.dp import report
 from dpsynth.train import finetune
-from dpsynth.train.checkpoint import TrainCheckpointer, load_model
+from dpsynth.models.directory import load_model
+from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.train.conftest import make_records
 
 
