@@ -111,6 +111,20 @@ class ConfigError(ValueError):
     """An invalid experiment config; the message starts with the YAML key at fault."""
 
 
+# Field metadata key of a setting added after stage caches existed: it enters a stage's hash only
+# when set (`stage_dict`), so caches made before it existed keep their hashes. True: left out at
+# its own default; a field name: left out while that field is at its default (the setting only
+# means something with it, e.g. the noise of a DP label histogram).
+UNLESS_DEFAULT = "hash_unless_default"
+
+
+def _added(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+           unless_default: bool | str = True) -> Any:
+    """`dataclasses.field` of a setting hashed only when set (see `UNLESS_DEFAULT`)."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={UNLESS_DEFAULT: unless_default})
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -141,13 +155,13 @@ class SensitiveConfig:
     format: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
-    user_column: str | None = None  # the user id of each row (dp_tune.privacy_unit: user)
+    user_column: str | None = _added(None)  # the user id of each row (dp_tune.privacy_unit: user)
     label_names: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_train: int | None = None
     max_valid: int | None = None
     max_test: int | None = None
-    split: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    max_dead_letters: str | None = None  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
+    split: Mapping[str, Any] = _added(default_factory=dict)
+    max_dead_letters: str | None = _added(None)  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
 
     def validate(self, key: str) -> None:
         from dpsynth.data import dead_letters
@@ -249,21 +263,21 @@ class DPTuneConfig:
     mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norms: tuple[float, ...] = (1.0,)
     replicates: int = 1
-    recipe: str = "manual"
-    token_budget: float | None = None
+    recipe: str = _added("manual")
+    token_budget: float | None = _added(None)
     batch_size: int = 64
     epochs: float | None = 1.0
     steps: int | None = None
     max_tokens: int = 128
     loss: str = "prefix"
-    label_dropout: float = 0.0
+    label_dropout: float = _added(0.0)
     lora_rank: int = 8
     prompt_length: int = 16
     accountant: str = "rdp"
-    privacy_unit: str = "example"
-    max_examples_per_user: int | None = None
-    mechanism: str = "dpsgd"
-    bands: int | None = None
+    privacy_unit: str = _added("example")
+    max_examples_per_user: int | None = _added(None)
+    mechanism: str = _added("dpsgd")
+    bands: int | None = _added(None)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -340,8 +354,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = the full distribution
     num_decodes: int = 1
-    guidance: float = 0.0  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
-    guidance_contrast: str = "others"  # others | null
+    guidance: float = _added(0.0)  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
+    guidance_contrast: str = _added("others", unless_default="guidance")  # others | null
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
@@ -359,12 +373,8 @@ class SamplingConfig:
         return base + f"-g{self.guidance:g}" + ("-null" if self.guidance_contrast == "null" else "")
 
     def identity(self) -> dict[str, Any]:
-        """The setting as a stage config: the guidance fields only when guided (caches made before
-        they existed keep their hashes)."""
-        d = to_dict(self)
-        if not self.guidance:
-            del d["guidance"], d["guidance_contrast"]
-        return d
+        """The setting as a stage config (`stage_dict`): the guidance fields only when guided."""
+        return stage_dict(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -377,8 +387,8 @@ class GenerateConfig:
     max_tokens: int = 128
     batch_size: int = 32
     audit_memorisation: bool = False
-    label_distribution: str = "uniform"
-    label_noise_multiplier: float | None = None
+    label_distribution: str = _added("uniform")
+    label_noise_multiplier: float | None = _added(None, unless_default="label_distribution")
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -503,6 +513,26 @@ def to_dict(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): to_dict(v) for k, v in value.items()}
     return value
+
+
+def _is_default(section: Any, f: dataclasses.Field) -> bool:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return getattr(section, f.name) == default
+
+
+def stage_dict(section: Any) -> dict[str, Any]:
+    """`to_dict(section)` as a stage config: without the settings marked `UNLESS_DEFAULT` that are
+    not set (so the hashes of caches made before they existed hold)."""
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    out = {}
+    for name, value in to_dict(section).items():
+        mark = fields[name].metadata.get(UNLESS_DEFAULT)
+        if mark is True and _is_default(section, fields[name]):
+            continue
+        if isinstance(mark, str) and _is_default(section, fields[mark]):
+            continue
+        out[name] = value
+    return out
 
 
 def _build(cls: type, data: Any, key: str) -> Any:

@@ -140,3 +140,35 @@ def test_uncomposable_releases_name_what_to_change():
     assert ok.dp_tune.privacy_unit == "user"
     # Non-private user-level trials have no unit: nothing to refuse.
     assert from_dict({**_USER_LEVEL, "dp_tune": {**_USER_LEVEL["dp_tune"], "epsilons": [math.inf]}})
+
+
+SECTIONS = (cfgmod.PublicConfig, cfgmod.SensitiveConfig, cfgmod.TokenizerConfig, cfgmod.DedupConfig,
+            cfgmod.PretrainConfig, cfgmod.DPTuneConfig, cfgmod.SamplingConfig, cfgmod.GenerateConfig,
+            cfgmod.EvaluateConfig)
+# A non-default value of each setting marked `UNLESS_DEFAULT` (and of the field it follows).
+SET = {"user_column": "user", "split": {"holdout": "hash"}, "max_dead_letters": "2%", "recipe": "auto",
+       "token_budget": 1e6, "label_dropout": 0.1, "privacy_unit": "user", "max_examples_per_user": 4,
+       "mechanism": "bandmf", "bands": 4, "guidance": 1.5, "guidance_contrast": "null",
+       "label_distribution": "dp_histogram", "label_noise_multiplier": 10.0}
+
+
+@pytest.mark.parametrize("cls", SECTIONS, ids=lambda c: c.__name__)
+def test_stage_dict_drops_only_marked_settings_that_are_not_set(cls):
+    marks = {f.name: f.metadata[cfgmod.UNLESS_DEFAULT] for f in dataclasses.fields(cls)
+             if cfgmod.UNLESS_DEFAULT in f.metadata}
+    assert set(marks) <= set(SET)
+    default = cls()
+    assert cfgmod.stage_dict(default) == {k: v for k, v in to_dict(default).items() if k not in marks}
+    for name, mark in marks.items():
+        leader = {} if mark is True else {mark: SET[mark]}
+        section = dataclasses.replace(default, **leader, **{name: SET[name]})
+        assert cfgmod.stage_dict(section)[name] == to_dict(section)[name]  # set: hashed
+        if mark is not True:  # follows another field: dropped while that one is at its default, even if set
+            section = dataclasses.replace(default, **{name: SET[name]})
+            assert name not in cfgmod.stage_dict(section)
+
+
+def test_follower_settings_are_hashed_at_their_own_default_once_their_leader_is_set():
+    guided = cfgmod.SamplingConfig(guidance=1.5)
+    assert guided.identity()["guidance_contrast"] == "others"
+    assert "guidance" not in cfgmod.SamplingConfig().identity()
