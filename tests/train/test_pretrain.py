@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -211,3 +212,26 @@ def test_two_processes_match_one_and_resume_across_processes(tiny_corpus, tmp_pa
     assert _max_diff(directory.load_model(str(tmp_path / "part")).variables, ref_vars) < 1e-4
     launch(1, "part1", resume=True)
     assert _max_diff(directory.load_model(str(tmp_path / "part1")).variables, ref_vars) < 1e-4
+
+
+def test_cli_flags_are_bound_from_pretrain_config():
+    """`dpsynth pretrain` binds PretrainConfig (one declaration per setting); its flags are as before."""
+    from dpsynth import binding
+    from trainers import pretrain as cli
+
+    p = cli.build_parser()
+    options = {s for a in p._actions for s in a.option_strings}
+    assert options == {"-h", "--help", "--corpus", "--tokenizer", "--out", "--preset", "--set", "--seq-len",
+                       "--batch-size", "--grad-accum", "--steps", "--optimizer", "--learning-rate", "--warmup-steps",
+                       "--weight-decay", "--z-loss", "--valid-fraction", "--valid-unit", "--valid-group",
+                       "--eval-every", "--eval-batches", "--checkpoint-every", "--log-every", "--seed", "--mesh-data",
+                       "--mesh-model", "--peak-tflops", "--no-tensorboard", "--resume", "--stop-after",
+                       "--distributed", "--coordinator-address", "--num-processes", "--process-id", "--verbose"}
+    names = [f.name for f in dataclasses.fields(pretrain.PretrainConfig) if f.name not in cli._NOT_FLAGS]
+    req = ["--corpus", "c", "--tokenizer", "t", "--out", "o"]
+    assert binding.from_args(pretrain.PretrainConfig, p.parse_args(req), names) == pretrain.PretrainConfig()
+    got = binding.from_args(pretrain.PretrainConfig, p.parse_args(req + [
+        "--set", "d_model=128", "--set", "name=x", "--set", "d_model=64", "--valid-group", "h/", "--valid-group", "e:",
+        "--no-tensorboard", "--preset", "small", "--learning-rate", "0.01", "--seq-len", "64"]), names)
+    assert got == pretrain.PretrainConfig(model_overrides={"d_model": 64, "name": "x"}, valid_groups=("h/", "e:"),
+                                          tensorboard=False, preset="small", learning_rate=0.01, seq_len=64)
