@@ -250,6 +250,19 @@ class PretrainConfig:
 class DPTuneConfig:
     """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes.
 
+    The library's `dpsynth.train.finetune.TuneConfig` is the tuner's one declaration of these
+    settings: every field here named like a `TuneConfig` field is that field (passed on by
+    `stages.tune_config` unless null, so the tuner validates it again), the grid axes are lists
+    of its `mode`, `epsilon`, `learning_rate` and `clip_norm`, `loss: full` is its `full_lm`,
+    and `options` sets any other field. Defaults agree with `TuneConfig`'s (delta, steps,
+    accountant, recipe, token_budget, label_dropout, lora_rank, privacy_unit,
+    max_examples_per_user, mechanism, bands; a test keeps them so) except where an experiment
+    is deliberately smaller than `dpsynth dp-tune`'s paper-scale defaults: batch_size 64 (tuner
+    1024), epochs 1.0 (10.0), learning_rates (1e-3,) (3e-3), max_tokens 128 (512) and
+    prompt_length 16 (20): a CPU-sized grid point. They stay as they are because the
+    experiment's values enter the `dp_tune` stage hashes (the tuner's defaults never do), so
+    changing one would move every cached run that relies on it.
+
     `mode_learning_rates` replaces the `learning_rates` axis for the modes it names (the
     modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
     `privacy_unit: user` (with `max_examples_per_user` and `sensitive.user_column`) makes the

@@ -172,3 +172,39 @@ def test_follower_settings_are_hashed_at_their_own_default_once_their_leader_is_
     guided = cfgmod.SamplingConfig(guidance=1.5)
     assert guided.identity()["guidance_contrast"] == "others"
     assert "guidance" not in cfgmod.SamplingConfig().identity()
+
+
+# DPTuneConfig defaults that deliberately differ from the tuner's (CPU-sized grid points; its
+# docstring says why). Every other field named like a TuneConfig field has the tuner's default.
+TUNE_DEFAULTS_DIFFER = {"batch_size": (64, 1024.0), "epochs": (1.0, 10.0), "max_tokens": (128, 512),
+                        "prompt_length": (16, 20)}
+# Grid axes: a tuple of the tuner's single value.
+TUNE_AXES = {"modes": "mode", "epsilons": "epsilon", "learning_rates": "learning_rate", "clip_norms": "clip_norm"}
+
+
+def test_dp_tune_defaults_agree_with_the_tuner_except_where_documented():
+    from dpsynth.train import finetune
+
+    tune = {f.name: getattr(finetune.TuneConfig(), f.name) for f in dataclasses.fields(finetune.TuneConfig)}
+    exp = cfgmod.DPTuneConfig()
+    shared = [f.name for f in dataclasses.fields(exp) if f.name in tune]
+    assert set(TUNE_DEFAULTS_DIFFER) <= set(shared)
+    for name in shared:
+        want = TUNE_DEFAULTS_DIFFER.get(name, (tune[name], tune[name]))
+        assert (getattr(exp, name), tune[name]) == want, name
+        doc = cfgmod.DPTuneConfig.__doc__
+        assert name in doc, f"{name}: not named in DPTuneConfig's docstring"
+    assert {axis: getattr(exp, axis)[0] for axis in TUNE_AXES} == {
+        "modes": tune["mode"], "epsilons": tune["epsilon"], "learning_rates": 1e-3, "clip_norms": tune["clip_norm"]}
+    assert tune["learning_rate"] == 3e-3  # the documented difference of the learning-rate axis
+    assert exp.loss == "prefix" and tune["full_lm"] is False
+
+
+def test_dp_tune_choices_are_the_tuners():
+    from dpsynth.dp import accounting, plan
+    from dpsynth.train import finetune, recipe
+
+    assert cfgmod.MODES == finetune.MODES
+    assert cfgmod.ACCOUNTANTS == accounting.ACCOUNTANTS
+    assert cfgmod.RECIPES == recipe.RECIPES
+    assert set(plan.PRIVACY_UNITS) == {"example", "user"}
