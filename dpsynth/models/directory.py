@@ -1,4 +1,6 @@
-"""The model directory the later stages load (`save_model` / `load_model`), format "dpsynth.model" version 1:
+"""The model directory the later stages load (`save_model` / `load_model`).
+
+Format "dpsynth.model" version 1:
 
     DIR/manifest.json     {"format": "dpsynth.model", "format_version": 1, "preset": ...,
                            "collections": [...], "base": null | {"path": ..., "manifest_sha256": ...},

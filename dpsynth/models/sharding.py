@@ -10,7 +10,8 @@ logical names to the mesh axes `data` and `model`:
 
 A dimension whose size is not divisible by its mesh axis stays replicated, so any model
 runs on any mesh. Parameters the rules do not know (e.g. a classifier's) are replicated:
-the core stays generic. Meshes, batches and multi-host start-up are `dpsynth.train.sharding`.
+the core stays generic. `sync`, the barrier of every process, is here because saving a model
+directory needs it; meshes, batches and multi-host start-up are `dpsynth.train.sharding`.
 """
 
 from __future__ import annotations
