@@ -167,7 +167,7 @@ def _save_model_dir(preset: str, max_len: int, path: str) -> None:
     from dpsynth.dp.ledger import PrivacyLedger
     from dpsynth.dp.report import build_report, write_report
     from dpsynth.data.tokenizer_training import train_tokenizer
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model
 
     config, _, variables = make_model(preset, max_len)
     words = "good great tasty fresh awful bland stale sweet salty coffee tea bread the a it was is and but not".split()

@@ -50,9 +50,11 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
         parser: The parser (or argument group) to add to.
         cls: A dataclass.
         defaults: An instance of `cls` whose values are the flags' defaults.
-        overrides: Field name -> argparse keyword arguments (help, choices, type, metavar)
-            added to or replacing the derived ones; the key `container` adds that field's flag
-            to another group (e.g. a mutually exclusive one) instead of `parser`.
+        overrides: Field name -> argparse keyword arguments (help, choices, type, metavar,
+            action) added to or replacing the derived ones; the key `container` adds that
+            field's flag to another group (e.g. a mutually exclusive one) instead of `parser`,
+            and `flags` gives other option strings than `flag_name(field)` (the `dest` stays
+            the field name, e.g. `{"flags": ("--no-tensorboard",), "action": "store_false"}`).
         skip: Fields that get no flag.
 
     Returns:
@@ -69,6 +71,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
             continue
         kwargs = dict(overrides.get(f.name, {}))
         container = kwargs.pop("container", parser)
+        flags = tuple(kwargs.pop("flags", (flag_name(f.name),)))
         default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
         tp = _scalar_type(hints[f.name])
         if tp is bool:
@@ -78,7 +81,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
             derived = {"type": tp, "default": default}
         else:
             derived = {"default": default}
-        container.add_argument(flag_name(f.name), **{**derived, **kwargs})
+        container.add_argument(*flags, **{"dest": f.name, **derived, **kwargs})
         names.append(f.name)
     return names
 

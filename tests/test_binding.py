@@ -120,3 +120,18 @@ def test_every_tune_config_field_has_an_experiment_key():
         elif set(_changes(name)) <= named:  # a key of the dp_tune section named like the field is that field
             assert stages.tune_config({**node, **_changes(name)}) == want, name
     assert stages.tune_config(node).seed is None  # the experiment's seed never fixes the DP noise
+
+
+def test_add_flags_other_option_strings_keep_the_field_as_dest():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Run:
+        tensorboard: bool = True
+        groups: tuple[str, ...] = ()
+
+    p = argparse.ArgumentParser()
+    binding.add_flags(p, Run, overrides={"tensorboard": {"flags": ("--no-tensorboard",), "action": "store_false"},
+                                         "groups": {"flags": ("--group", "-g"), "nargs": "*", "type": str}})
+    assert {s for a in p._actions for s in a.option_strings} == {"-h", "--help", "--no-tensorboard", "--group", "-g"}
+    assert binding.from_args(Run, p.parse_args([])) == Run()
+    assert binding.from_args(Run, p.parse_args(["--no-tensorboard", "-g", "a", "b"])) == Run(tensorboard=False,
+                                                                                             groups=["a", "b"])

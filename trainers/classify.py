@@ -19,10 +19,8 @@ import argparse
 import json
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import binding, errors, logs
 from dpsynth.data import dead_letters
-from dpsynth.dp import selection
-from dpsynth.evaluate import registry
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -30,33 +28,35 @@ def _floats(s: str) -> tuple[float, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from dpsynth.dp import selection
+    from dpsynth.dp.accounting import ACCOUNTANTS
+    from dpsynth.evaluate import classifiers, registry
+    from dpsynth.evaluate import train_classifier as tc
+
     ap = argparse.ArgumentParser(prog="dpsynth classify", description=__doc__.split("\n")[0])
     ap.add_argument("--train", required=True)
     ap.add_argument("--valid", required=True, help="selection set (synthetic valid for synthetic data)")
     ap.add_argument("--test", required=True, help="real test set")
-    ap.add_argument("--classifier", default="wordcnn", choices=registry.names())
-    ap.add_argument("--model", help="pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP "
-                    "WordCNN's vocabulary)")
-    ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
-    ap.add_argument("--cnn", default="paper", choices=("paper", "small"))
-    ap.add_argument("--learning-rates", type=_floats, default=None)
-    ap.add_argument("--weight-decays", type=_floats, default=None)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-epochs", type=int, default=10)
-    ap.add_argument("--epsilon", type=float, default=None, help="DP-Adam at this epsilon (DP-on-real)")
-    ap.add_argument("--delta", type=float, default=None)
-    ap.add_argument("--clip-norms", type=_floats, default=(0.5, 1.0))
-    ap.add_argument("--expected-batch-size", type=int, default=64)
-    ap.add_argument("--dp-epochs", type=float, default=5.0)
-    ap.add_argument("--accountant", default="rdp", choices=("rdp", "pld"))
-    ap.add_argument("--sweep-accounting", default="composed", choices=selection.SWEEP_ACCOUNTINGS,
-                    help="DP: all trials of the sweep together meet --epsilon (composed) or only the selected one")
-    ap.add_argument("--vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
-                    help="WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
-                         "pieces, else hashed words)")
-    ap.add_argument("--seed", type=int, default=None,
-                    help="fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
-                         "default: a secret seed)")
+    binding.add_flags(ap, tc.ClassifyConfig, overrides={
+        "classifier": {"choices": registry.names()},
+        "model": {"help": "pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP WordCNN's "
+                          "vocabulary)"},
+        "pooling": {"choices": classifiers.POOLINGS},
+        "cnn": {"choices": tc.CNN_SIZES},
+        "learning_rates": {"type": _floats},
+        "weight_decays": {"type": _floats},
+        "epsilon": {"help": "DP-Adam at this epsilon (DP-on-real)"},
+        "clip_norms": {"type": _floats},
+        "accountant": {"choices": ACCOUNTANTS},
+        "sweep_accounting": {"choices": selection.SWEEP_ACCOUNTINGS,
+                             "help": "DP: all trials of the sweep together meet --epsilon (composed) or only the "
+                                     "selected one"},
+        "vocabulary": {"choices": tc.VOCABULARIES,
+                       "help": "WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
+                               "pieces, else hashed words)"},
+        "seed": {"help": "fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
+                         "default: a secret seed)"},
+    })
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
@@ -76,13 +76,8 @@ def main(argv=None) -> int:
                                     prefix="dpsynth classify: ")
     dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
                                ("test (--test)", args.test)], policy)
-    result = tc.classify_files(
-        args.train, args.valid, args.test, out=args.out, kind=args.classifier, model_dir=args.model,
-        pooling=args.pooling, cnn=args.cnn, learning_rates=args.learning_rates, weight_decays=args.weight_decays,
-        repeats=args.repeats, max_epochs=args.max_epochs, epsilon=args.epsilon, delta=args.delta,
-        clip_norms=args.clip_norms, expected_batch_size=args.expected_batch_size, dp_epochs=args.dp_epochs,
-        accountant=args.accountant, sweep_accounting=args.sweep_accounting, vocabulary=args.vocabulary,
-        seed=args.seed, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
+    result = tc.classify_files(args.train, args.valid, args.test, config=binding.from_args(tc.ClassifyConfig, args),
+                               out=args.out, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
                "test_scores_mean": result.score_mean}
     if result.privacy is not None:

@@ -27,7 +27,7 @@ class Backbone:
 
     @classmethod
     def load(cls, model_dir: str) -> "Backbone":
-        from dpsynth.train.checkpoint import load_model  # models package, lazily
+        from dpsynth.models.directory import load_model  # lazily: Orbax
 
         loaded = load_model(model_dir)
         return cls(loaded.config, loaded.variables["params"], loaded.tokenizer)

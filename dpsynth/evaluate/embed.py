@@ -2,7 +2,7 @@
 
 An embedder has a `name` and `embed(texts) -> float32 [n, d]`. Choose one with `make_embedder`:
 
-- `"lm:DIR"`: mean-pooled last hidden states of a dpsynth checkpoint (`dpsynth.train.checkpoint`);
+- `"lm:DIR"`: mean-pooled last hidden states of a dpsynth checkpoint (`dpsynth.models.directory`);
   the default when a model directory is given (the paper featurises with its own LM).
 - `"hashing"` (or `"hashing:DIM"`): signed feature hashing of word unigrams and bigrams with
   sublinear term frequency; no model, no dependency, deterministic across processes.

@@ -57,7 +57,7 @@ class LanguageModel:
     @classmethod
     def load(cls, model_dir: str) -> "LanguageModel":
         """Loads a checkpoint directory (base + adapters) and the label-prompt template its manifest records."""
-        from dpsynth.train.checkpoint import load_model
+        from dpsynth.models.directory import load_model  # Orbax (~0.5 s to import): only when a model is loaded
         from dpsynth.train.prompts import template_of
 
         loaded = load_model(model_dir)

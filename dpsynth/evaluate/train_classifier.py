@@ -335,23 +335,64 @@ def privacy_summary(report: Mapping[str, Any]) -> dict[str, Any]:
             "side_channels": [dict(c) for c in report["side_channels"]]}
 
 
-def classify_files(train: str, valid: str, test: str, *, out: str | None = None, kind: str = "wordcnn",
-                   model_dir: str | None = None, pooling: str = "mean", cnn: str = "paper",
-                   learning_rates: Sequence[float] | None = None, weight_decays: Sequence[float] | None = None,
-                   repeats: int = 3, max_epochs: int = 10, epsilon: float | None = None, delta: float | None = None,
-                   clip_norms: Sequence[float] = (0.5, 1.0), expected_batch_size: int = 64,
-                   dp_epochs: float = 5.0, accountant: str = "rdp", sweep_accounting: str = "composed",
-                   vocabulary: str = "auto", seed: int | None = None, privacy_dir: str | None = None,
-                   max_dead_letters=0) -> SweepResult:
+# The WordCNN sizes of `ClassifyConfig.cnn`: the paper's, or a small one for CPU runs.
+CNN_SIZES = ("paper", "small")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassifyConfig:
+    """The settings of `classify_files`, one per `dpsynth classify` flag (`dpsynth.binding`).
+
+    Attributes:
+        classifier: a registered classifier (`registry.names()`: "wordcnn", "backbone").
+        model: pretrained LM directory (`ClassifierSpec.model_dir`): the backbone, or the DP
+            WordCNN's tokenizer vocabulary.
+        pooling: the backbone's pooling ("mean" | "last").
+        cnn: the WordCNN's sizes, one of `CNN_SIZES`.
+        learning_rates, weight_decays: the sweep's grid; None = `SMALL_LR_GRID` / `SMALL_WD_GRID`.
+        repeats: trials per grid point.
+        max_epochs: epochs per trial (early stopping on the valid set).
+        epsilon: DP-Adam at this epsilon (DP-on-real); None = non-private.
+        delta: None = 1/|train| (`DPConfig.delta`).
+        clip_norms: the DP sweep's clipping norms.
+        expected_batch_size: DP Poisson batch (capped at |train|).
+        dp_epochs: DP training epochs.
+        accountant: "rdp" or "pld".
+        sweep_accounting: "composed" (all trials meet epsilon) or "selected-only".
+        vocabulary: the WordCNN vocabulary, one of `VOCABULARIES`.
+        seed: fixed DP seed (tests only); None = a secret seed.
+    """
+
+    classifier: str = "wordcnn"
+    model: str | None = None
+    pooling: str = "mean"
+    cnn: str = "paper"
+    learning_rates: tuple[float, ...] | None = None
+    weight_decays: tuple[float, ...] | None = None
+    repeats: int = 3
+    max_epochs: int = 10
+    epsilon: float | None = None
+    delta: float | None = None
+    clip_norms: tuple[float, ...] = (0.5, 1.0)
+    expected_batch_size: int = 64
+    dp_epochs: float = 5.0
+    accountant: str = "rdp"
+    sweep_accounting: str = "composed"
+    vocabulary: str = "auto"
+    seed: int | None = None
+
+
+def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = ClassifyConfig(), *,
+                   out: str | None = None, privacy_dir: str | None = None, max_dead_letters=0) -> SweepResult:
     """`classify` on files (JSONL/CSV/Parquet with text,label); writes the trials to `out` as JSON.
 
     `out` holds the trials, the selected setting, `test_mean` / `test_std` (accuracy) and
     `test_scores_mean` / `test_scores_std` ({test name: {"accuracy", "balanced_accuracy",
     "macro_f1"}}, over the selected setting's repeats).
 
-    With `epsilon` (DP-on-real) the privacy report (`privacy_report.json` / `.md`) is written to
-    `privacy_dir` (default: the directory of `out`) and its summary goes into `out`; `seed`
-    (fixed DP seed, tests only) is never written. `max_dead_letters`: rejected records tolerated
+    With `config.epsilon` (DP-on-real) the privacy report (`privacy_report.json` / `.md`) is
+    written to `privacy_dir` (default: the directory of `out`) and its summary goes into `out`;
+    `config.seed` (fixed DP seed, tests only) is never written. `max_dead_letters`: rejected records tolerated
     per file (`corpora.read_real`; default none).
     """
     import json as json_lib
@@ -361,17 +402,18 @@ def classify_files(train: str, valid: str, test: str, *, out: str | None = None,
 
     recs = {name: corpora.read_real(path, name, max_dead_letters=max_dead_letters)
             for name, path in (("train", train), ("valid", valid), ("test", test))}
+    c = config
     small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
-    spec = ClassifierSpec(kind=kind, model_dir=model_dir, pooling=pooling, vocabulary=vocabulary,
-                          wordcnn=small if cnn == "small" else classifiers.WordCNNConfig())
-    sweep = SweepConfig(learning_rates=tuple(learning_rates or SMALL_LR_GRID),
-                        weight_decays=tuple(weight_decays or SMALL_WD_GRID), clip_norms=tuple(clip_norms),
-                        repeats=repeats, train=TrainConfig(max_epochs=max_epochs))
+    spec = ClassifierSpec(kind=c.classifier, model_dir=c.model, pooling=c.pooling, vocabulary=c.vocabulary,
+                          wordcnn=small if c.cnn == "small" else classifiers.WordCNNConfig())
+    sweep = SweepConfig(learning_rates=tuple(c.learning_rates or SMALL_LR_GRID),
+                        weight_decays=tuple(c.weight_decays or SMALL_WD_GRID), clip_norms=tuple(c.clip_norms),
+                        repeats=c.repeats, train=TrainConfig(max_epochs=c.max_epochs))
     dp = None
-    if epsilon is not None:
-        dp = DPConfig.for_dataset(len(recs["train"]), epsilon=epsilon, expected_batch_size=expected_batch_size,
-                                  microbatch_size=16, delta=delta, epochs=dp_epochs, accountant=accountant,
-                                  sweep_accounting=sweep_accounting, seed=seed)
+    if c.epsilon is not None:
+        dp = DPConfig.for_dataset(len(recs["train"]), epsilon=c.epsilon, expected_batch_size=c.expected_batch_size,
+                                  microbatch_size=16, delta=c.delta, epochs=c.dp_epochs, accountant=c.accountant,
+                                  sweep_accounting=c.sweep_accounting, seed=c.seed)
     result = classify(recs["train"], recs["valid"], {"real_test": recs["test"]}, spec, sweep, dp)
     privacy = None
     if result.privacy is not None:

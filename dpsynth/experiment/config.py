@@ -115,6 +115,20 @@ class ConfigError(DpsynthError, ValueError):
     kind = "config error"
 
 
+# Field metadata key of a setting added after stage caches existed: it enters a stage's hash only
+# when set (`stage_dict`), so caches made before it existed keep their hashes. True: left out at
+# its own default; a field name: left out while that field is at its default (the setting only
+# means something with it, e.g. the noise of a DP label histogram).
+UNLESS_DEFAULT = "hash_unless_default"
+
+
+def _added(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+           unless_default: bool | str = True) -> Any:
+    """`dataclasses.field` of a setting hashed only when set (see `UNLESS_DEFAULT`)."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={UNLESS_DEFAULT: unless_default})
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -145,13 +159,13 @@ class SensitiveConfig:
     format: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
-    user_column: str | None = None  # the user id of each row (dp_tune.privacy_unit: user)
+    user_column: str | None = _added(None)  # the user id of each row (dp_tune.privacy_unit: user)
     label_names: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_train: int | None = None
     max_valid: int | None = None
     max_test: int | None = None
-    split: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    max_dead_letters: str | None = None  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
+    split: Mapping[str, Any] = _added(default_factory=dict)
+    max_dead_letters: str | None = _added(None)  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
 
     def validate(self, key: str) -> None:
         from dpsynth.data import dead_letters
@@ -240,6 +254,19 @@ class PretrainConfig:
 class DPTuneConfig:
     """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes.
 
+    The library's `dpsynth.train.finetune.TuneConfig` is the tuner's one declaration of these
+    settings: every field here named like a `TuneConfig` field is that field (passed on by
+    `stages.tune_config` unless null, so the tuner validates it again), the grid axes are lists
+    of its `mode`, `epsilon`, `learning_rate` and `clip_norm`, `loss: full` is its `full_lm`,
+    and `options` sets any other field. Defaults agree with `TuneConfig`'s (delta, steps,
+    accountant, recipe, token_budget, label_dropout, lora_rank, privacy_unit,
+    max_examples_per_user, mechanism, bands; a test keeps them so) except where an experiment
+    is deliberately smaller than `dpsynth dp-tune`'s paper-scale defaults: batch_size 64 (tuner
+    1024), epochs 1.0 (10.0), learning_rates (1e-3,) (3e-3), max_tokens 128 (512) and
+    prompt_length 16 (20): a CPU-sized grid point. They stay as they are because the
+    experiment's values enter the `dp_tune` stage hashes (the tuner's defaults never do), so
+    changing one would move every cached run that relies on it.
+
     `mode_learning_rates` replaces the `learning_rates` axis for the modes it names (the
     modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
     `privacy_unit: user` (with `max_examples_per_user` and `sensitive.user_column`) makes the
@@ -253,21 +280,21 @@ class DPTuneConfig:
     mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norms: tuple[float, ...] = (1.0,)
     replicates: int = 1
-    recipe: str = "manual"
-    token_budget: float | None = None
+    recipe: str = _added("manual")
+    token_budget: float | None = _added(None)
     batch_size: int = 64
     epochs: float | None = 1.0
     steps: int | None = None
     max_tokens: int = 128
     loss: str = "prefix"
-    label_dropout: float = 0.0
+    label_dropout: float = _added(0.0)
     lora_rank: int = 8
     prompt_length: int = 16
     accountant: str = "rdp"
-    privacy_unit: str = "example"
-    max_examples_per_user: int | None = None
-    mechanism: str = mechanisms.DEFAULT
-    bands: int | None = None
+    privacy_unit: str = _added("example")
+    max_examples_per_user: int | None = _added(None)
+    mechanism: str = _added(mechanisms.DEFAULT)
+    bands: int | None = _added(None)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -342,8 +369,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = the full distribution
     num_decodes: int = 1
-    guidance: float = 0.0  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
-    guidance_contrast: str = "others"  # others | null
+    guidance: float = _added(0.0)  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
+    guidance_contrast: str = _added("others", unless_default="guidance")  # others | null
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
@@ -361,12 +388,8 @@ class SamplingConfig:
         return base + f"-g{self.guidance:g}" + ("-null" if self.guidance_contrast == "null" else "")
 
     def identity(self) -> dict[str, Any]:
-        """The setting as a stage config: the guidance fields only when guided (caches made before
-        they existed keep their hashes)."""
-        d = to_dict(self)
-        if not self.guidance:
-            del d["guidance"], d["guidance_contrast"]
-        return d
+        """The setting as a stage config (`stage_dict`): the guidance fields only when guided."""
+        return stage_dict(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -379,8 +402,8 @@ class GenerateConfig:
     max_tokens: int = 128
     batch_size: int = 32
     audit_memorisation: bool = False
-    label_distribution: str = "uniform"
-    label_noise_multiplier: float | None = None
+    label_distribution: str = _added("uniform")
+    label_noise_multiplier: float | None = _added(None, unless_default="label_distribution")
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -443,7 +466,9 @@ class ExperimentConfig:
             raise ConfigError("public.plant: needs a sensitive training set to plant from")
         if self.dp_tune.privacy_unit == "user" and not self.sensitive.user_column:
             raise ConfigError("dp_tune.privacy_unit: user needs sensitive.user_column (the field holding the user id)")
-        from dpsynth.experiment.privacy import unit_conflicts  # releases that cannot be composed: refused now
+        # Releases that cannot be composed: refused now. Imported here, not at the top: dp_accounting
+        # takes ~0.9 s to import and loading a config should not pay it.
+        from dpsynth.experiment.privacy import unit_conflicts
 
         for key, message in unit_conflicts(self):
             raise ConfigError(f"{key}: with dp_tune.privacy_unit: user, {message}")
@@ -503,6 +528,26 @@ def to_dict(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): to_dict(v) for k, v in value.items()}
     return value
+
+
+def _is_default(section: Any, f: dataclasses.Field) -> bool:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return getattr(section, f.name) == default
+
+
+def stage_dict(section: Any) -> dict[str, Any]:
+    """`to_dict(section)` as a stage config: without the settings marked `UNLESS_DEFAULT` that are
+    not set (so the hashes of caches made before they existed hold)."""
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    out = {}
+    for name, value in to_dict(section).items():
+        mark = fields[name].metadata.get(UNLESS_DEFAULT)
+        if mark is True and _is_default(section, fields[name]):
+            continue
+        if isinstance(mark, str) and _is_default(section, fields[mark]):
+            continue
+        out[name] = value
+    return out
 
 
 def _build(cls: type, data: Any, key: str) -> Any:

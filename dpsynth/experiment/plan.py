@@ -28,6 +28,8 @@ sees, its inputs' hashes). A node's output lives in `ROOT/stages/<stage>/<hash[:
 The config subset is the whole contract: a stage function sees ONLY its subset and its
 inputs' output directories (see `cache.StageContext`), so nothing it depends on can escape
 the hash. Data files enter through a fingerprint of their contents (`fingerprint_paths`).
+Settings added after caches existed are marked where they are declared
+(`config.UNLESS_DEFAULT`) and enter a subset only when set (`config.stage_dict`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_path, to_dict
+from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_path, stage_dict, to_dict
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
@@ -246,12 +248,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     seed = config.seed
     # -- data
     def sensitive_node_config(section) -> dict:
-        sens = to_dict(section)
-        if not sens["split"]:
-            del sens["split"]  # the default split: keep the hashes (and caches) of configs that predate it
-        for name in ("user_column", "max_dead_letters"):  # likewise their defaults
-            if sens[name] is None:
-                del sens[name]
+        sens = stage_dict(section)
         for split in ("train", "valid", "test"):
             if sens[split]:
                 sens[split] = resolve_path(sens[split])
@@ -294,16 +291,10 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
 
     # -- the grid
-    dp = to_dict(config.dp_tune)
+    dp = stage_dict(config.dp_tune)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length", "replicates")}
-    for k, default in (("privacy_unit", "example"), ("max_examples_per_user", None), ("mechanism", "dpsgd"),
-                       ("bands", None), ("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None)):
-        if shared_dp[k] == default:  # defaults stay out of the hash: caches made before they existed hold
-            del shared_dp[k]
     gen = to_dict(config.generate)
-    shared_gen = {k: v for k, v in gen.items() if k not in ("samplings", "multiples")}
-    if gen["label_distribution"] == "uniform":  # the default stays out of the hash: caches made before it existed hold
-        del shared_gen["label_distribution"], shared_gen["label_noise_multiplier"]
+    shared_gen = {k: v for k, v in stage_dict(config.generate).items() if k not in ("samplings", "multiples")}
     trials: list[Trial] = []
     for mode in config.dp_tune.modes:
         for eps in config.dp_tune.epsilons:

@@ -29,9 +29,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.binding import make_config
 from dpsynth.dp import compose as compose_lib
 from dpsynth.dp.compose import Release
 
+# The file the `labels` stage writes its DP label histogram draw to (`completed_releases` reads its sigma).
+LABEL_DISTRIBUTION_FILE = "label_distribution.json"
 FILE_JSON = "privacy_composition.json"
 FILE_MD = "privacy_composition.md"
 FORMAT = "dpsynth.privacy_composition"
@@ -189,10 +192,17 @@ def _gaussian(name: str, sigma: float) -> Release:
                              "count": 1},))
 
 
+def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
+    accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
+    shared_dp = c.get("dp_tune") or {}
+    defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
+                if shared_dp.get(src) is not None}
+    return {**defaults, **dict(c.get("options") or {})}
+
+
 def _evaluate_config(eval_cfg: Mapping[str, Any]):
-    from dpsynth.evaluate.scoring import EvaluateConfig
-    from dpsynth.binding import make_config
-    from dpsynth.experiment.stages import evaluate_options
+    from dpsynth.evaluate.scoring import EvaluateConfig  # JAX-heavy: only when baselines are planned
 
     return make_config(EvaluateConfig, evaluate_options(eval_cfg), "evaluate.options")
 
@@ -354,7 +364,6 @@ def completed_releases(
         num_train: |D_train|.
     """
     from dpsynth.dp import report as report_lib
-    from dpsynth.experiment.stages import LABEL_DISTRIBUTION_FILE
 
     releases: list[Release] = []
     notes: list[str] = []

@@ -27,7 +27,7 @@ from typing import Any
 
 from dpsynth import errors, fileio, logs
 from dpsynth.dp import mechanisms
-from dpsynth.experiment import cache
+from dpsynth.experiment import cache, stages
 from dpsynth.experiment import privacy as root_privacy
 from dpsynth.experiment.cache import StageFailed, StageOutput, StageUnavailable
 from dpsynth.experiment.config import ConfigError, ExperimentConfig, load_config, to_dict
@@ -62,8 +62,6 @@ class ExperimentResult:
 
 def default_registry() -> Mapping[str, Callable]:
     """The real stage functions (`dpsynth.experiment.stages.REGISTRY`)."""
-    from dpsynth.experiment import stages
-
     return stages.REGISTRY
 
 
@@ -260,8 +258,6 @@ def train_size(plan: Plan, config: ExperimentConfig) -> tuple[int | None, str]:
     if out is not None and "num_train" in out.summary:
         return int(out.summary["num_train"]), "cached data stage"
     try:
-        from dpsynth.experiment import stages
-
         return stages.count_train(node.config, data_dir=plan.data_dir), "counted"
     except Exception as e:  # the data may be absent at planning time; the plan still prints
         return None, f"unknown ({type(e).__name__}: {e})"
@@ -274,8 +270,6 @@ def train_users(plan: Plan) -> int | None:
     if out is not None and "num_train_users" in out.summary:
         return int(out.summary["num_train_users"])
     try:
-        from dpsynth.experiment import stages
-
         return stages.count_train_users(node.config, data_dir=plan.data_dir)
     except Exception:  # the data may be absent at planning time
         return None
@@ -308,8 +302,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             row.update(memo[key])
             continue
         try:
-            from dpsynth.experiment import stages
-            from dpsynth.train import finetune
+            from dpsynth.train import finetune  # JAX: only when a dry run plans DP tuning
 
             tc = stages.tune_config(c)
             num_users = None

@@ -16,7 +16,7 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 | public     | `corpus/public.jsonl` (`id`, `text`), `planted.json` (ids only)             |
 | dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
 | tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
-| pretrain   | `model/` (a `dpsynth.train.checkpoint` model directory + its training checkpoints) |
+| pretrain   | `model/` (a `dpsynth.models.directory` model directory + its training checkpoints) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
 | labels     | `label_distribution.json` (one DP label histogram draw per DP-tuned model)  |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
@@ -34,6 +34,7 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.binding import make_config
+from dpsynth.experiment import privacy
 from dpsynth.experiment.cache import StageContext
 from dpsynth.owner_only import write_private_json
 
@@ -439,9 +440,6 @@ EXAMPLES_PER_LABEL = 2
 EXAMPLE_CHARS = 300
 
 
-LABEL_DISTRIBUTION_FILE = "label_distribution.json"
-
-
 def labels(ctx: StageContext) -> dict[str, Any]:
     """The DP label histogram of D_train for one DP-tuned model (`dpsynth.generate.job.dp_label_distribution`).
 
@@ -453,7 +451,7 @@ def labels(ctx: StageContext) -> dict[str, Any]:
     from dpsynth.generate.labels import LabelDistribution
 
     sigma = ctx.config["noise_multiplier"]
-    path = os.path.join(ctx.out_dir, LABEL_DISTRIBUTION_FILE)
+    path = os.path.join(ctx.out_dir, privacy.LABEL_DISTRIBUTION_FILE)
     if ctx.resume and os.path.exists(path):  # an interrupted stage: reuse its draw, never draw twice
         dist = LabelDistribution.from_json(fileio.read_json(path))
     else:
@@ -469,7 +467,7 @@ def _label_distribution(ctx: StageContext):
     """The model's DP label histogram (the `labels` node's one draw)."""
     from dpsynth.generate.labels import LabelDistribution
 
-    return LabelDistribution.from_json(fileio.read_json(ctx.inputs["labels"].path(LABEL_DISTRIBUTION_FILE)))
+    return LabelDistribution.from_json(fileio.read_json(ctx.inputs["labels"].path(privacy.LABEL_DISTRIBUTION_FILE)))
 
 
 def generate(ctx: StageContext) -> dict[str, Any]:
@@ -542,15 +540,6 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
-    """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
-    accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
-    shared_dp = c.get("dp_tune") or {}
-    defaults = {k: shared_dp[src] for k, src in (("dp_delta", "delta"), ("dp_accountant", "accountant"))
-                if shared_dp.get(src) is not None}
-    return {**defaults, **dict(c.get("options") or {})}
-
-
 def evaluate(ctx: StageContext) -> dict[str, Any]:
     """The batch metric report over every trial's synthetic data (`dpsynth.evaluate.report.evaluate`).
 
@@ -576,21 +565,19 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
         "model_dir": ctx.inputs["pretrain"].path("model"),
         "dp_epsilons": tuple(epsilons),
         "real_baseline": bool(c["baselines"]),
-        **evaluate_options(c),
+        **privacy.evaluate_options(c),
     }, "evaluate.options")
     result = lib.evaluate(dirs, real, ctx.out_dir, config)
     table = tables.summary_table(result, config.classifiers)
     ctx.report("evaluation summary (accuracy, balanced accuracy and macro-F1 on the real test set):\n" + table, echo=False)  # the caller prints `table`
     print(f"evaluate: {len(result['rows'])} synthetic corpora and {len(result['baselines'])} baselines scored", flush=True)
     # What publishing the whole root costs: every release about D_train, composed from the ledgers.
-    from dpsynth.experiment import privacy as root_privacy
-
-    root = root_privacy.completed_releases(
+    root = privacy.completed_releases(
         eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
         baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train))
-    root_privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
-    root_privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), root_privacy.html_section(root))
-    ctx.report(root_privacy.render(root, title="what publishing the whole root costs"))
+    privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
+    privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), privacy.html_section(root))
+    ctx.report(privacy.render(root, title="what publishing the whole root costs"))
     ctx.report(f"report: {os.path.join(ctx.final_dir or ctx.out_dir, 'report.html')}", echo=False)  # not the .work dir
     dp_on_real = [{"classifier": b["classifier"], "epsilon": b["epsilon"], "epsilon_spent": b["epsilon_spent"],
                    "delta": b["delta"], "sweep_accounting": b["sweep_accounting"],

@@ -42,9 +42,9 @@ class ModelBundle:
 
 
 def load_bundle(model_dir: str) -> ModelBundle:
-    """Loads a checkpoint directory (`dpsynth.train.checkpoint.load_model`) for sampling."""
+    """Loads a checkpoint directory (`dpsynth.models.directory.load_model`) for sampling."""
     from dpsynth.generate.sampler import TransformerDecodeModel
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     loaded = load_model(model_dir)
     return ModelBundle(decoder=TransformerDecodeModel(loaded.config), params=loaded.variables, tokenizer=loaded.tokenizer)

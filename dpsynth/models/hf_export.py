@@ -135,9 +135,9 @@ def export_model(model_dir: str, out_dir: str, *, adapter_only: bool = False) ->
       HFFormatError: the model was not imported from Hugging Face, --adapter-only without LoRA,
         an --out that is neither new, empty nor an earlier export, or a tokenizer that cannot
         be converted.
-      CheckpointError: the model directory cannot be loaded (`dpsynth.train.checkpoint.load_model`).
+      CheckpointError: the model directory cannot be loaded (`dpsynth.models.directory.load_model`).
     """
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model  # Orbax (~0.5 s to import): only when a model is loaded
 
     loaded = load_model(model_dir)
     model_root = os.path.abspath(model_dir)

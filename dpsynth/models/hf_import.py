@@ -3,7 +3,7 @@
 `import_model(hf_dir, out_dir)` reads `config.json`, `model.safetensors` (or the shards of
 `model.safetensors.index.json`) and the tokenizer (`tokenizer.json` through `tokenizers`, else
 a SentencePiece `tokenizer.model`) and writes a `dpsynth.model` directory (see
-`dpsynth.train.checkpoint`) whose manifest records the source: family, config SHA-256, the
+`dpsynth.models.directory`) whose manifest records the source: family, config SHA-256, the
 SHA-256 of every weight file and of the tokenizer. It only reads local files (no network).
 
 Large models: `load_params` walks the checkpoint file by file and tensor by tensor; each tensor
@@ -28,6 +28,7 @@ import numpy as np
 
 from dpsynth import fileio
 from dpsynth.models import hf_files, hf_tokenizer
+from dpsynth.models import sharding as sharding_lib
 from dpsynth.models.config import ModelConfig
 from dpsynth.models.hf_files import HFFormatError, TensorInfo
 from dpsynth.models.transformer import Transformer
@@ -164,11 +165,9 @@ def load_params(source: HFSource, *, param_dtype: str = "float32", mesh=None) ->
     Args:
       source: from `inspect`.
       param_dtype: "float32" or "bfloat16" (each tensor is converted on its own).
-      mesh: a `jax.sharding.Mesh` ("data", "model" axes; see `dpsynth.train.sharding`), or
+      mesh: a `jax.sharding.Mesh` ("data", "model" axes; see `dpsynth.train.sharding.make_mesh`), or
         None for the default device.
     """
-    from dpsynth.train import sharding as sharding_lib
-
     dtype = PARAM_DTYPES[param_dtype]
     abstract = abstract_params(source.config)
     if mesh is not None:
@@ -262,7 +261,7 @@ def import_model(hf_dir: str, out_dir: str, *, dtype: str = "float32", mesh=None
       dtype: "float32" or "bfloat16": parameters and compute dtype.
       mesh: optional mesh to load the parameters into (see `load_params`).
     """
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model  # Orbax (~0.5 s to import): only when a model is written
 
     _check_out(out_dir)
     source = inspect(hf_dir, dtype=dtype)

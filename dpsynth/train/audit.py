@@ -21,7 +21,7 @@ def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: s
                 max_tokens: int = 64, batch_size: int = 32) -> np.ndarray:
     """Per-text loss (mean negative log-probability per target token after the label prompt) under a model dir."""
     from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
     from dpsynth.train.lm import make_lm_loss
 
     loaded = load_model(model_dir)
@@ -54,7 +54,7 @@ def canary_audit(
 ):
     """`dpsynth.dp.audit.canary_audit` of the DP tuner: tunes on D_train + canaries into `out_dir`, scores them."""
     from dpsynth.dp import audit
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     tokenizer = load_model(base_dir).tokenizer
     labels = list(labels) if labels is not None else sorted({str(r["label"]) for r in train_records})

@@ -25,7 +25,7 @@ steps or resumes (the step is part of the checkpointed state).
 
 Every step function is compiled once (fixed shapes), donates the buffers it replaces
 (`donate_argnums`), and with a mesh runs under explicit in/out shardings: parameters by the
-logical-axis rules of `dpsynth.train.sharding`, batches split over the `data` axis.
+logical-axis rules of `dpsynth.models.sharding`, batches split over the `data` axis.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from dpsynth.models.sharding import LOGICAL_RULES, param_shardings
 from dpsynth.train import sharding as sharding_lib
 
 PyTree = Any
@@ -140,7 +141,7 @@ class TrainFunctions:
     optimizer: optax.GradientTransformation
     strategy: GradientStrategy
     mesh: Mesh | None = None
-    rules: tuple = sharding_lib.LOGICAL_RULES
+    rules: tuple = LOGICAL_RULES
     donate: bool = True
 
     def __iter__(self):
@@ -164,8 +165,8 @@ class TrainFunctions:
         if copy:
             params, frozen = jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, frozen)
         if self.mesh is not None:
-            params = sharding_lib.put(params, sharding_lib.param_shardings(params, self.mesh, self.rules))
-            frozen = sharding_lib.put(frozen, sharding_lib.param_shardings(frozen, self.mesh, self.rules))
+            params = sharding_lib.put(params, param_shardings(params, self.mesh, self.rules))
+            frozen = sharding_lib.put(frozen, param_shardings(frozen, self.mesh, self.rules))
             rep = sharding_lib.replicated(self.mesh)
         else:
             params, frozen = jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, frozen)
@@ -325,7 +326,7 @@ class TrainFunctions:
 
 def make_train_functions(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                          strategy: GradientStrategy | None = None, mesh: Mesh | None = None, *,
-                         rules: tuple = sharding_lib.LOGICAL_RULES, donate: bool = True) -> TrainFunctions:
+                         rules: tuple = LOGICAL_RULES, donate: bool = True) -> TrainFunctions:
     """Builds the step functions of the core (see the module docstring)."""
     return TrainFunctions(loss_fn=loss_fn, optimizer=optimizer, strategy=strategy or MeanGradient(), mesh=mesh,
                           rules=tuple(rules), donate=donate)

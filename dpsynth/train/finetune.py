@@ -578,7 +578,8 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
 
 def _read_resume_meta(ckpt_dir: str) -> dict:
     """The latest checkpoint's metadata; CheckpointError when there is none."""
-    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer
+    from dpsynth.models.directory import CheckpointError
+    from dpsynth.train.checkpoint import TrainCheckpointer
 
     if not os.path.isdir(ckpt_dir):
         raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh, or pass the "
@@ -670,7 +671,7 @@ def dp_tune(
     """DP-tunes the model in `base_dir` on `train_records`; writes the tuned model to `out_dir`.
 
     Args:
-        base_dir: a model directory (`dpsynth.train.checkpoint.save_model` layout).
+        base_dir: a model directory (`dpsynth.models.directory.save_model` layout).
         train_records, valid_records: {"id", "text", "label"} records of D_train / D_valid.
         out_dir: the releasable model directory: config, tokenizer, adapters only + base pointer
             for lora/prompt (all params for full), `privacy_report.json`/`.md` and the manifest.
@@ -703,7 +704,7 @@ def dp_tune(
     The run: `_prepare` (checks before any compute) -> load and `_encode` the data ->
     `_build_mechanism` -> `_train` (the one loop, checkpoints) -> `_write_outputs`.
     """
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     t0 = time.monotonic()
     prep = _prepare(train_records, config, labels=labels, compositions=compositions, mesh=mesh, out_dir=out_dir,
@@ -765,7 +766,8 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
     from dpsynth.train import core, lm, loop, sharding
-    from dpsynth.train.checkpoint import CheckpointError, TrainCheckpointer
+    from dpsynth.models.directory import CheckpointError
+    from dpsynth.train.checkpoint import TrainCheckpointer
 
     config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
@@ -856,7 +858,7 @@ def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, l
     """The private losses; then, when every planned step ran, the final report and the model (its
     manifest last, tied to the report: `dpsynth.train.release`); else the report so far."""
     from dpsynth.train import lm, sharding
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model
 
     config, plan = prep.config, prep.plan
     primary = jax.process_index() == 0

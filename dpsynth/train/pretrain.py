@@ -18,7 +18,7 @@ Loss: next-token cross-entropy + z-loss `z_loss * log(Z)^2` (1e-4), weight decay
 Adafactor with `min(0.01, 1/sqrt(step))` (the paper's) or AdamW (default for tiny/small).
 
 Outputs in OUT (a `dpsynth.model` directory once training finishes, see
-`dpsynth.train.checkpoint`): manifest.json, config.json, tokenizer.model, variables/,
+`dpsynth.models.directory`): manifest.json, config.json, tokenizer.model, variables/,
 plus checkpoints/ (resumable training state), metrics.jsonl and tb/ (TensorBoard events).
 
 The corpus is packed in host memory (fine up to a few hundred million tokens on one host).
@@ -60,7 +60,8 @@ from dpsynth.data import token_shards
 from dpsynth.data.tokenizers import BOS_ID, EOS_ID, Tokenizer
 from dpsynth.errors import DpsynthError
 from dpsynth.models import ModelConfig, Transformer, get_config
-from dpsynth.train import checkpoint as ckpt_lib
+from dpsynth.models import directory as model_dir
+from dpsynth.train.checkpoint import TrainCheckpointer
 from dpsynth.train import core, lm, loop, optim, release, sharding
 
 logger = logging.getLogger("dpsynth.pretrain")
@@ -427,13 +428,13 @@ def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: s
 
 def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
     if meta.get("preset") != expected["preset"] or meta.get("model_config") != expected["model_config"]:
-        raise ckpt_lib.CheckpointError(
+        raise model_dir.CheckpointError(
             f"{where}: checkpoint is from preset {meta.get('preset')!r} (model {meta.get('model_config')}), this run "
             f"is preset {expected['preset']!r}; resume with the original --preset/flags or use a new --out")
     for key in ("seq_len", "batch_size", "grad_accum", "seed", "valid_fraction", "valid_unit", "optimizer", "steps",
                 "corpus_manifest_sha256", "tokenizer_sha256"):
         if meta.get(key, "block" if key == "valid_unit" else None) != expected[key]:  # older runs: block
-            raise ckpt_lib.CheckpointError(
+            raise model_dir.CheckpointError(
                 f"{where}: checkpoint has {key}={meta.get(key)!r} but this run has {expected[key]!r}; an exact resume "
                 "needs the same corpus, tokenizer and flags (use a new --out to start over)")
 
@@ -474,7 +475,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         used by tests and by time-sliced jobs; the final model is then not written.
 
     Raises:
-      PretrainError / token_shards.FormatError / checkpoint.CheckpointError on bad input.
+      PretrainError / token_shards.FormatError / models.directory.CheckpointError on bad input.
     """
     cfg = config
     tokenizer = Tokenizer.load(tokenizer_path)
@@ -489,7 +490,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         raise PretrainError(f"{corpus_dir}: only {train_rows.num_rows} training rows of {cfg.seq_len} tokens, fewer "
                             f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
     os.makedirs(out_dir, exist_ok=True)
-    checkpointer = ckpt_lib.TrainCheckpointer(os.path.join(out_dir, "checkpoints"))
+    checkpointer = TrainCheckpointer(os.path.join(out_dir, "checkpoints"))
     half = release.status(out_dir)  # a model directory left half-written by a killed run: said, and rewritten
     if not resume and checkpointer.latest_step() is not None:
         raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
@@ -595,7 +596,7 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
         if primary:
             release.unmark(out_dir)  # a rewrite (a finished run resumed) is incomplete until its manifest is back
-        ckpt_lib.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
+        model_dir.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
             "valid_perplexity": valid_metrics.get("perplexity"),
             "valid_group_perplexity": {g: m.get("perplexity") for g, m in group_metrics.items()}, "train_tokens": final_step * rows_per_step * cfg.seq_len})
@@ -605,4 +606,4 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
 
 def final_params(out_dir: str) -> dict:
     """The variables of a finished pretraining run (its model directory)."""
-    return ckpt_lib.load_model(out_dir).variables
+    return model_dir.load_model(out_dir).variables

@@ -1,6 +1,6 @@
 """The releasable model directory is complete only when its manifest is there, and the manifest is written last.
 
-A model directory (`dpsynth.train.checkpoint` layout) is COMPLETE when `manifest.json` exists.
+A model directory (`dpsynth.models.directory` layout) is COMPLETE when `manifest.json` exists.
 The trainers write everything else first (the variables, the tokenizer, the config and, for a
 DP-tuned model, its final privacy report) and the manifest last, atomically (a temporary file
 renamed into place: `dpsynth.fileio`). The DP tuner's manifest also records the SHA-256 of the
@@ -8,7 +8,7 @@ privacy report it was released with (`REPORT_SHA256`), so a report that does not
 model (left by an interrupted later run, or edited) makes the directory incomplete as well.
 
 So a run killed while it writes its outputs leaves a directory without a manifest: nothing
-loads it (`checkpoint.load_model`, `generate`), `status` says what happened, and a rerun with
+loads it (`directory.load_model`, `generate`), `status` says what happened, and a rerun with
 `--resume` rewrites it from the final checkpoint (its message says so). Before a run rewrites
 a directory that is already complete (a resumed run that had finished), `unmark` removes the
 manifest first, so a crash in the middle of the rewrite cannot leave a complete-looking mix.

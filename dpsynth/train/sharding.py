@@ -1,16 +1,8 @@
-"""Device meshes and logical-axis sharding rules for parameters and batches.
+"""Device meshes, batches across processes, and multi-host start-up.
 
-Parameters get *logical* axis names from their path in the variable tree (e.g. a q/k/v
-`kernel` is ("embed", "heads"), the embedding is ("vocab", "embed")); `LOGICAL_RULES` maps
-logical names to the mesh axes `data` and `model`:
-
-    batch -> data            (data parallelism: examples are split across `data`)
-    vocab, heads, mlp -> model (tensor parallelism, Megatron-style column/row splits)
-    embed, lora, prompt -> replicated
-
-A dimension whose size is not divisible by its mesh axis stays replicated, so any model
-runs on any mesh. Parameters the rules do not know (e.g. a classifier's) are replicated:
-the core stays generic.
+A mesh has the axes `data` (examples are split across it) and `model` (tensor parallelism);
+how the model's parameters are split over them is `dpsynth.models.sharding`. Every helper
+here also works across processes: a process supplies and reads only its own rows.
 """
 
 from __future__ import annotations
@@ -23,29 +15,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dpsynth.errors import DpsynthError
-
-DATA_AXIS, MODEL_AXIS = "data", "model"
+from dpsynth.models.sharding import DATA_AXIS, MODEL_AXIS
 
 
 class DistributedError(DpsynthError, ValueError):
     """A bad combination of the multi-host flags, or a multi-host start-up that JAX refused."""
-
-
-LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", DATA_AXIS),
-    ("vocab", MODEL_AXIS),
-    ("heads", MODEL_AXIS),
-    ("mlp", MODEL_AXIS),
-    ("embed", None),
-    ("lora", None),
-    ("prompt", None),
-)
-
-_IN_OUT = {  # projection name -> (input logical axis, output logical axis)
-    "q": ("embed", "heads"), "k": ("embed", "heads"), "v": ("embed", "heads"), "o": ("heads", "embed"),
-    "gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed"),
-}
-_MATRICES = {"lm_head": ("embed", "vocab"), "position_embedding": (None, "embed")}  # untied head, GPT-2 positions
 
 
 def global_devices() -> list[jax.Device]:
@@ -73,55 +47,6 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence[jax.Device] | No
         raise ValueError(f"mesh {data}x{model} needs {data * model} devices, only {len(devices)} available")
     grid = np.asarray(devices[: data * model], dtype=object).reshape(data, model)
     return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
-
-
-def _key_name(entry: Any) -> str:
-    return str(getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", entry))))
-
-
-def logical_axes(path: Sequence[Any], shape: Sequence[int]) -> tuple[str | None, ...]:
-    """Logical axis names of the variable at `path` (a tree path) with `shape`."""
-    names = [_key_name(p) for p in path]
-    leaf, parent = names[-1] if names else "", names[-2] if len(names) > 1 else ""
-    ndim = len(shape)
-    if leaf == "embedding" and ndim == 2:
-        return ("prompt", "embed") if "prompt" in names[:1] else ("vocab", "embed")
-    if leaf in _MATRICES and ndim == 2:
-        return _MATRICES[leaf]
-    if parent in _IN_OUT and ndim == 2:
-        d_in, d_out = _IN_OUT[parent]
-        if leaf == "kernel":
-            return (d_in, d_out)
-        if leaf == "a":
-            return (d_in, "lora")
-        if leaf == "b":
-            return ("lora", d_out)
-    if leaf == "scale" and ndim == 1:
-        return ("embed",)
-    return (None,) * ndim
-
-
-def spec_for(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-             rules: Sequence[tuple[str, str | None]] = LOGICAL_RULES) -> PartitionSpec:
-    """Maps logical axes to a PartitionSpec, replicating dimensions the mesh axis does not divide."""
-    table = dict(rules)
-    out, used = [], set()
-    for name, size in zip(axes, shape):
-        mesh_axis = table.get(name) if name else None
-        if mesh_axis is None or mesh_axis in used or size % mesh.shape[mesh_axis]:
-            out.append(None)
-        else:
-            out.append(mesh_axis)
-            used.add(mesh_axis)
-    return PartitionSpec(*out)
-
-
-def param_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]] = LOGICAL_RULES) -> Any:
-    """A tree of NamedShardings for a variable tree (arrays or ShapeDtypeStructs)."""
-    def one(path, x):
-        shape = np.shape(x)
-        return NamedSharding(mesh, spec_for(logical_axes(path, shape), shape, mesh, rules))
-    return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -179,14 +104,6 @@ def gather(tree: Any) -> Any:
     from jax.experimental import multihost_utils
 
     return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def sync(name: str) -> None:
-    """A barrier of every process (nothing on one process); `name` must match across them."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -25,7 +25,8 @@ from dpsynth.dp import report as report_lib
 from dpsynth.dp import selection as selection_lib
 from dpsynth.dp.ledger import PrivacyLedger
 from dpsynth.owner_only import make_private_dir, write_private_json
-from dpsynth.train import release, sharding
+from dpsynth.models.sharding import sync
+from dpsynth.train import release
 from dpsynth.train.finetune import TuneConfig, TuneError, TuneResult, dp_tune, plan_for_records, resolve_state_dir
 from dpsynth.train.tune_report import NON_DP_LOSSES_NOTICE
 
@@ -108,7 +109,7 @@ def sweep(
             shutil.copytree(s_, d_, dirs_exist_ok=True)
         else:
             shutil.copy2(s_, d_)
-    sharding.sync(f"dpsynth sweep copy {out_dir}")
+    sync(f"dpsynth sweep copy {out_dir}")
     rep = report_lib.load_report(src)
     if sweep_accounting == selection_lib.COMPOSED:  # selected-only: the selected trial's report as it is
         ledger = PrivacyLedger(delta=rep["delta"], target_epsilon=config.epsilon, accountant=config.accountant)

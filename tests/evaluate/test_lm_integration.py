@@ -13,7 +13,7 @@ from tests.evaluate.conftest import make_records
 
 
 def test_checkpoint_drives_embedder_backbone_and_perplexity(tiny_lm, tmp_path):
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model
 
     cfg, variables, tok = tiny_lm
     model_dir = str(tmp_path / "model")

@@ -300,3 +300,28 @@ def test_training_loops_report_step_progress(capsys):
     err = capsys.readouterr().err
     assert "dp trial: 1/3 step" in err and "dp trial: 3/3 step (100.0%)" in err and "ETA" in err
     assert "plain trial: 3/3 step" in err and "step/s" in err
+
+
+def test_classify_flags_are_bound_from_classify_config():
+    """`dpsynth classify` binds ClassifyConfig (one declaration per setting); flags and defaults as before."""
+    from dpsynth import binding
+    from trainers import classify
+
+    p = classify.parser()
+    options = {s for a in p._actions for s in a.option_strings}
+    assert options == {"-h", "--help", "--train", "--valid", "--test", "--classifier", "--model", "--pooling", "--cnn",
+                       "--learning-rates", "--weight-decays", "--repeats", "--max-epochs", "--epsilon", "--delta",
+                       "--clip-norms", "--expected-batch-size", "--dp-epochs", "--accountant", "--sweep-accounting",
+                       "--vocabulary", "--seed", "--privacy-report", "--out", "--max-dead-letters", "--verbose"}
+    args = p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])
+    assert vars(args) == {
+        "train": "a", "valid": "b", "test": "c", "classifier": "wordcnn", "model": None, "pooling": "mean",
+        "cnn": "paper", "learning_rates": None, "weight_decays": None, "repeats": 3, "max_epochs": 10,
+        "epsilon": None, "delta": None, "clip_norms": (0.5, 1.0), "expected_batch_size": 64, "dp_epochs": 5.0,
+        "accountant": "rdp", "sweep_accounting": "composed", "vocabulary": "auto", "seed": None,
+        "privacy_report": None, "out": "d", "max_dead_letters": "1%", "verbose": False}
+    assert binding.from_args(tc.ClassifyConfig, args) == tc.ClassifyConfig()
+    got = binding.from_args(tc.ClassifyConfig, p.parse_args(
+        ["--train", "a", "--valid", "b", "--test", "c", "--out", "d", "--learning-rates", "0.1,0.2", "--epsilon", "2",
+         "--seed", "7", "--classifier", "backbone", "--model", "m"]))
+    assert got == tc.ClassifyConfig(learning_rates=(0.1, 0.2), epsilon=2.0, seed=7, classifier="backbone", model="m")

@@ -140,3 +140,71 @@ def test_uncomposable_releases_name_what_to_change():
     assert ok.dp_tune.privacy_unit == "user"
     # Non-private user-level trials have no unit: nothing to refuse.
     assert from_dict({**_USER_LEVEL, "dp_tune": {**_USER_LEVEL["dp_tune"], "epsilons": [math.inf]}})
+
+
+SECTIONS = (cfgmod.PublicConfig, cfgmod.SensitiveConfig, cfgmod.TokenizerConfig, cfgmod.DedupConfig,
+            cfgmod.PretrainConfig, cfgmod.DPTuneConfig, cfgmod.SamplingConfig, cfgmod.GenerateConfig,
+            cfgmod.EvaluateConfig)
+# A non-default value of each setting marked `UNLESS_DEFAULT` (and of the field it follows).
+SET = {"user_column": "user", "split": {"holdout": "hash"}, "max_dead_letters": "2%", "recipe": "auto",
+       "token_budget": 1e6, "label_dropout": 0.1, "privacy_unit": "user", "max_examples_per_user": 4,
+       "mechanism": "bandmf", "bands": 4, "guidance": 1.5, "guidance_contrast": "null",
+       "label_distribution": "dp_histogram", "label_noise_multiplier": 10.0}
+
+
+@pytest.mark.parametrize("cls", SECTIONS, ids=lambda c: c.__name__)
+def test_stage_dict_drops_only_marked_settings_that_are_not_set(cls):
+    marks = {f.name: f.metadata[cfgmod.UNLESS_DEFAULT] for f in dataclasses.fields(cls)
+             if cfgmod.UNLESS_DEFAULT in f.metadata}
+    assert set(marks) <= set(SET)
+    default = cls()
+    assert cfgmod.stage_dict(default) == {k: v for k, v in to_dict(default).items() if k not in marks}
+    for name, mark in marks.items():
+        leader = {} if mark is True else {mark: SET[mark]}
+        section = dataclasses.replace(default, **leader, **{name: SET[name]})
+        assert cfgmod.stage_dict(section)[name] == to_dict(section)[name]  # set: hashed
+        if mark is not True:  # follows another field: dropped while that one is at its default, even if set
+            section = dataclasses.replace(default, **{name: SET[name]})
+            assert name not in cfgmod.stage_dict(section)
+
+
+def test_follower_settings_are_hashed_at_their_own_default_once_their_leader_is_set():
+    guided = cfgmod.SamplingConfig(guidance=1.5)
+    assert guided.identity()["guidance_contrast"] == "others"
+    assert "guidance" not in cfgmod.SamplingConfig().identity()
+
+
+# DPTuneConfig defaults that deliberately differ from the tuner's (CPU-sized grid points; its
+# docstring says why). Every other field named like a TuneConfig field has the tuner's default.
+TUNE_DEFAULTS_DIFFER = {"batch_size": (64, 1024.0), "epochs": (1.0, 10.0), "max_tokens": (128, 512),
+                        "prompt_length": (16, 20)}
+# Grid axes: a tuple of the tuner's single value.
+TUNE_AXES = {"modes": "mode", "epsilons": "epsilon", "learning_rates": "learning_rate", "clip_norms": "clip_norm"}
+
+
+def test_dp_tune_defaults_agree_with_the_tuner_except_where_documented():
+    from dpsynth.train import finetune
+
+    tune = {f.name: getattr(finetune.TuneConfig(), f.name) for f in dataclasses.fields(finetune.TuneConfig)}
+    exp = cfgmod.DPTuneConfig()
+    shared = [f.name for f in dataclasses.fields(exp) if f.name in tune]
+    assert set(TUNE_DEFAULTS_DIFFER) <= set(shared)
+    for name in shared:
+        want = TUNE_DEFAULTS_DIFFER.get(name, (tune[name], tune[name]))
+        assert (getattr(exp, name), tune[name]) == want, name
+        doc = cfgmod.DPTuneConfig.__doc__
+        assert name in doc, f"{name}: not named in DPTuneConfig's docstring"
+    assert {axis: getattr(exp, axis)[0] for axis in TUNE_AXES} == {
+        "modes": tune["mode"], "epsilons": tune["epsilon"], "learning_rates": 1e-3, "clip_norms": tune["clip_norm"]}
+    assert tune["learning_rate"] == 3e-3  # the documented difference of the learning-rate axis
+    assert exp.loss == "prefix" and tune["full_lm"] is False
+
+
+def test_dp_tune_choices_are_the_tuners():
+    from dpsynth.dp import accounting, plan
+    from dpsynth.train import finetune, recipe
+
+    assert cfgmod.MODES == finetune.MODES
+    assert cfgmod.ACCOUNTANTS == accounting.ACCOUNTANTS
+    assert cfgmod.RECIPES == recipe.RECIPES
+    assert set(plan.PRIVACY_UNITS) == {"example", "user"}

@@ -90,7 +90,7 @@ def _model_output(tmp_path, key, q, sigma, steps):
 def _labels_output(tmp_path, key, sigma):
     d = tmp_path / "stages" / key
     d.mkdir(parents=True)
-    (d / stages.LABEL_DISTRIBUTION_FILE).write_text(json.dumps({"labels": ["a", "b"], "weights": [0.5, 0.5],
+    (d / privacy.LABEL_DISTRIBUTION_FILE).write_text(json.dumps({"labels": ["a", "b"], "weights": [0.5, 0.5],
                                                                 "source": "dp_histogram", "noise_multiplier": sigma}))
     return StageOutput(key=key, stage="labels", hash="1" * 64, dir=str(d), summary={}, seconds=0, cached=True)
 

@@ -250,7 +250,7 @@ def tiny_model_dir(tmp_path_factory):
 
     from dpsynth.models import Transformer, get_config
     from dpsynth.data.tokenizer_training import train_tokenizer
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model
     from tests.generate.fakes import write_fake_model_dir
 
     rng = random.Random(0)
@@ -273,7 +273,7 @@ def test_tiny_preset_end_to_end_cli(tiny_model_dir, tmp_path, capsys):
 
     from beam_jobs.generate import main, run
     from dpsynth.models import Transformer
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     model_dir, tok = tiny_model_dir
     argv = ["--model", model_dir, "--num-examples", "10", "--valid-examples", "3", "--out", str(tmp_path / "a"),

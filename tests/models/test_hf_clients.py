@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from dpsynth.models import hf_import, hf_tokenizer  # noqa: E402
 from dpsynth.models.transformer import Transformer  # noqa: E402
-from dpsynth.train.checkpoint import load_model  # noqa: E402
+from dpsynth.models.directory import load_model  # noqa: E402
 from tests.train.conftest import make_records  # noqa: E402
 from trainers import dp_tune, export_model  # noqa: E402
 

@@ -14,7 +14,7 @@ import pytest
 from dpsynth.models import hf_export, hf_files, hf_import, hf_tokenizer
 from dpsynth.models.hf_files import HFFormatError
 from dpsynth.models.transformer import Transformer
-from dpsynth.train.checkpoint import load_model, save_model
+from dpsynth.models.directory import load_model, save_model
 from trainers import export_model
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"

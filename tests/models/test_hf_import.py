@@ -138,7 +138,7 @@ def test_sharded_bfloat16_checkpoint_loads_into_an_8_device_mesh(tmp_path):
 
 
 def test_import_model_writes_a_loadable_model_dir(tmp_path):
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     out = tmp_path / "model"
     assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
@@ -159,7 +159,7 @@ def test_import_model_writes_a_loadable_model_dir(tmp_path):
 
 
 def test_sentencepiece_special_ids_come_from_the_config(tmp_path):
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     hf_import.import_model(str(FIXTURES / "gemma"), str(tmp_path / "m"))
     tok = load_model(str(tmp_path / "m")).tokenizer
@@ -320,7 +320,7 @@ def test_cli_failures_are_one_line(tmp_path, capsys, how, message):
 
 def test_reimport_over_an_earlier_import_replaces_its_tokenizer(tmp_path):
     """An earlier import's tokenizer file of the other kind is removed (else it would be loaded)."""
-    from dpsynth.train.checkpoint import load_model
+    from dpsynth.models.directory import load_model
 
     out = tmp_path / "m"
     assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0

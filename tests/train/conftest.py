@@ -60,7 +60,7 @@ def tiny_base(tmp_path_factory):
     """(base_dir, tokenizer): a randomly initialised `tiny` model saved as a model directory."""
     from dpsynth.models import Transformer, get_config
     from dpsynth.data.tokenizer_training import train_tokenizer
-    from dpsynth.train.checkpoint import save_model
+    from dpsynth.models.directory import save_model
 
     texts = [r["text"] for r in make_records(400, 123)] + ["[great] [other] great other"] * 20
     tok = train_tokenizer(texts, vocab_size=320)

@@ -15,8 +15,9 @@ import pytest
 from dpsynth.dp import clipping, report
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
+from dpsynth.models.directory import load_model
 from dpsynth.train import audit, finetune, lm, sweep
-from dpsynth.train.checkpoint import TrainCheckpointer, load_model
+from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
@@ -304,7 +305,7 @@ def _copy(src, tmp_path):
 def test_resume_with_another_privacy_plan_is_refused_before_any_compute(stopped_run, monkeypatch, change, field,
                                                                         before, after):
     base_dir, _, out = stopped_run
-    from dpsynth.train import checkpoint
+    from dpsynth.models import directory as checkpoint  # where dp_tune loads the base model from
 
     def no_compute(*a, **k):
         raise AssertionError("the model was loaded: the refusal must come before any compute")
@@ -322,7 +323,7 @@ def test_resume_with_another_privacy_plan_is_refused_before_any_compute(stopped_
 
 def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(stopped_run, monkeypatch):
     base_dir, _, out = stopped_run
-    from dpsynth.train import checkpoint
+    from dpsynth.models import directory as checkpoint  # where dp_tune loads the base model from
 
     monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(finetune.TuneError, match="checkpoints of an earlier run: pass --resume"):

@@ -12,7 +12,7 @@ import pytest
 from dpsynth.dp import clipping, sparse
 from dpsynth.models import hf_export, hf_import
 from dpsynth.train import finetune, lm
-from dpsynth.train.checkpoint import load_model
+from dpsynth.models.directory import load_model
 from tests.train.conftest import make_records
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "models" / "fixtures" / "hf"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dpsynth.dp import report
+from dpsynth.models.directory import load_model
 from dpsynth.train import finetune, tune_report
-from dpsynth.train.checkpoint import TrainCheckpointer, load_model
+from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.train.conftest import make_records
 
 
@@ -81,7 +82,7 @@ def test_user_level_run_reports_users(user_run):
 
 def test_missing_user_ids_fail_before_compute(tiny_base, tmp_path, monkeypatch, capsys):
     base_dir, _ = tiny_base
-    from dpsynth.train import checkpoint
+    from dpsynth.models import directory as checkpoint  # where dp_tune loads the base model from
 
     no_users = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
     monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("model loaded before the check"))
@@ -237,7 +238,7 @@ def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_o
     """Issue 23, findings 5 and 6: a resume whose BandMF strategy differs from the checkpoint's is refused
     before the model is loaded (the noise so far came from the checkpoint's C^-1); the report's epochs are
     steps x B / N, not steps x q (q = B / floor(N / b) is b times larger)."""
-    from dpsynth.train import checkpoint
+    from dpsynth.models import directory as checkpoint  # where dp_tune loads the base model from
 
     base_dir, _ = tiny_base
     records = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import shutil
@@ -9,7 +10,8 @@ import pytest
 from dpsynth.data import token_shards
 from dpsynth.data.tokenizer_training import train_tokenizer
 from dpsynth.data.tokenizers import EOS_ID
-from dpsynth.train import checkpoint, pretrain
+from dpsynth.models import directory
+from dpsynth.train import pretrain
 
 SMALL = dict(preset="tiny", model_overrides={"num_layers": 1, "d_ff": 64}, seq_len=32, batch_size=4, steps=6,
              eval_every=3, checkpoint_every=2, log_every=2, eval_batches=2, tensorboard=False, progress_interval=1e9)
@@ -87,15 +89,15 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
     with pytest.raises(pretrain.PretrainError, match="--resume"):
         pretrain.run_pretrain(corpus, tok_path, part, cfg)
     pretrain.run_pretrain(corpus, tok_path, part, cfg, resume=True)
-    a, b = checkpoint.load_model(str(tmp_path / "full")), checkpoint.load_model(part)
+    a, b = directory.load_model(str(tmp_path / "full")), directory.load_model(part)
     for x, y in zip(jax.tree.leaves(a.variables), jax.tree.leaves(b.variables)):
         np.testing.assert_array_equal(x, y)
     assert a.manifest["steps"] == 6 and a.config.preset == "tiny"
     # Resuming with another preset / other flags is refused with a clear message.
-    with pytest.raises(checkpoint.CheckpointError, match="preset"):
+    with pytest.raises(directory.CheckpointError, match="preset"):
         pretrain.run_pretrain(corpus, tok_path, part, pretrain.PretrainConfig(
             **{**SMALL, "model_overrides": {"num_layers": 2, "d_ff": 64}}), resume=True)
-    with pytest.raises(checkpoint.CheckpointError, match="seq_len"):
+    with pytest.raises(directory.CheckpointError, match="seq_len"):
         pretrain.run_pretrain(corpus, tok_path, part, pretrain.PretrainConfig(**{**SMALL, "seq_len": 16}),
                               resume=True)
 
@@ -194,13 +196,13 @@ def test_two_processes_match_one_and_resume_across_processes(tiny_corpus, tmp_pa
     cli = multiprocess.run("tests.train.multihost_cases:pretrain_cli_case", num_processes=2, devices=4,
                            kwargs={"argv": argv}, timeout=600, initialize=False)
     assert [(r["rc"], r["process"], r["processes"], r["devices"]) for r in cli] == [(0, 0, 2, 8), (0, 1, 2, 8)]
-    two = checkpoint.load_model(str(tmp_path / "two"))
+    two = directory.load_model(str(tmp_path / "two"))
     assert two.manifest["valid_perplexity"] == pytest.approx(ref["valid"]["perplexity"], rel=1e-5)
     ref_losses, two_losses = _losses(str(tmp_path / "one")), _losses(str(tmp_path / "two"))
     assert sorted(two_losses) == sorted(ref_losses) == [2, 3, 4]  # step 1's window holds the compilation
     for step, loss in ref_losses.items():
         assert abs(two_losses[step] - loss) < 1e-5
-    ref_vars = checkpoint.load_model(str(tmp_path / "one")).variables
+    ref_vars = directory.load_model(str(tmp_path / "one")).variables
     assert _max_diff(two.variables, ref_vars) < 1e-4
     # Killed at step 2 in 2 processes; resumed in 2 processes, and (a copy) in 1 process x 8 devices.
     first = launch(2, "part", stop_after=2)
@@ -209,6 +211,29 @@ def test_two_processes_match_one_and_resume_across_processes(tiny_corpus, tmp_pa
     resumed = launch(2, "part", resume=True)
     assert resumed["finished"] and resumed["step"] == 4
     assert abs(_losses(str(tmp_path / "part"))[4] - ref_losses[4]) < 1e-5
-    assert _max_diff(checkpoint.load_model(str(tmp_path / "part")).variables, ref_vars) < 1e-4
+    assert _max_diff(directory.load_model(str(tmp_path / "part")).variables, ref_vars) < 1e-4
     launch(1, "part1", resume=True)
-    assert _max_diff(checkpoint.load_model(str(tmp_path / "part1")).variables, ref_vars) < 1e-4
+    assert _max_diff(directory.load_model(str(tmp_path / "part1")).variables, ref_vars) < 1e-4
+
+
+def test_cli_flags_are_bound_from_pretrain_config():
+    """`dpsynth pretrain` binds PretrainConfig (one declaration per setting); its flags are as before."""
+    from dpsynth import binding
+    from trainers import pretrain as cli
+
+    p = cli.build_parser()
+    options = {s for a in p._actions for s in a.option_strings}
+    assert options == {"-h", "--help", "--corpus", "--tokenizer", "--out", "--preset", "--set", "--seq-len",
+                       "--batch-size", "--grad-accum", "--steps", "--optimizer", "--learning-rate", "--warmup-steps",
+                       "--weight-decay", "--z-loss", "--valid-fraction", "--valid-unit", "--valid-group",
+                       "--eval-every", "--eval-batches", "--checkpoint-every", "--log-every", "--seed", "--mesh-data",
+                       "--mesh-model", "--peak-tflops", "--no-tensorboard", "--resume", "--stop-after",
+                       "--distributed", "--coordinator-address", "--num-processes", "--process-id", "--verbose"}
+    names = [f.name for f in dataclasses.fields(pretrain.PretrainConfig) if f.name not in cli._NOT_FLAGS]
+    req = ["--corpus", "c", "--tokenizer", "t", "--out", "o"]
+    assert binding.from_args(pretrain.PretrainConfig, p.parse_args(req), names) == pretrain.PretrainConfig()
+    got = binding.from_args(pretrain.PretrainConfig, p.parse_args(req + [
+        "--set", "d_model=128", "--set", "name=x", "--set", "d_model=64", "--valid-group", "h/", "--valid-group", "e:",
+        "--no-tensorboard", "--preset", "small", "--learning-rate", "0.01", "--seq-len", "64"]), names)
+    assert got == pretrain.PretrainConfig(model_overrides={"d_model": 64, "name": "x"}, valid_groups=("h/", "e:"),
+                                          tensorboard=False, preset="small", learning_rate=0.01, seq_len=64)

@@ -17,8 +17,8 @@ import pytest
 
 from dpsynth import fileio
 from dpsynth.dp import report
+from dpsynth.models.directory import load_model
 from dpsynth.train import finetune, release, sweep
-from dpsynth.train.checkpoint import load_model
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
@@ -203,7 +203,7 @@ def test_sigkill_dp_tune_after_a_checkpoint_then_resume_equals_an_uninterrupted_
 
 @pytest.mark.slow  # two pretraining runs in subprocesses
 def test_sigkill_pretrain_after_a_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_corpus, tmp_path):
-    from dpsynth.train import checkpoint
+    from dpsynth.models import directory
     from trainers import pretrain
 
     corpus, tok_path, _ = tiny_corpus
@@ -217,6 +217,6 @@ def test_sigkill_pretrain_after_a_checkpoint_then_resume_equals_an_uninterrupted
     assert pretrain.main([*flags, "--out", str(out), "--resume"]) == 0
     ref = tmp_path / "uninterrupted"
     assert pretrain.main([*flags, "--out", str(ref)]) == 0
-    a, b = checkpoint.load_model(str(out)), checkpoint.load_model(str(ref))
-    assert checkpoint.variables_allclose(a.variables, b.variables, atol=1e-6)
+    a, b = directory.load_model(str(out)), directory.load_model(str(ref))
+    assert directory.variables_allclose(a.variables, b.variables, atol=1e-6)
     assert a.manifest["steps"] == b.manifest["steps"] == 60 and release.is_complete(str(out))

@@ -18,7 +18,7 @@ import pytest
 
 from dpsynth.models import hf_files, hf_import
 from dpsynth.models.transformer import Transformer
-from dpsynth.train.checkpoint import load_model
+from dpsynth.models.directory import load_model
 from tests.train.conftest import make_records
 from trainers import dp_tune, export_model
 
