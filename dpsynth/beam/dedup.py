@@ -17,7 +17,6 @@ of the JSONL (and counted). The last step writes the manifests and `contaminatio
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from json.encoder import encode_basestring

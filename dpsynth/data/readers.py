@@ -45,7 +45,6 @@ import bz2
 import csv
 import dataclasses
 import gzip
-import io
 import json
 import lzma
 import os

@@ -8,7 +8,6 @@ and renamed, so a reader never sees a partial file.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
