@@ -304,7 +304,8 @@ class DPTuneConfig:
             _check(self.max_examples_per_user is not None and self.max_examples_per_user >= 1,
                    f"{key}.max_examples_per_user", "must be >= 1 with privacy_unit: user")
         problem = mechanisms.get(self.mechanism).check_settings(bands=self.bands, max_batch_size=None)
-        _check(problem is None, f"{key}.bands", problem)
+        if problem:
+            _check(False, f"{key}.{problem[0]}", problem[1])
         _nonempty(self.modes, f"{key}.modes")
         for i, mode in enumerate(self.modes):
             _choice(mode, MODES, f"{key}.modes[{i}]")

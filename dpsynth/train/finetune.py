@@ -215,8 +215,8 @@ class TuneConfig:
             raise TuneError(f"mechanism must be one of {mechanisms.names()}, got {self.mechanism!r}")
         problem = mechanisms.get(self.mechanism).check_settings(bands=self.bands, max_batch_size=self.max_batch_size)
         if problem:
-            raise TuneError(f"{problem if problem.startswith('a ') else 'bands ' + problem} (--mechanism, --bands, "
-                            "--max-batch-size)")
+            setting, message = problem
+            raise TuneError(f"--{setting.replace('_', '-')}: {message}")
         ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
         if self.recipe not in recipe_lib.RECIPES:
             raise TuneError(f"recipe must be one of {recipe_lib.RECIPES}, got {self.recipe!r}")
@@ -766,7 +766,6 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
     from dpsynth.train import core, lm, loop, sharding
-    from dpsynth.models.directory import CheckpointError
     from dpsynth.train.checkpoint import TrainCheckpointer
 
     config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
@@ -796,9 +795,7 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
             if meta.get("format") != CHECKPOINT_FORMAT or meta.get("fingerprint") != fingerprint:
                 raise TuneError(f"{ckpt_dir}: checkpoint was made with another configuration or data; resume with "
                                 "the same flags and files, or use a new --out")
-            if checkpointer.latest_step() is None:
-                raise CheckpointError(f"{ckpt_dir}: no checkpoint to resume from (drop --resume to start fresh)")
-            state, meta = checkpointer.restore(state)
+            state, meta = checkpointer.restore(state)  # `_prepare` read its metadata: the checkpoint exists
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
             recorded = {e.get("noise_multiplier") for e in ledger.entries if e.get("name") == "dp_tune"}

@@ -93,7 +93,7 @@ def test_configs_accept_exactly_the_registered_mechanisms(dpgd):
     from dpsynth.train.finetune import TuneConfig, TuneError
 
     TuneConfig(mechanism="dpgd", batch_size=N)
-    with pytest.raises(TuneError, match="bands is a BandMF setting"):
+    with pytest.raises(TuneError, match="--bands: is a BandMF setting"):
         TuneConfig(mechanism="dpgd", bands=2)
     cfg = {"sensitive": {"embedded": True}, "public": {"embedded": True}, "dp_tune": {"mechanism": "dpgd"}}
     assert from_dict(cfg).dp_tune.mechanism == "dpgd"

@@ -68,14 +68,14 @@ class Mechanism:
                                                 f"{self.name!r}")
         return 1
 
-    def check_settings(self, *, bands: int | None, max_batch_size: int | None) -> str | None:
-        """A message for settings a run of this mechanism cannot have (config time), else None."""
+    def check_settings(self, *, bands: int | None, max_batch_size: int | None) -> tuple[str, str] | None:
+        """(setting, message) for a setting a run of this mechanism cannot have (config time), else None."""
         try:
             self.cycle_length(bands)
         except accounting.PrivacyConfigError as e:
-            return str(e)
+            return "bands", str(e)
         if max_batch_size is not None and not self.supports_batch_cap:
-            return f"a batch-size cap is not supported with {self.title}"
+            return "max_batch_size", f"a batch-size cap is not supported with {self.title}"
         return None
 
     def sampling_probability(self, *, dataset_size: int, expected_batch_size: float, steps: int,
