@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv=None, test_pipeline=None) -> dict:
     """Parses flags and runs the job; returns the contamination report.
 
-    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline` (called once per
-    pipeline; the job runs two).
+    `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline` (the job runs one
+    pipeline).
     """
     args, beam_args = build_parser().parse_known_args(argv)
     return jobs.dedup(

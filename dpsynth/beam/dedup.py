@@ -1,11 +1,14 @@
 """PTransforms of the dedup job: cut every >= k-token overlap with sensitive data per public shard.
 
-The sensitive index (`dpsynth.dedup.index.SensitiveIndex`) is built once on the driver and
-saved as one file (any Beam filesystem); each worker loads it and suffix-sorts it once in
-`DoFn.setup()`, then runs `dpsynth.dedup.match.dedup_shard` on one public shard per element
-(matched against that one sorted sensitive set). Each DoFn writes its own outputs atomically:
+The job is one pipeline (`DedupCorpora`): it takes the token manifests of every corpus (the
+public corpus first tokenized in the same pipeline, or read), builds the sensitive index
+(`dpsynth.dedup.index.SensitiveIndex`) in one step and saves it as one file (any Beam
+filesystem); each worker loads it and suffix-sorts it once, then runs
+`dpsynth.dedup.match.dedup_shard` on one public shard per element (matched against that one
+sorted sensitive set). Each DoFn writes its own outputs atomically:
 
 ```
+OUT/index                                                  the sensitive index (SensitiveIndex.save)
 OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
 OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per document with kept text
 ```
@@ -13,6 +16,8 @@ OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per do
 The clean text of a document is its kept token pieces (the complement of the cut ranges),
 each decoded on its own and joined with a newline. Documents cut away entirely are left out
 of the JSONL (and counted). The last step writes the manifests and `contamination.json`.
+When a corpus has no document, nothing after the token corpora is written (the job then
+raises `EmptyDatasetError` naming it, from the manifests).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from json.encoder import encode_basestring
-from typing import Any
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -39,6 +44,9 @@ NAMESPACE = "dpsynth"
 CLEAN_TOKENS = "clean_tokens"
 CLEAN_TEXT = "clean"
 CONTAMINATION = "contamination.json"
+INDEX_FILE = "index"
+PUBLIC = "public"  # the public corpus's name among the token corpora
+PLAN = "plan"  # the index step's status element
 
 
 def clean_text(tokenizer, document, ranges) -> str:
@@ -89,7 +97,8 @@ class _DedupShardFn(beam.DoFn):
         self.c_removed = Metrics.counter(NAMESPACE, "public_tokens_removed")
         self.c_shards = Metrics.counter(NAMESPACE, "public_shards_deduped")
 
-    def setup(self):
+    def _load(self):
+        # On first use, not in setup(): the index is written by an earlier step of the same pipeline.
         from dpsynth.dedup.index import SensitiveIndex
 
         self.index = SensitiveIndex.load(self.index_path)  # any Beam filesystem
@@ -99,6 +108,8 @@ class _DedupShardFn(beam.DoFn):
     def process(self, entry):
         from dpsynth.dedup.match import dedup_shard
 
+        if self.index is None:
+            self._load()
         start = time.monotonic()
         shard = token_shards.read_shard(self.public_dir, entry, self.dtype)
         result = dedup_shard(self.index, shard, min_tokens=self.min_tokens, threads=self.threads)
@@ -149,36 +160,36 @@ class DedupShards(beam.PTransform):
 
 
 class _FinishFn(beam.DoFn):
-    """(None, [shard results]) -> report dict; writes the clean manifest and contamination.json."""
+    """(None, [plan status and shard results]) -> report dict; writes the clean manifest and
+    contamination.json (nothing when the plan step found an empty corpus)."""
 
-    def __init__(self, out_dir: str, index_path: str, vocab_size: int, tokenizer_sha256: str, min_tokens: int,
-                 extra: dict[str, Any]):
-        self.out_dir, self.index_path, self.vocab_size = out_dir, index_path, vocab_size
-        self.tokenizer_sha256, self.min_tokens, self.extra = tokenizer_sha256, min_tokens, extra
-        self.index = None
-
-    def setup(self):
-        from dpsynth.dedup.index import SensitiveIndex
-
-        self.index = SensitiveIndex.load(self.index_path)
+    def __init__(self, out_dir: str, index_path: str, public_dir: str, vocab_size: int, tokenizer_sha256: str,
+                 min_tokens: int):
+        self.out_dir, self.index_path, self.public_dir = out_dir, index_path, public_dir
+        self.vocab_size, self.tokenizer_sha256, self.min_tokens = vocab_size, tokenizer_sha256, min_tokens
 
     def process(self, element):
         from dpsynth.dedup import report as dedup_report
+        from dpsynth.dedup.index import SensitiveIndex
 
+        if (PLAN, True) not in [(r[0], r[1]) for r in element[1] if r[0] == PLAN]:
+            return  # an empty corpus: the job raises from the manifests
         results = sorted((r for r in element[1] if r[0] == "shard"), key=lambda r: r[1])
         counts: dict[str, int] = {}
         for _, _, r in results:
             for k, v in r["counts"].items():
                 counts[k] = counts.get(k, 0) + v
-        rep = dedup_report.build_report(self.index, [r[2]["stats"] for r in results], self.min_tokens)
+        index = SensitiveIndex.load(self.index_path)
+        rep = dedup_report.build_report(index, [r[2]["stats"] for r in results], self.min_tokens)
         names = {r[1] for r in results}
         for sub in (CLEAN_TOKENS, CLEAN_TEXT):
             remove_stale_shards(FileSystems.join(self.out_dir, sub), names)
+        public_manifest = token_shards.sha256_file(FileSystems.join(self.public_dir, token_shards.MANIFEST))
         token_shards.write_manifest(
             FileSystems.join(self.out_dir, CLEAN_TOKENS), name="clean", shards=[r[2]["entry"] for r in results],
             vocab_size=self.vocab_size, tokenizer_sha256=self.tokenizer_sha256,
             extra={"kind": "public", "min_tokens": self.min_tokens, "contamination_sha256": rep["report_sha256"],
-                   "jsonl_documents": counts.get("jsonl_documents", 0), **self.extra},
+                   "jsonl_documents": counts.get("jsonl_documents", 0), "public_manifest_sha256": public_manifest},
         )
         data = fileio.dumps_json(rep).encode("utf-8")
         fileio.write_bytes_fs(FileSystems.join(self.out_dir, CONTAMINATION), data)
@@ -186,19 +197,88 @@ class _FinishFn(beam.DoFn):
 
 
 class WriteDedupReport(beam.PTransform):
-    """The last step of the dedup job: gathers every shard result and writes the reports."""
+    """The last step of the dedup job: gathers the plan status and every shard result, writes the reports."""
 
     def __init__(self, **kwargs):
         super().__init__()
         self.fn = _FinishFn(**kwargs)
 
     def expand(self, results):
-        """PCollection[("shard", name, result)] -> PCollection[contamination report dict] (one)."""
-        seed = results.pipeline | "Seed" >> beam.Create([("seed", None, None)])
+        """PCollection[(PLAN, ok, None) (one) and ("shard", name, result)] -> PCollection[report dict] (one, or
+        none after an empty corpus)."""
         return (
-            (results, seed)
-            | "MergeShardResults" >> beam.Flatten()
+            results
             | "KeyAll" >> beam.Map(lambda x: (None, x))
             | "GatherShardResults" >> beam.GroupByKey()
             | "WriteReports" >> beam.ParDo(self.fn)
         )
+
+
+
+class _IndexFn(beam.DoFn):
+    """(None, [(corpus name, manifest)]) -> (PLAN, ok, None) once, then ("entry", public shard
+    entry, None) per public shard; writes the sensitive index first (when every corpus has a
+    document)."""
+
+    def __init__(self, sensitive: Sequence[str], token_dirs: dict[str, str], index_path: str):
+        self.sensitive, self.token_dirs, self.index_path = list(sensitive), dict(token_dirs), index_path
+
+    def process(self, element):
+        from dpsynth.dedup.index import SensitiveIndex
+
+        manifests = dict(element[1])
+        if set(manifests) != set(self.token_dirs):
+            raise ValueError(f"manifests of {sorted(manifests)}, expected {sorted(self.token_dirs)}")
+        empty = sorted(name for name, m in manifests.items() if m["num_documents"] == 0)
+        if empty:
+            logger.warning("dedup: no valid document in %s; nothing is cut", ", ".join(empty))
+            yield PLAN, False, None
+            return
+        index = SensitiveIndex.build([(name, token_shards.read_corpus(self.token_dirs[name]))
+                                     for name in self.sensitive])
+        index.save(self.index_path)
+        yield PLAN, True, None
+        for entry in manifests[PUBLIC]["shards"]:
+            yield "entry", entry, None
+
+
+
+class DedupCorpora(beam.PTransform):
+    """The dedup after tokenizing: the sensitive index (one step), every public shard cut in
+    parallel (`DedupShards`), then the report (`WriteDedupReport`).
+
+    Args:
+      token_dirs: corpus name -> its token corpus directory; "public" is the public corpus,
+        every other name a sensitive dataset (indexed in the order given).
+      out_dir: the job's output directory (index, clean corpus, report).
+    """
+
+    def __init__(self, *, token_dirs: dict[str, str], dtype: str, tokenizer_path: str, out_dir: str,
+                 vocab_size: int, tokenizer_sha256: str, min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1):
+        super().__init__()
+        if PUBLIC not in token_dirs or len(token_dirs) < 2:
+            raise ValueError(f"DedupCorpora needs the {PUBLIC!r} corpus and at least one sensitive one")
+        index_path = FileSystems.join(out_dir, INDEX_FILE)
+        self.index_fn = _IndexFn([n for n in token_dirs if n != PUBLIC], token_dirs, index_path)
+        self.shards = DedupShards(public_dir=token_dirs[PUBLIC], dtype=dtype, index_path=index_path,
+                                  tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=vocab_size,
+                                  min_tokens=min_tokens, threads=threads)
+        self.report = WriteDedupReport(out_dir=out_dir, index_path=index_path, public_dir=token_dirs[PUBLIC],
+                                       vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
+                                       min_tokens=min_tokens)
+
+    def expand(self, manifests):
+        """PCollection[(corpus name, token manifest)] (one per corpus) -> PCollection[report dict]."""
+        plan = (
+            manifests
+            | "KeyManifests" >> beam.Map(lambda kv: (None, kv))
+            | "GatherManifests" >> beam.GroupByKey()
+            | "BuildIndex" >> beam.ParDo(self.index_fn)
+        )
+        results = (
+            plan
+            | "PublicShards" >> beam.FlatMap(lambda x: [x[1]] if x[0] == "entry" else [])
+            | "Dedup" >> self.shards
+        )
+        status = plan | "PlanStatus" >> beam.Filter(lambda x: x[0] == PLAN)
+        return (results, status) | "MergeResults" >> beam.Flatten() | "Report" >> self.report

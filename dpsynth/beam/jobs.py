@@ -1,7 +1,7 @@
 """The Beam jobs as library functions (the `beam_jobs/` entry points only parse flags).
 
-`tokenize(...)`: one corpus -> a token corpus. `dedup(...)`: tokenize the public and
-sensitive inputs, build the sensitive index once on the driver, cut every >= k-token
+`tokenize(...)`: one corpus -> a token corpus. `dedup(...)`: in one pipeline, tokenize the
+public and sensitive inputs, build the sensitive index once (one step), cut every >= k-token
 overlap from each public shard in parallel, write the cleaned corpus and the contamination
 report. `release_tokenizer(...)`: the tokenizer to release, trained on the cleaned corpus
 only (the dedup's own tokenizer has seen the overlaps it cut), and the cleaned corpus
@@ -22,6 +22,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.beam import corpus
+from dpsynth.beam import dedup as bdedup
+from dpsynth.beam.dedup import PUBLIC
 from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import readers, token_shards
@@ -94,7 +96,6 @@ def tokenize(
 # ----------------------------------------------------------------------------- dedup
 
 TOKENS_DIR = "tokens"
-INDEX_FILE = "index"
 
 
 def parse_named(spec: str) -> tuple[str | None, str]:
@@ -124,16 +125,23 @@ def dedup(
 ) -> dict[str, Any]:
     """Removes every >= `min_tokens` token sequence shared with sensitive data from a public corpus.
 
+    One pipeline: tokenize every input that is not a token corpus yet, build the sensitive
+    index (one step), cut the overlaps of every public shard in parallel, write the report
+    (`dpsynth.beam.dedup.DedupCorpora`).
+
     Args:
       public: the public corpus (paths/dirs/globs) or one token corpus directory.
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
       beam_args: Beam flags (`--runner`, `--direct_num_workers`, ...).
-      test_pipeline: returns a fresh pipeline to use instead (tests); called once per
-        pipeline the job runs (tokenize, then dedup).
+      test_pipeline: returns the pipeline to use instead (tests).
 
     Returns:
       The contamination report (also written to `out_dir/contamination.json`).
+
+    Raises:
+      readers.InputError: fatal input problems (before the pipeline starts), or a corpus
+        without a valid document (`EmptyDatasetError`, after it).
     """
     from dpsynth.dedup import report as dedup_report
 
@@ -146,36 +154,39 @@ def dedup(
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
                              tfds_data_dir=tfds_data_dir)
     dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
-    run = dict(beam_args=beam_args, test_pipeline=test_pipeline)
+    if "://" not in out_dir:
+        os.makedirs(out_dir, exist_ok=True)
 
-    t0 = time.monotonic()
-    manifests = _tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
-                                  shard_bytes=shard_bytes, max_document_bytes=max_document_bytes, **run)
-    t_tokenize = time.monotonic() - t0
-    t0 = time.monotonic()
-    index_path = _save_sensitive_index([s for s in sources if s.kind == "sensitive"], dirs, out_dir)
-    t_index = time.monotonic() - t0
-    t0 = time.monotonic()
-    report = _cut_overlaps(manifests["public"], dirs["public"], index_path, tokenizer, tokenizer_path, out_dir,
-                           min_tokens=min_tokens, threads=threads, **run)
-    t_dedup = time.monotonic() - t0
-    elapsed = time.monotonic() - start
+    def build(p):
+        manifests = _token_manifests(p, sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
+                                     shard_bytes=shard_bytes, max_document_bytes=max_document_bytes)
+        _ = manifests | "DedupCorpora" >> bdedup.DedupCorpora(
+            token_dirs=dirs, dtype=token_shards.token_dtype(tokenizer.vocab_size).name,
+            tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
+            tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens, threads=threads)
+
+    run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
+    for s in sources:
+        manifest = token_shards.read_manifest(dirs[s.name])
+        check_not_empty(manifest, s)
+        print(f"dedup: tokens {summarize_manifest(manifest, dirs[s.name])}")
+    with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
+        report = json.loads(f.read())
     print(dedup_report.summary_text(report))
-    print(f"dedup: stages tokenize {t_tokenize:.1f}s, index {t_index:.1f}s, dedup {t_dedup:.1f}s; "
-          f"total {elapsed:.1f}s -> {out_dir}")
+    print(f"dedup: done in {time.monotonic() - start:.1f}s -> {out_dir}")
     return report
 
 
 def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
                    label_column: str | None, tfds_data_dir: str | None) -> list[CorpusSource]:
     """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
-    sources = [plan_source(public, kind="public", name="public", text_column=text_column)]
+    sources = [plan_source(public, kind="public", name=PUBLIC, text_column=text_column)]
     names = set()
     for spec in sensitive:
         name, path = parse_named(spec)
         src = plan_source(path, kind="sensitive", name=name, text_column=text_column,
                           label_column=label_column, tfds_data_dir=tfds_data_dir)
-        if src.name in names or src.name == "public":
+        if src.name in names or src.name == PUBLIC:
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
         sources.append(src)
@@ -184,7 +195,8 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
 
 def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
                 out_dir: str) -> dict[str, str]:
-    """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`."""
+    """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`,
+    in the order of `sources`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
@@ -193,79 +205,32 @@ def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer
                 raise readers.InputError(
                     f"{src.token_dir}: tokenized with tokenizer {m['tokenizer_sha256'][:12]}, not "
                     f"{tokenizer.sha256[:12]} ({tokenizer_path}); re-tokenize or pass the matching model")
+            check_not_empty(m, src)
             dirs[src.name] = src.token_dir
         else:
-            sub = "public" if src.kind == "public" else f"sensitive/{src.name}"
+            sub = PUBLIC if src.kind == "public" else f"sensitive/{src.name}"
             dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
     return dirs
 
 
-def _tokenize_sources(sources: Sequence[CorpusSource], dirs: dict[str, str], tokenizer: Tokenizer,
-                      tokenizer_path: str, *, num_shards: int | None, shard_bytes: int, max_document_bytes: int,
-                      beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, dict]:
-    """Stage 1: tokenizes every input that is not a token corpus yet (one pipeline); returns
-    every source's token manifest (each checked not empty).
-
-    All corpora go through the same steps (`corpus.TokenizeCorpora`): a runner spreads the
-    files of all of them over its workers, and runs each step once, not once per corpus."""
+def _token_manifests(p: beam.Pipeline, sources: Sequence[CorpusSource], dirs: dict[str, str],
+                     tokenizer: Tokenizer, tokenizer_path: str, *, num_shards: int | None, shard_bytes: int,
+                     max_document_bytes: int) -> beam.PCollection:
+    """PCollection[(source name, token manifest)] of every source: those that are not token
+    corpora yet are tokenized in `p`, all through the same steps (`corpus.TokenizeCorpora`: a
+    runner spreads the files of all of them over its workers and runs each step once, not
+    once per corpus); the others' manifests are read now."""
     to_tokenize = [s for s in sources if s.token_dir is None]
+    given = [(s.name, token_shards.read_manifest(dirs[s.name])) for s in sources if s.token_dir is not None]
+    parts = [p | "GivenCorpora" >> beam.Create(given)] if given else []
     if to_tokenize:
         outputs = {s.name: corpus.CorpusOutput(
             dirs[s.name], (num_shards if s.kind == "public" else None) or s.num_shards(shard_bytes), s.manifest_extra())
             for s in to_tokenize}
-
-        def build(p):
-            _ = p | "TokenizeCorpora" >> corpus.TokenizeCorpora(
-                to_tokenize, outputs, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
-                tokenizer_sha256=tokenizer.sha256, max_document_bytes=max_document_bytes)
-
-        run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
-    manifests = {}
-    for s in sources:
-        manifests[s.name] = token_shards.read_manifest(dirs[s.name])
-        check_not_empty(manifests[s.name], s)
-        print(f"dedup: tokenized {summarize_manifest(manifests[s.name], dirs[s.name])}")
-    return manifests
-
-
-def _save_sensitive_index(sensitive: Sequence[CorpusSource], dirs: dict[str, str], out_dir: str) -> str:
-    """Stage 2: the sensitive index, built once on the driver and saved as one file (broadcast
-    to the workers by path); returns that path."""
-    from dpsynth.dedup.index import SensitiveIndex
-
-    index = SensitiveIndex.build([(s.name, token_shards.read_corpus(dirs[s.name])) for s in sensitive])
-    index_path = FileSystems.join(out_dir, INDEX_FILE)
-    if "://" not in out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    index.save(index_path)
-    return index_path
-
-
-def _cut_overlaps(pub: dict[str, Any], public_dir: str, index_path: str, tokenizer: Tokenizer,
-                  tokenizer_path: str, out_dir: str, *, min_tokens: int, threads: int,
-                  beam_args: Sequence[str] | None, test_pipeline: PipelineFactory | None) -> dict[str, Any]:
-    """Stage 3: cuts the overlaps of each public shard (`pub`: its manifest) in parallel, writes
-    the clean corpus and the contamination report; returns the report."""
-    from dpsynth.beam import dedup as bdedup
-
-    def build(p):
-        _ = (
-            p
-            | "ListPublicShards" >> beam.Create(list(pub["shards"]))
-            | "Dedup" >> bdedup.DedupShards(
-                public_dir=public_dir, dtype=pub["dtype"], index_path=index_path,
-                tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
-                min_tokens=min_tokens, threads=threads)
-            | "Report" >> bdedup.WriteDedupReport(
-                out_dir=out_dir, index_path=index_path, vocab_size=tokenizer.vocab_size,
-                tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens,
-                extra={"public_manifest_sha256":
-                       token_shards.sha256_file(FileSystems.join(public_dir, token_shards.MANIFEST))})
-        )
-
-    run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
-    with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
-        return json.loads(f.read())
+        parts.append(p | "TokenizeCorpora" >> corpus.TokenizeCorpora(
+            to_tokenize, outputs, tokenizer_path=tokenizer_path, vocab_size=tokenizer.vocab_size,
+            tokenizer_sha256=tokenizer.sha256, max_document_bytes=max_document_bytes))
+    return parts[0] if len(parts) == 1 else tuple(parts) | "AllManifests" >> beam.Flatten()
 
 
 # ----------------------------------------------------------------------------- the released tokenizer

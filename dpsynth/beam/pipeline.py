@@ -10,7 +10,7 @@ locally. Its multi-process mode is `--direct_running_mode=multi_processing
 Every job (tokenize, dedup, generate, evaluate) builds and runs its pipelines with
 `run_pipeline`. The one test hook, everywhere (library jobs and `beam_jobs/*.run`), is
 `test_pipeline`: a zero-argument callable returning a fresh `beam.Pipeline`, called once
-per pipeline the job runs (dedup runs two). Tests pass e.g. `test_pipeline=TestPipeline`.
+per pipeline the job runs (each runs one). Tests pass e.g. `test_pipeline=TestPipeline`.
 """
 
 from __future__ import annotations

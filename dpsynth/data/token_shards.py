@@ -41,6 +41,8 @@ MANIFEST = "manifest.json"
 TOKENS_SUFFIX = ".tokens"
 OFFSETS_SUFFIX = ".offsets"
 DOCS_SUFFIX = ".docs.jsonl"
+# `json.dumps(meta, ensure_ascii=False, sort_keys=True)` without building an encoder per call.
+_encode_meta = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
 class FormatError(DpsynthError, ValueError):
@@ -156,7 +158,7 @@ def write_shard(
     for i, meta in enumerate(docs):
         if not isinstance(meta.get("id"), str):
             raise ValueError(f"{name}: document {i} has no string 'id'")
-        lines.append(json.dumps(meta, ensure_ascii=False, sort_keys=True))
+        lines.append(_encode_meta(meta))
     payloads = {
         TOKENS_SUFFIX: flat.tobytes(),
         OFFSETS_SUFFIX: offsets.tobytes(),

@@ -157,7 +157,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
     assert {"s3", "s5", "s10", "s12"} <= hit
     assert "contamination" in capsys.readouterr().out.lower()
     first = _tree_digest(tmp_path / "out")
-    made = []  # the test hook: one fresh pipeline per pipeline the job runs (tokenize, dedup)
+    made = []  # the test hook: one fresh pipeline per pipeline the job runs (one)
 
     def factory():
         made.append(beam.Pipeline(options=make_pipeline_options()))
@@ -165,7 +165,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
 
     _run(corpora, tokenizer_path, tmp_path / "out", test_pipeline=factory)
     assert _tree_digest(tmp_path / "out") == first
-    assert len(made) == 2 and made[0] is not made[1]
+    assert len(made) == 1
 
     # Already tokenized inputs are accepted and give the same clean corpus and report.
     again = dedup_job.run(["--public", str(tmp_path / "out" / "tokens" / "public"), "--sensitive",
@@ -196,3 +196,20 @@ def test_dedup_on_a_dask_cluster(corpora, tokenizer_path, tmp_path, repo_on_path
                                                   f"--dask_client_address={cluster.scheduler_address}"])
     assert report == local
     assert _tree_digest(tmp_path / "dask") == _tree_digest(tmp_path / "local")
+
+
+@pytest.mark.parametrize("empty", ["public", "sensitive"])
+def test_a_corpus_without_a_valid_document_stops_the_job_before_the_index(corpora, tokenizer_path, tmp_path, empty):
+    """The index step finds the empty corpus: nothing after the token corpora is written, and the
+    job raises EmptyDatasetError naming the inputs (as it did when the index was built on the driver)."""
+    from dpsynth.data.readers import EmptyDatasetError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "   "}\n{"no_text": 1}\n')
+    public = str(bad) if empty == "public" else str(corpora / "pub")
+    sensitive = f"reviews={bad}" if empty == "sensitive" else f"reviews={corpora / 'sens'}"
+    with pytest.raises(EmptyDatasetError, match=r"bad.jsonl: no valid document \(2 dead-lettered"):
+        jobs.dedup([public], [sensitive], tokenizer_path=tokenizer_path, out_dir=str(tmp_path / "out"),
+                   min_tokens=K)
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert written == {"tokens"}

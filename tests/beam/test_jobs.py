@@ -6,13 +6,16 @@ import subprocess
 import sys
 import tarfile
 
+import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, SetupOptions, StandardOptions
+from apache_beam.testing.util import assert_that, equal_to
 
 from beam_jobs import dedup as dedup_job
 from beam_jobs import tokenize as tokenize_job
 from dpsynth.beam import jobs
 from dpsynth.beam.pipeline import make_pipeline_options, run_pipeline
+from dpsynth.data import token_shards
 
 from .conftest import REPO
 
@@ -118,8 +121,13 @@ def test_dedup_tokenizes_file_and_in_memory_corpora_in_one_pipeline(tmp_path, to
                                    records=records)]
     tokenizer = Tokenizer.load(tokenizer_path)
     dirs = {s.name: str(tmp_path / "tok" / s.name) for s in sources}
-    manifests = jobs._tokenize_sources(sources, dirs, tokenizer, tokenizer_path, num_shards=None,
-                                       shard_bytes=1 << 20, max_document_bytes=1 << 20, beam_args=None,
-                                       test_pipeline=None)
+    def build(p):
+        names = (jobs._token_manifests(p, sources, dirs, tokenizer, tokenizer_path, num_shards=None,
+                                       shard_bytes=1 << 20, max_document_bytes=1 << 20)
+                 | beam.Map(lambda kv: kv[0]))
+        assert_that(names, equal_to(["public", "files", "memory"]))
+
+    run_pipeline(build)
+    manifests = {s.name: token_shards.read_manifest(dirs[s.name]) for s in sources}
     assert {n: m["num_documents"] for n, m in manifests.items()} == {"public": 2, "files": 1, "memory": 1}
     assert manifests["memory"]["dead_lettered"] == 1 and manifests["files"]["labels"] == {"a": 1}
