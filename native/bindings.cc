@@ -1,12 +1,15 @@
-// Python bindings of dpsynth._native. Binds only: the algorithms live in sais.cc, lcp.cc and
-// match.cc;
-// dtype/width/contiguity policy lives in dpsynth/dedup/suffix_array.py. Arrays are taken
+// Python bindings of dpsynth._native. Binds only: the algorithms live in sais.cc, lcp.cc,
+// match.cc and decode.cc; dtype/width/contiguity policy lives in
+// dpsynth/dedup/suffix_array.py and (decoding) dpsynth/data/tokenizers.py. Arrays are taken
 // without conversion (the wrapper passes exact dtypes) and the GIL is released while working.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <stdexcept>
+#include <string>
+#include <vector>
 
+#include "decode.h"
 #include "lcp.h"
 #include "match.h"
 #include "sais.h"
@@ -130,10 +133,45 @@ void bind_sweep(py::module_& m) {
       py::arg("best_lb").noconvert(), py::arg("out").noconvert());
 }
 
+template <class T>
+void bind_decode(py::module_& m) {
+  m.def(
+      "decode_spans",
+      [](Arr<uint8_t> surface, Arr<int64_t> offsets, Arr<uint8_t> kind, bool strip_all_leading,
+         Arr<T> tokens, Arr<int64_t> starts, Arr<int64_t> ends) {
+        check_same_size(offsets.size(), kind.size() + 1, "decode_spans (offsets, kind)");
+        check_same_size(starts.size(), ends.size(), "decode_spans (starts, ends)");
+        dpsynth::PieceTable table{reinterpret_cast<const char*>(surface.data()), surface.size(),
+                                  offsets.data(), kind.data(), kind.size()};
+        const T* t = tokens.data();
+        int64_t num_tokens = tokens.size();
+        const int64_t* a = starts.data();
+        const int64_t* b = ends.data();
+        int64_t spans = starts.size();
+        std::string text;
+        std::vector<int64_t> at(spans + 1);
+        {
+          py::gil_scoped_release release;
+          dpsynth::decode_spans<T>(table, t, num_tokens, a, b, spans, strip_all_leading, &text,
+                                   at.data());
+        }
+        py::list out(spans);
+        for (int64_t s = 0; s < spans; ++s) {
+          PyObject* str = PyUnicode_DecodeUTF8(text.data() + at[s], at[s + 1] - at[s], "strict");
+          if (!str) throw py::error_already_set();
+          PyList_SET_ITEM(out.ptr(), s, str);
+        }
+        return out;
+      },
+      py::arg("surface").noconvert(), py::arg("offsets").noconvert(), py::arg("kind").noconvert(),
+      py::arg("strip_all_leading"), py::arg("tokens").noconvert(), py::arg("starts").noconvert(),
+      py::arg("ends").noconvert());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching, matching against a prebuilt suffix array.";
+  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching, matching against a prebuilt suffix array, decoding token spans to text.";
   bind_sa<uint16_t, int32_t>(m);
   bind_sa<uint16_t, int64_t>(m);
   bind_sa<uint32_t, int32_t>(m);
@@ -146,4 +184,8 @@ PYBIND11_MODULE(_native, m) {
   bind_match<uint32_t, int64_t>(m);
   bind_sweep<int32_t>(m);
   bind_sweep<int64_t>(m);
+  bind_decode<uint16_t>(m);
+  bind_decode<uint32_t>(m);
+  bind_decode<int32_t>(m);
+  bind_decode<int64_t>(m);
 }

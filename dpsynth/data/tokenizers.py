@@ -7,11 +7,20 @@ when the special ids are not dpsynth's (pad 0, unk 1, bos 2, eos 3; `NATIVE_SPEC
 `Tokenizer.sha256` identifies a tokenizer (the token-shard manifest records it,
 `dpsynth.data.token_shards`). Training is in `dpsynth.data.tokenizer_training`. All paths go
 through Beam's `FileSystems` (`gs://` too).
+
+`Tokenizer.decode_spans` decodes with the native decoder (`native/decode.h`) through a piece
+table built from the model, byte-identical to SentencePiece's `decode` (tested against it). It
+falls back to SentencePiece, decided once per model (`_piece_table`), when the model has a
+denormalizer (`denormalizer_spec.precompiled_charsmap`), a byte piece not spelled `<0xXX>`, an
+empty `unk_surface` with an unknown piece starting with U+2581, a piece above 65535 bytes, an
+unparsable proto, or when `dpsynth._native` is not built (or predates the decoder); and for
+token arrays of a non-integer dtype.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -19,6 +28,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.errors import MissingFileError
 from dpsynth.fileio import dumps_json, read_bytes_fs, sha256_bytes, write_bytes_fs
+
+try:
+    from dpsynth import _native
+except ImportError:  # not built: SentencePiece decodes
+    _native = None
 
 # Special ids of every dpsynth SentencePiece model (imported tokenizers carry their own).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -39,6 +53,103 @@ def _check_special_ids(special_ids: dict[str, int], vocab_size: int, where: str)
     return ids
 
 
+_SPACE = "\u2581"  # SentencePiece's whitespace symbol
+_BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
+_NATIVE_DTYPES = tuple(np.dtype(t) for t in (np.uint16, np.uint32, np.int32, np.int64))
+# Piece kinds of the native decoder (native/decode.h).
+_VERBATIM, _LEADING_SPACE, _BYTE, _SKIP = 0, 1, 2, 3
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _proto_fields(buf: bytes, wanted: set[int]) -> dict[int, list]:
+    """The fields `wanted` of a serialized protobuf message: number -> values in order (varints
+    as int, the rest as bytes). The installed `sentencepiece_model_pb2` may not import (it pins
+    a protobuf runtime); `dpsynth.models.hf_tokenizer` reads more fields, a layer above."""
+    fields: dict[int, list] = {}
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        else:
+            if wire == 2:
+                size, pos = _varint(buf, pos)
+            elif wire in (1, 5):
+                size = 8 if wire == 1 else 4
+            else:
+                raise ValueError(f"protobuf wire type {wire}")
+            value, pos = (buf[pos:pos + size] if number in wanted else None), pos + size
+        if number in wanted:
+            fields.setdefault(number, []).append(value)
+    if pos != len(buf):
+        raise ValueError("truncated protobuf message")
+    return fields
+
+
+def _submessage(fields: dict[int, list], number: int, wanted: set[int]) -> dict[int, list]:
+    return _proto_fields(b"".join(fields.get(number, [])), wanted)  # occurrences merge
+
+
+def _piece_table(sp, model_proto: bytes, drop: set[int]) -> tuple | None:
+    """The native decoder's piece table (`surface, offsets, kind, strip_all_leading`) of a
+    SentencePiece model, ids in `drop` skipped; None when SentencePiece must decode (see the
+    module docstring). Follows SentencePiece's Decode: control pieces empty, the unknown piece
+    as `trainer_spec.unk_surface`, byte pieces merged into UTF-8, U+2581 as a space, a leading
+    one dropped at the start of the text under add_dummy_prefix or remove_extra_whitespaces
+    (every leading one under the latter)."""
+    if not hasattr(_native, "decode_spans"):  # not built, or built before the decoder
+        return None
+    try:
+        model = _proto_fields(model_proto, {2, 3, 5})
+        trainer = _submessage(model, 2, {44})  # unk_surface
+        normalizer = _submessage(model, 3, {3, 4})  # add_dummy_prefix, remove_extra_whitespaces
+        denormalizer = _submessage(model, 5, {2})  # precompiled_charsmap
+    except (ValueError, IndexError):
+        return None
+    if denormalizer.get(2, [b""])[-1]:
+        return None
+    unk_surface = trainer.get(44, [" \u2047 ".encode()])[-1]
+    strip_all = bool(normalizer.get(4, [1])[-1])
+    strip = strip_all or bool(normalizer.get(3, [1])[-1])
+    surfaces, kinds = [], bytearray()
+    for i, piece in enumerate(sp.id_to_piece(list(range(sp.get_piece_size())))):
+        kind, surface = _VERBATIM, b""
+        if i in drop:
+            kind = _SKIP
+        elif sp.is_byte(i):
+            match = _BYTE_PIECE.fullmatch(piece)
+            if match is None:
+                return None
+            kind, surface = _BYTE, bytes([int(match[1], 16)])
+        elif sp.is_unknown(i):
+            if not unk_surface and piece.startswith(_SPACE):
+                return None
+            surface = unk_surface
+        elif not sp.is_control(i):
+            surface = piece.replace(_SPACE, " ").encode()
+            if strip and piece.startswith(_SPACE):
+                kind = _LEADING_SPACE
+        if len(surface) > 0xFFFF:
+            return None
+        surfaces.append(surface)
+        kinds.append(kind)
+    offsets = np.zeros(len(surfaces) + 1, np.int64)
+    np.cumsum([len(x) for x in surfaces], out=offsets[1:])
+    return (np.frombuffer(b"".join(surfaces), np.uint8), offsets, np.frombuffer(bytes(kinds), np.uint8),
+            strip_all)
+
+
 class Tokenizer:
     """A SentencePiece model. Special ids: dpsynth's (pad 0, unk 1, bos 2, eos 3) by default, or
     those of an imported model (`special_ids`, e.g. Llama 2's bos 1 / eos 2)."""
@@ -56,6 +167,8 @@ class Tokenizer:
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = ids["pad"], ids["unk"], ids["bos"], ids["eos"]
         self.sha256 = sha256_bytes(self.model_proto if self.native else
                                    self.model_proto + json.dumps(ids, sort_keys=True).encode())
+        # The native decoder's piece table, or None: SentencePiece decodes (module docstring).
+        self._pieces = _piece_table(self._sp, self.model_proto, {self.pad_id, self.bos_id, self.eos_id})
 
     @classmethod
     def load(cls, path: str) -> "Tokenizer":
@@ -98,11 +211,22 @@ class Tokenizer:
     def decode_spans(self, tokens: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> list[str]:
         """`decode(tokens[starts[i]:ends[i]])` for every i, in one batched call.
 
-        One pass over `tokens` (pad/bos/eos dropped, one `tolist`), then list slices: no
-        NumPy call per span, which dominated for many short documents.
+        Natively (`native/decode.h`) where the model allows (module docstring): spans must then
+        lie within `tokens` (ValueError) and an id outside the vocabulary raises IndexError, as
+        SentencePiece does.
         """
         tokens = np.asarray(tokens).reshape(-1)
-        starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+        starts, ends = np.asarray(starts, dtype=np.int64).reshape(-1), np.asarray(ends, dtype=np.int64).reshape(-1)
+        if self._pieces is not None and tokens.dtype.kind in "iu":
+            if tokens.dtype not in _NATIVE_DTYPES:  # other widths, non-native byte order
+                tokens = tokens.astype(np.int64)
+            return _native.decode_spans(*self._pieces, np.ascontiguousarray(tokens),
+                                        np.ascontiguousarray(starts), np.ascontiguousarray(ends))
+        return self._sp_decode_spans(tokens, starts, ends)
+
+    def _sp_decode_spans(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+        """`decode_spans` through SentencePiece: pad/bos/eos dropped in one pass, one `tolist`,
+        list slices (no NumPy call per span), one batched `decode`."""
         special = (tokens == self.pad_id) | (tokens == self.bos_id) | (tokens == self.eos_id)  # as `decode`
         if special.any():  # spans in the coordinates of the kept tokens
             kept = np.zeros(tokens.size + 1, np.int64)
@@ -161,6 +285,13 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(self._strip(ids).tolist(), skip_special_tokens=False)
+
+    def decode_spans(self, tokens: np.ndarray, starts: Sequence[int], ends: Sequence[int]) -> list[str]:
+        """`decode(tokens[starts[i]:ends[i]])` for every i, in one `decode_batch` call."""
+        tokens = np.asarray(tokens).reshape(-1)
+        bounds = zip(np.asarray(starts).tolist(), np.asarray(ends).tolist())
+        spans = [self._strip(tokens[a:b]).tolist() for a, b in bounds]
+        return self._tok.decode_batch(spans, skip_special_tokens=False) if spans else []
 
     def __getstate__(self):
         return {"json_bytes": self.json_bytes, "special_ids": self.special_ids}
