@@ -67,3 +67,17 @@ def test_copy_shard_is_what_write_shard_writes(tmp_path):
     (tmp_path / "src" / ("shard-00000" + token_shards.DOCS_SUFFIX)).write_bytes(b"{}\n{}\n")
     with pytest.raises(token_shards.FormatError, match="SHA-256"):
         token_shards.copy_shard(str(tmp_path / "src"), str(tmp_path / "dst2"), entry)
+
+
+def test_verified_docs_parse_as_one_array_and_equal_the_line_parser(tmp_path):
+    from dpsynth.fileio import parse_jsonl
+
+    docs = [{"id": "a\u2028b", "label": "x\ny"}, {"id": "c,d", "z": [1, {"e": "}\n{"}]}, {"id": "\u00e9\U0001F600"}]
+    entry = token_shards.write_shard(str(tmp_path), "shard-00000", [np.arange(3)] * 3, docs, 100)
+    raw = (tmp_path / "shard-00000.docs.jsonl").read_bytes()
+    assert token_shards._parse_docs(raw, 3) == parse_jsonl(raw) == docs
+    assert token_shards.read_shard(str(tmp_path), entry, "uint16").docs == docs
+    # A count that the joined parse does not give falls back to the line parser (and its errors).
+    assert token_shards._parse_docs(raw, 4) == docs
+    with pytest.raises(ValueError):
+        token_shards._parse_docs(b'{"id": "a"}\n{"id": \n', 2)
