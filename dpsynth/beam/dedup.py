@@ -56,24 +56,24 @@ def clean_text(tokenizer, document, ranges) -> str:
 
 
 def clean_texts(tokenizer, tokens, offsets, ranges) -> list[str]:
-    """`clean_text` of every document of a shard (`tokens`, `offsets`), all pieces in one
-    batched decode."""
+    """`clean_text` of every document of a shard (`tokens`, `offsets`): the documents without
+    cuts (nearly all) in one batched decode, the kept pieces of the others in another."""
+    texts = tokenizer.decode_spans(tokens, offsets[:-1], offsets[1:])
+    touched = [j for j, cut in enumerate(ranges) if cut]
     starts, ends, owner = [], [], []
-    for j, (start, end, cut) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), ranges)):
-        if not cut:
-            starts.append(start)
-            ends.append(end)
-            owner.append(j)
-            continue
-        for a, b in complement_ranges(end - start, cut):
+    for j in touched:
+        start = int(offsets[j])
+        for a, b in complement_ranges(int(offsets[j + 1]) - start, ranges[j]):
             starts.append(start + a)
             ends.append(start + b)
             owner.append(j)
-    texts: list[list[str]] = [[] for _ in ranges]
-    for j, text in zip(owner, tokenizer.decode_spans(tokens, starts, ends)):
+    kept: dict[int, list[str]] = {j: [] for j in touched}
+    for j, text in zip(owner, tokenizer.decode_spans(tokens, starts, ends) if starts else []):
         if text:
-            texts[j].append(text)
-    return ["\n".join(t) for t in texts]
+            kept[j].append(text)
+    for j, pieces in kept.items():
+        texts[j] = "\n".join(pieces)
+    return texts
 
 
 def _jsonl_line(doc_id: str, text: str) -> str:
@@ -126,7 +126,7 @@ class _DedupShardFn(beam.DoFn):
             if ranges:
                 touched += 1
                 removed += sum(b - a for a, b in ranges)
-            if not text.strip():
+            if not text or text.isspace():  # `not text.strip()` without copying the text
                 emptied += 1
                 continue
             lines.append(_jsonl_line(shard.docs[i]["id"], text))

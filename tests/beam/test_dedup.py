@@ -213,3 +213,24 @@ def test_a_corpus_without_a_valid_document_stops_the_job_before_the_index(corpor
                    min_tokens=K)
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert written == {"tokens"}
+
+
+def test_clean_texts_equal_sentencepiece_on_each_kept_piece(tokenizer_path):
+    """Reference: SentencePiece's own decode of every kept piece (non-empty ones joined by a
+    newline); documents without cuts, cut at either end, cut away entirely, and empty."""
+    from dpsynth.beam.dedup import clean_texts
+
+    tokenizer = Tokenizer.load(tokenizer_path)
+    rng = random.Random(5)
+    docs = [tokenizer.encode(make_text(rng, rng.randint(5, 60))) for _ in range(30)] + [np.zeros(0, np.int32)]
+    ranges = [[] for _ in docs]
+    ranges[1] = [(0, 3)]
+    ranges[2] = [(len(docs[2]) - 4, len(docs[2]))]
+    ranges[3] = [(1, 2), (4, 7)]
+    ranges[4] = [(0, len(docs[4]))]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    got = clean_texts(tokenizer, np.concatenate(docs).astype(np.uint16), offsets, ranges)
+    for doc, cut, text in zip(docs, ranges, got):
+        pieces = [tokenizer._sp.decode(doc[a:b].tolist()) for a, b in complement_ranges(len(doc), cut)]
+        assert text == "\n".join(p for p in pieces if p)
+    assert got[4] == "" and got[-1] == "" and "\n" in got[3]
