@@ -78,7 +78,7 @@ void bind_match(py::module_& m) {
   m.def(
       "match_documents",
       [](Arr<uint32_t> text, Arr<I> sa, Arr<I> lcp, Arr<int64_t> first, Arr<int64_t> occ_start,
-         Arr<I> occ_pos, Arr<uint8_t> occ_shift, Arr<int64_t> ckpt_start, Arr<int64_t> ckpt, int64_t bound, Arr<C> tokens, Arr<int64_t> offsets, Arr<I> ms, Arr<I> best_la,
+         Arr<I> occ_pos, Arr<uint8_t> occ_shift, Arr<int64_t> ckpt_start, Arr<I> ckpt, int64_t bound, Arr<C> tokens, Arr<int64_t> offsets, Arr<I> ms, Arr<I> best_la,
          Arr<I> best_lb, int threads) {
         int64_t m = text.size();
         check_same_size(sa.size(), m, "match_documents");

@@ -18,7 +18,8 @@ namespace dpsynth {
 //   occ_shift[c], ckpt_start[c] for c in [0, bound): c's rank space is cut into blocks of
 //     2^occ_shift[c] ranks (about 16 occurrences each); ckpt[ckpt_start[c] + j] is the index
 //     in occ_pos of c's first occurrence at a rank >= j << occ_shift[c], for j in
-//     [0, (m >> occ_shift[c]) + 1], so a lookup searches one block only.
+//     [0, (m >> occ_shift[c]) + 1], so a lookup searches one block only (ckpt < m, so it has
+//     the index type I).
 template <class I>
 struct SensitiveSide {
   const uint32_t* text;
@@ -29,7 +30,7 @@ struct SensitiveSide {
   const I* occ_pos;
   const uint8_t* occ_shift;
   const int64_t* ckpt_start;
-  const int64_t* ckpt;
+  const I* ckpt;
   int64_t m;
   int64_t bound;
 };

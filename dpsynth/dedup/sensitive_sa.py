@@ -119,7 +119,7 @@ class SensitiveSuffixArray:
         del symbols
         per_block = np.bincount(gid, minlength=int(blocks.sum()))
         del gid
-        ckpt = np.zeros(per_block.size, np.int64)  # exclusive running count = index into occ_pos
+        ckpt = np.zeros(per_block.size, sa.dtype)  # exclusive running count = index into occ_pos (< m)
         np.cumsum(per_block[:-1], out=ckpt[1:])
         return cls(text=text, sa=sa, lcp=lcp, first=first, occ_start=occ_start, occ_pos=occ_pos,
                    bound=int(bound), offsets=offsets, occ_shift=occ_shift, ckpt_start=ckpt_start, ckpt=ckpt,

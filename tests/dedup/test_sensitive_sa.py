@@ -1,5 +1,7 @@
 """The sensitive suffix array, sorted once, against brute force and the joint-sort reference."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -150,6 +152,25 @@ def test_threads_identical_on_a_split_input():
         many = index.match(tokens, offsets, threads=threads)
         np.testing.assert_array_equal(many[0], one[0])
         np.testing.assert_array_equal(many[1], one[1])
+
+
+def test_int64_indices_match_int32():
+    """The int64 index path (texts of 2**31 tokens or more) on a small input: the same tables
+    widened give the same results, with one thread and several."""
+    rng = np.random.default_rng(5)
+    sens = random_docs(rng, 40, 5, 80)
+    pub = random_docs(rng, 900, 5, 200)
+    plant(rng, sens, pub, 8)
+    tokens, offsets = concat(pub)
+    narrow = build(sens)
+    assert narrow.sa.dtype == np.int32 and narrow.ckpt.dtype == np.int32
+    wide = dataclasses.replace(narrow, **{f: getattr(narrow, f).astype(np.int64) for f in ("sa", "lcp", "occ_pos", "ckpt")})
+    want = narrow.match(tokens, offsets)
+    for threads in (1, 3):
+        ms, longest = wide.match(tokens, offsets, threads=threads)
+        assert ms.dtype == np.int64
+        np.testing.assert_array_equal(ms, want[0])
+        np.testing.assert_array_equal(longest, want[1])
 
 
 def test_bad_offsets_are_refused():
