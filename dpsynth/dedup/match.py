@@ -98,15 +98,33 @@ class ShardResult:
         token dtype; emptied documents stay, with zero tokens).
       ranges: per document, the merged half-open [a, b) ranges cut (offsets in the original
         document), sorted and disjoint, non-touching.
-      pieces: per document, the kept pieces as half-open [a, b) offsets within the CLEANED
-        document (so text can be written with a break between pieces); empty pieces omitted.
       stats: counts, and the sensitive documents found.
     """
 
     cleaned: TokenShard
     ranges: list[list[tuple[int, int]]]
-    pieces: list[list[tuple[int, int]]]
     stats: ShardStats
+
+    @property
+    def pieces(self) -> list[list[tuple[int, int]]]:
+        """Per document, the kept pieces as half-open [a, b) offsets within the CLEANED
+        document (so text can be written with a break between pieces); empty pieces omitted."""
+        out = []
+        lengths = np.diff(self.cleaned.offsets).tolist()
+        for j, cut in enumerate(self.ranges):
+            if not cut:
+                out.append([(0, lengths[j])] if lengths[j] else [])
+                continue
+            pieces, removed, start = [], 0, 0
+            for a, b in cut:
+                if a > start:
+                    pieces.append((start - removed, a - removed))
+                removed += b - a
+                start = b
+            if start - removed < lengths[j]:
+                pieces.append((start - removed, lengths[j]))
+            out.append(pieces)
+        return out
 
 
 def _check_public(shard: TokenShard) -> tuple[np.ndarray, np.ndarray]:
@@ -207,9 +225,6 @@ def dedup_shard(
     kept_cum = np.zeros(tokens.size + 1, np.int32 if tokens.size < 2**31 else np.int64)
     np.cumsum(keep, out=kept_cum[1:])
     new_offsets = kept_cum[offsets].astype(np.int64)
-    kdocs, ka, kb = _runs(keep, offsets)
-    base = new_offsets[kdocs]
-    pieces = _per_doc(num_docs, kdocs, kept_cum[ka] - base, kept_cum[kb] - base)
     cleaned = TokenShard(name=shard.name, tokens=tokens[keep], offsets=new_offsets, docs=list(shard.docs))
 
     lengths = np.diff(offsets)
@@ -234,7 +249,7 @@ def dedup_shard(
         shard.name, stats.documents, stats.tokens, stats.tokens_removed, stats.documents_touched,
         len(stats.sensitive_shared), stats.tokens / max(elapsed, 1e-9),
     )
-    return ShardResult(cleaned=cleaned, ranges=ranges, pieces=pieces, stats=stats)
+    return ShardResult(cleaned=cleaned, ranges=ranges, stats=stats)
 
 
 def _as_documents(docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
