@@ -2,6 +2,7 @@
 #include "match.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "parallel.h"
@@ -90,9 +91,8 @@ void match_one(const SensitiveSide<I>& s, const C* t, int64_t a, int64_t e, I* m
     }
     const int64_t best = std::max(la, lb);
     ms[i] = static_cast<I>(best);
-    // Unconditional (la = 0 at rank 0, lb = 0 at rank m leave those entries as they are).
-    best_la[rank] = std::max(best_la[rank], static_cast<I>(la));
-    best_lb[rank] = std::max(best_lb[rank], static_cast<I>(lb));
+    if (rank > 0 && la > best_la[rank]) best_la[rank] = static_cast<I>(la);
+    if (rank < m && lb > best_lb[rank]) best_lb[rank] = static_cast<I>(lb);
     h = best > 0 ? best - 1 : 0;
   }
 }
@@ -225,18 +225,22 @@ void match_documents(const SensitiveSide<I>& s, const C* tokens, const int64_t* 
 
 template <class I>
 void sensitive_sweep(const I* sa, const I* lcp, const I* best_la, const I* best_lb, int64_t m, I* out) {
-  // Downwards: document suffixes placed at ranks <= q reach suffix q through the LCP minimum.
+  if (m <= 0) return;
+  // Downwards (in rank order, into down): document suffixes placed at ranks <= q reach suffix
+  // q through the LCP minimum. Upwards likewise from ranks > q; only then one scattered
+  // write per suffix (not a scattered write and a scattered read-modify-write).
+  std::unique_ptr<I[]> down(new I[m]);
   I cur = 0;
   for (int64_t q = 0; q < m; ++q) {
     if (q > 0) cur = std::min(cur, lcp[q]);
     cur = std::max(cur, best_lb[q]);
-    out[sa[q]] = cur;
+    down[q] = cur;
   }
   cur = 0;
   for (int64_t q = m - 1; q >= 0; --q) {
     if (q + 1 < m) cur = std::min(cur, lcp[q + 1]);
     cur = std::max(cur, best_la[q + 1]);
-    out[sa[q]] = std::max(out[sa[q]], cur);
+    out[sa[q]] = std::max(down[q], cur);
   }
 }
 

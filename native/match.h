@@ -16,10 +16,10 @@ namespace dpsynth {
 //   occ_start[c] for c in [0, bound]: occ_pos[occ_start[c], occ_start[c + 1]) lists, in
 //     increasing order, the ranks r with text[sa[r] - 1] == c (the BWT positions of c).
 //   occ_shift[c], ckpt_start[c] for c in [0, bound): c's rank space is cut into blocks of
-//     2^occ_shift[c] ranks (about 16 occurrences each); ckpt[ckpt_start[c] + j] is the index
-//     in occ_pos of c's first occurrence at a rank >= j << occ_shift[c], for j in
-//     [0, (m >> occ_shift[c]) + 1], so a lookup searches one block only (ckpt < m, so it has
-//     the index type I).
+//     2^occ_shift[c] ranks (8 to 16 occurrences each on average, OCC_BLOCK); ckpt[ckpt_start[c]
+//     + j] is the index in occ_pos of c's first occurrence at a rank >= j << occ_shift[c], for
+//     j in [0, (m >> occ_shift[c]) + 1], so a lookup searches one block only (ckpt < m, so it
+//     has the index type I).
 template <class I>
 struct SensitiveSide {
   const uint32_t* text;

@@ -37,8 +37,10 @@ import numpy as np
 from dpsynth.dedup.suffix_array import DENSE_ALPHABET_LIMIT, _native, check_threads, lcp_array, suffix_array
 
 
-# Occurrences per checkpoint block of a token's BWT position list (see `ckpt`).
-OCC_BLOCK = 16
+# Occurrences per checkpoint block of a token's BWT position list (see `ckpt`): 8 rather
+# than 16 measured ~5% less matching CPU (one search step fewer, as queries land in dense
+# blocks), and with int32 checkpoints the table is no larger than int64 ones at 16.
+OCC_BLOCK = 8
 
 
 def with_separators(tokens: np.ndarray, offsets: np.ndarray, first_sep: int) -> np.ndarray:
