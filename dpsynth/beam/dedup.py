@@ -169,12 +169,14 @@ class _FinishFn(beam.DoFn):
         self.vocab_size, self.tokenizer_sha256, self.min_tokens = vocab_size, tokenizer_sha256, min_tokens
 
     def process(self, element):
+        if (PLAN, True) in [(r[0], r[1]) for r in element[1] if r[0] == PLAN]:  # else an empty corpus:
+            yield self._write(element[1])  # the job raises from the manifests
+
+    def _write(self, elements) -> dict:
         from dpsynth.dedup import report as dedup_report
         from dpsynth.dedup.index import SensitiveIndex
 
-        if (PLAN, True) not in [(r[0], r[1]) for r in element[1] if r[0] == PLAN]:
-            return  # an empty corpus: the job raises from the manifests
-        results = sorted((r for r in element[1] if r[0] == "shard"), key=lambda r: r[1])
+        results = sorted((r for r in elements if r[0] == "shard"), key=lambda r: r[1])
         counts: dict[str, int] = {}
         for _, _, r in results:
             for k, v in r["counts"].items():
@@ -193,7 +195,7 @@ class _FinishFn(beam.DoFn):
         )
         data = fileio.dumps_json(rep).encode("utf-8")
         fileio.write_bytes_fs(FileSystems.join(self.out_dir, CONTAMINATION), data)
-        yield rep
+        return rep
 
 
 class WriteDedupReport(beam.PTransform):
@@ -232,13 +234,12 @@ class _IndexFn(beam.DoFn):
         empty = sorted(name for name, m in manifests.items() if m["num_documents"] == 0)
         if empty:
             logger.warning("dedup: no valid document in %s; nothing is cut", ", ".join(empty))
-            yield PLAN, False, None
-            return
-        index = SensitiveIndex.build([(name, token_shards.read_corpus(self.token_dirs[name]))
-                                     for name in self.sensitive])
-        index.save(self.index_path)
-        yield PLAN, True, None
-        for entry in manifests[PUBLIC]["shards"]:
+        else:
+            index = SensitiveIndex.build([(name, token_shards.read_corpus(self.token_dirs[name]))
+                                         for name in self.sensitive])
+            index.save(self.index_path)
+        yield PLAN, not empty, None
+        for entry in [] if empty else manifests[PUBLIC]["shards"]:
             yield "entry", entry, None
 
 
