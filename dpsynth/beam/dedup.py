@@ -169,8 +169,8 @@ class _FinishFn(beam.DoFn):
         self.vocab_size, self.tokenizer_sha256, self.min_tokens = vocab_size, tokenizer_sha256, min_tokens
 
     def process(self, element):
-        if (PLAN, True) in [(r[0], r[1]) for r in element[1] if r[0] == PLAN]:  # else an empty corpus:
-            yield self._write(element[1])  # the job raises from the manifests
+        if any(r[0] == PLAN and r[1] for r in element[1]):  # else an empty corpus: the job raises
+            yield self._write(element[1])
 
     def _write(self, elements) -> dict:
         from dpsynth.dedup import report as dedup_report
@@ -216,7 +216,6 @@ class WriteDedupReport(beam.PTransform):
         )
 
 
-
 class _IndexFn(beam.DoFn):
     """(None, [(corpus name, manifest)]) -> (PLAN, ok, None) once, then ("entry", public shard
     entry, None) per public shard; writes the sensitive index first (when every corpus has a
@@ -241,7 +240,6 @@ class _IndexFn(beam.DoFn):
         yield PLAN, not empty, None
         for entry in [] if empty else manifests[PUBLIC]["shards"]:
             yield "entry", entry, None
-
 
 
 class DedupCorpora(beam.PTransform):
