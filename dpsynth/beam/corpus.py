@@ -14,6 +14,10 @@ Elements flowing between the transforms are plain tuples, so every runner can ca
   `BATCH_RECORDS` records or `BATCH_BYTES` of text), which keeps Beam's per-element cost
   negligible for corpora of many small documents; each batch is tagged with its corpus
   name, `(name, batch)`, so that several corpora share every step (`TokenizeCorpora`).
+* Into the shuffle that groups documents by shard, each batch goes as one `ShardPart` per
+  shard it touches (`pack_shard_part`: keys, token bytes and docs.jsonl lines packed into a
+  few bytes objects), so the shuffle moves a few large values instead of a tuple and a dict
+  per document; the shard writer merges the parts (`merge_shard_parts`).
 
 Runner portability: no tagged outputs, side inputs or `finish_bundle` outputs (Beam's
 DaskRunner drops or mixes those); each job ends in one step that depends on every branch
@@ -272,7 +276,7 @@ class CorpusOutput:
 
 
 class _WriteShardFn(beam.DoFn):
-    """((corpus name, shard_index), [[(key, meta, tokens)], ...]) -> (corpus name, shard result); writes the shard."""
+    """((corpus name, shard_index), [ShardPart, ...]) -> (corpus name, shard result); writes the shard."""
 
     def __init__(self, out_dirs: dict[str, str], vocab_size: int):
         self.out_dirs, self.vocab_size = out_dirs, vocab_size
@@ -282,27 +286,62 @@ class _WriteShardFn(beam.DoFn):
     def process(self, element):
         (name, index), parts = element
         out_dir = self.out_dirs[name]
-        docs = sorted((d for part in parts for d in part), key=lambda d: d[0])
-        entry = token_shards.write_shard(
-            out_dir, token_shards.shard_name(index), [np.frombuffer(d[2], self.dtype) for d in docs],
-            [d[1] for d in docs], self.vocab_size,
-        )
-        labels = Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
+        tokens, offsets, docs_jsonl, labels = merge_shard_parts(list(parts), self.dtype)
+        entry = token_shards.write_shard_files(out_dir, token_shards.shard_name(index), tokens, offsets, docs_jsonl)
         self.shards.inc()
         logger.info("tokenize: wrote %s/%s (%d documents, %d tokens)", out_dir, entry["name"],
                     entry["num_documents"], entry["num_tokens"])
         yield name, ("shard", index, {"entry": entry, "labels": dict(labels)})
 
 
+def pack_shard_part(docs: Sequence[tuple]) -> tuple:
+    """[(key, meta, token bytes)] of one shard -> ShardPart `(keys, sizes, tokens, metas, labels)`:
+    int64 (file, record) key pairs, int64 byte sizes of the tokens, the token bytes concatenated, the
+    docs.jsonl lines (`token_shards.encode_meta`, UTF-8, joined by newlines) and the label
+    counts. A handful of bytes objects cross Beam's coders and the shuffle in one piece, where
+    a tuple and a dict per document would each be encoded and decoded."""
+    lines, labels = [], Counter()
+    for key, meta, _ in docs:
+        if not isinstance(meta.get("id"), str):
+            raise ValueError(f"record {key}: no string 'id'")
+        lines.append(token_shards.encode_meta(meta))
+        if "label" in meta:
+            labels[str(meta["label"])] += 1
+    keys = np.array([d[0] for d in docs], np.int64).reshape(-1, 2)
+    sizes = np.array([len(d[2]) for d in docs], np.int64)
+    return (keys.tobytes(), sizes.tobytes(), b"".join(d[2] for d in docs),
+            "\n".join(lines).encode("utf-8"), dict(labels))
+
+
+def merge_shard_parts(parts: Sequence[tuple], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, bytes, Counter]:
+    """ShardParts (any order) -> (tokens, offsets, docs.jsonl bytes, label counts) of the shard,
+    its documents sorted by key: what `token_shards.write_shard` would write for them."""
+    keys = np.concatenate([np.frombuffer(p[0], np.int64).reshape(-1, 2) for p in parts])
+    sizes = np.concatenate([np.frombuffer(p[1], np.int64) for p in parts]) // dtype.itemsize
+    tokens = np.concatenate([np.frombuffer(p[2], dtype) for p in parts])
+    lines = [line for p in parts if p[3] for line in p[3].split(b"\n")]  # JSON lines hold no raw newline
+    labels = Counter()
+    for p in parts:
+        labels.update(p[4])
+    order = np.lexsort((keys[:, 1], keys[:, 0]))
+    starts = np.cumsum(sizes) - sizes
+    offsets = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes[order], out=offsets[1:])
+    # Token j of the output comes from starts[doc] + (j - offsets[doc]) of the input.
+    src = np.repeat(starts[order] - offsets[:-1], sizes[order]) + np.arange(offsets[-1], dtype=np.int64)
+    docs_jsonl = b"\n".join([lines[i] for i in order.tolist()]) + (b"\n" if lines else b"")
+    return tokens[src], offsets, docs_jsonl, labels
+
+
 def _docs_by_shard(element, num_shards: dict[str, int]):
-    """(corpus name, tokenized batch) -> ((name, shard), [(key, meta, tokens)]) for each shard it touches."""
+    """(corpus name, tokenized batch) -> ((name, shard), ShardPart) for each shard it touches."""
     name, batch = element
     by_shard: dict[int, list] = {}
     for kind, key, payload in batch:
         if kind == "doc":
             meta, ids = payload
             by_shard.setdefault(shard_of(meta["id"], num_shards[name]), []).append((key, meta, ids))
-    return [((name, shard), docs) for shard, docs in sorted(by_shard.items(), key=lambda kv: kv[0])]
+    return [((name, shard), pack_shard_part(docs)) for shard, docs in sorted(by_shard.items(), key=lambda kv: kv[0])]
 
 
 def _dead_letters(element):

@@ -44,7 +44,6 @@ from __future__ import annotations
 import bz2
 import csv
 import dataclasses
-import gzip
 import json
 import lzma
 import os
@@ -55,6 +54,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 from apache_beam.io.filesystem import CompressionTypes
+from isal import igzip, isal_zlib
 from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.errors import DpsynthError
@@ -280,10 +280,12 @@ def _make_record(
 # ----------------------------------------------------------------------------- per format
 
 
-# Decompressed with Python's own modules, which raise on a truncated or corrupt stream (Beam's
-# CompressedFile ends a truncated gzip file silently, losing every record in it).
-_PY_DECOMPRESSORS = {".gz": gzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
-_STREAM_ERRORS = (EOFError, zlib.error, lzma.LZMAError, OSError)
+# Decompressed by modules that raise on a truncated or corrupt stream (Beam's CompressedFile ends
+# a truncated gzip file silently, losing every record in it): gzip through ISA-L (`isal`, the
+# same format, checks and multi-member handling as Python's `gzip`, inflating ~3x faster),
+# bz2 and xz through Python's own modules.
+_PY_DECOMPRESSORS = {".gz": igzip.GzipFile, ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
+_STREAM_ERRORS = (EOFError, zlib.error, isal_zlib.error, lzma.LZMAError, OSError)
 
 
 class _CheckedStream:

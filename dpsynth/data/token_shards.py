@@ -41,8 +41,9 @@ MANIFEST = "manifest.json"
 TOKENS_SUFFIX = ".tokens"
 OFFSETS_SUFFIX = ".offsets"
 DOCS_SUFFIX = ".docs.jsonl"
-# `json.dumps(meta, ensure_ascii=False, sort_keys=True)` without building an encoder per call.
-_encode_meta = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
+# A docs.jsonl line: `json.dumps(meta, ensure_ascii=False, sort_keys=True)` without building an
+# encoder per call.
+encode_meta = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
 class FormatError(DpsynthError, ValueError):
@@ -158,11 +159,21 @@ def write_shard(
     for i, meta in enumerate(docs):
         if not isinstance(meta.get("id"), str):
             raise ValueError(f"{name}: document {i} has no string 'id'")
-        lines.append(_encode_meta(meta))
+        lines.append(encode_meta(meta))
+    return write_shard_files(directory, name, flat, offsets, ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"))
+
+
+def write_shard_files(directory: str, name: str, tokens: np.ndarray, offsets: np.ndarray,
+                      docs_jsonl: bytes) -> dict[str, Any]:
+    """Writes one shard from its encoded parts (three files, each atomically); returns its
+    manifest entry. `write_shard` validates and encodes; this writes what a caller already
+    holds in the stored form: `tokens` in the corpus dtype, int64 `offsets` (n + 1) and the
+    docs.jsonl bytes (one `encode_meta` line per document, each ended by a newline)."""
+    offsets = np.asarray(offsets, dtype="<i8")
     payloads = {
-        TOKENS_SUFFIX: flat.tobytes(),
+        TOKENS_SUFFIX: np.ascontiguousarray(tokens).tobytes(),
         OFFSETS_SUFFIX: offsets.tobytes(),
-        DOCS_SUFFIX: ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"),
+        DOCS_SUFFIX: docs_jsonl,
     }
     _ensure_dir(directory)
     hashes = {}
@@ -171,7 +182,7 @@ def write_shard(
         hashes[suffix.lstrip(".")] = sha256_bytes(data)
     return {
         "name": name,
-        "num_documents": int(len(documents)),
+        "num_documents": int(offsets.size - 1),
         "num_tokens": int(offsets[-1]),
         "sha256": hashes,
     }

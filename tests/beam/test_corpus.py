@@ -5,6 +5,7 @@ import hashlib
 import json
 import pathlib
 import random
+from collections import Counter
 
 import apache_beam as beam
 import numpy as np
@@ -228,3 +229,33 @@ def test_batch_items_limits():
     batches = list(corpus.batch_items(items, max_records=4, max_bytes=1000))
     assert [len(b) for b in batches] == [4, 4, 3] and [it for b in batches for it in b] == items
     assert [len(b) for b in corpus.batch_items(items, max_records=100, max_bytes=25)] == [3, 3, 3, 2]
+
+
+@pytest.mark.parametrize("vocab_size", [300, 70000])
+def test_shard_parts_merge_to_what_write_shard_writes(tmp_path, vocab_size):
+    # The shuffle carries a shard's documents as packed parts from any batches, in any order;
+    # merged, they must give the bytes write_shard gives for the documents sorted by key.
+    rng = np.random.default_rng(3)
+    dtype = token_shards.token_dtype(vocab_size)
+    docs = []
+    for n in range(40):
+        key = (int(rng.integers(0, 3)), n + 1)
+        meta = {"id": f"d\"{n}\\é\n", **({"label": int(rng.integers(0, 3))} if n % 4 else {})}
+        ids = rng.integers(0, vocab_size, size=int(rng.integers(0, 9))).astype(dtype)  # empty documents too
+        docs.append((key, meta, ids.tobytes()))
+    order = rng.permutation(len(docs))
+    cuts = sorted(rng.choice(np.arange(1, len(docs)), size=5, replace=False).tolist())
+    parts = [corpus.pack_shard_part([docs[i] for i in chunk]) for chunk in np.split(order, cuts)]
+    tokens, offsets, docs_jsonl, labels = corpus.merge_shard_parts(parts[::-1], dtype)
+    got = token_shards.write_shard_files(str(tmp_path / "got"), "shard-00000", tokens, offsets, docs_jsonl)
+    ref_docs = sorted(docs, key=lambda d: d[0])
+    want = token_shards.write_shard(str(tmp_path / "want"), "shard-00000", [np.frombuffer(d[2], dtype) for d in ref_docs],
+                                    [d[1] for d in ref_docs], vocab_size)
+    assert got == want
+    assert _tree_digest(tmp_path / "got") == _tree_digest(tmp_path / "want")
+    assert labels == Counter(str(d[1]["label"]) for d in docs if "label" in d[1])
+
+
+def test_a_record_without_a_string_id_cannot_be_packed():
+    with pytest.raises(ValueError, match="record \\(0, 1\\): no string 'id'"):
+        corpus.pack_shard_part([((0, 1), {"id": 5}, b"")])
