@@ -243,7 +243,7 @@ class _TokenizeFn(beam.DoFn):
         docs = [(item, enc) for item, enc in zip(batch, out) if item[0] == "doc"]
         self.docs.inc(len(docs))
         self.tokens.inc(sum(len(enc[2][1]) for _, enc in docs) // self.dtype.itemsize)
-        self.bytes.inc(sum(len(item[2]["text"].encode("utf-8")) for item, _ in docs))
+        self.bytes.inc(sum(readers.utf8_size(item[2]["text"]) for item, _ in docs))
 
 
 class TokenizeDocuments(beam.PTransform):

@@ -214,6 +214,11 @@ def resolve_inputs(paths: Sequence[str] | str, format: str | None = None) -> lis
 # ----------------------------------------------------------------------------- validation
 
 
+def utf8_size(text: str) -> int:
+    """`len(text.encode("utf-8"))`, without encoding an ASCII text (UnicodeEncodeError on lone surrogates)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def check_text(text: Any, column: str, max_document_bytes: int) -> str | None:
     """Why `text` is not a valid document (None when it is)."""
     if text is None:
@@ -221,12 +226,12 @@ def check_text(text: Any, column: str, max_document_bytes: int) -> str | None:
     if not isinstance(text, str):
         return f"{column!r} is not a string ({type(text).__name__})"
     try:
-        size = len(text.encode("utf-8"))
+        size = utf8_size(text)
     except UnicodeEncodeError as e:  # lone surrogates: bytes that were not valid UTF-8
         return f"invalid UTF-8 at character {e.start} of {column!r}"
     if size > max_document_bytes:
         return f"document of {size} bytes exceeds max_document_bytes={max_document_bytes}"
-    if not text.strip():
+    if not text or text.isspace():  # `not text.strip()` without copying the text
         return "empty document"
     nul = text.find("\x00")
     if nul >= 0:

@@ -4,6 +4,7 @@ import csv
 import gzip
 import io
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -285,3 +286,22 @@ def test_gzip_streams_read_as_pythons_gzip_reads_them(tmp_path, case):
             readers.read_public(str(path))
     else:
         assert [r["text"] for r in readers.read_public(str(path)).records] == want
+
+
+def test_text_checks_match_their_plain_definitions():
+    # utf8_size skips encoding ASCII texts; the empty check avoids copying: both must agree
+    # with the plain expressions on every kind of text, whitespace of every kind included.
+    spaces = [chr(c) for c in range(0x3100) if chr(c).isspace()]
+    rng = random.Random(0)
+    alphabet = spaces + ["a", "é", "\U0001F600", "\x00", "\u200b", "\ufeff"]
+    texts = ["", " ", "\u3000", "abc", "\ud800"] + ["".join(rng.choices(alphabet, k=rng.randint(1, 6))) for _ in range(3000)]
+    texts += ["".join(rng.choices(spaces, k=rng.randint(1, 4))) for _ in range(500)]
+    for t in texts:
+        try:
+            want = len(t.encode("utf-8"))
+        except UnicodeEncodeError:
+            with pytest.raises(UnicodeEncodeError):
+                readers.utf8_size(t)
+            continue
+        assert readers.utf8_size(t) == want
+        assert (readers.check_text(t, "text", 10**6) == "empty document") == (not t.strip()), repr(t)
