@@ -218,14 +218,17 @@ def dedup_shard(
     cut = _covered(ms, int(min_tokens))
     del ms  # the per-shard peak is this post-processing: free what is done with
 
-    docs, a, b = _runs(cut, offsets)
-    ranges = _per_doc(num_docs, docs, a - offsets[docs], b - offsets[docs])
-
-    keep = ~cut
-    kept_cum = np.zeros(tokens.size + 1, np.int32 if tokens.size < 2**31 else np.int64)
-    np.cumsum(keep, out=kept_cum[1:])
-    new_offsets = kept_cum[offsets].astype(np.int64)
-    cleaned = TokenShard(name=shard.name, tokens=tokens[keep], offsets=new_offsets, docs=list(shard.docs))
+    if cut.any():
+        docs, a, b = _runs(cut, offsets)
+        ranges = _per_doc(num_docs, docs, a - offsets[docs], b - offsets[docs])
+        keep = ~cut
+        kept_cum = np.zeros(tokens.size + 1, np.int32 if tokens.size < 2**31 else np.int64)
+        np.cumsum(keep, out=kept_cum[1:])
+        new_offsets = kept_cum[offsets].astype(np.int64)
+        cleaned_tokens = tokens[keep]
+    else:  # nothing cut (most shards): the shard as it is
+        ranges, new_offsets, cleaned_tokens = [[] for _ in range(num_docs)], offsets, tokens
+    cleaned = TokenShard(name=shard.name, tokens=cleaned_tokens, offsets=new_offsets, docs=list(shard.docs))
 
     lengths = np.diff(offsets)
     new_lengths = np.diff(new_offsets)
