@@ -1,4 +1,5 @@
-"""Benchmark: decoding token documents back to text, our native decoder vs SentencePiece.
+"""Benchmark: decoding token documents back to text, our native decoder vs SentencePiece; and
+writing them as the dedup job's JSON lines, natively vs in Python.
 
 Ours: `Tokenizer.decode_spans` (native/decode.h, a piece table built from the model), every
 document of a shard in one call, as the dedup job's `clean_texts` calls it.
@@ -7,6 +8,12 @@ dropped, one `tolist`, list slices, one batched `SentencePieceProcessor.decode`)
 Both must return equal strings for every document (checked). Each shard is decoded by both in
 turn; the figures are CPU seconds of this process (SentencePiece's batched decode may use
 threads), MB/s of decoded UTF-8 text per CPU-second, the ratio, and wall seconds.
+
+Second pair, the `{"id", "text"}` JSON lines of a shard (`dpsynth.beam.dedup.clean_jsonl`,
+documents without cuts): ours, `Tokenizer.decode_jsonl` (one native pass, text decoded and
+escaped straight into the bytes); peer, its Python path `Tokenizer._py_decode_jsonl` (the
+native `decode_spans`, then a `json.encoder.encode_basestring` line per document, joined and
+encoded), as the job wrote them before. Both must return equal bytes (checked).
 
 Data, the first that applies:
 
@@ -40,16 +47,16 @@ from dpsynth.data.tokenizers import Tokenizer  # noqa: E402
 
 
 def corpus_shards(directory: str):
-    """(tokens, offsets) of every shard of a token corpus."""
+    """(tokens, offsets, document ids) of every shard of a token corpus."""
     manifest = token_shards.read_manifest(directory)
     for entry in manifest["shards"]:
         shard = token_shards.read_shard(directory, entry, manifest["dtype"], verify=False)
-        yield shard.tokens, shard.offsets
+        yield shard.tokens, shard.offsets, [doc["id"] for doc in shard.docs]
 
 
 def text_shards(texts: list[str], vocab_size: int, shard_tokens: int):
-    """A tokenizer trained on `texts`, and (tokens, offsets) shards of about `shard_tokens`
-    tokens of their ~2,000-character documents."""
+    """A tokenizer trained on `texts`, and (tokens, offsets, document ids) shards of about
+    `shard_tokens` tokens of their ~2,000-character documents."""
     tok = train_tokenizer(texts, vocab_size=vocab_size)
     docs = [t[i:i + 2000] for t in texts for i in range(0, len(t), 2000)]
     arrays = tok.encode_batch(docs, dtype=token_shards.token_dtype(tok.vocab_size))
@@ -57,8 +64,10 @@ def text_shards(texts: list[str], vocab_size: int, shard_tokens: int):
     shard_of = (np.cumsum(sizes) - sizes) // shard_tokens  # by the tokens before each document
     shards = []
     for k in np.unique(shard_of):
-        group = [arrays[i] for i in np.flatnonzero(shard_of == k)]
-        shards.append((np.concatenate(group), np.concatenate([[0], np.cumsum([a.size for a in group])])))
+        index = np.flatnonzero(shard_of == k)
+        group = [arrays[i] for i in index]
+        shards.append((np.concatenate(group), np.concatenate([[0], np.cumsum([a.size for a in group])]),
+                       [f"doc-{i}" for i in index]))
     return tok, shards
 
 
@@ -91,9 +100,10 @@ def main(argv=None) -> int:
     print(f"data: {desc}; {tok.vocab_size}-piece tokenizer, native decoder "
           f"{'on' if tok._pieces is not None else 'OFF (SentencePiece fallback)'}", flush=True)
 
-    cpu, wall = {"ours": 0.0, "sentencepiece": 0.0}, {"ours": 0.0, "sentencepiece": 0.0}
-    n_shards = n_docs = n_tokens = n_bytes = mismatches = 0
-    for tokens, offsets in shards:
+    names = ("ours", "sentencepiece", "ours jsonl", "python jsonl")
+    cpu, wall = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
+    n_shards = n_docs = n_tokens = n_bytes = n_jsonl = mismatches = jsonl_mismatches = 0
+    for tokens, offsets, ids in shards:
         starts, ends = offsets[:-1], offsets[1:]
         t, w = time.process_time(), time.perf_counter()
         ours = tok.decode_spans(tokens, starts, ends)
@@ -107,15 +117,32 @@ def main(argv=None) -> int:
         n_shards, n_docs, n_tokens = n_shards + 1, n_docs + len(peer), n_tokens + tokens.size
         n_bytes += sum(len(s.encode("utf-8")) for s in peer)
         del ours, peer
+        doc_spans = np.arange(len(ids) + 1)  # one span per document: no cuts
+        t, w = time.process_time(), time.perf_counter()
+        ours = tok.decode_jsonl(tokens, starts, ends, doc_spans, ids)
+        cpu["ours jsonl"] += time.process_time() - t
+        wall["ours jsonl"] += time.perf_counter() - w
+        t, w = time.process_time(), time.perf_counter()
+        peer = tok._py_decode_jsonl(np.asarray(tokens), np.asarray(starts), np.asarray(ends), doc_spans, ids)
+        cpu["python jsonl"] += time.process_time() - t
+        wall["python jsonl"] += time.perf_counter() - w
+        jsonl_mismatches += ours != peer
+        n_jsonl += len(peer[0])
+        del ours, peer
     print(f"{n_shards} shards, {n_docs:,} documents, {n_tokens:,} tokens, {n_bytes / 1e6:.1f} MB of text; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for name, seconds in cpu.items():
+        if name == "ours jsonl":
+            print(f"JSON lines of the same documents, {n_jsonl / 1e6:.1f} MB:")
         print(f"  {name:14s} {seconds:7.2f} CPU-s  {n_bytes / 1e6 / seconds:8.1f} MB/s  "
               f"{n_tokens / 1e6 / seconds:7.1f} M tokens/s per CPU-s   ({wall[name]:.2f} s wall)")
     print(f"ratio ours / sentencepiece: {cpu['sentencepiece'] / cpu['ours']:.1f}x in CPU time, "
           f"{wall['sentencepiece'] / wall['ours']:.1f}x in wall time")
-    print(f"documents equal: {mismatches == 0} ({mismatches} differ)")
-    return 0 if mismatches == 0 else 1
+    print(f"ratio ours jsonl / python jsonl: {cpu['python jsonl'] / cpu['ours jsonl']:.1f}x in CPU time, "
+          f"{wall['python jsonl'] / wall['ours jsonl']:.1f}x in wall time")
+    print(f"documents equal: {mismatches == 0} ({mismatches} differ); "
+          f"JSON lines equal: {jsonl_mismatches == 0} ({jsonl_mismatches} shards differ)")
+    return 0 if mismatches == 0 and jsonl_mismatches == 0 else 1
 
 
 if __name__ == "__main__":

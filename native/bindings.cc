@@ -166,12 +166,46 @@ void bind_decode(py::module_& m) {
       py::arg("surface").noconvert(), py::arg("offsets").noconvert(), py::arg("kind").noconvert(),
       py::arg("strip_all_leading"), py::arg("tokens").noconvert(), py::arg("starts").noconvert(),
       py::arg("ends").noconvert());
+  m.def(
+      "decode_jsonl",
+      [](Arr<uint8_t> surface, Arr<int64_t> offsets, Arr<uint8_t> kind, bool strip_all_leading,
+         Arr<T> tokens, Arr<int64_t> starts, Arr<int64_t> ends, Arr<int64_t> doc_spans,
+         Arr<uint8_t> ids, Arr<int64_t> id_offsets) {
+        check_same_size(offsets.size(), kind.size() + 1, "decode_jsonl (offsets, kind)");
+        check_same_size(starts.size(), ends.size(), "decode_jsonl (starts, ends)");
+        check_same_size(doc_spans.size(), id_offsets.size(), "decode_jsonl (doc_spans, id_offsets)");
+        if (doc_spans.size() < 1) throw std::invalid_argument("decode_jsonl: empty doc_spans");
+        dpsynth::PieceTable table{reinterpret_cast<const char*>(surface.data()), surface.size(),
+                                  offsets.data(), kind.data(), kind.size()};
+        const T* t = tokens.data();
+        const int64_t num_tokens = tokens.size(), spans = starts.size(), docs = doc_spans.size() - 1;
+        const int64_t* a = starts.data();
+        const int64_t* b = ends.data();
+        const int64_t* d = doc_spans.data();
+        const char* i = reinterpret_cast<const char*>(ids.data());
+        const int64_t ids_size = ids.size();
+        const int64_t* io = id_offsets.data();
+        // One output buffer per thread (the GIL is released: threads never share it), reused by
+        // every call: a fresh one per shard (10+ MB) cost about as much again in page faults.
+        thread_local std::string jsonl;
+        int64_t left_out;
+        {
+          py::gil_scoped_release release;
+          left_out = dpsynth::decode_jsonl<T>(table, t, num_tokens, a, b, spans, d, i, ids_size, io,
+                                              docs, strip_all_leading, &jsonl);
+        }
+        return py::make_tuple(py::bytes(jsonl), left_out);
+      },
+      py::arg("surface").noconvert(), py::arg("offsets").noconvert(), py::arg("kind").noconvert(),
+      py::arg("strip_all_leading"), py::arg("tokens").noconvert(), py::arg("starts").noconvert(),
+      py::arg("ends").noconvert(), py::arg("doc_spans").noconvert(), py::arg("ids").noconvert(),
+      py::arg("id_offsets").noconvert());
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching, matching against a prebuilt suffix array, decoding token spans to text.";
+  m.doc() = "dpsynth native code: SA-IS suffix arrays, LCP arrays, cross-set matching, matching against a prebuilt suffix array, decoding token spans to text or JSON lines.";
   bind_sa<uint16_t, int32_t>(m);
   bind_sa<uint16_t, int64_t>(m);
   bind_sa<uint32_t, int32_t>(m);

@@ -43,4 +43,23 @@ void decode_spans(const PieceTable& table, const T* tokens, int64_t num_tokens,
                   const int64_t* starts, const int64_t* ends, int64_t num_spans,
                   bool strip_all_leading, std::string* out, int64_t* out_offsets);
 
+// JSON lines of documents made of spans (the dedup job's clean text, dpsynth/beam/dedup.py).
+// Document d is spans [doc_spans[d], doc_spans[d + 1]) (num_docs + 1 offsets from 0 to
+// num_spans, non-decreasing), its id the UTF-8 ids[id_offsets[d], id_offsets[d + 1]). Its text
+// is its spans, each decoded as by decode_spans, empty ones dropped, joined by '\n'. A document
+// whose text is empty or only whitespace (Python's str.isspace(), hard-coded from CPython 3.11)
+// is left out; every other one appends the bytes of Python's
+//   json.dumps({"id": id, "text": text}, ensure_ascii=False, sort_keys=True) + "\n"
+// to *out: id and text escaped as json.encoder.encode_basestring does ('"', '\\' and \b \f \n
+// \r \t as two-character escapes, other bytes below 0x20 as \u00xx in lowercase hex, every
+// other byte copied). Decoded text is valid UTF-8 when the table's surfaces are (byte runs are
+// made valid); an invalid byte counts as non-whitespace and is copied. Returns the number of
+// documents left out. Errors as decode_spans, and std::invalid_argument for bad offsets.
+template <class T>
+int64_t decode_jsonl(const PieceTable& table, const T* tokens, int64_t num_tokens,
+                     const int64_t* starts, const int64_t* ends, int64_t num_spans,
+                     const int64_t* doc_spans, const char* ids, int64_t ids_size,
+                     const int64_t* id_offsets, int64_t num_docs, bool strip_all_leading,
+                     std::string* out);
+
 }  // namespace dpsynth

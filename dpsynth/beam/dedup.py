@@ -14,17 +14,17 @@ OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per do
 ```
 
 The clean text of a document is its kept token pieces (the complement of the cut ranges),
-each decoded on its own and joined with a newline. Documents cut away entirely are left out
-of the JSONL (and counted). The last step writes the manifests and `contamination.json`.
-When a corpus has no document, nothing after the token corpora is written (the job then
-raises `EmptyDatasetError` naming it, from the manifests).
+each decoded on its own and joined with a newline. Documents whose clean text is empty or only
+whitespace (cut away entirely, say) are left out of the JSONL (and counted); the JSONL is
+written in one native pass where the tokenizer allows (`clean_jsonl`). The last step writes
+the manifests and `contamination.json`. When a corpus has no document, nothing after the token
+corpora is written (the job then raises `EmptyDatasetError` naming it, from the manifests).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from json.encoder import encode_basestring
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -76,10 +76,31 @@ def clean_texts(tokenizer, tokens, offsets, ranges) -> list[str]:
     return texts
 
 
-def _jsonl_line(doc_id: str, text: str) -> str:
-    """`json.dumps({"id": doc_id, "text": text}, ensure_ascii=False, sort_keys=True)`, without
-    the generic encoder's per-call setup."""
-    return '{"id": ' + encode_basestring(doc_id) + ', "text": ' + encode_basestring(text) + "}"
+def kept_spans(offsets, ranges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, doc_spans): the kept pieces of every document of a shard as token spans,
+    document j's being spans `doc_spans[j]:doc_spans[j + 1]` (`Tokenizer.decode_jsonl`'s layout).
+    A document without cuts is one span; only the touched ones are looked at one by one."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    counts = np.ones(offsets.size - 1, np.int64)
+    touched = {j: complement_ranges(int(offsets[j + 1] - offsets[j]), cut) for j, cut in enumerate(ranges) if cut}
+    for j, pieces in touched.items():
+        counts[j] = len(pieces)
+    doc_spans = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=doc_spans[1:])
+    starts, ends = np.repeat(offsets[:-1], counts), np.repeat(offsets[1:], counts)
+    for j, pieces in touched.items():
+        if pieces:
+            span = slice(doc_spans[j], doc_spans[j + 1])
+            starts[span] = offsets[j] + np.array([a for a, _ in pieces])
+            ends[span] = offsets[j] + np.array([b for _, b in pieces])
+    return starts, ends, doc_spans
+
+
+def clean_jsonl(tokenizer, tokens, offsets, ranges, ids) -> tuple[bytes, int]:
+    """The clean JSONL file of a shard and the number of documents left out: a line
+    `{"id": ids[j], "text": clean_texts(...)[j]}` (`json.dumps(..., ensure_ascii=False,
+    sort_keys=True)`) per document whose clean text is not empty or whitespace, in order."""
+    return tokenizer.decode_jsonl(tokens, *kept_spans(offsets, ranges), ids)
 
 
 class _DedupShardFn(beam.DoFn):
@@ -120,17 +141,10 @@ class _DedupShardFn(beam.DoFn):
                                                    cleaned.docs, self.vocab_size)
         else:  # nothing cut: write_shard would write the same bytes
             clean_entry = token_shards.copy_shard(self.public_dir, clean_dir, entry)
-        lines, emptied, touched, removed = [], 0, 0, 0
-        texts = clean_texts(self.tokenizer, shard.tokens, shard.offsets, result.ranges)
-        for i, (ranges, text) in enumerate(zip(result.ranges, texts)):
-            if ranges:
-                touched += 1
-                removed += sum(b - a for a, b in ranges)
-            if not text or text.isspace():  # `not text.strip()` without copying the text
-                emptied += 1
-                continue
-            lines.append(_jsonl_line(shard.docs[i]["id"], text))
-        data = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
+        data, emptied = clean_jsonl(self.tokenizer, shard.tokens, shard.offsets, result.ranges,
+                                    [doc["id"] for doc in shard.docs])
+        touched = sum(1 for ranges in result.ranges if ranges)
+        removed = sum(b - a for ranges in result.ranges for a, b in ranges)
         fileio.write_bytes_fs(FileSystems.join(self.out_dir, CLEAN_TEXT, shard.name + ".jsonl"), data)
         self.c_docs.inc(shard.num_documents)
         self.c_touched.inc(touched)
@@ -142,7 +156,8 @@ class _DedupShardFn(beam.DoFn):
                     shard.name, shard.num_documents, shard.num_tokens, removed, touched,
                     shard.num_tokens / max(elapsed, 1e-9))
         counts = {"documents": shard.num_documents, "documents_touched": touched, "tokens": shard.num_tokens,
-                  "tokens_removed": removed, "jsonl_documents": len(lines), "documents_emptied": emptied}
+                  "tokens_removed": removed, "jsonl_documents": shard.num_documents - emptied,
+                  "documents_emptied": emptied}
         yield ("shard", shard.name, {"entry": clean_entry, "stats": result.stats, "counts": counts})
 
 

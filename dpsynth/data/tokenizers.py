@@ -15,6 +15,10 @@ denormalizer (`denormalizer_spec.precompiled_charsmap`), a byte piece not spelle
 empty `unk_surface` with an unknown piece starting with U+2581, a piece above 65535 bytes, an
 unparsable proto, or when `dpsynth._native` is not built (or predates the decoder); and for
 token arrays of a non-integer dtype.
+
+`Tokenizer.decode_jsonl` writes `{"id", "text"}` JSON lines of documents made of spans in one
+native pass (`native/decode.h`), byte-identical to its Python path (`_jsonl_of_texts`), which
+it takes where `decode_spans` would not decode natively (and for `HFTokenizer`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from json.encoder import encode_basestring
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -120,6 +125,10 @@ def _piece_table(sp, model_proto: bytes, drop: set[int]) -> tuple | None:
     if denormalizer.get(2, [b""])[-1]:
         return None
     unk_surface = trainer.get(44, [" \u2047 ".encode()])[-1]
+    try:  # decoded text must be valid UTF-8 (decode_jsonl's whitespace test, the str of decode_spans)
+        unk_surface.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
     strip_all = bool(normalizer.get(4, [1])[-1])
     strip = strip_all or bool(normalizer.get(3, [1])[-1])
     surfaces, kinds = [], bytearray()
@@ -148,6 +157,19 @@ def _piece_table(sp, model_proto: bytes, drop: set[int]) -> tuple | None:
     np.cumsum([len(x) for x in surfaces], out=offsets[1:])
     return (np.frombuffer(b"".join(surfaces), np.uint8), offsets, np.frombuffer(bytes(kinds), np.uint8),
             strip_all)
+
+
+def _jsonl_of_texts(texts: Sequence[str], doc_spans: np.ndarray, ids: Sequence[str]) -> tuple[bytes, int]:
+    """`Tokenizer.decode_jsonl` from the decoded spans `texts`, in Python (its reference)."""
+    lines, left_out, bounds = [], 0, doc_spans.tolist()
+    for j, doc_id in enumerate(ids):
+        a, b = bounds[j], bounds[j + 1]
+        text = texts[a] if b - a == 1 else "\n".join(t for t in texts[a:b] if t)
+        if not text or text.isspace():  # `not text.strip()` without copying the text
+            left_out += 1
+            continue
+        lines.append('{"id": ' + encode_basestring(doc_id) + ', "text": ' + encode_basestring(text) + "}\n")
+    return "".join(lines).encode("utf-8"), left_out
 
 
 class Tokenizer:
@@ -224,6 +246,39 @@ class Tokenizer:
                                         np.ascontiguousarray(starts), np.ascontiguousarray(ends))
         return self._sp_decode_spans(tokens, starts, ends)
 
+    def decode_jsonl(self, tokens: np.ndarray, starts: Sequence[int], ends: Sequence[int], doc_spans: Sequence[int],
+                     ids: Sequence[str]) -> tuple[bytes, int]:
+        """JSON lines of documents made of spans, and how many were left out.
+
+        Document j is the spans `doc_spans[j]:doc_spans[j + 1]` (offsets from 0 to the number of
+        spans) of `starts`/`ends`; its text is those spans decoded as by `decode_spans`, empty ones
+        dropped, joined by "\\n". Documents whose text is empty or whitespace (`str.isspace`) are left
+        out; each other one gives `json.dumps({"id": ids[j], "text": text}, ensure_ascii=False,
+        sort_keys=True) + "\\n"`, as UTF-8. Natively in one pass where `decode_spans` decodes natively.
+        """
+        tokens = np.asarray(tokens).reshape(-1)
+        starts, ends = np.asarray(starts, dtype=np.int64).reshape(-1), np.asarray(ends, dtype=np.int64).reshape(-1)
+        doc_spans = np.asarray(doc_spans, dtype=np.int64).reshape(-1)
+        if doc_spans.size != len(ids) + 1:
+            raise ValueError(f"decode_jsonl: {doc_spans.size} document span offsets for {len(ids)} ids")
+        if self._pieces is None or tokens.dtype.kind not in "iu":
+            return self._py_decode_jsonl(tokens, starts, ends, doc_spans, ids)
+        if tokens.dtype not in _NATIVE_DTYPES:  # other widths, non-native byte order
+            tokens = tokens.astype(np.int64)
+        encoded = [doc_id.encode("utf-8") for doc_id in ids]
+        id_offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=id_offsets[1:])
+        return _native.decode_jsonl(*self._pieces, np.ascontiguousarray(tokens), np.ascontiguousarray(starts),
+                                    np.ascontiguousarray(ends), doc_spans, np.frombuffer(b"".join(encoded), np.uint8),
+                                    id_offsets)
+
+    def _py_decode_jsonl(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, doc_spans: np.ndarray,
+                         ids: Sequence[str]) -> tuple[bytes, int]:
+        """`decode_jsonl` in Python: `decode_spans`, then `_jsonl_of_texts`."""
+        if doc_spans[0] != 0 or doc_spans[-1] != starts.size or (np.diff(doc_spans) < 0).any():
+            raise ValueError(f"decode_jsonl: document span offsets must rise from 0 to the {starts.size} spans")
+        return _jsonl_of_texts(self.decode_spans(tokens, starts, ends), doc_spans, ids)
+
     def _sp_decode_spans(self, tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
         """`decode_spans` through SentencePiece: pad/bos/eos dropped in one pass, one `tolist`,
         list slices (no NumPy call per span), one batched `decode`."""
@@ -257,6 +312,7 @@ class HFTokenizer(Tokenizer):
         self.json_bytes = bytes(json_bytes)
         self._tok = _HF.from_str(self.json_bytes.decode("utf-8"))
         self.native = False
+        self._pieces = None  # no native decoding: decode_jsonl takes its Python path
         ids = _check_special_ids(special_ids, self.vocab_size, "tokenizer.json")
         self.special_ids = dict(ids)
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = ids["pad"], ids["unk"], ids["bos"], ids["eos"]

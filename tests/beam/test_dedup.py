@@ -234,3 +234,50 @@ def test_clean_texts_equal_sentencepiece_on_each_kept_piece(tokenizer_path):
         pieces = [tokenizer._sp.decode(doc[a:b].tolist()) for a, b in complement_ranges(len(doc), cut)]
         assert text == "\n".join(p for p in pieces if p)
     assert got[4] == "" and got[-1] == "" and "\n" in got[3]
+
+
+def test_clean_jsonl_equals_json_lines_of_clean_texts(tokenizer_path, monkeypatch):
+    """Reference: `clean_texts` and json.dumps per document whose text is not only whitespace,
+    natively and through SentencePiece; random cuts (at either end, adjacent, emptying
+    documents), empty documents, whitespace-only pieces, characters JSON escapes, odd ids."""
+    from dpsynth.beam.dedup import clean_jsonl, clean_texts, kept_spans
+    from dpsynth.data import tokenizers
+
+    tokenizer = Tokenizer.load(tokenizer_path)
+    sp, rng = tokenizer._sp, random.Random(9)
+    byte = {int(sp.id_to_piece(i)[3:5], 16): i for i in range(tokenizer.vocab_size) if sp.is_byte(i)}
+    blanks = [" ", "\u3000", "\xa0", "\u2028", "\x85", "\n\t "]
+    odd = ['"', "\\", "\x00", "\x1f", "\x7f", "\U0001f600", "é", 'a"b\\c\r']
+    docs, ranges = [], []
+    for _ in range(80):
+        parts = []
+        for _ in range(rng.randint(0, 6)):
+            r = rng.random()
+            if r < 0.4:
+                parts += tokenizer.encode(make_text(rng, rng.randint(1, 6))).tolist()
+            else:
+                parts += [byte[b] for b in rng.choice(blanks if r < 0.75 else odd).encode()]
+        docs.append(np.array(parts, np.int64))
+        n, r = len(parts), rng.random()
+        points = sorted(rng.choices(range(n + 1), k=2 * rng.randint(1, 4)))  # repeats: adjacent cuts
+        ranges.append([] if r < 0.3 or not n else [(0, n)] if r < 0.4 else
+                      [(a, b) for a, b in zip(points[::2], points[1::2]) if a < b])
+    ids = [rng.choice(["", 'x"\\', "é\U0001f600", "\x00\n", "\u2028"]) + str(j) for j in range(len(docs))]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    tokens = np.concatenate(docs).astype(np.uint16)
+
+    texts = clean_texts(tokenizer, tokens, offsets, ranges)
+    kept = [j for j, text in enumerate(texts) if text.strip()]
+    expected = ("".join(json.dumps({"id": ids[j], "text": texts[j]}, ensure_ascii=False, sort_keys=True) + "\n"
+                        for j in kept).encode(), len(docs) - len(kept))
+    assert any(t and not t.strip() for t in texts) and expected[1] > sum(not t for t in texts) > 0
+    assert clean_jsonl(tokenizer, tokens, offsets, ranges, ids) == expected
+    starts, ends, doc_spans = kept_spans(offsets, ranges)
+    for j, (doc, cut) in enumerate(zip(docs, ranges)):
+        span = slice(doc_spans[j], doc_spans[j + 1])
+        spans = list(zip(starts[span] - offsets[j], ends[span] - offsets[j]))
+        assert spans == (complement_ranges(len(doc), cut) if cut else [(0, len(doc))])
+    monkeypatch.setattr(tokenizers, "_native", None)  # SentencePiece decodes, Python writes the lines
+    fallback = Tokenizer.load(tokenizer_path)
+    assert fallback._pieces is None
+    assert clean_jsonl(fallback, tokens, offsets, ranges, ids) == expected

@@ -1,8 +1,10 @@
 """Tests for dpsynth.data.tokenizers: the SentencePiece wrapper (special ids, batching, pickling) and its
-native span decoder, against SentencePiece itself."""
+native span decoder and JSON-lines writer, against SentencePiece itself and Python's json."""
 
+import json
 import pathlib
 import random
+from json.encoder import encode_basestring
 
 import numpy as np
 import pytest
@@ -261,3 +263,190 @@ def test_native_decoder_refuses_a_malformed_table():
                                  tokens, starts, ends)
     assert _native.decode_spans(np.frombuffer(b" b", np.uint8), offsets, np.array([1], np.uint8), True,
                                 tokens, starts, ends) == ["b"]
+
+
+# ----------------------------------------------------------------------------- JSON lines
+# `decode_jsonl` must give the bytes of json.dumps per kept document, its texts being
+# SentencePiece's decode of each span; whitespace (str.isspace) and escaping checked for every
+# code point.
+
+# Characters every escape and whitespace rule touches: quotes, backslashes, every control
+# character, DEL, the line separators JSON leaves alone, non-BMP, and Unicode whitespace.
+SPECIAL = "\"\\\x7f\u2028\u2029\U0001f600\U0010ffff" + "".join(map(chr, range(0x20)))
+WHITESPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000"
+IDS = ["", "a", "d\"q\\b", "é😀", "\x00\x1f\n", "\u2028\x7f", "x" * 40]
+
+
+def _jsonl_reference(texts: list[str], doc_spans, ids) -> tuple[bytes, int]:
+    """json.dumps of every document whose joined non-empty spans are not only whitespace."""
+    lines, left_out = [], 0
+    for j, doc_id in enumerate(ids):
+        text = "\n".join(t for t in texts[doc_spans[j]:doc_spans[j + 1]] if t)
+        if text.strip():
+            lines.append(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False, sort_keys=True) + "\n")
+        else:
+            left_out += 1
+    return "".join(lines).encode("utf-8"), left_out
+
+
+def _byte_tokens(sp, text: str) -> list[int]:
+    """`text` spelled with byte pieces (a byte-fallback model), else nothing."""
+    byte_id = {int(sp.id_to_piece(i)[3:5], 16): i for i in range(sp.get_piece_size()) if sp.is_byte(i)}
+    data = text.encode()
+    return [byte_id[b] for b in data] if len(byte_id) == 256 else []
+
+
+def _documents(sp, rng: np.random.Generator, count: int):
+    """(tokens, starts, ends, doc_spans, ids) of `count` documents of 0-4 spans: random tokens
+    with the SPECIAL characters, and whitespace-only ones (byte pieces, U+2581 pieces, control ids)."""
+    size = sp.get_piece_size()
+    blank = [i for i in range(size) if sp.is_control(i) or set(sp.id_to_piece(i)) == {"\u2581"}]
+    tokens = list(_random_tokens(sp, rng, 4000))
+    for c in SPECIAL:
+        tokens[int(rng.integers(len(tokens))):0] = _byte_tokens(sp, c)
+    starts, ends, doc_spans = [], [], [0]
+    for _ in range(count):
+        for _ in range(int(rng.integers(0, 5))):
+            if rng.random() < 0.3:  # only whitespace
+                run = []
+                for _ in range(int(rng.integers(0, 6))):
+                    run += _byte_tokens(sp, WHITESPACE[rng.integers(len(WHITESPACE))]) if rng.random() < 0.6 \
+                        else [int(rng.choice(blank))]
+                starts.append(len(tokens))
+                tokens += run
+                ends.append(len(tokens))
+            else:
+                a = int(rng.integers(0, len(tokens) + 1))
+                starts.append(a)
+                ends.append(min(a + int(rng.integers(0, 40)), len(tokens)))
+        doc_spans.append(len(starts))
+    ids = [IDS[i] for i in rng.integers(0, len(IDS), count)]
+    return np.array(tokens, np.int64), np.array(starts, np.int64), np.array(ends, np.int64), doc_spans, ids
+
+
+def test_decode_jsonl_equals_json_dumps_of_joined_spans(model):
+    name, proto = model
+    tok = Tokenizer(proto)
+    rng = np.random.default_rng(len(name) + 10)
+    tokens, starts, ends, doc_spans, ids = _documents(tok._sp, rng, 400)
+    texts = _sp_reference(proto, tokens, starts, ends, {PAD_ID, BOS_ID, EOS_ID})
+    expected = _jsonl_reference(texts, doc_spans, ids)
+    assert 0 < expected[1] < len(ids)
+    for dtype in (np.uint16, np.uint32, np.int32, np.int64, np.int16):
+        assert tok.decode_jsonl(tokens.astype(dtype), starts, ends, doc_spans, ids) == expected, dtype
+    assert tok._py_decode_jsonl(tokens, starts, ends, np.array(doc_spans), ids) == expected
+    assert tok.decode_jsonl(tokens, [], [], [0], []) == (b"", 0)
+    if tok._sp.is_byte(tok.vocab_size - 1):  # a byte-fallback model spells every SPECIAL character
+        assert all(json.dumps(c, ensure_ascii=False) in expected[0].decode() for c in SPECIAL)
+
+
+def test_decode_jsonl_errors():
+    tok = train_tokenizer(CORPUS, vocab_size=400)
+    tokens = np.array([5, 6, 7], np.int32)
+    for native in (True, False):
+        decode = tok.decode_jsonl if native else (lambda *a: tok._py_decode_jsonl(*map(np.asarray, a[:4]), a[4]))
+        for doc_spans in ([1, 2], [0, 3], [0, 2, 1, 2]):  # not from 0, not to the end, decreasing
+            with pytest.raises(ValueError):
+                decode(tokens, [0, 1], [1, 3], doc_spans, ["a"] * (len(doc_spans) - 1))
+        with pytest.raises(ValueError):
+            decode(tokens, [0], [4], [0, 1], ["a"])
+        with pytest.raises(IndexError):
+            decode(np.array([5, tok.vocab_size], np.int32), [0], [2], [0, 1], ["a"])
+    with pytest.raises(ValueError):
+        tok.decode_jsonl(tokens, [0], [1], [0, 1], ["a", "b"])
+
+
+def _code_point_table():
+    """A piece table whose id i is the i-th code point (surrogates excluded), verbatim."""
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    surfaces = [chr(c).encode() for c in points]
+    offsets = np.zeros(len(points) + 1, np.int64)
+    np.cumsum([len(s) for s in surfaces], out=offsets[1:])
+    return points, (np.frombuffer(b"".join(surfaces), np.uint8), offsets, np.zeros(len(points), np.uint8), True)
+
+
+def test_decode_jsonl_whitespace_and_escapes_of_every_code_point():
+    from dpsynth import _native
+
+    points, table = _code_point_table()
+    n = len(points)
+    tokens = np.arange(n, dtype=np.uint32)
+    bounds = np.arange(n + 1, dtype=np.int64)  # one document per code point, its id that code point
+    data, left_out = _native.decode_jsonl(*table, tokens, bounds[:-1], bounds[1:], bounds, table[0], table[1])
+    chars = [chr(c) for c in points]
+    assert left_out == sum(c.isspace() for c in chars) == 29
+    assert data == "".join('{"id": ' + encode_basestring(c) + ', "text": ' + encode_basestring(c) + "}\n"
+                           for c in chars if not c.isspace()).encode()
+    # Long texts (the 8-byte fast path at every alignment): the first 300 code points, shifted.
+    starts = np.array([0, 1, 2, 3, 5, 7, 0, 0x20, n - 1000], np.int64)
+    ends = np.array([300, 301, 302, 303, 305, 307, n, 0x7F, n], np.int64)
+    bounds = np.arange(starts.size + 1, dtype=np.int64)
+    names = ["q\"", "", "é", "\x01", "\\", "\u2028", "all", "".join(map(chr, range(0x80))) * 2, "end"]
+    encoded = [x.encode() for x in names]
+    id_offsets = np.concatenate([[0], np.cumsum([len(x) for x in encoded])]).astype(np.int64)
+    data, left_out = _native.decode_jsonl(*table, tokens, starts, ends, bounds,
+                                          np.frombuffer(b"".join(encoded), np.uint8), id_offsets)
+    assert left_out == 0
+    assert data.decode() == "".join(json.dumps({"id": x, "text": "".join(chars[a:b])}, ensure_ascii=False,
+                                               sort_keys=True) + "\n" for x, a, b in zip(names, starts, ends))
+
+
+def test_decode_jsonl_of_random_strings():
+    """Texts and ids over characters to escape and whitespace, at every offset of the 8-byte blocks."""
+    from dpsynth import _native
+
+    points, table = _code_point_table()
+    alphabet = 'aaaa"\\\x01\n\x1f\x7fé\U0001f600 \u3000\xa0'
+    rng = np.random.default_rng(8)
+    tokens = np.array([ord(c) - (0x800 if ord(c) > 0xDFFF else 0) for c in rng.choice(list(alphabet), 30000)],
+                      np.uint32)
+    cuts = np.sort(rng.integers(0, tokens.size + 1, 1500))
+    starts, ends = cuts[:-1], cuts[1:]
+    doc_spans = np.concatenate([[0], np.sort(rng.integers(0, starts.size + 1, 600)), [starts.size]])
+    ids = ["".join(rng.choice(list(alphabet), rng.integers(0, 20))) for _ in range(doc_spans.size - 1)]
+    encoded = [x.encode() for x in ids]
+    id_offsets = np.concatenate([[0], np.cumsum([len(x) for x in encoded])]).astype(np.int64)
+    texts = ["".join(chr(points[t]) for t in tokens[a:b]) for a, b in zip(starts, ends)]
+    expected = _jsonl_reference(texts, doc_spans, ids)
+    assert expected[1] > 0
+    assert _native.decode_jsonl(*table, tokens, starts, ends, doc_spans, np.frombuffer(b"".join(encoded), np.uint8),
+                                id_offsets) == expected
+
+
+def test_decode_jsonl_falls_back_to_sentencepiece(monkeypatch, tmp_path, tokenizer):
+    from dpsynth.data import tokenizers
+
+    rules = tmp_path / "denorm.tsv"
+    rules.write_text("61\t41\n")  # decoded "a" -> "A"
+    denorm = _train_sp(model_type="unigram", byte_fallback=True, denormalization_rule_tsv=str(rules))
+    rng = np.random.default_rng(6)
+    for proto in (denorm, tokenizer.model_proto):
+        native = Tokenizer(proto)
+        tokens, starts, ends, doc_spans, ids = _documents(native._sp, rng, 200)
+        expected = _jsonl_reference(_sp_reference(proto, tokens, starts, ends, {PAD_ID, BOS_ID, EOS_ID}),
+                                    doc_spans, ids)
+        if proto is denorm:
+            assert native._pieces is None and b"A" in expected[0]
+        else:
+            assert native._pieces is not None
+            assert native.decode_jsonl(tokens, starts, ends, doc_spans, ids) == expected
+            monkeypatch.setattr(tokenizers, "_native", None)  # as when dpsynth._native is not built
+            assert Tokenizer(proto)._pieces is None
+        assert Tokenizer(proto).decode_jsonl(tokens, starts, ends, doc_spans, ids) == expected
+
+
+def test_hf_tokenizer_decode_jsonl_equals_decode():
+    tok = HFTokenizer((FIXTURES / "qwen2" / "tokenizer.json").read_bytes(), {"bos": 0, "eos": 2, "pad": 0, "unk": 0})
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, tok.vocab_size, 400).astype(np.uint32)
+    starts, ends = _spans(rng, tokens.size, 60)
+    doc_spans = [0, 0, 1, 5, 20, 40, starts.size]
+    ids = IDS[:len(doc_spans) - 1]
+    texts = [tok.decode(tokens[a:b]) for a, b in zip(starts, ends)]
+    assert tok.decode_jsonl(tokens, starts, ends, doc_spans, ids) == _jsonl_reference(texts, doc_spans, ids)
+
+
+def test_an_invalid_utf8_unk_surface_falls_back():
+    proto = _train_sp(model_type="unigram", byte_fallback=False, unk_surface="<?>")
+    assert proto.count(b"<?>") == 1 and Tokenizer(proto)._pieces is not None
+    assert Tokenizer(proto.replace(b"<?>", b"<\xff>"))._pieces is None
