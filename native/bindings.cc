@@ -187,6 +187,8 @@ void bind_decode(py::module_& m) {
         const int64_t* io = id_offsets.data();
         // One output buffer per thread (the GIL is released: threads never share it), reused by
         // every call: a fresh one per shard (10+ MB) cost about as much again in page faults.
+        // Above kKeepBytes it is freed after the call, so big shards leave no buffer behind.
+        constexpr size_t kKeepBytes = size_t{64} << 20;
         thread_local std::string jsonl;
         int64_t left_out;
         {
@@ -194,7 +196,9 @@ void bind_decode(py::module_& m) {
           left_out = dpsynth::decode_jsonl<T>(table, t, num_tokens, a, b, spans, d, i, ids_size, io,
                                               docs, strip_all_leading, &jsonl);
         }
-        return py::make_tuple(py::bytes(jsonl), left_out);
+        py::bytes out(jsonl);
+        if (jsonl.capacity() > kKeepBytes) std::string().swap(jsonl);
+        return py::make_tuple(std::move(out), left_out);
       },
       py::arg("surface").noconvert(), py::arg("offsets").noconvert(), py::arg("kind").noconvert(),
       py::arg("strip_all_leading"), py::arg("tokens").noconvert(), py::arg("starts").noconvert(),

@@ -391,6 +391,25 @@ def test_decode_jsonl_whitespace_and_escapes_of_every_code_point():
                                                sort_keys=True) + "\n" for x, a, b in zip(names, starts, ends))
 
 
+def test_decode_jsonl_output_above_the_kept_buffer_size():
+    # The binding keeps its per-thread buffer only up to 64 MiB: a bigger output, then a small
+    # one, then the big one again, all exact.
+    from dpsynth import _native
+
+    table = (np.frombuffer(b"x" * 1024, np.uint8), np.array([0, 1024], np.int64), np.zeros(1, np.uint8), True)
+    ids = np.frombuffer(b"big", np.uint8), np.array([0, 3], np.int64)
+    big = np.zeros(70_000, np.uint16)  # 70 MB of text
+
+    def run(n):
+        return _native.decode_jsonl(*table, big[:n], np.array([0], np.int64), np.array([n], np.int64),
+                                    np.array([0, 1], np.int64), *ids)
+
+    want = (b'{"id": "big", "text": "' + b"x" * (1024 * 70_000) + b'"}\n', 0)
+    assert run(70_000) == want
+    assert run(2) == (b'{"id": "big", "text": "' + b"x" * 2048 + b'"}\n', 0)
+    assert run(70_000) == want
+
+
 def test_decode_jsonl_of_random_strings():
     """Texts and ids over characters to escape and whitespace, at every offset of the 8-byte blocks."""
     from dpsynth import _native
