@@ -324,13 +324,18 @@ def merge_shard_parts(parts: Sequence[tuple], dtype: np.dtype) -> tuple[np.ndarr
     for p in parts:
         labels.update(p[4])
     order = np.lexsort((keys[:, 1], keys[:, 0]))
-    starts = np.cumsum(sizes) - sizes
     offsets = np.zeros(sizes.size + 1, np.int64)
     np.cumsum(sizes[order], out=offsets[1:])
-    # Token j of the output comes from starts[doc] + (j - offsets[doc]) of the input.
-    src = np.repeat(starts[order] - offsets[:-1], sizes[order]) + np.arange(offsets[-1], dtype=np.int64)
+    # Copied in runs of documents that follow each other in the input too (no per-token index:
+    # a shard of 100M+ tokens would need GBs for one).
+    begin = (np.cumsum(sizes) - sizes)[order]
+    end = begin + sizes[order]
+    cuts = np.flatnonzero(begin[1:] != end[:-1]) + 1
+    firsts, lasts = np.concatenate([[0], cuts]), np.concatenate([cuts, [order.size]]) - 1
+    runs = zip(firsts.tolist(), lasts.tolist()) if order.size else []
+    flat = np.concatenate([tokens[:0]] + [tokens[begin[a]:end[b]] for a, b in runs])
     docs_jsonl = b"\n".join([lines[i] for i in order.tolist()]) + (b"\n" if lines else b"")
-    return tokens[src], offsets, docs_jsonl, labels
+    return flat, offsets, docs_jsonl, labels
 
 
 def _docs_by_shard(element, num_shards: dict[str, int]):

@@ -259,3 +259,8 @@ def test_shard_parts_merge_to_what_write_shard_writes(tmp_path, vocab_size):
 def test_a_record_without_a_string_id_cannot_be_packed():
     with pytest.raises(ValueError, match="record \\(0, 1\\): no string 'id'"):
         corpus.pack_shard_part([((0, 1), {"id": 5}, b"")])
+
+
+def test_merging_a_part_without_documents_gives_an_empty_shard():
+    tokens, offsets, docs_jsonl, labels = corpus.merge_shard_parts([corpus.pack_shard_part([])], np.dtype(np.uint16))
+    assert tokens.size == 0 and offsets.tolist() == [0] and docs_jsonl == b"" and not labels
