@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
@@ -60,7 +60,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    run(argv)
+    with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args)):
+        run(argv)
     return 0
 
 

@@ -13,9 +13,10 @@ Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode=mult
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import errors, logs, outdir
 from dpsynth.data import dead_letters
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
@@ -94,7 +95,11 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    manifest = run(argv)
+    private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
+                      ignore=("batch_size", "format", "train", "min_shared_tokens"),
+                      writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
+        manifest = run(argv)
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
     print(f"dpsynth generate: wrote {counts} ({'private' if manifest['private'] else 'NOT PRIVATE'})")
     return 0

@@ -14,11 +14,12 @@ flag (`--runner`, `--direct_num_workers`, ...) is passed through; the default ru
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dpsynth import errors, logs
+from dpsynth import errors, logs, outdir
 from dpsynth.data import dead_letters
 
 if TYPE_CHECKING:
@@ -130,7 +131,9 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    out = run(argv)
+    with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args),
+                      writable=(("--out (its dead letters)", os.path.dirname(dead_letters.default_path(args.out))),)):
+        out = run(argv)
     print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")
     return 0

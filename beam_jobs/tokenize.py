@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 
@@ -65,7 +65,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
+    with outdir.claim(args.out, kind=outdir.TOKENS, command="tokenize", config=vars(args)):
+        run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
     return 0
 
 

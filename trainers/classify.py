@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from dpsynth import binding, errors, logs
+from dpsynth import binding, errors, logs, outdir
 from dpsynth.data import dead_letters
 
 
@@ -71,6 +71,9 @@ def main(argv=None) -> int:
 
     args = parser().parse_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
+    outdir.check_file_out(args.out, command="classify", privacy_dir=args.privacy_report)
+    for path in (args.train, args.valid):  # a synthetic split: only from a finished corpus
+        outdir.require_corpus_file(path)
     # Rejected records of the three files: counted, explained, listed owner-only; past the limit: refused.
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth classify: ")

@@ -30,3 +30,12 @@ def start(args: argparse.Namespace) -> None:
                                process_id=args.process_id)
     elif (args.coordinator_address, args.num_processes, args.process_id) != (None, None, None):
         raise DistributedError("--coordinator-address/--num-processes/--process-id need --distributed")
+
+
+def is_primary(args: argparse.Namespace) -> bool:
+    """Whether this process writes the run's shared files (always, without `--distributed`; after `start`)."""
+    if not args.distributed:
+        return True
+    import jax
+
+    return jax.process_index() == 0

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-from dpsynth import binding, errors, logs
+from dpsynth import binding, errors, logs, outdir
 from dpsynth.data import dead_letters
 from trainers import distributed
 
@@ -108,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.train import finetune as tune
-    from dpsynth.train import sweep as sweep_lib
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
@@ -118,9 +117,19 @@ def main(argv: list[str] | None = None) -> int:
         raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
     if args.user_column and args.privacy_unit != "user":
         raise tune.TuneError("--user-column is used with --privacy-unit user")
+    state_dir = tune.resolve_state_dir(args.out, args.state_dir)
+    with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args),
+                      writable=(("--state-dir", state_dir),), primary=distributed.is_primary(args)):
+        return _tune(args, config, state_dir)
+
+
+def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
+    """The run of `main`, once --out is held (`dpsynth.outdir.claim`)."""
+    from dpsynth.train import finetune as tune
+    from dpsynth.train import sweep as sweep_lib
+
     # Every rejected record is counted, explained and listed in the private state; past
     # --max-dead-letters the run is refused before any compute.
-    state_dir = tune.resolve_state_dir(args.out, args.state_dir)
     policy = dead_letters.Policy.of(args.max_dead_letters, os.path.join(state_dir, dead_letters.FILE),
                                     prefix="dpsynth dp-tune: ")
     inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import errors, logs, outdir
 from dpsynth.models import hf_export
 
 
@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
+    with outdir.claim(args.out, kind=outdir.HF_MODEL, command="export-model", config=vars(args)):
+        record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
     print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
     return 0
 

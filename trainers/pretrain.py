@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sys
 
-from dpsynth import binding, errors, logs
+from dpsynth import binding, errors, logs, outdir
 from dpsynth.models.config import PRESETS
 from dpsynth.train.optim import OPTIMIZERS
 from dpsynth.train import pretrain
@@ -98,8 +98,10 @@ def main(argv=None) -> int:
     distributed.start(args)
     config = binding.from_args(pretrain.PretrainConfig, args, [f.name for f in dataclasses.fields(pretrain.PretrainConfig)
                                                                 if f.name not in _NOT_FLAGS])
-    summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,
-                                    stop_after=args.stop_after)
+    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain", config=vars(args),
+                      ignore=("eval_every", "eval_batches", "checkpoint_every"), primary=distributed.is_primary(args)):
+        summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,
+                                        stop_after=args.stop_after)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth import outdir
 from dpsynth.errors import DpsynthError
 from dpsynth.fileio import dumps_json, parse_jsonl, read_bytes_fs, sha256_bytes, write_bytes_fs
 
@@ -217,6 +218,7 @@ def write_manifest(
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        outdir.KIND_FIELD: outdir.TOKENS,
         "name": name,
         "dtype": token_dtype(vocab_size).name,
         "vocab_size": int(vocab_size),

@@ -2,7 +2,9 @@
 
 A synthetic corpus is a directory with `train.jsonl` and `valid.jsonl` (`text`, `label`),
 optionally `privacy_report.json` (absent: the corpus is marked NON-PRIVATE),
-`generation_report.json` and `generation_config.json`. Rows whose text is empty or not a
+`generation_report.json` and `generation_config.json`. A directory a `dpsynth generate` run
+left without its `manifest.json`, or whose split files differ from it, is refused
+(`dpsynth.outdir.require_corpus`). Rows whose text is empty or not a
 string are dropped and COUNTED (`invalid_rows`, shown in every table); a corpus with no valid
 row in a split is an error. Real splits are read with `dpsynth.data.readers.read_sensitive`; by
 default any dead-lettered record there is an error naming the file, the record and the reason;
@@ -18,7 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.errors import DpsynthError
 
 
@@ -119,6 +121,10 @@ def read_corpus(path: str, name: str | None = None) -> Corpus:
     """Reads one synthetic corpus directory."""
     if not os.path.isdir(path):
         raise CorpusError(f"{path}: not a directory")
+    try:
+        outdir.require_corpus(path)
+    except outdir.OutDirError as e:
+        raise CorpusError(str(e)) from None
     train, bad_train = read_jsonl_split(os.path.join(path, "train.jsonl"))
     valid, bad_valid = read_jsonl_split(os.path.join(path, "valid.jsonl"))
     return Corpus(

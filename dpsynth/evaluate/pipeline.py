@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import apache_beam as beam
 
+from dpsynth import outdir
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.evaluate import report, scoring
 
@@ -115,7 +116,10 @@ def run_job(synthetic_dirs: Sequence[str], real_paths: tuple[str, str, str | Non
 
     Raises:
       ValueError, FileNotFoundError: bad real splits (before any compute) or no corpus.
+      dpsynth.outdir.OutDirError: a synthetic directory without its manifest, or of another kind.
     """
     scoring.load_real(*real_paths, max_dead_letters=max_dead_letters)  # clear input errors before any compute
+    for path in synthetic_dirs:  # an unfinished or foreign directory: refused, not a row of the report
+        outdir.require_corpus(path)
     run_pipeline(lambda p: build(p, synthetic_dirs, real_paths, out_dir, config, max_dead_letters),
                  beam_args=beam_args, test_pipeline=test_pipeline)

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.generate.model_info import GenerateError, ModelInfo, read_json
 from dpsynth.generate.plan import FORMAT, FORMAT_VERSION, SHARD_DIR, SPLITS, GenerationPlan, ShardSpec
 from dpsynth.generate.postprocess import filter_samples, keys_of
@@ -179,6 +179,7 @@ def write_manifest(plan: GenerationPlan, info: ModelInfo, splits: dict[str, Any]
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        outdir.KIND_FIELD: outdir.CORPUS,
         "config_hash": plan.config_hash,
         "private": info.private,
         "model_dir": plan.config_json["model_dir"],

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.data.tokenizers import HF_FILE, SP_FILE, SPECIAL_IDS_FILE, Tokenizer, load_tokenizer, save_tokenizer
 from dpsynth.errors import DpsynthError
 from dpsynth.models.config import ModelConfig
@@ -93,7 +93,8 @@ def save_model(directory: str, config: ModelConfig, variables: dict, tokenizer: 
     ckpt.wait_until_finished()
     manifest = {"format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "preset": config.preset,
                 "collections": list(collections), "base": base, "created_by": created_by,
-                "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections)}
+                "tokenizer_sha256": tokenizer.sha256, "num_params": config.num_params(collections),
+                outdir.KIND_FIELD: outdir.MODEL}
     manifest.update(extra_manifest or {})
     if jax.process_index() == 0:  # the small files: one writer
         for stale in (SP_FILE, HF_FILE, SPECIAL_IDS_FILE):  # another tokenizer's files from an earlier save

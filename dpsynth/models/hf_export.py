@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.data import tokenizers
 from dpsynth.models import hf_files, hf_tokenizer
 from dpsynth.models.hf_files import HFFormatError
@@ -118,7 +118,7 @@ def _prepare_out(out_dir: str) -> None:
     """Creates `out_dir`, or clears the files of an earlier export from it (module docstring)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise HFFormatError(f"{out_dir}: exists and is not a directory; choose another --out")
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
+    if os.path.isdir(out_dir) and outdir.without_run_files(os.listdir(out_dir)):
         if not os.path.exists(os.path.join(out_dir, EXPORT_RECORD)):
             raise HFFormatError(f"{out_dir}: is not empty and holds no {EXPORT_RECORD} (not an earlier export); "
                                 "choose a new or empty --out directory")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.models import hf_files, hf_tokenizer
 from dpsynth.models import sharding as sharding_lib
 from dpsynth.models.config import ModelConfig
@@ -241,7 +241,7 @@ def _check_out(out_dir: str) -> None:
     """`out_dir` must be new, empty or an earlier import (never another model directory)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise HFFormatError(f"{out_dir}: exists and is not a directory; choose another --out")
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
+    if os.path.isdir(out_dir) and outdir.without_run_files(os.listdir(out_dir)):
         manifest = os.path.join(out_dir, "manifest.json")
         try:
             earlier = fileio.read_json(manifest).get("created_by") == CREATED_BY
