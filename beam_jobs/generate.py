@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
     with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
-                      ignore=("batch_size", "format", "train", "min_shared_tokens"),
+                      ignore=("format", "train", "min_shared_tokens"),
                       writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
         manifest = run(argv)
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())

@@ -241,9 +241,9 @@ def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | 
             command or configuration.
     """
     record = run_record(kind, command, config, ignore)
+    check_writable(out_dir)
     for flag, path in writable:
         check_writable(path or "", flag)
-    check_writable(out_dir)
     if is_url(out_dir) or not primary:
         yield record
         return

@@ -1,0 +1,267 @@
+"""`dpsynth.outdir`: one run of one command per output directory (kinds, configurations, the lock, writability)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dpsynth import outdir
+from dpsynth.outdir import OutDirError
+
+CFG = {"seed": 7, "num_examples": 10, "out": "ignored", "verbose": True}
+
+
+def _claim(out, kind=outdir.CORPUS, command="generate", config=CFG, **kw):
+    return outdir.claim(str(out), kind=kind, command=command, config=config, **kw)
+
+
+def _files(path):
+    return sorted(os.listdir(path)) if os.path.isdir(path) else None
+
+
+# ------------------------------------------------------------------------------------------ writability
+def test_unwritable_paths_are_one_line_errors_and_nothing_is_created(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for path, why in ((afile / "out", "is a file, not a directory"), (afile, "exists and is not a directory"),
+                      ("/proc/dpsynth-out/x", "not writable")):  # /proc refuses new files even to root
+        with pytest.raises(OutDirError, match=why) as e:
+            outdir.check_writable(str(path), "--audit-dir")
+        assert str(e.value).startswith(f"--audit-dir {path}") and "\n" not in str(e.value)
+    outdir.check_writable(str(tmp_path / "new" / "deeper"))  # creatable: fine, and not created
+    assert _files(tmp_path) == ["afile"]
+
+
+def test_a_probe_write_decides_not_os_access(tmp_path, monkeypatch):
+    """Root passes `os.access` on a read-only disk: the probe file is what is trusted."""
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if ".dpsynth-probe" in str(path):
+            raise OSError(30, "Read-only file system", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(OutDirError, match="--out .*: not writable: Read-only file system"):
+        outdir.check_writable(str(tmp_path))
+
+
+def test_claim_checks_every_directory_before_creating_any(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(OutDirError, match="--state-dir"):
+        with _claim(tmp_path / "out", writable=(("--state-dir", str(afile / "state")),)):
+            pytest.fail("the run must not start")
+    assert _files(tmp_path) == ["afile"]
+
+
+# ------------------------------------------------------------------------------------------ ownership
+def test_a_new_directory_gets_a_run_record_without_the_values(tmp_path):
+    out = tmp_path / "out"
+    with _claim(out, config={**CFG, "label_source": "/home/alice/patients.csv"}) as record:
+        assert _files(out) == [outdir.LOCK_FILE, outdir.RUN_FILE]
+    on_disk = json.loads((out / outdir.RUN_FILE).read_text())
+    assert on_disk == record and on_disk["kind"] == "corpus" and on_disk["command"] == "generate"
+    assert set(on_disk["config"]) == {"seed", "num_examples", "label_source"}  # --out, --verbose: not configuration
+    assert "alice" not in (out / outdir.RUN_FILE).read_text()
+
+
+def test_same_configuration_continues_and_execution_flags_do_not_count(tmp_path):
+    out = tmp_path / "out"
+    with _claim(out):
+        (out / "train.jsonl").write_text("{}\n")
+    with _claim(out, config={**CFG, "resume": True, "verbose": False, "threads": 8, "out": "elsewhere"}):
+        pass
+    with _claim(out, config={**CFG, "batch_size": 64}, ignore=("batch_size",)):
+        pass
+    assert (out / "train.jsonl").read_text() == "{}\n"
+
+
+def test_another_configuration_is_refused_naming_the_flags(tmp_path):
+    out = tmp_path / "out"
+    with _claim(out):
+        (out / "train.jsonl").write_text("{}\n")
+    with pytest.raises(OutDirError, match=r"another configuration \(differs in --num-examples, --seed\)"):
+        with _claim(out, config={**CFG, "seed": 8, "num_examples": 11}):
+            pytest.fail("refused")
+    with pytest.raises(OutDirError, match=r"differs in --temperature"):
+        with _claim(out, config={**CFG, "temperature": 0.5}):
+            pytest.fail("refused")
+
+
+@pytest.mark.parametrize("kind,command", [(outdir.MODEL, "pretrain"), (outdir.EVALUATION, "evaluate"),
+                                          (outdir.MODEL, "dp-tune")])
+def test_another_kind_or_command_is_refused_and_nothing_is_touched(tmp_path, kind, command):
+    out = tmp_path / "out"
+    with _claim(out, kind=outdir.MODEL, command="dp-tune", config={"epsilon": 3}):
+        (out / "manifest.json").write_text("{}")
+    before = {p: (out / p).read_bytes() for p in os.listdir(out)}
+    if command == "dp-tune":  # the same command and kind: only the configuration differs
+        with pytest.raises(OutDirError, match="another configuration"):
+            with _claim(out, kind=kind, command=command, config={"epsilon": 8}):
+                pass
+    else:
+        with pytest.raises(OutDirError, match=f"holds a model directory of `dpsynth dp-tune`; `dpsynth {command}` "
+                                              "would overwrite it"):
+            with _claim(out, kind=kind, command=command):
+                pass
+    assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
+
+
+@pytest.mark.parametrize("files,kind", [
+    ({"manifest.json": {"format": "dpsynth.model"}}, "model directory"),
+    ({"manifest.json": {"format": "dpsynth.synthetic"}}, "synthetic corpus"),
+    ({"manifest.json": {"format": "dpsynth.tokens", "kind": "public"}}, "token corpus"),
+    ({"contamination.json": {"format": "dpsynth.contamination"}}, "dedup output"),
+    ({"metrics.json": {"format": "dpsynth.metrics"}}, "evaluation report"),
+    ({"generation_config.json": {"format": "dpsynth.synthetic"}}, "synthetic corpus"),
+])
+def test_directories_written_before_run_records_are_recognised(tmp_path, files, kind):
+    out = tmp_path / "old"
+    out.mkdir()
+    for name, value in files.items():
+        (out / name).write_text(json.dumps(value))
+    with pytest.raises(OutDirError, match=f"holds a {kind}"):
+        with _claim(out, kind=outdir.EVALUATION, command="evaluate"):
+            pass
+    if kind == "synthetic corpus":  # its own kind, but no record of its configuration
+        with pytest.raises(OutDirError, match="without a dpsynth_run.json"):
+            with _claim(out):
+                pass
+    assert outdir.LOCK_FILE not in os.listdir(out)
+
+
+def test_a_directory_dpsynth_did_not_write_is_used(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "metrics.json").write_text('{"selected": 1}')  # e.g. a `classify --out` file: not an evaluation
+    with _claim(tmp_path, kind=outdir.EVALUATION, command="evaluate"):
+        pass
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_refused_or_failed_run_that_wrote_nothing_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with _claim(tmp_path / "out"):
+            raise RuntimeError("bad flag found late")
+    assert _files(tmp_path) == []
+    with _claim(tmp_path / "out", config={**CFG, "seed": 99}):  # so another configuration is no conflict
+        pass
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(RuntimeError):
+        with _claim(tmp_path / "mine"):
+            raise RuntimeError("x")
+    assert _files(tmp_path / "mine") == [outdir.LOCK_FILE]  # the user's directory stays
+
+
+def test_a_failed_run_that_wrote_outputs_keeps_its_record(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with _claim(out):
+            (out / "shards").mkdir()
+            raise RuntimeError("killed")
+    with pytest.raises(OutDirError, match="another configuration"):
+        with _claim(out, config={**CFG, "seed": 8}):
+            pass
+    with _claim(out):  # the resume
+        pass
+
+
+# ------------------------------------------------------------------------------------------ the lock
+def test_a_second_run_into_a_busy_directory_refuses_at_once(tmp_path):
+    out = tmp_path / "out"
+    with _claim(out):
+        with pytest.raises(OutDirError, match=rf"another run is writing into it now \(pid {os.getpid()}\)") as e:
+            with _claim(out):
+                pytest.fail("two runs held one directory")
+        assert "\n" not in str(e.value)
+    with _claim(out):  # released at the end of the run
+        pass
+
+
+def _holder(out, ready):
+    code = textwrap.dedent(f"""
+        import os, time
+        from dpsynth import outdir
+        with outdir.claim({str(out)!r}, kind="corpus", command="generate", config={{"seed": 7, "num_examples": 10}}):
+            open({str(ready)!r}, "w").close()
+            time.sleep(60)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def test_another_process_holds_the_lock_until_it_is_killed(tmp_path):
+    """A run killed with SIGKILL leaves no stale lock (flock dies with the process); the resume continues."""
+    out, ready = tmp_path / "out", tmp_path / "ready"
+    proc = _holder(out, ready)
+    try:
+        for _ in range(600):
+            if ready.exists() or proc.poll() is not None:
+                break
+            import time
+            time.sleep(0.05)
+        assert ready.exists(), "the holder did not start"
+        with pytest.raises(OutDirError, match=f"another run is writing into it now \\(pid {proc.pid}\\)"):
+            with _claim(out, config={"seed": 7, "num_examples": 10}):
+                pass
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with _claim(out, config={"seed": 7, "num_examples": 10}):
+        pass
+
+
+# ------------------------------------------------------------------------------------------ readers
+def _corpus(out, manifest=True):
+    with _claim(out):
+        (out / "train.jsonl").write_text('{"label": "a", "text": "x"}\n')
+        if manifest:
+            (out / "manifest.json").write_text(json.dumps({"format": "dpsynth.synthetic", "splits": {"train": {
+                "files": {"jsonl": {"path": "train.jsonl",
+                                    "sha256": outdir.fileio.sha256_file(str(out / "train.jsonl"))}}}}}))
+
+
+def test_require_corpus(tmp_path):
+    _corpus(tmp_path / "done")
+    outdir.require_corpus(str(tmp_path / "done"))
+    outdir.require_corpus_file(str(tmp_path / "done" / "train.jsonl"))
+    _corpus(tmp_path / "unfinished", manifest=False)
+    with pytest.raises(OutDirError, match="unfinished: a synthetic corpus without its manifest.json"):
+        outdir.require_corpus(str(tmp_path / "unfinished"))
+    with pytest.raises(OutDirError, match="without its manifest.json"):
+        outdir.require_corpus_file(str(tmp_path / "unfinished" / "train.jsonl"))
+    (tmp_path / "done" / "train.jsonl").write_text('{"label": "a", "text": "mixed"}\n')
+    with pytest.raises(OutDirError, match="train.jsonl: missing or not the train split its manifest.json records"):
+        outdir.require_corpus(str(tmp_path / "done"))
+    with _claim(tmp_path / "model", kind=outdir.MODEL, command="dp-tune"):
+        pass
+    with pytest.raises(OutDirError, match="holds a model directory of `dpsynth dp-tune`, not a synthetic corpus"):
+        outdir.require_corpus(str(tmp_path / "model"))
+    (tmp_path / "by_hand").mkdir()
+    (tmp_path / "by_hand" / "train.jsonl").write_text("{}\n")
+    outdir.require_corpus(str(tmp_path / "by_hand"))  # no dpsynth run wrote it: read as today
+    outdir.require_corpus_file(str(tmp_path / "real_train.csv"))
+
+
+def test_check_file_out(tmp_path):
+    _corpus(tmp_path / "synth")
+    with pytest.raises(OutDirError, match="--out: .*synth holds a synthetic corpus of `dpsynth generate`"):
+        outdir.check_file_out(str(tmp_path / "synth" / "metrics.json"), command="classify")
+    with pytest.raises(OutDirError, match="--privacy-report: .*synth holds"):
+        outdir.check_file_out(str(tmp_path / "m.json"), command="classify", privacy_dir=str(tmp_path / "synth"))
+    with pytest.raises(OutDirError, match="is a directory"):
+        outdir.check_file_out(str(tmp_path / "synth"), command="classify")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutDirError, match="not a directory"):
+        outdir.check_file_out(str(tmp_path / "afile" / "m.json"), command="classify")
+    outdir.check_file_out(str(tmp_path / "results" / "m.json"), command="classify")
+
+
+def test_without_run_files():
+    assert outdir.without_run_files([outdir.RUN_FILE, outdir.LOCK_FILE, "config.json"]) == ["config.json"]
+    with pytest.raises(ValueError, match="unknown output kind"):
+        outdir.run_record("weights", "x")
