@@ -307,7 +307,7 @@ def _broken_source(tmp_path, how):
     ("weights truncated", "model.safetensors: tensor .* truncated"),
     ("out is a file", "out: exists and is not a directory"),
     ("out holds other files", "out: is not empty and is not an earlier import-model output"),
-    ("out under a file", "f/out: Not a directory"),
+    ("out under a file", "--out .*f/out: cannot be created .*f is a file"),  # checked before any work
 ])
 def test_cli_failures_are_one_line(tmp_path, capsys, how, message):
     hf_dir, out = _broken_source(tmp_path, how)
