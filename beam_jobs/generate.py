@@ -87,19 +87,19 @@ def run(argv=None, test_pipeline=None) -> dict:
         labels=labels, formats=formats, allow_non_private=args.allow_non_private,
         cores_per_worker=args.cores_per_worker, guidance=args.guidance, guidance_contrast=args.guidance_contrast,
     )
-    return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
-                    train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
+    private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
+                      ignore=("format", "train", "min_shared_tokens"),
+                      writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
+        return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
+                        train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 
 
 @errors.command("generate")
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
-    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
-                      ignore=("format", "train", "min_shared_tokens"),
-                      writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
-        manifest = run(argv)
+    manifest = run(argv)
     counts = ", ".join(f"{s}={v['num_examples']}" for s, v in manifest["splits"].items())
     print(f"dpsynth generate: wrote {counts} ({'private' if manifest['private'] else 'NOT PRIVATE'})")
     return 0
