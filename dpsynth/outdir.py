@@ -26,7 +26,8 @@ model, corpus and token manifests carry their kind too (field `KIND_FIELD`, "out
 
 Flags that do not change what a run writes (`EXECUTION_FLAGS`: --verbose, --resume,
 --stop-after, where private state goes, threads and the multi-host flags) are not part of the
-configuration. URLs (`gs://...`) get the kind check only where a local path is needed (no lock, no probe).
+configuration. An `--out` URL (`gs://...`, tokenize and dedup) is not held: no probe, lock or run
+record there (object stores have no `flock`).
 """
 
 from __future__ import annotations
