@@ -24,6 +24,7 @@ the control showing that the audit can see memorisation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -58,6 +59,11 @@ class CanaryConfig:
         for name in ("num_canaries", "repeats", "length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"canary {name} must be >= 1, got {getattr(self, name)}")
+
+
+def _eps(x: float | None) -> float | str | None:
+    """An epsilon as the privacy report writes it ("inf" for no privacy)."""
+    return None if x is None else ("inf" if math.isinf(x) else float(x))
 
 
 def plant(train_records: Sequence[dict], canaries: Sequence[str], labels: Sequence[str],
@@ -108,7 +114,6 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
     """
     from dpsynth.data.tokenizers import load_tokenizer
     from dpsynth.dp import audit
-    from dpsynth.evaluate.corpora import read_corpus
     from dpsynth.generate.job import GenerateConfig, generate
     from dpsynth.owner_only import make_private_dir
     from dpsynth.train.finetune import dp_tune
@@ -126,16 +131,16 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
     generate(GenerateConfig(model_dir=model_dir, out_dir=corpus_dir, num_examples=num_examples,
                             valid_examples=valid_examples, allow_non_private=not result.report.get("private", False),
                             **(generate_options or {})), beam_args=beam_args)
-    corpus = read_corpus(corpus_dir)
-    synthetic = [r["text"] for r in corpus.train + corpus.valid]
+    from dpsynth.release_audit.run import read_release
+
+    synthetic = [r["text"] for r in read_release(corpus_dir)[0]]
     scores, runs = score_canaries(synthetic, inserted + held_out, tokenizer, order=canaries.order)
     k = canaries.num_canaries
     stats = audit.canary_statistics(scores[:k], scores[k:], delta=result.delta)
     return {
         "canaries": dataclasses.asdict(canaries),
         "attacker": f"{canaries.order}-gram LM fit on the synthetic corpus only (mean log-probability per token)",
-        "accounted_epsilon": None if accounted is None else float(accounted),
-        "target_epsilon": float(tune_config.epsilon), "delta": float(result.delta),
+        "accounted_epsilon": _eps(accounted), "target_epsilon": _eps(tune_config.epsilon), "delta": float(result.delta),
         "accountant": tune_config.accountant, "dp_tune_steps": int(result.steps),
         "num_train_with_canaries": len(augmented), "num_synthetic": len(synthetic),
         **stats,
@@ -143,3 +148,68 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
                                   "inserted_max": int(runs[:k].max()), "held_out_max": int(runs[k:].max())},
         "work_dir": work_dir,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """How the audited corpus was made, as its files record it (what a canary run repeats)."""
+
+    model_dir: str
+    base_dir: str | None
+    tune_config: Any  # dpsynth.train.finetune.TuneConfig, with a fresh secret seed
+    labels: tuple[str, ...]
+    num_examples: int
+    valid_examples: int
+    generate_options: dict[str, Any]
+
+
+def replay_of(corpus_dir: str) -> Replay:
+    """Reads the dp-tune config (the generator model's manifest) and the generation config
+    (`generation_config.json`) of a synthetic corpus, to rerun both with canaries planted.
+
+    The recorded seed is withheld from the manifest, so the rerun draws a secret one; a
+    DP label histogram is replaced by its recorded (released) weights.
+    """
+    from dpsynth import fileio
+    from dpsynth.generate.postprocess import PostprocessConfig
+    from dpsynth.release_audit.run import AuditError
+    from dpsynth.train.finetune import TuneConfig
+
+    def read(path):
+        try:
+            return fileio.read_json(path)
+        except (OSError, ValueError) as e:
+            raise AuditError(f"{path}: unreadable ({e})") from e
+
+    gen = read(os.path.join(corpus_dir, "generation_config.json"))
+    model_dir = gen.get("model_dir")
+    if not model_dir or not os.path.isfile(os.path.join(model_dir, "manifest.json")):
+        raise AuditError(f"{corpus_dir}: its generator model {model_dir!r} is not here (the canary run repeats its dp-tune)")
+    manifest = read(os.path.join(model_dir, "manifest.json"))
+    recorded = dict((manifest.get("dp_tune") or {}).get("config") or {})
+    if not recorded:
+        raise AuditError(f"{model_dir}/manifest.json: records no dp-tune config (not a DP-tuned model)")
+    fields = {f.name for f in dataclasses.fields(TuneConfig)}
+    recorded = {k: v for k, v in recorded.items() if k in fields and k != "seed"}
+    if recorded.get("epsilon") == "inf":
+        recorded["epsilon"] = math.inf
+    try:
+        tune = TuneConfig(**recorded)
+    except (TypeError, ValueError) as e:
+        raise AuditError(f"{model_dir}/manifest.json: its dp-tune config cannot be replayed ({e})") from e
+    sampler = gen.get("sampler") or {}
+    options: dict[str, Any] = {k: sampler[k] for k in ("temperature", "top_k", "num_decodes", "max_len", "batch_size",
+                                                      "guidance") if sampler.get(k) is not None}
+    options["seed"] = int(gen.get("seed", 0))
+    options["examples_per_shard"] = int(gen.get("examples_per_shard", 256))
+    if gen.get("guidance_contrast"):
+        options["guidance_contrast"] = gen["guidance_contrast"]
+    if gen.get("postprocess"):
+        post = {k: tuple(v) if isinstance(v, list) else v for k, v in gen["postprocess"].items()}
+        options["postprocess"] = PostprocessConfig(**post)
+    labels = tuple((gen.get("label_distribution") or {}).get("labels") or manifest.get("labels") or ())
+    counts = gen.get("num_examples") or {}
+    base = manifest.get("base")
+    return Replay(model_dir=model_dir, base_dir=base.get("path") if isinstance(base, dict) else None, tune_config=tune,
+                  labels=labels, num_examples=int(counts.get("train", 0)), valid_examples=int(counts.get("valid", 0)),
+                  generate_options=options)
