@@ -167,8 +167,8 @@ def replay_of(corpus_dir: str) -> Replay:
     """Reads the dp-tune config (the generator model's manifest) and the generation config
     (`generation_config.json`) of a synthetic corpus, to rerun both with canaries planted.
 
-    The recorded seed is withheld from the manifest, so the rerun draws a secret one; a
-    DP label histogram is replaced by its recorded (released) weights.
+    The recorded seed is withheld from the manifest, so the rerun draws a secret one; labels
+    are drawn uniformly (a DP label histogram is not redrawn: it would spend budget anew).
     """
     from dpsynth import fileio
     from dpsynth.generate.postprocess import PostprocessConfig

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth import fileio
+from dpsynth.data import dead_letters
 from dpsynth.errors import DpsynthError
 from dpsynth.release_audit import copying
 
@@ -67,6 +68,12 @@ def check_out(out_dir: str, corpus_dir: str) -> str:
         raise AuditError(str(e)) from e
     if os.path.exists(os.path.join(out_dir, REPORT_JSON)):
         raise AuditError(f"{out_dir}: already holds {REPORT_JSON}; choose another --out or delete it")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise AuditError(f"{out_dir}: exists and is not a directory")
+    foreign = sorted(set(os.listdir(out_dir)) - {dead_letters.FILE}) if os.path.isdir(out_dir) else []
+    if foreign:
+        raise AuditError(f"{out_dir}: holds other files ({foreign[0]}, ...), e.g. another command's output or an "
+                         "interrupted audit; choose another --out or delete it")
     out_dir = make_private_dir(out_dir)
     if not os.access(out_dir, os.W_OK):
         raise AuditError(f"{out_dir}: not writable")
@@ -82,7 +89,8 @@ def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], 
     Args:
       corpus_dir: the synthetic corpus.
       train, test: D_train and D_test records ({"text", ...}).
-      out_dir: owner-only output directory, outside `corpus_dir`; refused if it holds a report.
+      out_dir: owner-only output directory, outside `corpus_dir`; refused if it holds anything
+        but the command's dead letters (another command's output, a report, an interrupted run).
       tokenizer: default: the tokenizer of the corpus's generator model (`manifest.json` `model_dir`).
       thresholds, seed, significance, threads: see `copying.copying_audit`.
       canary_run: a callable `(work_dir) -> dict` running the canary audit (e.g.

@@ -64,6 +64,13 @@ def test_refusals(tmp_path):
     run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
     with pytest.raises(run.AuditError, match="already holds"):
         run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
+    other = tmp_path / "model"
+    other.mkdir()
+    (other / "manifest.json").write_text("{}")
+    mode = os.stat(other).st_mode
+    with pytest.raises(run.AuditError, match="holds other files"):
+        run.audit_release(corpus, train, test, str(other), tokenizer=_WordTokenizer())
+    assert os.stat(other).st_mode == mode and os.listdir(other) == ["manifest.json"]  # left as it was
     os.remove(os.path.join(corpus, "manifest.json"))
     with pytest.raises(run.AuditError, match="no manifest.json"):
         run.audit_release(corpus, train, test, str(tmp_path / "audit2"), tokenizer=_WordTokenizer())
