@@ -291,7 +291,8 @@ def test_longest_shared_with_against_brute_force():
     rng = np.random.default_rng(3)
     refs = [rng.integers(0, 6, size=rng.integers(0, 25)) for _ in range(9)]
     docs = [rng.integers(0, 6, size=rng.integers(0, 20)) for _ in range(12)]
-    docs.append(np.concatenate([refs[1][:0], rng.integers(0, 6, 30)]))
+    refs[1] = rng.integers(0, 6, 24)
+    docs.append(np.concatenate([rng.integers(0, 6, 3), refs[1], rng.integers(0, 6, 3)]))  # a planted copy
     got = longest_shared_with(refs, docs)
     assert got.dtype == np.int64 and got.tolist() == [brute(d, refs) for d in docs]
     # A sequence spanning two reference documents is not shared (no match crosses a document end).
