@@ -14,7 +14,12 @@ Reported (`copying_audit`):
     never saw its training records is then as close to the subsample as to D_test: for each
     synthetic example, P(closer to D_train) = P(closer to D_test). `share_closer_to_train`
     counts ties as halves (0.5 = no memorisation) and a one-sided sign test over the untied
-    examples gives `p_value`; the verdict is "memorising" when p < `significance`;
+    examples gives `p_value`. The same test over the examples whose closer match is longer
+    than what half of the held-out real records share with D_train (`beyond_common_phrases`)
+    separates copying from phrase statistics (`verdict`): significant there (p < `significance`)
+    is "memorising"; significant only over all lengths means the generator learned common
+    phrases of its training sample (DP bounds each record's influence, not the sample's), and
+    says so; neither is "no evidence of memorisation";
   * the same measure for the held-out real records (D_test against all of D_train): how close
     real text that was not trained on sits to D_train, the scale to read the synthetic
     distribution against.
@@ -37,6 +42,7 @@ DEFAULT_THRESHOLDS = (DEFAULT_MIN_TOKENS, 20)
 DEFAULT_SIGNIFICANCE = 0.05
 HISTOGRAM_EDGES = (0, 1, 2, 4, 8, 12, 16, 20, 32, 50, 64, 128, 256)
 MEMORISING, NO_EVIDENCE = "memorising", "no evidence of memorisation"
+SHORT_ONLY = "closer to D_train in common-phrase lengths only (sample statistics, no record-specific copying found)"
 
 
 def distribution(longest: np.ndarray) -> dict[str, Any]:
@@ -53,28 +59,48 @@ def distribution(longest: np.ndarray) -> dict[str, Any]:
             "max": int(a.max()), "histogram": hist}
 
 
-def closer_test(to_train: np.ndarray, to_test: np.ndarray, significance: float = DEFAULT_SIGNIFICANCE) -> dict[str, Any]:
+def closer_test(to_train: np.ndarray, to_test: np.ndarray, *, min_length: int = 1) -> dict[str, Any]:
     """Sign test of "closer to D_train than to D_test" over paired closeness values.
 
     Args:
       to_train, to_test: per synthetic example, its longest shared sequence with the
         size-matched D_train subsample and with D_test.
-      significance: the verdict's level.
+      min_length: only the examples whose closer match has >= this many tokens count.
 
     Returns:
-      counts (closer to train / to test / ties), `share_closer_to_train` (ties as halves),
-      the one-sided binomial `p_value` of "closer to train" among untied examples, `verdict`.
+      `min_length`, `num_examples` counted, counts (closer to train / to test / ties),
+      `share_closer_to_train` (ties as halves; 0.5 when none counts) and the one-sided
+      binomial `p_value` of "closer to train" among the untied examples.
     """
     a, b = np.asarray(to_train, np.int64), np.asarray(to_test, np.int64)
     if a.shape != b.shape:
         raise ValueError(f"paired closeness arrays differ in shape: {a.shape} vs {b.shape}")
+    keep = np.maximum(a, b) >= min_length
+    a, b = a[keep], b[keep]
     wins, losses = int(np.sum(a > b)), int(np.sum(a < b))
     ties = int(a.size - wins - losses)
     share = (wins + 0.5 * ties) / a.size if a.size else 0.5
     p = float(scipy.stats.binom.sf(wins - 1, wins + losses, 0.5)) if wins + losses else 1.0
-    return {"closer_to_train": wins, "closer_to_test": losses, "ties": ties, "share_closer_to_train": float(share),
-            "p_value": p, "significance": float(significance),
-            "verdict": MEMORISING if p < significance else NO_EVIDENCE}
+    return {"min_length": int(min_length), "num_examples": int(a.size), "closer_to_train": wins,
+            "closer_to_test": losses, "ties": ties, "share_closer_to_train": float(share), "p_value": p}
+
+
+def verdict(to_train: np.ndarray, to_test: np.ndarray, phrase_length: int,
+            significance: float = DEFAULT_SIGNIFICANCE) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(verdict, the test over all examples, the test beyond common phrases).
+
+    `phrase_length`: matches of at least this many tokens are longer than what half of the
+    held-out real records share with D_train, i.e. longer than the phrases anyone writes.
+    A corpus significantly closer to D_train at such lengths is `MEMORISING`; one closer only
+    over all lengths has learned D_train's sample statistics (common phrases of that sample;
+    a DP model may, as it bounds each record's influence, not the sample's) and gets
+    `SHORT_ONLY`; otherwise `NO_EVIDENCE`.
+    """
+    overall = closer_test(to_train, to_test)
+    beyond = closer_test(to_train, to_test, min_length=max(1, int(phrase_length)))
+    if beyond["p_value"] < significance:
+        return MEMORISING, overall, beyond
+    return (SHORT_ONLY if overall["p_value"] < significance else NO_EVIDENCE), overall, beyond
 
 
 def copying_audit(synthetic: Sequence[np.ndarray], train: Sequence[np.ndarray], test: Sequence[np.ndarray], *,
@@ -102,6 +128,8 @@ def copying_audit(synthetic: Sequence[np.ndarray], train: Sequence[np.ndarray], 
     test_pick = np.sort(np.random.default_rng(seed + 1).choice(len(test), size=n, replace=False))
     to_test = longest_shared_with([test[i] for i in test_pick], synthetic, threads)
     real_to_train = longest_shared_with(train, test, threads)
+    phrase_length = int(np.percentile(real_to_train, 50)) + 1
+    found, overall, beyond = verdict(to_train, to_test, phrase_length, significance)
     return {
         "num_synthetic": len(synthetic), "num_train": len(train), "num_test": len(test),
         "longest_shared_with_train": int(longest.max()),
@@ -111,7 +139,7 @@ def copying_audit(synthetic: Sequence[np.ndarray], train: Sequence[np.ndarray], 
             "reference_size": n, "seed": int(seed),
             "synthetic_to_train_subsample": distribution(to_train),
             "synthetic_to_test": distribution(to_test),
-            **closer_test(to_train, to_test, significance),
+            **overall, "beyond_common_phrases": beyond, "significance": float(significance), "verdict": found,
         },
         "test_to_train": distribution(real_to_train),
     }

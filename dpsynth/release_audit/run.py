@@ -163,7 +163,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | {_f(d['mean'])} | {_f(d['p50'])} | {_f(d['p95'])} | {_f(d['p99'])} | {d['max']} |")
     lines += ["", f"Closer to D_train than to D_test: {held['closer_to_train']}, closer to D_test: "
                   f"{held['closer_to_test']}, ties: {held['ties']} (share {_f(held['share_closer_to_train'])}; "
-                  f"0.5 = no memorisation); sign test p = {_f(held['p_value'])}.", "",
+                  f"0.5 = no memorisation); sign test p = {_f(held['p_value'])}.",
+              f"Among the {held['beyond_common_phrases']['num_examples']} examples whose closer match has >= "
+              f"{held['beyond_common_phrases']['min_length']} tokens (longer than half the held-out real records share "
+              f"with D_train): {held['beyond_common_phrases']['closer_to_train']} closer to D_train, "
+              f"{held['beyond_common_phrases']['closer_to_test']} to D_test; p = "
+              f"{_f(held['beyond_common_phrases']['p_value'])}.", "",
               f"**Verdict: {held['verdict']}** (at significance {held['significance']})."]
     k = report.get("canaries")
     if k:

@@ -46,7 +46,19 @@ def test_closer_test_counts_and_sign_test():
     assert (got["closer_to_train"], got["closer_to_test"], got["ties"]) == (2, 1, 1)
     assert got["share_closer_to_train"] == pytest.approx(2.5 / 4)
     assert got["p_value"] == pytest.approx(0.5)  # P(Binomial(3, 1/2) >= 2)
-    assert got["verdict"] == copying.NO_EVIDENCE
+    long = copying.closer_test(np.array([5, 5, 3, 1]), np.array([1, 5, 2, 4]), min_length=4)
+    assert (long["num_examples"], long["closer_to_train"], long["closer_to_test"], long["ties"]) == (3, 1, 1, 1)
+
+
+def test_verdict_separates_copying_from_phrase_statistics():
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 2, 60)
+    short = copying.verdict(np.full(60, 5) + noise, np.full(60, 4), phrase_length=8)  # closer, in short phrases
+    assert short[0] == copying.SHORT_ONLY and short[1]["p_value"] < 1e-6 and short[2]["num_examples"] == 0
+    long = copying.verdict(np.r_[np.full(20, 12), np.full(40, 4)], np.full(60, 4), phrase_length=8)
+    assert long[0] == copying.MEMORISING and long[2]["closer_to_train"] == 20
+    same = copying.verdict(np.full(60, 5), np.full(60, 5), phrase_length=8)
+    assert same[0] == copying.NO_EVIDENCE
 
 
 def test_verdict_separates_a_memorising_corpus_from_a_fresh_one():
