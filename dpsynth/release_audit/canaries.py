@@ -133,7 +133,7 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
                             **(generate_options or {})), beam_args=beam_args)
     from dpsynth.release_audit.run import read_release
 
-    synthetic = [r["text"] for r in read_release(corpus_dir)[0]]
+    synthetic = [r["text"] for r in read_release(corpus_dir)[0]]  # (empty rows carry no canary)
     scores, runs = score_canaries(synthetic, inserted + held_out, tokenizer, order=canaries.order)
     k = canaries.num_canaries
     stats = audit.canary_statistics(scores[:k], scores[k:], delta=result.delta)

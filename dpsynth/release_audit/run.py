@@ -34,8 +34,10 @@ class AuditError(DpsynthError, ValueError):
     """Bad input of `dpsynth audit` (names the file and the reason)."""
 
 
-def read_release(corpus_dir: str) -> tuple[list[dict], dict]:
-    """The records of every split of a synthetic corpus (as its manifest lists them) and the manifest.
+def read_release(corpus_dir: str) -> tuple[list[dict], dict, int]:
+    """The records of every split of a synthetic corpus (as its manifest lists them), the
+    manifest, and the number of rows skipped (empty, non-text or unlabeled; counted, as every
+    corpus reader does, `dpsynth.evaluate.corpora`).
 
     A directory without `manifest.json` (an unfinished or foreign directory) is refused.
     """
@@ -51,10 +53,12 @@ def read_release(corpus_dir: str) -> tuple[list[dict], dict]:
     if manifest.get("format") != "dpsynth.synthetic" or not isinstance(manifest.get("splits"), dict):
         raise AuditError(f"{path}: not a synthetic corpus manifest (format {manifest.get('format')!r})")
     records: list[dict] = []
+    skipped = 0
     for split in sorted(manifest["splits"]):
-        rows, _ = read_jsonl_split(os.path.join(corpus_dir, f"{split}.jsonl"))
+        rows, invalid = read_jsonl_split(os.path.join(corpus_dir, f"{split}.jsonl"))
         records.extend(rows)
-    return records, manifest
+        skipped += invalid
+    return records, manifest, skipped
 
 
 def check_out(out_dir: str, corpus_dir: str) -> str:
@@ -100,7 +104,7 @@ def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], 
       The report (also written to `out_dir/release_audit.json` and `.md`).
     """
     out_dir = check_out(out_dir, corpus_dir)
-    synthetic, manifest = read_release(corpus_dir)
+    synthetic, manifest, skipped = read_release(corpus_dir)
     if tokenizer is None:
         from dpsynth.data.tokenizers import load_tokenizer
 
@@ -112,7 +116,7 @@ def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], 
     report: dict[str, Any] = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "dp": False, "notice": NOTICE,
         "synthetic_corpus": os.path.abspath(corpus_dir), "corpus_config_hash": manifest.get("config_hash"),
-        "corpus_private": manifest.get("private"),
+        "corpus_private": manifest.get("private"), "synthetic_rows_skipped": skipped,
         "copying": copying.copying_audit(enc(synthetic), enc(train), enc(test), thresholds=thresholds, seed=seed,
                                          significance=significance, threads=threads),
     }
@@ -152,7 +156,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     held = c["held_out_comparison"]
     lines = ["# Release audit (owner-only, NOT differentially private)", "", report["notice"], "",
              f"Synthetic corpus: `{report['synthetic_corpus']}`", "", "## Copying", "",
-             f"- {c['num_synthetic']} synthetic examples against {c['num_train']} D_train and {c['num_test']} D_test "
+             f"- {c['num_synthetic']} synthetic examples ({report['synthetic_rows_skipped']} empty or unlabeled rows "
+             f"skipped) against {c['num_train']} D_train and {c['num_test']} D_test "
              f"records; longest sequence shared with D_train: {c['longest_shared_with_train']} tokens."]
     lines += [f"- sharing >= {t} tokens with D_train: {n} of {c['num_synthetic']}" for t, n in c["sharing_at_least"].items()]
     lines += ["", "| closeness (longest shared tokens) | mean | p50 | p95 | p99 | max |", "|---|---|---|---|---|---|"]

@@ -40,7 +40,7 @@ def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
     train, test = _records(40, 0, "tr"), _records(20, 1, "te")
     synth = [{"text": r["text"], "label": "a"} for r in train[:10]] + [{"text": r["text"], "label": "a"}
                                                                        for r in _records(10, 2, "s")]
-    corpus = _corpus(tmp_path, synth)
+    corpus = _corpus(tmp_path, synth + [{"text": "w1 w2 w3 unlabeled", "label": ""}])
     out = str(tmp_path / "private" / "audit")
     rep = run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer(), thresholds=(20, 25))
     for path in (out, os.path.join(out, run.REPORT_JSON), os.path.join(out, run.REPORT_MD)):
@@ -50,6 +50,7 @@ def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
     assert c["sharing_at_least"] == {"25": 10, "20": 10} and c["longest_shared_with_train"] == 25
     assert c["held_out_comparison"]["verdict"] == copying.MEMORISING
     assert rep["dp"] is False and "NOT differentially private" in rep["notice"]
+    assert rep["synthetic_rows_skipped"] == 1 and c["num_synthetic"] == 20  # counted, not silently dropped
     written = open(os.path.join(out, run.REPORT_JSON)).read() + open(os.path.join(out, run.REPORT_MD)).read()
     assert not any(r["text"] in written for r in train + test + synth)  # no record text, only numbers
     assert "Verdict: memorising" in open(os.path.join(out, run.REPORT_MD)).read()
