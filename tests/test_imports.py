@@ -8,7 +8,7 @@ cannot hide behind a function-level import. The layers, bottom up:
     2  dpsynth.beam, dpsynth.models
     3  dpsynth.train
     4  dpsynth.generate, dpsynth.evaluate
-    5  dpsynth.experiment
+    5  dpsynth.experiment, dpsynth.release_audit
     6  the entry points inside the package (dpsynth.cli, dpsynth.demo)
 
 Run `python tests/test_imports.py` for the figures (cycles, arrows back up, function-level imports).
@@ -29,7 +29,7 @@ LAYERS = {
     "dpsynth.beam": 2, "dpsynth.models": 2,
     "dpsynth.train": 3,
     "dpsynth.generate": 4, "dpsynth.evaluate": 4,
-    "dpsynth.experiment": 5,
+    "dpsynth.experiment": 5, "dpsynth.release_audit": 5,
     "dpsynth.cli": 6, "dpsynth.demo": 6,
 }
 ENTRY_POINT_PACKAGES = ("trainers", "beam_jobs")

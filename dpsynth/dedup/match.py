@@ -298,3 +298,15 @@ def count_shared(
 def longest_shared(index: SensitiveIndex, tokens: np.ndarray, threads: int = 1) -> int:
     """The longest token sequence of `tokens` that occurs in some sensitive document."""
     return int(shared_lengths(index, [tokens], threads)[0])
+
+
+def longest_shared_with(reference: Sequence[np.ndarray], docs: Sequence[np.ndarray], threads: int = 1) -> np.ndarray:
+    """Per document of `docs`, the longest token sequence it shares with any document of
+    `reference` (both lists of token-id arrays): `shared_lengths` over a one-dataset index of
+    `reference` (no match crosses a document end on either side)."""
+    from dpsynth.data.token_shards import TokenShard
+    from dpsynth.dedup.index import SensitiveIndex
+
+    tokens, offsets = _as_documents(reference)
+    shard = TokenShard("reference", tokens, offsets, [{"id": str(i)} for i in range(len(reference))])
+    return np.asarray(shared_lengths(SensitiveIndex.build([("reference", shard)]), docs, threads), np.int64)

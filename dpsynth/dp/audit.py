@@ -19,7 +19,15 @@ Statistics:
     canary indistinguishable from held-out ones has expected exposure
     `chance_exposure(k)` (rank uniform on 1..k+1);
   * the auditor's Clopper-Pearson epsilon lower bound (95% confidence, Bonferroni over
-    thresholds; it treats the canaries as independent trials, so read it as indicative).
+    thresholds; it treats the canaries as independent trials, so read it as indicative);
+  * the one-run lower bound (`CanaryScoreAuditor.epsilon_one_run`, Steinke et al. 2023,
+    "Privacy Auditing with One (1) Training Run"): valid for one training run when each
+    canary's inclusion is an independent fair coin. The canaries here are i.i.d. random
+    texts and which half is inserted is fixed before they are drawn, so that holds.
+
+`canary_statistics` computes all of these from two score arrays (it is also the scorer of the
+release audit, `dpsynth.release_audit.canaries`, which scores canaries under an LM trained on
+the synthetic corpus instead of under the model).
 
 At small epsilon the AUROC stays near 0.5 and the exposure near chance; without DP (and
 with repeats) the model memorises the canaries and both rise (tests/train/test_finetune.py).
@@ -59,6 +67,46 @@ def exposures(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
     out_scores = np.asarray(out_scores)
     ranks = 1 + np.array([(out_scores > s).sum() for s in np.asarray(in_scores)])
     return math.log2(out_scores.size + 1) - np.log2(ranks)
+
+
+DEFAULT_SIGNIFICANCE = 0.05  # the epsilon lower bounds hold with probability 95%
+
+
+def canary_statistics(in_scores, out_scores, *, delta: float,
+                      significance: float = DEFAULT_SIGNIFICANCE) -> dict[str, float | int]:
+    """AUROC, exposure and the epsilon lower bounds of "inserted vs held-out" canary scores.
+
+    Args:
+        in_scores, out_scores: scores of the inserted and the held-out canaries (higher =
+            judged more likely a member).
+        delta: delta of the epsilon lower bounds (in (0, 1]).
+        significance: the bounds hold with probability 1 - significance.
+
+    Returns:
+        A dict of numbers: `num_inserted`, `num_held_out`, `auroc`, `mean_exposure`,
+        `max_exposure`, `chance_exposure`, `epsilon_lb_clopper_pearson`, `epsilon_lb_one_run`,
+        `significance`, `delta`.
+    """
+    in_scores, out_scores = np.asarray(in_scores, np.float64), np.asarray(out_scores, np.float64)
+    if in_scores.size < 1 or out_scores.size < 1:
+        raise ValueError(f"canary statistics need >= 1 inserted and >= 1 held-out score, got "
+                         f"{in_scores.size} and {out_scores.size}")
+    if not (np.all(np.isfinite(in_scores)) and np.all(np.isfinite(out_scores))):
+        raise ValueError("canary scores must be finite")
+    auditor = auditing.CanaryScoreAuditor(in_scores, out_scores)
+    exp = exposures(in_scores, out_scores)
+    return {
+        "num_inserted": int(in_scores.size),
+        "num_held_out": int(out_scores.size),
+        "auroc": float(auditor.attack_auroc()),
+        "mean_exposure": float(exp.mean()),
+        "max_exposure": float(exp.max()),
+        "chance_exposure": chance_exposure(int(out_scores.size)),
+        "epsilon_lb_clopper_pearson": float(auditor.epsilon_clopper_pearson(significance, delta)),
+        "epsilon_lb_one_run": float(auditor.epsilon_one_run(significance, delta)),
+        "significance": float(significance),
+        "delta": float(delta),
+    }
 
 
 @dataclasses.dataclass
@@ -110,11 +158,8 @@ def canary_audit(
     loss = train(augmented)
     scores = -np.asarray(loss(inserted + held_out), np.float64)
     in_scores, out_scores = scores[:k], scores[k:]
-    auditor = auditing.CanaryScoreAuditor(in_scores, out_scores)
-    exp = exposures(in_scores, out_scores)
     delta = delta if delta is not None else 1.0 / len(augmented)
-    eps_lb = float(auditor.epsilon_clopper_pearson(0.05, delta))
-    return AuditResult(epsilon=epsilon, num_canaries=k, repeats=repeats,
-                       auroc=float(auditor.attack_auroc()), mean_exposure=float(exp.mean()),
-                       chance_exposure=chance_exposure(k), max_exposure=float(exp.max()),
-                       epsilon_lower_bound=eps_lb)
+    stats = canary_statistics(in_scores, out_scores, delta=delta)
+    return AuditResult(epsilon=epsilon, num_canaries=k, repeats=repeats, auroc=stats["auroc"],
+                       mean_exposure=stats["mean_exposure"], chance_exposure=stats["chance_exposure"],
+                       max_exposure=stats["max_exposure"], epsilon_lower_bound=stats["epsilon_lb_clopper_pearson"])

@@ -82,16 +82,10 @@ def memorisation_stats(
       longest shared length overall, how many synthetic docs share >= `min_tokens` tokens,
       and a histogram of the per-document longest shared lengths.
     """
-    from dpsynth.dedup.index import SensitiveIndex
-    from dpsynth.dedup.match import shared_lengths
-    from dpsynth.data.token_shards import TokenShard
+    from dpsynth.dedup.match import longest_shared_with
 
-    offsets = np.zeros(len(train_docs) + 1, np.int64)
-    np.cumsum([len(d) for d in train_docs], out=offsets[1:])
-    flat = np.concatenate([np.asarray(d, np.int32) for d in train_docs]) if train_docs else np.zeros(0, np.int32)
-    shard = TokenShard("train", flat, offsets, [{"id": str(i)} for i in range(len(train_docs))])
-    index = SensitiveIndex.build([("train", shard)])
-    longest = np.asarray(shared_lengths(index, [np.asarray(d, np.int64) for d in synth_docs]), np.int64)
+    longest = longest_shared_with([np.asarray(d, np.int64) for d in train_docs],
+                                  [np.asarray(d, np.int64) for d in synth_docs])
     return {
         "min_shared_tokens": int(min_tokens),
         "longest_shared_tokens": int(longest.max()) if longest.size else 0,

@@ -1,0 +1,103 @@
+"""`audit_release` and `dpsynth audit`: owner-only output, refusals, the report's figures."""
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from dpsynth import cli
+from dpsynth.release_audit import copying, run
+
+
+class _WordTokenizer:
+    """Words -> ids (a fixed vocabulary grown on first sight); enough for the suffix-array measure."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def encode_batch(self, texts):
+        return [np.array([self.ids.setdefault(w, len(self.ids) + 4) for w in t.split()], np.int64) for t in texts]
+
+
+def _records(n, seed, prefix):
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(30)]
+    return [{"id": f"{prefix}{i}", "text": " ".join(rng.choice(words, size=25)), "label": "a"} for i in range(n)]
+
+
+def _corpus(tmp_path, rows, name="synth"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "manifest.json").write_text(json.dumps({"format": "dpsynth.synthetic", "splits": {"train": {}},
+                                                 "config_hash": "ab" * 32, "private": True}))
+    return str(d)
+
+
+def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
+    train, test = _records(40, 0, "tr"), _records(20, 1, "te")
+    synth = [{"text": r["text"], "label": "a"} for r in train[:10]] + [{"text": r["text"], "label": "a"}
+                                                                       for r in _records(10, 2, "s")]
+    corpus = _corpus(tmp_path, synth + [{"text": "w1 w2 w3 unlabeled", "label": ""}])
+    out = str(tmp_path / "private" / "audit")
+    rep = run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer(), thresholds=(20, 25))
+    for path in (out, os.path.join(out, run.REPORT_JSON), os.path.join(out, run.REPORT_MD)):
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        assert mode == (0o700 if os.path.isdir(path) else 0o600), (path, oct(mode))
+    c = rep["copying"]
+    assert c["sharing_at_least"] == {"25": 10, "20": 10} and c["longest_shared_with_train"] == 25
+    assert c["held_out_comparison"]["verdict"] == copying.MEMORISING
+    assert rep["dp"] is False and "NOT differentially private" in rep["notice"]
+    assert rep["synthetic_rows_skipped"] == 1 and c["num_synthetic"] == 20  # counted, not silently dropped
+    written = open(os.path.join(out, run.REPORT_JSON)).read() + open(os.path.join(out, run.REPORT_MD)).read()
+    assert not any(r["text"] in written for r in train + test + synth)  # no record text, only numbers
+    assert "Verdict: memorising" in open(os.path.join(out, run.REPORT_MD)).read()
+
+
+def test_refusals(tmp_path):
+    train, test = _records(5, 0, "tr"), _records(5, 1, "te")
+    corpus = _corpus(tmp_path, [{"text": "w1 w2", "label": "a"}])
+    with pytest.raises(run.AuditError, match="inside the released directory"):
+        run.audit_release(corpus, train, test, os.path.join(corpus, "audit"), tokenizer=_WordTokenizer())
+    out = str(tmp_path / "audit")
+    run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
+    with pytest.raises(run.AuditError, match="already holds"):
+        run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
+    other = tmp_path / "model"
+    other.mkdir()
+    (other / "manifest.json").write_text("{}")
+    mode = os.stat(other).st_mode
+    with pytest.raises(run.AuditError, match="holds other files"):
+        run.audit_release(corpus, train, test, str(other), tokenizer=_WordTokenizer())
+    assert os.stat(other).st_mode == mode and os.listdir(other) == ["manifest.json"]  # left as it was
+    os.remove(os.path.join(corpus, "manifest.json"))
+    with pytest.raises(run.AuditError, match="no manifest.json"):
+        run.audit_release(corpus, train, test, str(tmp_path / "audit2"), tokenizer=_WordTokenizer())
+
+
+def test_cli_audit_end_to_end_and_one_line_errors(tmp_path, tiny_corpus, capsys):
+    """`dpsynth audit` with a real tokenizer directory: exit 0 and the headline JSON; a bad
+    input is one line and exit 2 with no report written."""
+    from dpsynth.data.readers import write_jsonl
+
+    _, tok_path, tok = tiny_corpus
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.model").write_bytes(open(tok_path, "rb").read())
+    train, test = _records(30, 0, "tr"), _records(12, 1, "te")
+    write_jsonl(str(tmp_path / "train.jsonl"), train)
+    write_jsonl(str(tmp_path / "test.jsonl"), test)
+    corpus = _corpus(tmp_path, [{"text": r["text"], "label": "a"} for r in train[:3] + _records(9, 3, "s")])
+    argv = ["audit", "--corpus", corpus, "--train", str(tmp_path / "train.jsonl"), "--test", str(tmp_path / "test.jsonl"),
+            "--tokenizer", str(model), "--out", str(tmp_path / "audit")]
+    assert cli.main(argv) == 0
+    head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert head["sharing_at_least"]["20"] == 3 and "verdict" in head
+    bad = argv[:-1] + [str(tmp_path / "audit_b")]
+    bad[bad.index("--test") + 1] = str(tmp_path / "missing.jsonl")
+    assert cli.main(bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dpsynth audit: error: ") and "missing.jsonl" in err[-1]
+    assert not os.path.exists(tmp_path / "audit_b" / run.REPORT_JSON)
