@@ -20,7 +20,7 @@ accountants analyse. Entry kinds:
   mechanisms of L2 sensitivity 1 (noise std = noise_multiplier * sensitivity), e.g. the
   generator's DP label histogram.
 * `{"mechanism": "exponential", "name", "epsilon", "candidates", "dataset"}`: one pure
-  epsilon-DP selection (`dpsynth.dp.private_selection`), accounted as binary randomized response.
+  epsilon-DP selection (`dpsynth.dp.private_selection`), accounted by `accounting.exponential_event`.
 * `{"mechanism": "nonprivate", "name"}`: anything released without DP (epsilon = inf).
 * Any entry may carry `"dataset"` (default "D_train"): the part of D it reads, e.g. "D_valid" for
   a DP selection; `dpsynth.dp.private_selection.guarantee` composes the parts in parallel when the
@@ -73,10 +73,8 @@ def _event(entry: dict, accountant: str | None = None) -> dp_accounting.DpEvent:
     if kind == "nonprivate":
         return dp_accounting.NonPrivateDpEvent()
     if kind == "exponential":
-        from dpsynth.dp import private_selection
-
         accounting.check_epsilon(entry["epsilon"])
-        return private_selection.exponential_event(entry["epsilon"], accountant)
+        return accounting.exponential_event(entry["epsilon"], accountant)
     raise ValueError(f"unknown ledger entry mechanism {kind!r}")
 
 

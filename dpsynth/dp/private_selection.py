@@ -11,7 +11,7 @@ released, through one of two mechanisms (`DpSelection.mechanism`):
   predictions under add-or-remove adjacency) eps' = epsilon; otherwise eps' = epsilon / 2
   (McSherry and Talwar 2007; Dwork and Roth 2014, Thm 3.10 and its remark on monotone scores).
   Ledger entry `{"mechanism": "exponential", "name", "epsilon", "candidates", "dataset"}`: pure
-  epsilon-DP; the RDP accountant composes it as epsilon^2/8-zCDP (`exponential_event`), a part of
+  epsilon-DP; the RDP accountant composes it as epsilon^2/8-zCDP (`accounting.exponential_event`), a part of
   D read by such selections alone costs at most the sum of their epsilons (`guarantee`).
 * `GAUSSIAN`: report-noisy-max with N(0, sigma^2) noise on each of the k counts; releasing all k
   noisy counts is a Gaussian mechanism of L2 sensitivity sqrt(k), i.e. the ledger entry
@@ -130,20 +130,6 @@ class DpSelection:
     def to_json(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "delta": self.delta, "monotone": self.monotone,
                 "sensitivity": SENSITIVITY}
-
-
-def exponential_event(epsilon: float, accountant: str | None = None) -> dp_accounting.DpEvent:
-    """The event of one exponential-mechanism selection at `epsilon`, for `accountant`.
-
-    RDP: epsilon^2 / 8-zCDP, since the exponential mechanism is epsilon-bounded-range (Cesar and
-    Rogers 2021). PLD: unsupported (dp-accounting 0.6 has no pure-DP event under add-or-remove
-    adjacency; its randomized response needs replace-one), so the PLD epsilon of a ledger holding
-    one is None ("n/a"): use the Gaussian variant for PLD accounting. `guarantee` also bounds a
-    part holding only such selections by the sum of their epsilons (basic composition of pure DP).
-    """
-    if (accountant or accounting.DEFAULT_ACCOUNTANT) == "rdp":
-        return dp_accounting.ZCDpEvent(float(epsilon) ** 2 / 8.0)
-    return dp_accounting.UnsupportedDpEvent()
 
 
 def _check_candidates(candidates: int) -> int:
