@@ -299,10 +299,11 @@ def write_prefix(src: str, dst: str, num_train: int, num_valid: int) -> str:
 
 def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec], *, dataset_size: int,
                         valid_fraction: float = 0.1, label_distribution=None, beam_args: Sequence[str] = (),
-                        **generate_options) -> dict[str, str]:
+                        job_kwargs: Mapping[str, Any] | None = None, **generate_options) -> dict[str, str]:
     """Generates the grid under `root`: each sampling setting once at its largest multiple, smaller
     multiples as its prefixes. One label distribution (e.g. ONE DP histogram draw) serves all.
-    Returns candidate name -> corpus directory. Reruns resume (the generation job's own resume)."""
+    `generate_options`: more `GenerateConfig` fields; `job_kwargs`: more `job.generate` arguments
+    (tests: `loader`). Returns candidate name -> corpus directory. Reruns resume (the job's own resume)."""
     from dpsynth.generate import job
 
     largest: dict[str, CandidateSpec] = {}
@@ -316,7 +317,7 @@ def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec]
         job.generate(job.GenerateConfig(model_dir=model_dir, out_dir=gen_dir, num_examples=n, valid_examples=v,
                                         temperature=spec.temperature, guidance=spec.guidance,
                                         label_distribution=label_distribution, **generate_options),
-                     beam_args=beam_args)
+                     beam_args=beam_args, **dict(job_kwargs or {}))
     for c in grid:
         src = os.path.join(root, "generated", c.source_name)
         if c.multiple == largest[c.source_name].multiple:

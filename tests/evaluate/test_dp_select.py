@@ -144,3 +144,22 @@ def test_cli_on_existing_candidates(candidates, tmp_path, capsys):
     assert summary["selected"] in paths and summary["composition"] == ps.PARALLEL
     assert os.path.exists(os.path.join(out, "privacy_report.json"))
     assert cli.main(["--candidates", paths["signal"], paths["signal"], "--valid", valid_path, "--out", out]) == 2
+
+
+def test_generate_candidates_generates_each_setting_once(tmp_path):
+    from tests.generate.fakes import load_fake_bundle, write_fake_model_dir
+
+    model = write_fake_model_dir(str(tmp_path / "model"), max_len=12)
+    grid = dp_select.candidate_grid(guidances=(0.0,), temperatures=(1.0, 1.5), multiples=(1, 2))
+    paths = dp_select.generate_candidates(model, str(tmp_path / "cands"), grid, dataset_size=10, valid_fraction=0.2,
+                                          job_kwargs={"loader": load_fake_bundle}, max_len=12, batch_size=4)
+    assert sorted(paths) == ["w0-t1-x1", "w0-t1-x2", "w0-t1.5-x1", "w0-t1.5-x2"]
+    assert sorted(os.listdir(tmp_path / "cands" / "generated")) == ["w0-t1", "w0-t1.5"]  # two generation jobs
+    def lines(path, split):
+        return open(os.path.join(path, f"{split}.jsonl")).read().splitlines()
+
+    for t in ("1", "1.5"):
+        big, small = paths[f"w0-t{t}-x2"], paths[f"w0-t{t}-x1"]
+        assert [len(lines(big, "train")), len(lines(big, "valid"))] == [20, 4]
+        assert lines(small, "train") == lines(big, "train")[:10] and lines(small, "valid") == lines(big, "valid")[:2]
+        assert corpora.read_corpus(small).privacy_report == corpora.read_corpus(big).privacy_report
