@@ -75,8 +75,7 @@ def main(argv=None) -> int:
 
     args, beam_args = parser().parse_known_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    config = binding.from_args(dp_select.SelectConfig, args, [f.name for f in dp_select.dataclasses.fields(
-        dp_select.SelectConfig)])
+    config = binding.from_args(dp_select.SelectConfig, args)
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth select: ")
     dead_letters.read_checked([("valid (--valid)", args.valid)], policy)
