@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "privacy": ("dpsynth.dp.calculator:main", "privacy calculator: epsilon or noise multiplier (RDP and PLD)"),
     "generate": ("beam_jobs.generate:main", "generate synthetic train/valid splits (Beam fan-out)"),
     "classify": ("trainers.classify:main", "train a downstream classifier and test it on real data"),
+    "select": ("trainers.select:main", "the best synthetic corpus, chosen with DP on the real D_valid"),
     "evaluate": ("beam_jobs.metrics:main", "metrics and HTML report over one or many synthetic corpora"),
     "audit": ("trainers.audit:main", "owner-only audit of a synthetic corpus: copying of D_train, canaries (NOT DP)"),
     "experiment": ("dpsynth.experiment.runner:main", "run a cached grid of pipeline runs from a YAML config"),

@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
         "vocabulary": {"choices": tc.VOCABULARIES,
                        "help": "WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
                                "pieces, else hashed words)"},
+        "select_epsilon": {"help": "DP: choose the setting on --valid with DP at this epsilon (default: the non-DP "
+                                   "choice, a declared side channel)"},
+        "valid_split": {"choices": ("files", "hash", "positional"),
+                        "help": "DP: how --valid was split from D (files/hash: the selection composes in parallel)"},
         "seed": {"help": "fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
                          "default: a secret seed)"},
     })

@@ -272,3 +272,17 @@ def calibrate(
         tol=tol if tol is not None else 1e-4,
     )
     return float(sigma)
+
+
+def exponential_event(epsilon: float, accountant: str | None = None) -> dp_accounting.DpEvent:
+    """The event of one exponential-mechanism selection at `epsilon`, for `accountant`.
+
+    RDP: epsilon^2 / 8-zCDP, since the exponential mechanism is epsilon-bounded-range (Cesar and
+    Rogers 2021). PLD: unsupported (dp-accounting 0.6 has no pure-DP event under add-or-remove
+    adjacency; its randomized response needs replace-one), so the PLD epsilon of a ledger holding
+    one is None ("n/a"): use the Gaussian variant for PLD accounting. `guarantee` also bounds a
+    part holding only such selections by the sum of their epsilons (basic composition of pure DP).
+    """
+    if (accountant or DEFAULT_ACCOUNTANT) == "rdp":
+        return dp_accounting.ZCDpEvent(float(epsilon) ** 2 / 8.0)
+    return dp_accounting.UnsupportedDpEvent()

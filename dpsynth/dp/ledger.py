@@ -19,7 +19,12 @@ accountants analyse. Entry kinds:
 * `{"mechanism": "gaussian", "name", "noise_multiplier", "count"}`: `count` Gaussian
   mechanisms of L2 sensitivity 1 (noise std = noise_multiplier * sensitivity), e.g. the
   generator's DP label histogram.
+* `{"mechanism": "exponential", "name", "epsilon", "candidates", "dataset"}`: one pure
+  epsilon-DP selection (`dpsynth.dp.private_selection`), accounted by `accounting.exponential_event`.
 * `{"mechanism": "nonprivate", "name"}`: anything released without DP (epsilon = inf).
+* Any entry may carry `"dataset"` (default "D_train"): the part of D it reads, e.g. "D_valid" for
+  a DP selection; `dpsynth.dp.private_selection.guarantee` composes the parts in parallel when the
+  split is data-independent. `epsilons()` always composes every entry (sequential, an upper bound).
 
 Resume semantics: the tuner saves the ledger in every checkpoint together with the step
 counter it belongs to (`steps_recorded` must equal the training step), and a resumed run
@@ -54,7 +59,8 @@ class BudgetExceeded(DpsynthError, RuntimeError):
     """Running the planned mechanisms would exceed the privacy budget."""
 
 
-def _event(entry: dict) -> dp_accounting.DpEvent:
+def _event(entry: dict, accountant: str | None = None) -> dp_accounting.DpEvent:
+    """The event of one entry for `accountant` (only a DP selection's event depends on it)."""
     kind = entry["mechanism"]
     if mechanisms.is_training_entry(entry):  # training steps: the registered mechanism accounts them
         mech = mechanisms.get(kind)
@@ -66,6 +72,9 @@ def _event(entry: dict) -> dp_accounting.DpEvent:
         return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(entry["noise_multiplier"]), entry.get("count", 1))
     if kind == "nonprivate":
         return dp_accounting.NonPrivateDpEvent()
+    if kind == "exponential":
+        accounting.check_epsilon(entry["epsilon"])
+        return accounting.exponential_event(entry["epsilon"], accountant)
     raise ValueError(f"unknown ledger entry mechanism {kind!r}")
 
 
@@ -133,6 +142,13 @@ class PrivacyLedger:
         self.entries.append({"mechanism": "gaussian", "name": name, "noise_multiplier": float(noise_multiplier),
                              "count": int(count)})
 
+    def record_selection(self, entry: dict) -> None:
+        """Records a DP selection's entry (`private_selection.DpSelection.ledger_entry`)."""
+        if entry["mechanism"] not in ("exponential", "gaussian"):
+            raise ValueError(f"not a selection entry: {entry['mechanism']!r}")
+        _event(entry)  # validates
+        self.entries.append(copy.deepcopy(entry))
+
     def record_nonprivate(self, name: str) -> None:
         self.entries.append({"mechanism": "nonprivate", "name": name})
 
@@ -147,16 +163,23 @@ class PrivacyLedger:
         return sum(e["steps"] for e in self.entries if mechanisms.is_training_entry(e))
 
     # ------------------------------------------------------------------ accounting
-    def events(self, extra: Sequence[dict] = ()) -> list[dp_accounting.DpEvent]:
-        return [_event(e) for e in list(self.entries) + list(extra)]
+    def events(self, extra: Sequence[dict] = (), accountant: str | None = None) -> list[dp_accounting.DpEvent]:
+        return [_event(e, accountant) for e in list(self.entries) + list(extra)]
 
     def epsilon(self, accountant: str | None = None, extra: Sequence[dict] = ()) -> float:
         """Epsilon spent (plus `extra` planned entries) by one accountant."""
-        return accounting.epsilon_of_events(self.events(extra), self.delta, accountant or self.accountant)
+        accountant = accountant or self.accountant
+        return accounting.epsilon_of_events(self.events(extra, accountant), self.delta, accountant)
 
     def epsilons(self, extra: Sequence[dict] = ()) -> dict[str, float | None]:
         """Epsilon from every accountant (None where an accountant cannot analyse the events)."""
-        return accounting.epsilons_of_events(self.events(extra), self.delta)
+        out: dict[str, float | None] = {}
+        for name in accounting.ACCOUNTANTS:
+            try:
+                out[name] = self.epsilon(name, extra)
+            except accounting.UnsupportedByAccountant:
+                out[name] = None
+        return out
 
     def check_budget(self, planned: Sequence[dict] = ()) -> float:
         """Raises BudgetExceeded unless spent + planned stays within the target epsilon.

@@ -17,6 +17,12 @@ mechanisms each calibrated for k-fold composition); picking one of them is post-
 respect to D_train. The selection reads D_valid without DP: a declared side channel
 (`selection_channel`). With `SELECTED_ONLY` only the selected trial is covered; the whole
 procedure costs the composition of k such runs, which the report does not claim.
+
+The DP alternative to the non-DP choice is `dpsynth.dp.private_selection` (the exponential
+mechanism on a count of correct predictions on D_valid, accounted in the ledger): the DP-on-real
+sweep uses it with `DPConfig.select_epsilon`, and then declares no validation-based channel under
+`COMPOSED`. The tuner's sweep still chooses by the D_valid loss without DP (a loss needs a
+per-example clip before it has a bounded sensitivity).
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ class EvaluateConfig:
       dp_delta, dp_accountant: DP-on-real delta (None = 1 / |real train|) and accountant.
       dp_sweep_accounting: "composed" (all trials of a DP-on-real sweep together meet the
         epsilon) or "selected-only" (the paper's: only the selected trial is accounted).
+      dp_select_epsilon: choose each DP-on-real sweep's setting on the real D_valid with DP at this
+        epsilon (`trainer.DPConfig.select_epsilon`); None: the non-DP choice (a declared side channel).
+      dp_valid_split: how D_valid was split from D ("files", "hash" or "positional"; the fallback
+        without a real valid split, the last 10% of train, is always "positional").
       wordcnn_vocabulary: the WordCNN's vocabulary (`train_classifier.VOCABULARIES`); "auto":
         each corpus's own training set for synthetic data and the real-data baseline, the
         public pieces of model_dir's tokenizer (hashed words without model_dir) for DP-on-real.
@@ -82,6 +86,8 @@ class EvaluateConfig:
     dp_delta: float | None = None
     dp_accountant: str = "rdp"
     dp_sweep_accounting: str = "composed"
+    dp_select_epsilon: float | None = None
+    dp_valid_split: str = "files"
     wordcnn_vocabulary: str = "auto"
     real_baseline: bool = True
     perplexity: bool = True
@@ -112,12 +118,14 @@ class EvaluateConfig:
         """The sweep of classifier `kind`: `backbone_sweep` for one that fine-tunes the pretrained LM."""
         return self.backbone_sweep if registry.get(kind).uses_backbone and self.backbone_sweep is not None else self.sweep
 
-    def dp_config(self, epsilon: float, num_train: int) -> tr.DPConfig:
+    def dp_config(self, epsilon: float, num_train: int, valid_split: str | None = None) -> tr.DPConfig:
         """The DP-on-real settings at `epsilon` for a training set of `num_train` examples."""
         return tr.DPConfig.for_dataset(num_train, epsilon=epsilon, expected_batch_size=self.dp_expected_batch_size,
                                        microbatch_size=self.dp_microbatch_size, epochs=self.dp_epochs,
                                        delta=self.dp_delta, accountant=self.dp_accountant,
-                                       sweep_accounting=self.dp_sweep_accounting)
+                                       sweep_accounting=self.dp_sweep_accounting,
+                                       select_epsilon=self.dp_select_epsilon,
+                                       valid_split=valid_split or self.dp_valid_split)
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
@@ -234,7 +242,7 @@ class Scorer:
                              "accuracy": res.test_mean["real_test"], "accuracy_std": res.test_std["real_test"],
                              **_score_columns(res), **{f"selected_{k}": v for k, v in res.selected.items()}})
             for eps in self.config.dp_epsilons:
-                dp = self.config.dp_config(eps, len(train))
+                dp = self.config.dp_config(eps, len(train), None if self.real.valid is not None else "positional")
                 res = tc.classify(train, valid, {"real_test": self.real.test}, self.config.spec(kind), self.config.sweep_for(kind),
                                   dp=dp, backbone=self.backbone)
                 rows.append({"baseline": "dp_on_real", "classifier": kind, "epsilon": eps,

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.dp import private_selection
 from dpsynth.dp import selection as selection_lib
 from dpsynth.evaluate import classifiers, registry
 from dpsynth.evaluate import scores as scores_lib
@@ -110,8 +111,12 @@ def sweep_side_channels(dp: DPConfig, *, trials: int, repeats: int, grid: str,
         {"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the sizes of "
                                             "D_train and D_valid are recorded without DP"},
     ]
-    channels.append(selection_lib.selection_channel(dp.sweep_accounting, sweep=selection_lib.DP_ON_REAL,
-                                                    trials=trials, grid=grid, repeats=repeats))
+    if dp.select_epsilon is None:
+        channels.append(selection_lib.selection_channel(dp.sweep_accounting, sweep=selection_lib.DP_ON_REAL,
+                                                        trials=trials, grid=grid, repeats=repeats))
+    elif dp.sweep_accounting == selection_lib.SELECTED_ONLY:
+        channels.append(selection_lib.selection_channel(dp.sweep_accounting, sweep=selection_lib.DP_ON_REAL,
+                                                        trials=trials, grid=grid, repeats=repeats))
     if vocabulary is not None and vocabulary.get("source") == "train":
         channels.append({"name": "vocabulary from D_train", "detail":
                          f"the WordCNN vocabulary ({vocabulary['detail']}) was read from D_train without DP and "
@@ -179,8 +184,15 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
     for t in trials:
         groups.setdefault((t["learning_rate"], t["weight_decay"], t["clip_norm"]), []).append(t)
     settings = list(groups)
-    key = settings[selection_lib.best([float(np.mean([r["valid_accuracy"] for r in groups[k]])) for k in settings],
-                                      higher_is_better=True)]
+    dp_selection = None
+    if dp is not None and dp.select_epsilon is not None:  # DP on D_valid: the mean correct count of each setting
+        dp_selection = private_selection.DpSelection(epsilon=dp.select_epsilon)
+        counts = [float(np.mean([round(r["valid_accuracy"] * len(valid.y)) for r in groups[k]])) for k in settings]
+        rng = np.random.default_rng(trial_seed(sweep_seed, total))  # a stream of its own from the secret seed
+        key = settings[dp_selection.choose(counts, rng)]
+    else:
+        key = settings[selection_lib.best([float(np.mean([r["valid_accuracy"] for r in groups[k]])) for k in settings],
+                                          higher_is_better=True)]
     rows = groups[key]
     test_mean = {k: float(np.mean([r[f"{k}_accuracy"] for r in rows])) for k in tests}
     test_std = {k: float(np.std([r[f"{k}_accuracy"] for r in rows])) for k in tests}
@@ -194,6 +206,8 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
             ledger.record_steps(plan.ledger_entry(steps=trials[i]["steps"], clip_norm=trials[i]["clip_norm"],
                                                   name=f"dp_on_real trial {i}"))
         ledger.check_budget()
+        if dp_selection is not None:  # after the budget check: D_valid is a part of its own (`guarantee`)
+            ledger.record_selection(dp_selection.ledger_entry(len(settings), name="dp_on_real selection"))
         grid_text = (f"learning_rate {list(sweep.learning_rates)} x weight_decay {list(sweep.weight_decays)} x "
                      f"clip_norm {list(sweep.clip_norms)} x {sweep.repeats} repeats")
         extra = dict(report_extra or {})
@@ -227,8 +241,22 @@ def build_privacy_report(ledger, plan, dp: DPConfig, *, trials: int, selected: d
                  "selection": {"trials": trials, "grid": grid, "selected": dict(selected),
                                "selected_by": "mean accuracy on the real D_valid over repeats"},
                  **dict(extra or {})}
-    return report_lib.build_report(ledger, training=training, contamination_sha256=None, side_channels=side_channels,
-                                   max_tokens_per_example=max_tokens, extra=out_extra)
+    if dp.select_epsilon is not None:
+        out_extra["selection"]["selected_by"] = (
+            f"the exponential mechanism at epsilon {dp.select_epsilon:g} on each setting's mean count of correct "
+            "predictions on the real D_valid (every trial keeps its last epoch: no trial reads D_valid)")
+    rep = report_lib.build_report(ledger, training=training, contamination_sha256=None, side_channels=side_channels,
+                                  max_tokens_per_example=max_tokens, extra=out_extra)
+    if dp.select_epsilon is not None:  # the training (D_train) and the selection (D_valid) composed
+        g = private_selection.guarantee(ledger.entries, ledger.delta, private_selection.composition(dp.valid_split))
+        rep["epsilon"] = {k: report_lib._fmt_eps(v) for k, v in g["epsilon"].items()}
+        rep["selection"].update(
+            mechanism=private_selection.EXPONENTIAL, epsilon=dp.select_epsilon, split=dp.valid_split,
+            composition=g["composition"],
+            epsilon_by_dataset={d: {k: report_lib._fmt_eps(v) for k, v in e.items()}
+                                for d, e in g["epsilon_by_dataset"].items()},
+            epsilon_sequential={k: report_lib._fmt_eps(v) for k, v in g["epsilon_sequential"].items()})
+    return rep
 
 
 def _clips(ledger) -> list[float]:
@@ -361,6 +389,8 @@ class ClassifyConfig:
         sweep_accounting: "composed" (all trials meet epsilon) or "selected-only".
         vocabulary: the WordCNN vocabulary, one of `VOCABULARIES`.
         seed: fixed DP seed (tests only); None = a secret seed.
+        select_epsilon: DP: choose the setting with DP on --valid at this epsilon (`DPConfig.select_epsilon`).
+        valid_split: DP: how --valid was split from D ("files", "hash" or "positional").
     """
 
     classifier: str = "wordcnn"
@@ -380,6 +410,8 @@ class ClassifyConfig:
     sweep_accounting: str = "composed"
     vocabulary: str = "auto"
     seed: int | None = None
+    select_epsilon: float | None = None
+    valid_split: str = "files"
 
 
 def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = ClassifyConfig(), *,
@@ -413,7 +445,8 @@ def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = C
     if c.epsilon is not None:
         dp = DPConfig.for_dataset(len(recs["train"]), epsilon=c.epsilon, expected_batch_size=c.expected_batch_size,
                                   microbatch_size=16, delta=c.delta, epochs=c.dp_epochs, accountant=c.accountant,
-                                  sweep_accounting=c.sweep_accounting, seed=c.seed)
+                                  sweep_accounting=c.sweep_accounting, seed=c.seed, select_epsilon=c.select_epsilon,
+                                  valid_split=c.valid_split)
     result = classify(recs["train"], recs["valid"], {"real_test": recs["test"]}, spec, sweep, dp)
     privacy = None
     if result.privacy is not None:

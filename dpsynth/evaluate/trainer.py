@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dpsynth.dp import selection
+from dpsynth.dp import private_selection, selection
 from dpsynth.evaluate import scores as scores_lib
 from dpsynth.train import core, loop
 
@@ -84,6 +84,12 @@ class DPConfig:
       seed: the Poisson-sampling and noise seed. None (default): a secret 64-bit seed from
         the OS entropy pool per sweep, never written anywhere. A fixed seed makes the noise
         reproducible by whoever knows it (a side channel in the report; tests only).
+      select_epsilon: choose the sweep's setting on D_valid with DP at this epsilon
+        (`dpsynth.dp.private_selection`: the exponential mechanism on the correct predictions;
+        every trial then keeps its LAST epoch, so no trial reads D_valid); None (default): the
+        non-DP choice and best-epoch selection, a declared side channel.
+      valid_split: how D_valid was split from D (`private_selection.SPLITS`): "files" / "hash"
+        compose the selection in parallel with the training, "positional" sequentially.
     """
 
     epsilon: float
@@ -96,13 +102,19 @@ class DPConfig:
     sparse_embedding: bool = True
     sweep_accounting: str = selection.COMPOSED
     seed: int | None = dataclasses.field(default=None, repr=False)
+    select_epsilon: float | None = None
+    valid_split: str = "files"
 
     def __post_init__(self):
+        if self.select_epsilon is not None and not (self.select_epsilon > 0 and math.isfinite(self.select_epsilon)):
+            raise ValueError(f"select_epsilon must be finite and > 0 (or None), got {self.select_epsilon}")
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError(f"DP epsilon must be finite and > 0, got {self.epsilon}")
         if self.clip_norm <= 0 or self.expected_batch_size < 1 or self.epochs <= 0 or self.microbatch_size < 1:
             raise ValueError("clip_norm, expected_batch_size, epochs and microbatch_size must be positive")
         selection.check_accounting(self.sweep_accounting)
+        if self.valid_split not in private_selection.SPLITS:
+            raise ValueError(f"valid_split must be one of {private_selection.SPLITS}, got {self.valid_split!r}")
 
     @classmethod
     def for_dataset(cls, num_train: int, *, epsilon: float, expected_batch_size: int, microbatch_size: int,
@@ -271,14 +283,16 @@ class Trainer:
         return fns.init_state(params, self.model.frozen, rng=config.seed if rng is None else rng, opt_state=opt_state)
 
     def _run(self, state, *, step: Callable, batch: Callable[[int], Any], steps_per_epoch: int, total: int,
-             valid: Split, tests: Mapping[str, Split], config: TrainConfig, patience: int | None, desc: str):
-        """`total` steps on the outer loop, validated after every epoch (early stopping).
+             valid: Split, tests: Mapping[str, Split], config: TrainConfig, patience: int | None, desc: str,
+             keep_last: bool = False):
+        """`total` steps on the outer loop, validated after every epoch (early stopping; `keep_last`:
+        the last epoch's parameters are kept, whatever their validation accuracy).
 
         Returns (best valid accuracy, its epoch, epochs run, the scores of the best epoch's
         parameters on each test set (`ClassificationScores`), steps run).
         """
         stopper = _EarlyStopping(lambda state: self.accuracy(state.params, state.frozen, valid, config.eval_batch_size),
-                                 steps_per_epoch, patience)
+                                 steps_per_epoch, patience, keep_last)
         state = loop.run_loop(
             state, start=0, total=total, batch=batch, step=step,
             after_step=lambda done, state, metrics: {"epoch": math.ceil(done / steps_per_epoch)},
@@ -359,7 +373,7 @@ class Trainer:
 
         best, best_epoch, epochs, tests_scores, steps = self._run(
             state, step=fns.accumulated_step, batch=batch, steps_per_epoch=steps_per_epoch, total=total_steps,
-            valid=valid, tests=tests, config=config, patience=None, desc=desc)
+            valid=valid, tests=tests, config=config, patience=None, desc=desc, keep_last=dp.select_epsilon is not None)
         if steps != total_steps:
             raise RuntimeError(f"DP-on-real ran {steps} steps, the privacy plan has {total_steps}")
         spent = accounting.epsilon(q, total_steps, sigma, plan.delta, plan.accountant)
@@ -377,10 +391,14 @@ class _EarlyStopping:
 
     Validation accuracy after every epoch; keeps the parameters of the best epoch (the first of
     equal ones) and stops once `patience` epochs passed without improvement (None: never).
+    `keep_last`: keeps the last epoch's parameters instead (the parameters never depend on the
+    validation set; what a DP selection on it needs).
     """
 
-    def __init__(self, accuracy: Callable[[Any], float], steps_per_epoch: int, patience: int | None):
+    def __init__(self, accuracy: Callable[[Any], float], steps_per_epoch: int, patience: int | None,
+                 keep_last: bool = False):
         self._accuracy, self._steps_per_epoch, self._patience = accuracy, steps_per_epoch, patience
+        self._keep_last = keep_last
         self.best_acc, self.best_epoch, self.best_params, self.epochs = -1.0, 0, None, 0
         self._stop = False
 
@@ -388,7 +406,7 @@ class _EarlyStopping:
         epoch = math.ceil(done / self._steps_per_epoch)
         self.epochs = epoch
         acc = self._accuracy(state)
-        if acc > self.best_acc:
+        if acc > self.best_acc or self._keep_last:
             self.best_acc, self.best_epoch, self.best_params = acc, epoch, jax.device_get(state.params)
         elif self._patience is not None and epoch - self.best_epoch >= self._patience:
             self._stop = True

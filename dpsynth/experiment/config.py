@@ -79,6 +79,10 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       classifiers: [wordcnn]        # wordcnn | backbone
       baselines: true               # real data and DP-on-real at the same epsilons
       options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.scoring.EvaluateConfig)
+    select:                         # DP selection on the real D_valid of one corpus per DP run (off by default)
+      epsilon: null                 # e.g. 1: exponential mechanism on correct predictions (dpsynth.evaluate.dp_select)
+      mechanism: exponential        # exponential | gaussian
+      options: {}                   # e.g. {cnn: small, max_epochs: 3, repeats: 1}
 
 Unknown keys and bad values raise `ConfigError` naming the YAML key, e.g.
 `dp_tune.epsilons[1]: must be > 0 or inf, got -1`.
@@ -442,6 +446,22 @@ class EvaluateConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectConfig:
+    """DP selection of one corpus per DP run (mode, epsilon, replicate) on the real D_valid
+    (`dpsynth.evaluate.dp_select`): off unless `epsilon` is set; `options` are
+    `dp_select.SelectConfig` fields (classifier, cnn, repeats, max_epochs)."""
+
+    epsilon: float | None = None
+    mechanism: str = "exponential"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        _check(self.epsilon is None or (self.epsilon > 0 and math.isfinite(self.epsilon)), f"{key}.epsilon",
+               f"must be a finite number > 0 (or null: no selection), got {self.epsilon}")
+        _choice(self.mechanism, ("exponential", "gaussian"), f"{key}.mechanism")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
     """A whole experiment: data, model, grid. Build with `load_config` / `from_dict`."""
 
@@ -456,6 +476,7 @@ class ExperimentConfig:
     dp_tune: DPTuneConfig = DPTuneConfig()
     generate: GenerateConfig = GenerateConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    select: SelectConfig = SelectConfig()
 
     def validate(self, key: str = "") -> None:
         _check(bool(self.name), "name", "must be a non-empty string")

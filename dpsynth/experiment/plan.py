@@ -47,7 +47,8 @@ from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
-STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "labels", "generate", "evaluate")
+STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "labels", "generate", "select",
+          "evaluate")
 # dedup/tokenizer 2: the released tokenizer follows dedup; evaluate 2: composes the root's releases.
 STAGE_VERSIONS = {**{s: 1 for s in STAGES}, "dedup": 2, "tokenizer": 2, "evaluate": 2}
 # Stages whose library resumes from a partial output directory: pretraining and DP tuning
@@ -328,6 +329,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                                 trials.append(Trial(trial_id, mode, eps, lr, clip, sampling, multiple, tune, g, labels,
                                                     replicate=rep))
 
+    selects = _select_nodes(config, trials, sensitive, add)
     eval_cfg = {
         **to_dict(config.evaluate),
         "seed": seed,
@@ -340,6 +342,39 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                                                      "sensitive": sensitive, "pretrain": pretrain, "models": models}
     if label_nodes:
         eval_inputs["labels"] = label_nodes
+    if selects:  # only then: an experiment without selection keeps its evaluate hash
+        eval_cfg["selected"] = [group for group, _ in selects]
+        eval_inputs["selected"] = tuple(key for _, key in selects)
     add("evaluate", "evaluate", eval_cfg, eval_inputs)
     return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials),
                 data_dir=os.path.abspath(data_dir) if data_dir else None)
+
+
+def valid_split_kind(section) -> str:
+    """How the sensitive config's D_valid is split from D (`dpsynth.dp.private_selection.SPLITS`): its own
+    file ("files"), a per-record hash ("hash"), else the last 10% of train ("positional")."""
+    split = dict(section.split)
+    if section.max_valid and split.get("subsample", "first") != "hash":  # the first N rows: positional
+        return "positional"
+    if not section.embedded and section.valid:
+        return "files"
+    return "hash" if split.get("holdout") == "hash" else "positional"
+
+
+def _select_nodes(config: ExperimentConfig, trials: Sequence[Trial], sensitive: str, add) -> list[tuple[str, str]]:
+    """One `select[<mode>-eps<e>[-r<k>]]` node per private DP run group, choosing among its trials' corpora
+    (every learning rate, clipping norm, sampling setting and multiple); [] when `select.epsilon` is unset."""
+    if config.select.epsilon is None:
+        return []
+    groups: dict[str, list[Trial]] = {}
+    for t in trials:
+        if not math.isinf(t.epsilon):  # a non-private model has nothing to protect by a DP choice
+            groups.setdefault(f"{t.mode}-eps{fmt_num(t.epsilon)}" + (f"-r{t.replicate}" if t.replicate else ""),
+                              []).append(t)
+    out = []
+    for group, members in groups.items():
+        cfg = {**to_dict(config.select), "split": valid_split_kind(config.sensitive),
+               "candidates": [t.id for t in members]}
+        out.append((group, add(f"select[{group}]", "select", cfg,
+                               {"synthetic": tuple(t.generate for t in members), "sensitive": sensitive})))
+    return out

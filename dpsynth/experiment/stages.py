@@ -537,6 +537,32 @@ def _render_generation(records: Sequence[Mapping[str, Any]], report: Mapping[str
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- DP selection
+
+
+def select(ctx: StageContext) -> dict[str, Any]:
+    """DP-selects one corpus of a DP run group on the real D_valid (`dpsynth.evaluate.dp_select`).
+
+    The stage directory is the selected corpus (splits, composed privacy report, `selection.json`);
+    the non-DP counts go to the stage's owner-only private state.
+    """
+    from dpsynth.evaluate import corpora, dp_select
+
+    c = ctx.config
+    valid = corpora.read_real(ctx.inputs["sensitive"].path("data", "valid.jsonl"), "real valid")
+    paths = {trial: out.dir for trial, out in zip(c["candidates"], ctx.inputs["synthetic"])}
+    config = make_config(dp_select.SelectConfig, {"epsilon": c["epsilon"], "mechanism": c["mechanism"],
+                                                 "split": c["split"], **dict(c.get("options") or {})}, "select.options")
+    selection = dp_select.select_corpora(paths, valid, config)
+    dp_select.write_selection(ctx.out_dir, selection, paths, private_dir=ctx.private_path())
+    s = selection.report["selection"]
+    ctx.report(f"DP selection among {len(paths)} corpora on the real D_valid ({s['mechanism']}, epsilon "
+               f"{s['epsilon']:g}): {selection.winner_name}; {s['composition']} composition with the tuning, epsilon "
+               f"{privacy.fmt_eps(selection.report['epsilon'])}")
+    return {"selected": selection.winner_name, "candidates": len(paths), "composition": s["composition"],
+            "epsilon": selection.report["epsilon"]}
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -556,6 +582,10 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     dirs = []
     for trial, out in zip(c["trials"], ctx.inputs["synthetic"]):
         link = os.path.join(links, trial["id"])
+        os.symlink(os.path.relpath(out.dir, links), link)
+        dirs.append(link)
+    for group, out in zip(c.get("selected", ()), ctx.inputs.get("selected", ())):  # the DP-selected corpora
+        link = os.path.join(links, f"selected-{group}")
         os.symlink(os.path.relpath(out.dir, links), link)
         dirs.append(link)
     real = scoring.load_real(sens.path("data", "train.jsonl"), sens.path("data", "test.jsonl"), sens.path("data", "valid.jsonl"))
@@ -599,5 +629,6 @@ REGISTRY = {
     "dp_tune": dp_tune,
     "labels": labels,
     "generate": generate,
+    "select": select,
     "evaluate": evaluate,
 }

@@ -131,3 +131,64 @@ def _auto_recipe(n: int, mode: str, max_tokens: int, budget: float) -> Recipe:
     why.append(f"learning rate {lr:.3g}: the {mode} rate {LEARNING_RATES[mode]:g} at {TARGET_STEPS} steps"
                + ("" if steps == TARGET_STEPS else f", times sqrt({TARGET_STEPS}/{steps}) for {steps} steps"))
     return Recipe(batch_size=batch, steps=int(steps), epochs=epochs, learning_rate=round(lr, 6), why=tuple(why))
+
+
+# ---------------------------------------------------------------------- example length and token budget
+# `--recipe auto` leaves two settings to the user today: the example length (max_tokens) and the
+# compute (token_budget). These choose them: the length as a DP quantile of D_train's token
+# lengths (the exponential mechanism of `dpsynth.dp.private_selection`, its ledger entry to be
+# composed into the run's), the budget from the machine's measured speed and a time budget.
+LENGTH_CANDIDATES = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+LENGTH_QUANTILE = 0.9  # the share of examples the chosen length keeps whole
+
+
+def length_scores(lengths, candidates=LENGTH_CANDIDATES, quantile: float = LENGTH_QUANTILE) -> list[float]:
+    """u(L) = -|#{examples of at most L tokens} - quantile N| per candidate L: sensitivity 1 under add-or-remove
+    (the count moves by 0 or 1, quantile N by quantile), not monotone."""
+    import numpy as np
+
+    if not 0 < quantile < 1:
+        raise RecipeError(f"the length quantile must be in (0, 1), got {quantile}")
+    x = np.asarray(lengths, dtype=np.int64)
+    return [-abs(float(np.count_nonzero(x <= c)) - quantile * len(x)) for c in candidates]
+
+
+def dp_example_length(lengths, *, epsilon: float, rng, candidates=LENGTH_CANDIDATES,
+                      quantile: float = LENGTH_QUANTILE) -> tuple[int, dict]:
+    """The example length covering about `quantile` of D_train, chosen with epsilon-DP.
+
+    Returns (max_tokens, the selection's ledger entry on D_train): the entry must be composed into
+    the run's ledger (its epsilon is spent on D_train). `rng`: seeded secretly for a release.
+    """
+    from dpsynth.dp import private_selection as ps
+
+    if not len(lengths):
+        raise RecipeError("the automatic example length needs a non-empty training set")
+    sel = ps.DpSelection(epsilon=epsilon, monotone=False)
+    i = sel.choose(length_scores(lengths, candidates, quantile), rng)
+    return int(candidates[i]), sel.ledger_entry(len(candidates), name="recipe example length", dataset=ps.TRAIN)
+
+
+def token_budget_for(*, seconds: float, example_tokens_per_second: float) -> float:
+    """The example-tokens a run may process in `seconds` at the measured speed (public: no privacy cost)."""
+    if not seconds > 0 or not example_tokens_per_second > 0:
+        raise RecipeError(f"the time budget and the speed must be positive, got {seconds} s and "
+                          f"{example_tokens_per_second} tokens/s")
+    return float(seconds) * float(example_tokens_per_second)
+
+
+def measure_speed(step, *, example_tokens: int, repeats: int = 3, clock=None) -> float:
+    """Example-tokens per second of `step()` (one call processes `example_tokens`): the best of
+    `repeats` timed calls after one warm-up call (compilation). `clock`: a time source (tests)."""
+    import time
+
+    clock = clock or time.perf_counter
+    step()  # warm-up: compilation and caches
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        t0 = clock()
+        step()
+        best = min(best, clock() - t0)
+    if not best > 0:
+        raise RecipeError("the timed step took no measurable time")
+    return example_tokens / best

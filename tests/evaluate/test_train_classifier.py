@@ -260,6 +260,51 @@ def test_sweep_ledger_is_the_plan_and_the_k_trials_meet_the_target(accounting, v
     assert rep["sweep_accounting"] == accounting and rep["plan"]["compositions"] == plan.compositions
 
 
+@pytest.mark.parametrize("split", ["files", "positional"])
+def test_dp_selected_sweep_accounts_the_selection_on_valid(split):
+    """`select_epsilon`: the setting is chosen by the exponential mechanism on D_valid counts, the trials
+    keep their last epoch, the ledger holds the selection (dataset D_valid) and the report's epsilon is
+    the parallel (max) or sequential composition; the non-DP selection channel is gone."""
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.dp import report as report_lib
+
+    n, eps = 60, 3.0
+    train, valid = make_records(n, 4), make_records(30, 5)
+    dp = tr.DPConfig(epsilon=eps, expected_batch_size=20, microbatch_size=20, epochs=1, select_epsilon=0.5,
+                     valid_split=split, seed=3)
+    res = tc.classify(train, valid, {"real": valid}, tc.ClassifierSpec(wordcnn=TINY),
+                      tc.SweepConfig(learning_rates=(1e-2, 3e-2), clip_norms=(1.0,), repeats=1), dp=dp)
+    rep = report_lib.check_report(res.privacy)
+    entries = rep["ledger"]["entries"]
+    assert [e["mechanism"] for e in entries] == ["dpsgd", "dpsgd", "exponential"]
+    assert entries[-1] == {"mechanism": "exponential", "name": "dp_on_real selection", "epsilon": 0.5,
+                           "candidates": 2, "dataset": "D_valid"}
+    g = ps.guarantee(entries, rep["delta"], ps.PARALLEL if split == "files" else ps.SEQUENTIAL)
+    assert rep["epsilon"]["rdp"] == g["epsilon"]["rdp"] and rep["selection"]["composition"] == g["composition"]
+    if split == "files":
+        assert rep["epsilon"]["rdp"] <= eps * (1 + 1e-6)  # the selection (0.5) stays within the training's epsilon
+    else:
+        assert rep["epsilon"]["rdp"] > g["epsilon_by_dataset"]["D_train"]["rdp"]
+    assert not any(c["name"].startswith("validation-based") for c in rep["side_channels"])
+    with pytest.raises(ValueError):
+        tr.DPConfig(epsilon=1.0, select_epsilon=0.0)
+    with pytest.raises(ValueError):
+        tr.DPConfig(epsilon=1.0, valid_split="last10")
+
+
+def test_early_stopping_keep_last_keeps_the_last_epoch():
+    accs = iter([0.9, 0.5, 0.7])
+    stopper = tr._EarlyStopping(lambda state: next(accs), 1, None, keep_last=True)
+    for done in (1, 2, 3):
+        stopper.evaluate(done, _State(done))
+    assert stopper.best_epoch == 3 and stopper.best_params == 3 and stopper.best_acc == 0.7
+
+
+class _State:
+    def __init__(self, params):
+        self.params = params
+
+
 @pytest.mark.parametrize("k", [1, 3, 12])
 @pytest.mark.parametrize("eps", [0.5, 4.0])
 def test_composed_plan_meets_the_target_over_k_trials(k, eps):
@@ -312,14 +357,15 @@ def test_classify_flags_are_bound_from_classify_config():
     assert options == {"-h", "--help", "--train", "--valid", "--test", "--classifier", "--model", "--pooling", "--cnn",
                        "--learning-rates", "--weight-decays", "--repeats", "--max-epochs", "--epsilon", "--delta",
                        "--clip-norms", "--expected-batch-size", "--dp-epochs", "--accountant", "--sweep-accounting",
-                       "--vocabulary", "--seed", "--privacy-report", "--out", "--max-dead-letters", "--verbose"}
+                       "--vocabulary", "--seed", "--select-epsilon", "--valid-split", "--privacy-report", "--out",
+                       "--max-dead-letters", "--verbose"}
     args = p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])
     assert vars(args) == {
         "train": "a", "valid": "b", "test": "c", "classifier": "wordcnn", "model": None, "pooling": "mean",
         "cnn": "paper", "learning_rates": None, "weight_decays": None, "repeats": 3, "max_epochs": 10,
         "epsilon": None, "delta": None, "clip_norms": (0.5, 1.0), "expected_batch_size": 64, "dp_epochs": 5.0,
         "accountant": "rdp", "sweep_accounting": "composed", "vocabulary": "auto", "seed": None,
-        "privacy_report": None, "out": "d", "max_dead_letters": "1%", "verbose": False}
+        "select_epsilon": None, "valid_split": "files", "privacy_report": None, "out": "d", "max_dead_letters": "1%", "verbose": False}
     assert binding.from_args(tc.ClassifyConfig, args) == tc.ClassifyConfig()
     got = binding.from_args(tc.ClassifyConfig, p.parse_args(
         ["--train", "a", "--valid", "b", "--test", "c", "--out", "d", "--learning-rates", "0.1,0.2", "--epsilon", "2",

@@ -241,3 +241,34 @@ def test_dp_label_histogram_is_one_node_per_dp_tuned_model(data_files, tmp_path)
     assert set(plan.node("evaluate").inputs["models"]) == {n.key for n in tunes}
     # The default (uniform labels) has no labels node.
     assert not [n for n in build_plan(grid_config(data_files), str(tmp_path / "run")).nodes if n.stage == "labels"]
+
+
+def test_select_nodes_only_when_asked_and_one_per_private_dp_run(data_files, tmp_path):
+    base = build_plan(grid_config(data_files, dp_tune={"epsilons": [1, 3, float("inf")]}), str(tmp_path / "run"))
+    assert not [n for n in base.nodes if n.stage == "select"]
+    plan = build_plan(grid_config(data_files, dp_tune={"epsilons": [1, 3, float("inf")]}, select={"epsilon": 0.5}),
+                      str(tmp_path / "run"))
+    selects = [n for n in plan.nodes if n.stage == "select"]
+    assert sorted(n.key for n in selects) == ["select[lora-eps1]", "select[lora-eps3]", "select[prompt-eps1]",
+                                              "select[prompt-eps3]"]  # none for the non-private epsilon
+    for n in selects:
+        assert len(n.config["candidates"]) == 3 and n.config["split"] == "positional"  # last 10% of train
+        assert len(n.inputs["synthetic"]) == 3
+    ev = plan.node("evaluate")
+    assert set(ev.inputs["selected"]) == {n.key for n in selects}
+    # nothing upstream changes; the evaluate node reads the selected corpora
+    same = {n.key: n.hash for n in base.nodes}
+    assert all(same[n.key] == n.hash for n in plan.nodes if n.key in same and n.stage != "evaluate")
+    assert ev.hash != base.node("evaluate").hash
+
+
+def test_select_split_kind_follows_the_sensitive_config(data_files, tmp_path):
+    from dpsynth.experiment.plan import valid_split_kind
+
+    (data_files / "valid.csv").write_text("text,label\nd,x\n")
+    files = grid_config(data_files, sensitive={"valid": str(data_files / "valid.csv")})
+    assert valid_split_kind(files.sensitive) == "files"
+    assert valid_split_kind(grid_config(data_files, sensitive={"split": {"holdout": "hash"}}).sensitive) == "hash"
+    assert valid_split_kind(grid_config(data_files).sensitive) == "positional"
+    assert valid_split_kind(grid_config(data_files, sensitive={"valid": str(data_files / "valid.csv"),
+                                                               "max_valid": 1}).sensitive) == "positional"

@@ -326,3 +326,35 @@ def test_memorisation_audit_is_opt_in_and_private(tmp_path, monkeypatch, audit):
     assert _modes(private / "memorisation_audit.json") == 0o600 and _modes(private) == 0o700
     for path, data in _tree_bytes(out.dir).items():
         assert b"longest_shared" not in data and b"7654321" not in data, path
+
+
+def test_select_stage_releases_one_corpus_and_keeps_the_counts_private(tmp_path, capsys):
+    """The `select` stage: the winner's corpus with its composed privacy report in the stage dir,
+    the non-DP counts in the owner-only private state."""
+    from dpsynth.experiment.cache import StageContext, StageOutput
+    from tests.evaluate.conftest import make_records
+    from tests.evaluate.test_dp_select import tuning_report, write_corpus
+
+    rep = tuning_report()
+    outs = []
+    for name, seed in (("a", 1), ("b", 2)):
+        write_corpus(str(tmp_path), name, make_records(40, seed), make_records(10, seed + 10), rep)
+        outs.append(StageOutput(key=name, stage="generate", hash="0" * 64, dir=str(tmp_path / name), summary={},
+                                seconds=0.0, cached=True))
+    sens = tmp_path / "sens"
+    (sens / "data").mkdir(parents=True)
+    with open(sens / "data" / "valid.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in make_records(30, 7, prefix="v"))
+    sens_out = StageOutput(key="sensitive", stage="sensitive", hash="1" * 64, dir=str(sens), summary={}, seconds=0.0,
+                           cached=True)
+    (tmp_path / "work").mkdir()
+    ctx = StageContext(key="select[lora-eps3]", stage="select", hash="2" * 64, out_dir=str(tmp_path / "work"),
+                       config={"epsilon": 1.0, "mechanism": "exponential", "split": "files", "candidates": ["a", "b"],
+                               "options": {"max_epochs": 1}},
+                       inputs={"synthetic": tuple(outs), "sensitive": sens_out}, private_dir=str(tmp_path / "priv" / "x"))
+    summary = stages.select(ctx)
+    assert summary["selected"] in ("a", "b") and summary["composition"] == "parallel"
+    assert os.path.exists(tmp_path / "work" / "train.jsonl") and os.path.exists(tmp_path / "work" / "selection.json")
+    scores = json.load(open(tmp_path / "priv" / "x" / "selection_scores.json"))
+    assert scores["candidates"] == ["a", "b"] and not os.path.exists(tmp_path / "work.private")
+    assert "DP selection among 2 corpora" in capsys.readouterr().out

@@ -60,3 +60,44 @@ def test_resolved_config_is_what_the_plan_uses(epsilon):
     assert plan == finetune.plan_run(resolved, 4036)
     manual, none = finetune.resolve_recipe(finetune.TuneConfig(), 4036)
     assert none is None and manual == finetune.TuneConfig()
+
+
+def test_length_scores_have_sensitivity_one():
+    """u(L) moves by at most 1 when one example is added or removed, for every candidate."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = list(rng.integers(1, 600, size=int(rng.integers(1, 40))))
+        base = recipe.length_scores(lengths)
+        for extra in (1, 50, 100, 600):
+            assert max(abs(a - b) for a, b in zip(recipe.length_scores(lengths + [extra]), base)) <= 1.0 + 1e-12
+        for i in range(len(lengths)):
+            if len(lengths) > 1:
+                nb = recipe.length_scores(lengths[:i] + lengths[i + 1:])
+                assert max(abs(a - b) for a, b in zip(nb, base)) <= 1.0 + 1e-12
+
+
+def test_dp_example_length_finds_the_quantile_and_spends_its_epsilon():
+    import numpy as np
+
+    from dpsynth.dp.ledger import PrivacyLedger
+
+    lengths = [60] * 900 + [90] * 50 + [400] * 50  # 90% of the examples within 64 tokens
+    chosen, entry = recipe.dp_example_length(lengths, epsilon=1.0, rng=np.random.default_rng(0))
+    assert chosen == 64
+    assert entry == {"mechanism": "exponential", "name": "recipe example length", "epsilon": 1.0,
+                     "candidates": len(recipe.LENGTH_CANDIDATES), "dataset": "D_train"}
+    PrivacyLedger(delta=1e-5, target_epsilon=3.0).record_selection(entry)
+    with pytest.raises(recipe.RecipeError):
+        recipe.dp_example_length([], epsilon=1.0, rng=np.random.default_rng(0))
+
+
+def test_token_budget_from_the_measured_speed():
+    ticks = iter([0.0, 2.0, 10.0, 11.0, 20.0, 24.0])  # calls of 2, 1 and 4 seconds: the best is 1 s
+    calls = []
+    speed = recipe.measure_speed(lambda: calls.append(1), example_tokens=1000, clock=lambda: next(ticks))
+    assert speed == 1000.0 and len(calls) == 4  # one warm-up, three timed
+    assert recipe.token_budget_for(seconds=3600, example_tokens_per_second=speed) == 3.6e6
+    with pytest.raises(recipe.RecipeError):
+        recipe.token_budget_for(seconds=0, example_tokens_per_second=1.0)

@@ -1,0 +1,198 @@
+"""DP selection of one candidate by a count on a held-out sensitive split (D_valid).
+
+Candidates (synthetic corpora, sweep trials) are scored by a COUNT on D_valid (correct
+predictions of a classifier that never read D_valid); only the index of the winner is
+released, through one of two mechanisms (`DpSelection.mechanism`):
+
+* `EXPONENTIAL` (default): the exponential mechanism, sampled exactly as report-noisy-max with
+  Gumbel noise (argmax of eps' u_i + Gumbel(0, 1) is candidate i with probability proportional
+  to exp(eps' u_i)). With a MONOTONE score of sensitivity 1 (adding one record to D_valid raises
+  every candidate's count by 0 or 1, removing one lowers it by 0 or 1: true of a count of correct
+  predictions under add-or-remove adjacency) eps' = epsilon; otherwise eps' = epsilon / 2
+  (McSherry and Talwar 2007; Dwork and Roth 2014, Thm 3.10 and its remark on monotone scores).
+  Ledger entry `{"mechanism": "exponential", "name", "epsilon", "candidates", "dataset"}`: pure
+  epsilon-DP; the RDP accountant composes it as epsilon^2/8-zCDP (`accounting.exponential_event`), a part of
+  D read by such selections alone costs at most the sum of their epsilons (`guarantee`).
+* `GAUSSIAN`: report-noisy-max with N(0, sigma^2) noise on each of the k counts; releasing all k
+  noisy counts is a Gaussian mechanism of L2 sensitivity sqrt(k), i.e. the ledger entry
+  `{"mechanism": "gaussian", "noise_multiplier": sigma, "count": k, "dataset"}` (k Gaussian
+  mechanisms of sensitivity 1), accounted in RDP/PLD; the argmax is post-processing. sigma is
+  calibrated so that this entry alone is (epsilon, delta)-DP.
+
+Formal guarantee. Let D = D_train + D_valid (disjoint), with add-or-remove adjacency on D.
+(1) For any fixed candidates whose scores' dependence on D_valid is a count of sensitivity 1,
+the released index is epsilon-DP (EXPONENTIAL) or (epsilon, delta)-DP (GAUSSIAN) with respect
+to D_valid. (2) Composition with the tuning that produced the candidates (an (eps_t, delta)-DP
+release about D_train, `composition`): when the split of D into D_train / D_valid is
+data-independent (each record's side depends on that record alone: the user's own files, a
+per-record hash; `DATA_INDEPENDENT_SPLITS`), one added or removed record changes exactly one of
+D_train, D_valid, so the pair (tuned model and its corpora, selected index) is
+(max(eps_t, eps_s), delta)-DP with respect to D (parallel composition, also under adaptivity:
+the selection is a post-processing of the tuning for a fixed D_valid). If eps_s <= eps_t the
+release stays at the tuning's epsilon. A positional split (the last 10% of a file) is not
+data-independent (adding one record moves another across the boundary), and neither is a
+D_valid that the tuning itself read without DP (`valid_read_by_tuning`): then the two compose
+sequentially (every entry in one ledger, exactly, by dp-accounting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dp_accounting
+import numpy as np
+
+from dpsynth.dp import accounting, histogram
+from dpsynth.dp.accounting import PrivacyConfigError
+
+EXPONENTIAL, GAUSSIAN = "exponential", "gaussian"
+MECHANISMS = (EXPONENTIAL, GAUSSIAN)
+PARALLEL, SEQUENTIAL = "parallel", "sequential"
+# How D_valid was split from D: by the user's own files, a per-record hash, or a position (the last 10%).
+FILES, HASH, POSITIONAL = "files", "hash", "positional"
+SPLITS = (FILES, HASH, POSITIONAL)
+DATA_INDEPENDENT_SPLITS = (FILES, HASH)
+SENSITIVITY = 1.0  # of a count of correct predictions under add-or-remove adjacency
+VALID = "D_valid"
+TRAIN = "D_train"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DpSelection:
+    """One DP selection on a count of sensitivity 1.
+
+    Attributes:
+        epsilon: the selection's epsilon (> 0, finite).
+        mechanism: `EXPONENTIAL` (pure epsilon-DP) or `GAUSSIAN` (needs delta).
+        delta: the Gaussian variant's delta (ignored by the exponential mechanism).
+        monotone: the score moves in one direction for every candidate when one record is added
+            (a count of correct predictions: True); False pays the factor 2 of the general case.
+        accountant: calibrates the Gaussian variant's sigma.
+    """
+
+    epsilon: float
+    mechanism: str = EXPONENTIAL
+    delta: float | None = None
+    monotone: bool = True
+    accountant: str = accounting.DEFAULT_ACCOUNTANT
+
+    def __post_init__(self):
+        accounting.check_epsilon(self.epsilon)
+        if not math.isfinite(self.epsilon):
+            raise PrivacyConfigError(f"a DP selection needs a finite epsilon, got {self.epsilon}")
+        if self.mechanism not in MECHANISMS:
+            raise PrivacyConfigError(f"selection mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
+        if self.mechanism == GAUSSIAN:
+            if self.delta is None:
+                raise PrivacyConfigError("the Gaussian selection needs a delta")
+            accounting.check_delta(self.delta)
+
+    # ------------------------------------------------------------------ the mechanism
+    @property
+    def scale(self) -> float:
+        """eps' of exp(eps' u): epsilon for a monotone score, epsilon / 2 otherwise (sensitivity 1)."""
+        return self.epsilon / SENSITIVITY / (1.0 if self.monotone else 2.0)
+
+    def noise_multiplier(self, candidates: int) -> float:
+        """The Gaussian variant's sigma: k Gaussian mechanisms of sensitivity 1 together (epsilon, delta)-DP."""
+        k = _check_candidates(candidates)
+        # k Gaussians of sensitivity 1 and std sigma compose exactly to one of std sigma / sqrt(k).
+        return histogram.calibrate_histogram_noise(self.epsilon, self.delta, self.accountant) * math.sqrt(k)
+
+    def probabilities(self, scores: Sequence[float]) -> np.ndarray:
+        """The exponential mechanism's selection probabilities, proportional to exp(eps' u_i)."""
+        if self.mechanism != EXPONENTIAL:
+            raise ValueError("closed-form probabilities exist for the exponential mechanism only")
+        u = _check_scores(scores) * self.scale
+        w = np.exp(u - u.max())
+        return w / w.sum()
+
+    def choose(self, scores: Sequence[float], rng: np.random.Generator) -> int:
+        """The selected index. `rng` must be seeded secretly (`dpsynth.dp.seeds.secret_seed`) for a release."""
+        u = _check_scores(scores)
+        if self.mechanism == EXPONENTIAL:
+            return int(np.argmax(u * self.scale + rng.gumbel(size=u.shape)))
+        sigma = self.noise_multiplier(len(u))
+        return int(np.argmax(u + rng.normal(0.0, sigma * SENSITIVITY, size=u.shape)))
+
+    def ledger_entry(self, candidates: int, name: str = "dp_selection", dataset: str = VALID) -> dict[str, Any]:
+        """The ledger entry of one selection among `candidates` (`dpsynth.dp.ledger` format)."""
+        k = _check_candidates(candidates)
+        if self.mechanism == EXPONENTIAL:
+            return {"mechanism": EXPONENTIAL, "name": name, "epsilon": float(self.epsilon), "candidates": k,
+                    "dataset": dataset}
+        return {"mechanism": "gaussian", "name": name, "noise_multiplier": self.noise_multiplier(k), "count": k,
+                "dataset": dataset}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "epsilon": self.epsilon, "delta": self.delta, "monotone": self.monotone,
+                "sensitivity": SENSITIVITY}
+
+
+def _check_candidates(candidates: int) -> int:
+    if int(candidates) < 1:
+        raise ValueError(f"nothing to select from: {candidates} candidates")
+    return int(candidates)
+
+
+def _check_scores(scores: Sequence[float]) -> np.ndarray:
+    u = np.asarray(scores, dtype=np.float64)
+    _check_candidates(u.size)
+    if u.ndim != 1 or not np.all(np.isfinite(u)):
+        raise ValueError(f"selection scores must be a finite vector, got {scores!r}")
+    return u
+
+
+# ---------------------------------------------------------------------- composition with the tuning
+
+
+def composition(split: str, *, valid_read_by_tuning: bool = False) -> str:
+    """`PARALLEL` when the selection and the tuning see disjoint parts of D split data-independently,
+    else `SEQUENTIAL`."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return PARALLEL if split in DATA_INDEPENDENT_SPLITS and not valid_read_by_tuning else SEQUENTIAL
+
+
+def entries_by_dataset(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
+    """Ledger entries grouped by their `dataset` (default D_train)."""
+    out: dict[str, list[dict]] = {}
+    for e in entries:
+        out.setdefault(e.get("dataset", TRAIN), []).append(dict(e))
+    return out
+
+
+def guarantee(entries: Sequence[Mapping[str, Any]], delta: float, how: str) -> dict[str, Any]:
+    """The epsilon of a release whose ledger holds tuning (D_train) and selection (D_valid) entries.
+
+    Returns {"composition": how, "epsilon": per accountant (max over datasets when PARALLEL, the
+    exact composition of every entry when SEQUENTIAL), "epsilon_by_dataset", "epsilon_sequential"}.
+    """
+    from dpsynth.dp.ledger import PrivacyLedger
+
+    def eps(es):
+        return PrivacyLedger(delta=delta, target_epsilon=math.inf, entries=[dict(e) for e in es]).epsilons()
+
+    by = {}
+    for name, es in entries_by_dataset(entries).items():
+        by[name] = eps(es)
+        if all(e["mechanism"] == EXPONENTIAL for e in es):  # pure DP: basic composition may be tighter
+            pure = sum(float(e["epsilon"]) for e in es)
+            by[name] = {acc: (pure if v is None else min(v, pure)) for acc, v in by[name].items()}
+    sequential = eps(entries)
+    if how == PARALLEL:
+        total = {acc: (None if any(v[acc] is None for v in by.values()) else max(v[acc] for v in by.values()))
+                 for acc in sequential}
+    elif how == SEQUENTIAL:
+        total = sequential
+    else:
+        raise ValueError(f"composition must be {PARALLEL!r} or {SEQUENTIAL!r}, got {how!r}")
+    return {"composition": how, "epsilon": total, "epsilon_by_dataset": by, "epsilon_sequential": sequential}
+
+
+def within_tuning(tuning_epsilon: float, selection_epsilon: float) -> bool:
+    """Whether a parallel selection leaves the release at the tuning's epsilon (eps_s <= eps_t)."""
+    return float(selection_epsilon) <= float(tuning_epsilon)

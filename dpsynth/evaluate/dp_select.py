@@ -1,0 +1,328 @@
+"""Choosing the best synthetic corpus on the REAL D_valid, with DP (`dpsynth select`).
+
+The synthetic valid split cannot choose among corpora (its accuracy rises with the guidance
+weight while the real accuracy peaks and falls: issue 34), so the choice reads real data and
+must be DP. For every candidate corpus (a sampling setting, a multiple of |D_train|, a model)
+the downstream classifier is trained on its synthetic train split, its hyperparameters chosen
+on its synthetic valid split (`train_classifier.classify`, exactly as `dpsynth evaluate`), and
+its correct predictions on the real D_valid are counted (mean over the selected setting's
+repeats). Only the winner is released, through `dpsynth.dp.private_selection.DpSelection`
+(the exponential mechanism on the counts, sensitivity 1, or its Gaussian variant); the counts
+stay in owner-only private state.
+
+Formal guarantee (`dpsynth.dp.private_selection`): the released index is epsilon_s-DP with
+respect to D_valid (the classifiers never read D_valid). The released corpus is the winner,
+itself post-processing of the candidates' models and label histograms; the privacy report of
+the output holds every candidate's tuning entries (each distinct ledger once) and the
+selection's entry (`"dataset": "D_valid"`), and its `epsilon` is their parallel composition
+(the max over D_train and D_valid) when the split is data-independent and the tuning did not
+read D_valid without DP, else their sequential composition. `selection.composition` says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpsynth import fileio
+from dpsynth.dp import private_selection as ps
+from dpsynth.dp import report as report_lib
+from dpsynth.dp import seeds
+from dpsynth.evaluate import classifiers, corpora
+from dpsynth.evaluate import train_classifier as tc
+from dpsynth.evaluate.trainer import TrainConfig
+from dpsynth.owner_only import make_private_dir, write_private_json
+
+logger = logging.getLogger("dpsynth.evaluate")
+
+SELECTION_FILE = "selection.json"  # public: the candidates, the winner, the mechanism; never the scores
+SCORES_FILE = "selection_scores.json"  # owner-only: the non-DP counts on D_valid
+COPIED = ("train.jsonl", "valid.jsonl", "generation_report.json", "generation_config.json", "manifest.json")
+NON_DP_SCORES_NOTICE = ("correct predictions on the real D_valid per candidate, computed without noise: NOT "
+                        "differentially private; for the data owner only, never published")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SelectConfig:
+    """The settings of `dpsynth select`, one flag each.
+
+    Attributes:
+        epsilon: the selection's epsilon (on D_valid).
+        mechanism: "exponential" (pure epsilon-DP) or "gaussian" (report-noisy-max, RDP/PLD accounted).
+        delta: the Gaussian variant's delta; None = the candidates' delta.
+        split: how D_valid was split from D: "files" (the user's own files) or "hash" (a per-record
+            hash): data-independent, the selection composes in parallel with the tuning;
+            "positional" (e.g. the last 10%): sequentially.
+        classifier: the downstream classifier (`registry.names()`).
+        cnn: the WordCNN's sizes (`train_classifier.CNN_SIZES`).
+        repeats, max_epochs: the classifier sweep's repeats and epochs per trial.
+        seed: fixes the selection's randomness (tests only: voids the guarantee for whoever knows it).
+    """
+
+    epsilon: float = 1.0
+    mechanism: str = ps.EXPONENTIAL
+    delta: float | None = None
+    split: str = ps.FILES
+    classifier: str = "wordcnn"
+    cnn: str = "small"
+    repeats: int = 1
+    max_epochs: int = 5
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.split not in ps.SPLITS:
+            raise ValueError(f"split must be one of {ps.SPLITS}, got {self.split!r}")
+        if self.cnn not in tc.CNN_SIZES:
+            raise ValueError(f"cnn must be one of {tc.CNN_SIZES}, got {self.cnn!r}")
+        if self.repeats < 1 or self.max_epochs < 1:
+            raise ValueError("repeats and max_epochs must be >= 1")
+
+    def spec(self) -> tc.ClassifierSpec:
+        small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
+        return tc.ClassifierSpec(kind=self.classifier,
+                                 wordcnn=small if self.cnn == "small" else classifiers.WordCNNConfig())
+
+    def sweep(self) -> tc.SweepConfig:
+        return tc.SweepConfig(repeats=self.repeats, train=TrainConfig(max_epochs=self.max_epochs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The outcome. `scores` (non-DP counts on D_valid) must stay private; the rest may be published."""
+
+    names: tuple[str, ...]
+    winner: int
+    scores: tuple[float, ...]
+    entry: dict
+    mechanism: dict
+    report: dict  # the winner's privacy report with every candidate's tuning and the selection composed
+
+    @property
+    def winner_name(self) -> str:
+        return self.names[self.winner]
+
+
+def correct_counts(corpus: corpora.Corpus, valid: Sequence[Mapping], config: SelectConfig, backbone=None) -> float:
+    """Mean correct predictions on `valid` of the classifier trained on `corpus` (synthetic splits only)."""
+    res = tc.classify(corpus.train, corpus.valid, {"real_valid": valid}, config.spec(), config.sweep(),
+                      backbone=backbone)
+    return float(res.test_mean["real_valid"]) * len(valid)
+
+
+def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
+    """Every distinct candidate ledger's entries (each ledger once) and their common delta.
+
+    Raises ValueError for a candidate without a privacy report (a non-private corpus cannot be
+    selected into a DP release) or for different deltas.
+    """
+    seen, entries, deltas = set(), [], set()
+    for i, rep in enumerate(reports):
+        if not rep:
+            raise ValueError(f"candidate {i} has no privacy report: a non-private corpus cannot be selected with DP")
+        report_lib.check_report(dict(rep), f"candidate {i}'s privacy report")
+        deltas.add(float(rep["delta"]))
+        key = json.dumps(rep["ledger"]["entries"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            entries += [dict(e) for e in rep["ledger"]["entries"]]
+    if len(deltas) != 1:
+        raise ValueError(f"the candidates' privacy reports have different deltas {sorted(deltas)}")
+    return entries, deltas.pop()
+
+
+def reads_valid_without_dp(report: Mapping[str, Any]) -> bool:
+    """Whether the tuning's report declares a non-DP use of D_valid (a validation-based sweep selection)."""
+    return any(str(ch.get("name", "")).startswith("validation-based") or "selected-only" in str(ch.get("name", ""))
+               for ch in report.get("side_channels", []))
+
+
+def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapping[str, Any] | None],
+           config: SelectConfig, rng: np.random.Generator | None = None) -> Selection:
+    """DP-selects one candidate by its `scores` (counts on D_valid) and builds its privacy report."""
+    if not (len(names) == len(scores) == len(reports)) or not names:
+        raise ValueError("select needs one score and one privacy report per candidate, and at least one candidate")
+    entries, delta = tuning_entries(reports)
+    mech = ps.DpSelection(epsilon=config.epsilon, mechanism=config.mechanism,
+                          delta=config.delta if config.delta is not None else delta)
+    rng = rng if rng is not None else np.random.default_rng(config.seed if config.seed is not None
+                                                            else seeds.secret_seed())
+    winner = mech.choose(scores, rng)
+    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora")
+    how = ps.composition(config.split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
+    g = ps.guarantee(entries + [entry], delta, how)
+    tuning_eps = ps.guarantee(entries, delta, ps.SEQUENTIAL)["epsilon"]
+    rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
+    rep["epsilon"] = {k: _fmt(v) for k, v in g["epsilon"].items()}
+    acc = rep.get("accountant", "rdp")
+    rep["selection"] = {
+        "candidates": list(names), "selected": names[winner], "selected_by":
+            f"correct predictions of a {config.classifier} (trained on each candidate's synthetic train split, "
+            "selected on its synthetic valid split) on the real D_valid, released through "
+            f"{mech.mechanism} selection at epsilon {config.epsilon:g}",
+        **mech.to_json(), "split": config.split, "composition": how,
+        "within_tuning_epsilon": how == ps.PARALLEL and ps.within_tuning(tuning_eps.get(acc) or 0.0,
+                                                                        g["epsilon_by_dataset"][ps.VALID].get(acc) or 0.0),
+        "epsilon_tuning": {k: _fmt(v) for k, v in tuning_eps.items()},
+        "epsilon_by_dataset": {d: {k: _fmt(v) for k, v in e.items()} for d, e in g["epsilon_by_dataset"].items()},
+        "epsilon_sequential": {k: _fmt(v) for k, v in g["epsilon_sequential"].items()},
+        "guarantee": _guarantee_text(how, config.split),
+    }
+    return Selection(tuple(names), winner, tuple(float(s) for s in scores), entry, mech.to_json(), rep)
+
+
+def _ledger(report, entries, delta):
+    from dpsynth.dp.ledger import PrivacyLedger
+
+    target = report["ledger"]["target_epsilon"]
+    return PrivacyLedger(delta=delta, target_epsilon=float(target), accountant=report["ledger"]["accountant"],
+                         entries=[dict(e) for e in entries])
+
+
+def _fmt(x):
+    return report_lib._fmt_eps(x)
+
+
+def _guarantee_text(how: str, split: str) -> str:
+    if how == ps.PARALLEL:
+        return (f"D_valid was split from D data-independently ({split}) and the tuning did not read it: one record "
+                "changes D_train or D_valid, never both, so the release is (max(epsilon_tuning, epsilon_selection), "
+                "delta)-DP with respect to D (parallel composition)")
+    return (f"the split ({split}) is not data-independent or the tuning read D_valid without DP: the tuning and the "
+            "selection compose sequentially (every ledger entry composed)")
+
+
+def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: SelectConfig,
+                   rng: np.random.Generator | None = None) -> Selection:
+    """Scores every candidate corpus (`paths`: name -> directory) on `valid` and DP-selects one."""
+    names, scores, reports = [], [], []
+    tc.check_records("real valid", valid)
+    for name, path in paths.items():
+        corpus = corpora.read_corpus(path, name)
+        reports.append(corpus.privacy_report)
+        tuning_entries([corpus.privacy_report])  # refuse a non-private candidate before training anything
+        names.append(name)
+        scores.append(correct_counts(corpus, valid, config))
+        logger.info("candidate %s scored", name)  # the score goes to the private state, not to logs
+    return select(names, scores, reports, config, rng)
+
+
+def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str], *,
+                    private_dir: str | None = None) -> str:
+    """Writes the winner as a corpus directory `out_dir` (its splits, reports, the composed privacy
+    report and `selection.json`); the counts go to the owner-only `private_dir` (default OUT.private)."""
+    private_dir = private_dir or os.path.normpath(out_dir) + ".private"
+    src = paths[selection.winner_name]
+    os.makedirs(out_dir, exist_ok=True)
+    for name in COPIED:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(out_dir, name))
+    report_lib.write_report(out_dir, selection.report)
+    make_private_dir(private_dir)
+    write_private_json(os.path.join(private_dir, SCORES_FILE), {
+        "candidates": list(selection.names), "correct_on_valid": list(selection.scores), "dp": False,
+        "notice": NON_DP_SCORES_NOTICE})
+    fileio.write_json(os.path.join(out_dir, SELECTION_FILE), {
+        "format": "dpsynth.selection", "format_version": 1, **selection.report["selection"],
+        "epsilon": selection.report["epsilon"], "delta": selection.report["delta"],
+        "candidate_dirs": {n: os.path.abspath(p) for n, p in paths.items()}})
+    return out_dir
+
+
+# ---------------------------------------------------------------------- the candidate grid
+
+DEFAULT_GUIDANCES = (0.0, 1.5, 3.0, 6.0)
+DEFAULT_TEMPERATURES = (1.0, 1.2)
+DEFAULT_MULTIPLES = (1.0, 3.0)
+CANDIDATE_FILE = "candidate.json"  # in a prefix candidate: which generated corpus it is the prefix of
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateSpec:
+    """One candidate: a sampling setting and a multiple of |D_train| (a prefix of the setting's largest corpus)."""
+
+    guidance: float
+    temperature: float
+    multiple: float
+
+    @property
+    def name(self) -> str:
+        return f"w{self.guidance:g}-t{self.temperature:g}-x{self.multiple:g}"
+
+    @property
+    def source_name(self) -> str:
+        """The generated corpus this candidate is a prefix of (the setting at its largest multiple)."""
+        return f"w{self.guidance:g}-t{self.temperature:g}"
+
+
+def candidate_grid(guidances: Sequence[float] = DEFAULT_GUIDANCES, temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
+                   multiples: Sequence[float] = DEFAULT_MULTIPLES) -> list[CandidateSpec]:
+    """Every (guidance, temperature, multiple), in that order; refuses empty axes and bad values."""
+    if not guidances or not temperatures or not multiples:
+        raise ValueError("the candidate grid needs at least one guidance weight, temperature and multiple")
+    if any(not w >= 0 for w in guidances) or any(not t > 0 for t in temperatures) or any(not m > 0 for m in multiples):
+        raise ValueError(f"guidance >= 0, temperature > 0 and multiple > 0, got {guidances}, {temperatures}, {multiples}")
+    return [CandidateSpec(float(w), float(t), float(m)) for w in guidances for t in temperatures
+            for m in sorted(set(multiples))]
+
+
+def sizes(multiple: float, dataset_size: int, valid_fraction: float) -> tuple[int, int]:
+    """(synthetic train, synthetic valid) examples of a candidate: multiple x |D_train|, valid_fraction of that."""
+    n = max(1, int(round(multiple * dataset_size)))
+    return n, max(1, int(round(valid_fraction * n)))
+
+
+def write_prefix(src: str, dst: str, num_train: int, num_valid: int) -> str:
+    """A candidate made of the first `num_train` / `num_valid` examples of corpus `src` (reports copied,
+    `candidate.json` says so): smaller multiples cost no generation of their own."""
+    os.makedirs(dst, exist_ok=True)
+    for split, n in (("train", num_train), ("valid", num_valid)):
+        with open(os.path.join(src, f"{split}.jsonl"), encoding="utf-8") as f, \
+                fileio.atomic_path(os.path.join(dst, f"{split}.jsonl")) as tmp, open(tmp, "w", encoding="utf-8") as out:
+            for i, line in enumerate(f):
+                if i >= n:
+                    break
+                out.write(line)
+    for name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, "generation_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+    fileio.write_json(os.path.join(dst, CANDIDATE_FILE), {"prefix_of": os.path.abspath(src), "num_train": num_train,
+                                                          "num_valid": num_valid})
+    return dst
+
+
+def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec], *, dataset_size: int,
+                        valid_fraction: float = 0.1, label_distribution=None, beam_args: Sequence[str] = (),
+                        job_kwargs: Mapping[str, Any] | None = None, **generate_options) -> dict[str, str]:
+    """Generates the grid under `root`: each sampling setting once at its largest multiple, smaller
+    multiples as its prefixes. One label distribution (e.g. ONE DP histogram draw) serves all.
+    `generate_options`: more `GenerateConfig` fields; `job_kwargs`: more `job.generate` arguments
+    (tests: `loader`). Returns candidate name -> corpus directory. Reruns resume (the job's own resume)."""
+    from dpsynth.generate import job
+
+    largest: dict[str, CandidateSpec] = {}
+    for c in grid:
+        if c.source_name not in largest or c.multiple > largest[c.source_name].multiple:
+            largest[c.source_name] = c
+    out = {}
+    for source, spec in largest.items():
+        n, v = sizes(spec.multiple, dataset_size, valid_fraction)
+        gen_dir = os.path.join(root, "generated", source)
+        job.generate(job.GenerateConfig(model_dir=model_dir, out_dir=gen_dir, num_examples=n, valid_examples=v,
+                                        temperature=spec.temperature, guidance=spec.guidance,
+                                        label_distribution=label_distribution, **generate_options),
+                     beam_args=beam_args, **dict(job_kwargs or {}))
+    for c in grid:
+        src = os.path.join(root, "generated", c.source_name)
+        if c.multiple == largest[c.source_name].multiple:
+            out[c.name] = src
+        else:
+            out[c.name] = write_prefix(src, os.path.join(root, "prefixes", c.name), *sizes(c.multiple, dataset_size,
+                                                                                             valid_fraction))
+    return out

@@ -1,0 +1,148 @@
+"""The DP selection: probabilities against the exponential mechanism's formula, its privacy
+ratio on neighbouring D_valid, the accounting, and the composition rule."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dpsynth.dp import private_selection as ps
+from dpsynth.dp.accounting import PrivacyConfigError
+from dpsynth.dp.ledger import PrivacyLedger
+
+
+def brute_force(scores, scale):
+    w = [math.exp(scale * s) for s in scores]
+    return [x / sum(w) for x in w]
+
+
+@pytest.mark.parametrize("monotone", [True, False])
+@pytest.mark.parametrize("scores", [[0, 0], [10, 12, 11], [400, 397, 401, 380], [5]])
+def test_probabilities_match_formula(scores, monotone):
+    sel = ps.DpSelection(epsilon=0.7, monotone=monotone)
+    expected = brute_force(scores, 0.7 if monotone else 0.35)
+    np.testing.assert_allclose(sel.probabilities(scores), expected, rtol=1e-12)
+
+
+def test_sampling_matches_probabilities():
+    sel = ps.DpSelection(epsilon=1.0)
+    scores = [10, 11, 12, 9]
+    rng = np.random.default_rng(0)
+    n = 40_000
+    counts = np.bincount([sel.choose(scores, rng) for _ in range(n)], minlength=4) / n
+    p = sel.probabilities(scores)
+    # 5 standard errors of a binomial proportion
+    assert np.all(np.abs(counts - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-9), (counts, p)
+
+
+def correct_counts(predictions, labels):
+    return [sum(int(p == y) for p, y in zip(pred, labels)) for pred in predictions]
+
+
+def test_count_is_monotone_with_sensitivity_one_and_ratio_bounded():
+    """Every neighbour of a small D_valid (one record added or removed): each count moves by 0 or +1
+    (add) / 0 or -1 (remove), and each selection probability changes by at most e^epsilon."""
+    rng = np.random.default_rng(1)
+    eps = 0.9
+    for monotone in (True, False):
+        sel = ps.DpSelection(epsilon=eps, monotone=monotone)
+        for _ in range(30):
+            labels = list(rng.integers(0, 2, size=6))
+            preds = [list(rng.integers(0, 2, size=7)) for _ in range(3)]  # 7: room for one added record
+            base = correct_counts([p[:6] for p in preds], labels)
+            neighbours = [correct_counts([p[:6] + [p[6]] for p in preds], labels + [y]) for y in (0, 1)]
+            neighbours += [correct_counts([p[:i] + p[i + 1:6] for p in preds], labels[:i] + labels[i + 1:])
+                           for i in range(6)]
+            for nb in neighbours:
+                diff = np.subtract(nb, base)
+                assert np.all(np.abs(diff) <= ps.SENSITIVITY)
+                assert np.all(diff >= 0) or np.all(diff <= 0)  # monotone
+                ratio = sel.probabilities(nb) / sel.probabilities(base)
+                assert np.all(ratio <= math.exp(eps) * (1 + 1e-12)) and np.all(ratio >= math.exp(-eps) * (1 - 1e-12))
+
+
+def test_non_monotone_needs_half_scale():
+    """With scores that move in opposite directions, the monotone scale breaks epsilon: the general one does not."""
+    base, nb = [0.0, 1.0], [1.0, 0.0]  # each moved by 1, in opposite directions
+    eps = 1.0
+    worst = lambda sel: max(np.max(sel.probabilities(nb) / sel.probabilities(base)),
+                            np.max(sel.probabilities(base) / sel.probabilities(nb)))
+    assert worst(ps.DpSelection(epsilon=eps, monotone=True)) > math.exp(eps)
+    assert worst(ps.DpSelection(epsilon=eps, monotone=False)) <= math.exp(eps) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0, 3.0])
+def test_exponential_entry_accounts_its_epsilon(eps):
+    sel = ps.DpSelection(epsilon=eps)
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=math.inf)
+    ledger.record_selection(sel.ledger_entry(5))
+    got = ledger.epsilons()
+    assert got["pld"] is None  # no pure-DP event under add-or-remove in dp-accounting's PLD
+    # eps^2/8-zCDP (bounded range) -> RDP: at most the zCDP conversion rho + 2 sqrt(rho log(1/delta))
+    rho = eps ** 2 / 8
+    assert 0 < got["rdp"] <= rho + 2 * math.sqrt(rho * math.log(1e5)) + 1e-9
+    # a part holding only pure-DP selections is bounded by their summed epsilons, for every accountant
+    g = ps.guarantee(ledger.entries * 2, 1e-5, ps.PARALLEL)
+    for acc, v in g["epsilon_by_dataset"][ps.VALID].items():
+        assert v <= 2 * eps + 1e-12, (acc, v)
+    assert g["epsilon_by_dataset"][ps.VALID]["pld"] == 2 * eps
+    assert PrivacyLedger.from_json(ledger.to_json()).entries == ledger.entries
+
+
+def test_gaussian_variant_calibrated_for_k_counts():
+    sel = ps.DpSelection(epsilon=1.0, mechanism=ps.GAUSSIAN, delta=1e-5)
+    entry = sel.ledger_entry(4)
+    assert entry["mechanism"] == "gaussian" and entry["count"] == 4 and entry["dataset"] == ps.VALID
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=math.inf)
+    ledger.record_selection(entry)
+    assert ledger.epsilon("rdp") == pytest.approx(1.0, abs=2e-3)
+    # the same as one Gaussian of L2 sensitivity sqrt(k): sigma grows as sqrt(k)
+    assert sel.noise_multiplier(16) == pytest.approx(2 * sel.noise_multiplier(4), rel=2e-3)
+    assert sel.choose([0, 0, 1e6, 0], np.random.default_rng(0)) == 2
+
+
+def test_config_errors():
+    with pytest.raises(PrivacyConfigError):
+        ps.DpSelection(epsilon=0)
+    with pytest.raises(PrivacyConfigError):
+        ps.DpSelection(epsilon=math.inf)
+    with pytest.raises(PrivacyConfigError):
+        ps.DpSelection(epsilon=1, mechanism=ps.GAUSSIAN)
+    with pytest.raises(ValueError):
+        ps.DpSelection(epsilon=1).choose([], np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        ps.DpSelection(epsilon=1).choose([1, float("nan")], np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("split,read,expected", [
+    (ps.FILES, False, ps.PARALLEL), (ps.HASH, False, ps.PARALLEL), (ps.POSITIONAL, False, ps.SEQUENTIAL),
+    (ps.FILES, True, ps.SEQUENTIAL), (ps.HASH, True, ps.SEQUENTIAL)])
+def test_composition_rule(split, read, expected):
+    assert ps.composition(split, valid_read_by_tuning=read) == expected
+
+
+def test_guarantee_parallel_is_the_max_and_sequential_the_composition():
+    tuning = {"mechanism": "gaussian", "name": "tune", "noise_multiplier": 2.0, "count": 3}
+    for eps_s in (0.5, 1.0, 20.0):
+        sel = ps.DpSelection(epsilon=eps_s).ledger_entry(8)
+        par = ps.guarantee([tuning, sel], 1e-5, ps.PARALLEL)
+        seq = ps.guarantee([tuning, sel], 1e-5, ps.SEQUENTIAL)
+        t = par["epsilon_by_dataset"][ps.TRAIN]
+        s = par["epsilon_by_dataset"][ps.VALID]
+        for acc in ("rdp", "pld"):
+            assert par["epsilon"][acc] == max(t[acc], s[acc])
+            if seq["epsilon"][acc] is None:  # PLD cannot compose the exponential mechanism with the tuning
+                continue
+            assert seq["epsilon"][acc] == par["epsilon_sequential"][acc] >= par["epsilon"][acc]
+            # the release stays at the tuning's epsilon exactly when eps_s <= eps_t
+            stays = par["epsilon"][acc] == t[acc]
+            assert stays == (s[acc] <= t[acc])
+    assert ps.within_tuning(3.0, 1.0) and not ps.within_tuning(1.0, 3.0)
+
+
+def test_choice_is_exact_gumbel_max_over_all_orders():
+    """Gumbel-max picks the argmax of the perturbed scores: ties in scores give uniform choices."""
+    sel = ps.DpSelection(epsilon=2.0)
+    for perm in itertools.permutations([3, 3, 3]):
+        np.testing.assert_allclose(sel.probabilities(perm), [1 / 3] * 3)

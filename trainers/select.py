@@ -1,0 +1,115 @@
+"""`dpsynth select`: the best synthetic corpus for the budget, chosen with DP on the real D_valid.
+
+    dpsynth select --model runs/lora --valid data/valid.csv --epsilon 1 --out runs/synth \
+        [--guidance 0,1.5,3,6] [--temperatures 1,1.2] [--multiples 1,3] \
+        [--label-source data/train.csv --label-noise-multiplier 30] [Beam flags...]
+    dpsynth select --candidates runs/synth_a runs/synth_b ... --valid data/valid.csv --epsilon 1 --out runs/synth
+
+With `--model`, the candidates are generated first (each sampling setting once, at its
+largest multiple of |D_train|; smaller multiples are its prefixes) under `OUT.candidates/`;
+with `--candidates`, they are corpus directories that exist. A classifier is trained on each
+candidate's synthetic splits and its correct predictions on the real `--valid` are counted; only
+the winner is released, by the exponential mechanism (or `--mechanism gaussian`) at
+`--epsilon`, into `--out` (a corpus directory: splits, composed `privacy_report.json`,
+`selection.json`). The counts stay in the owner-only `OUT.private/`. See
+`dpsynth.evaluate.dp_select` and docs/dp.md, "DP selection on D_valid".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dpsynth import binding, errors, logs
+from dpsynth.data import dead_letters
+
+
+def _floats(s: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in s.split(",") if x.strip())
+
+
+def parser() -> argparse.ArgumentParser:
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.evaluate import dp_select, registry
+    from dpsynth.evaluate import train_classifier as tc
+
+    ap = argparse.ArgumentParser(prog="dpsynth select", description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="DP-tuned model directory: generate the candidate grid from it")
+    src.add_argument("--candidates", nargs="+", help="existing synthetic corpus directories to choose among")
+    ap.add_argument("--valid", required=True, help="the real D_valid (disjoint from D_train)")
+    ap.add_argument("--out", required=True, help="the selected corpus directory")
+    binding.add_flags(ap, dp_select.SelectConfig, overrides={
+        "epsilon": {"help": "epsilon of the selection on D_valid"},
+        "mechanism": {"choices": ps.MECHANISMS},
+        "delta": {"help": "the Gaussian selection's delta (default: the candidates')"},
+        "split": {"choices": ps.SPLITS, "help": "how D_valid was split from D: files / hash (data-independent: "
+                                                "parallel composition with the tuning) or positional (sequential)"},
+        "classifier": {"choices": registry.names()},
+        "cnn": {"choices": tc.CNN_SIZES},
+        "seed": {"help": "fix the selection's randomness (tests only: voids the guarantee for whoever knows it)"},
+    })
+    g = ap.add_argument_group("the candidate grid (with --model)")
+    g.add_argument("--guidance", type=_floats, default=dp_select.DEFAULT_GUIDANCES, help="guidance weights w")
+    g.add_argument("--temperatures", type=_floats, default=dp_select.DEFAULT_TEMPERATURES)
+    g.add_argument("--multiples", type=_floats, default=dp_select.DEFAULT_MULTIPLES,
+                   help="synthetic train sizes as multiples of |D_train| (the model's report's dataset size)")
+    g.add_argument("--valid-fraction", type=float, default=0.1, help="synthetic valid = this x synthetic train")
+    g.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
+    g.add_argument("--gen-batch-size", type=int, default=16, help="prompts per compiled sampler call")
+    g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates")
+    g.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of that histogram")
+    g.add_argument("--gen-seed", type=int, default=0, help="generation job seed")
+    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                    help=dead_letters.LIMIT_HELP + " (here: --valid; OUT.private/dead_letters.jsonl)")
+    logs.add_flags(ap)
+    return ap
+
+
+@errors.command("select", also=(ValueError, FileNotFoundError))
+def main(argv=None) -> int:
+    from dpsynth.dp import report as report_lib
+    from dpsynth.evaluate import corpora, dp_select
+
+    args, beam_args = parser().parse_known_args(argv)
+    logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
+    config = binding.from_args(dp_select.SelectConfig, args)
+    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                    prefix="dpsynth select: ")
+    dead_letters.read_checked([("valid (--valid)", args.valid)], policy)
+    valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit)
+    if args.model:
+        report = report_lib.load_report(args.model)
+        distribution = None
+        if args.label_source:
+            from dpsynth.generate import job
+
+            distribution = job.dp_label_distribution(args.model, args.label_source,
+                                                     noise_multiplier=args.label_noise_multiplier)
+        paths = dp_select.generate_candidates(
+            args.model, os.path.normpath(args.out) + ".candidates",
+            dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples),
+            dataset_size=int(report["training"]["dataset_size"]), valid_fraction=args.valid_fraction,
+            label_distribution=distribution, beam_args=beam_args, max_len=args.max_len,
+            batch_size=args.gen_batch_size, seed=args.gen_seed)
+    else:
+        if beam_args:
+            raise errors.DpsynthError(f"unknown flags {beam_args} (Beam flags only apply with --model)")
+        paths = {}
+        for d in args.candidates:
+            name = os.path.basename(os.path.normpath(d))
+            if name in paths:
+                raise errors.DpsynthError(f"two candidates are named {name!r}: give directories with distinct names")
+            paths[name] = d
+    selection = dp_select.select_corpora(paths, valid, config)
+    dp_select.write_selection(args.out, selection, paths)
+    print(json.dumps({"selected": selection.winner_name, "candidates": len(paths),
+                      "epsilon": selection.report["epsilon"],
+                      "composition": selection.report["selection"]["composition"], "out": args.out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
