@@ -29,7 +29,10 @@ from trainers import distributed
 
 
 def _float_or_inf(text: str) -> float:
-    return math.inf if text.lower() in ("inf", "infinity") else float(text)
+    try:
+        return math.inf if text.lower() in ("inf", "infinity") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     binding.add_flags(p, tune.TuneConfig, defaults=tune.TuneConfig(), overrides={
         "mode": {"choices": tune.MODES},
         "epsilon": {"type": _float_or_inf, "help": "target epsilon; 'inf' = non-private"},
-        "delta": {"help": "target delta (default 1/|train|)"},
+        "delta": {"help": "target delta (default 1/|train|; above 1/N refused without --allow-large-delta)"},
+        "allow_large_delta": {"help": "accept a delta above 1/N (N = |train|, or users), which protects nobody; the "
+                                      "privacy report's headline then says the delta is weak"},
         "accountant": {"choices": accounting.ACCOUNTANTS},
         "batch_size": {"help": "expected Poisson batch size"},
         "steps": {"container": g},
@@ -107,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
+    from dpsynth.dp import accounting
     from dpsynth.train import finetune as tune
     from dpsynth.train import sweep as sweep_lib
 
@@ -142,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
                               stop_after=args.stop_after, **kwargs)
+    units = result.report.get("training", {}).get("dataset_size")
+    if units and accounting.weak_delta(result.delta, units) and not math.isinf(config.epsilon):
+        print(f"dpsynth dp-tune: {accounting.weak_delta_note(result.delta, units, config.privacy_unit + 's')}",
+              file=sys.stderr)
     chosen = result.report.get("training", {}).get("recipe")
     if chosen:  # what the automatic recipe chose, and why (public settings and |D_train| only)
         print("dpsynth dp-tune: recipe auto: " + "; ".join(chosen["why"]), file=sys.stderr)
