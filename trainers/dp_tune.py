@@ -24,7 +24,7 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 from trainers import distributed
 
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default="label")
     p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                    help=dead_letters.LIMIT_HELP + " (here: the private state directory's dead_letters.jsonl)")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(p)
     return p
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]
     inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
     train, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
-                                             label_column=args.label_column)
+                                             label_column=args.label_column, encoding=args.encoding)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)

@@ -253,6 +253,7 @@ def dp_label_distribution(
     seed: int | None = None,
     dead_letters=None,
     allow_large_delta: bool = False,
+    encoding: str | None = None,
 ) -> labels_lib.LabelDistribution:
     """A DP label histogram of D_train (`label_source`) for the model's label set.
 
@@ -281,7 +282,7 @@ def dp_label_distribution(
         if delta is None:
             raise GenerateError(f"{model_dir}: no privacy report to take delta from; pass --label-delta")
     policy = dead_letters or dead_letters_lib.Policy(prefix="generate: ")
-    [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy)
+    [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy, encoding=encoding)
     if epsilon is not None:  # (delta against N = the records counted, before anything is drawn)
         try:
             accounting.check_delta_size(delta, len(data.records), allow_large_delta=allow_large_delta)
@@ -313,6 +314,7 @@ class DpLabelHistogram:
       seed: noise seed for tests only; None draws from the OS entropy pool.
       dead_letters: what to do with `source`'s rejected records (`dpsynth.data.dead_letters.Policy`).
       allow_large_delta: accept a `delta` above 1/|source| (refused by default).
+      encoding: `source`'s text encoding (default UTF-8).
     """
 
     source: str | None
@@ -322,6 +324,7 @@ class DpLabelHistogram:
     seed: int | None = None
     dead_letters: Any = None
     allow_large_delta: bool = False
+    encoding: str | None = None
 
 
 def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
@@ -331,5 +334,5 @@ def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> G
     dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
                                  noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
                                  delta=request.delta, seed=request.seed, dead_letters=request.dead_letters,
-                                 allow_large_delta=request.allow_large_delta)
+                                 allow_large_delta=request.allow_large_delta, encoding=request.encoding)
     return dataclasses.replace(config, label_distribution=dist)
