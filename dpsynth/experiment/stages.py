@@ -281,6 +281,7 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
         threads=os.cpu_count() or 1,
+        state_dir=ctx.private_path("dedup"),  # the sensitive tokens and index: never in the stage's output
     )
     shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already
