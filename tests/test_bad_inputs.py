@@ -306,3 +306,15 @@ def test_generate_max_len_zero_is_refused(tmp_path, fake_model, capsys):
     rc = main(["--model", fake_model, "--num-examples", "2", "--out", str(tmp_path / "out"), "--max-len", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "--max-len must be >= 2 tokens" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_generate_label_histogram_refuses_a_delta_above_one_over_n(tmp_path, fake_model, capsys):
+    from beam_jobs.generate import main
+
+    data = _labeled(tmp_path / "train.jsonl", ["alpha", "beta"] * 5)
+    argv = ["--model", fake_model, "--num-examples", "2", "--out", str(tmp_path / "out"), "--label-distribution",
+            "dp-histogram", "--label-source", data, "--label-epsilon", "1", "--label-delta", "0.5"]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists(), err
+    assert "--label-delta: delta 0.5 is above 1/N = 1/10 examples" in err
