@@ -6,7 +6,9 @@
 Inputs are text (files, directories, globs, gs://), already tokenized corpora (directories
 written by `dpsynth tokenize` with the same tokenizer), or `tfds:NAME` for sensitive data.
 Writes OUT/clean/*.jsonl ({"id", "text"}), OUT/clean_tokens/ (token shards),
-OUT/contamination.json, OUT/index (the sensitive suffix-array index) and OUT/tokens/.
+OUT/contamination.json and OUT/tokens/public/ (publishable: docs/formats.md); the sensitive
+token corpora, their dead letters and the sensitive index go to the owner-only --state-dir.
+A sensitive record that cannot be read (a dead letter) is refused unless --allow-unread-sensitive.
 Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode`, ...).
 """
 
@@ -17,6 +19,7 @@ import sys
 
 from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
+from dpsynth.data import dead_letters, readers
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
@@ -36,6 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES)
     p.add_argument("--tfds-data-dir", default=None)
     p.add_argument("--threads", type=int, default=1, help="native threads per worker")
+    p.add_argument("--state-dir", default=None, help="the private state directory (the sensitive token corpora, their "
+                   "dead letters, the sensitive index; created 0700, never publish it); default: OUT.private next to --out")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of the --sensitive files: " + readers.ENCODING_HELP)
+    p.add_argument("--public-encoding", default=readers.DEFAULT_ENCODING, help="of the --public files (default utf-8)")
+    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                   help=dead_letters.LIMIT_HELP + " (here: per corpus, in its token directory)")
+    p.add_argument("--allow-unread-sensitive", action="store_true",
+                   help="go on when a sensitive record cannot be read (refused by default: the dedup cannot cut a "
+                        "public copy of it); the report then lists those records as not protected")
     logs.add_flags(p)
     return p
 
@@ -52,7 +64,10 @@ def run(argv=None, test_pipeline=None) -> dict:
         min_tokens=args.min_tokens, text_column=args.text_column, label_column=args.label_column or None,
         num_shards=args.num_shards, shard_bytes=int(args.shard_mb * (1 << 20)),
         max_document_bytes=args.max_document_bytes, tfds_data_dir=args.tfds_data_dir,
-        threads=args.threads, beam_args=beam_args, test_pipeline=test_pipeline,
+        threads=args.threads, state_dir=args.state_dir, encoding=args.encoding,
+        public_encoding=args.public_encoding,
+        max_dead_letters=args.max_dead_letters, allow_unread_sensitive=args.allow_unread_sensitive,
+        beam_args=beam_args, test_pipeline=test_pipeline,
     )
 
 

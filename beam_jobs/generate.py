@@ -17,7 +17,7 @@ import os
 import sys
 
 from dpsynth import errors, logs, outdir
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
 from dpsynth.train.prompts import GUIDANCE_CONTRASTS
@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of the histogram (sensitivity 1)")
     p.add_argument("--label-epsilon", type=float, default=None, help="calibrate sigma for this epsilon (alone)")
     p.add_argument("--label-delta", type=float, default=None, help="delta for --label-epsilon (default: the model's)")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING,
+                   help="of --label-source: " + readers.ENCODING_HELP)
+    p.add_argument("--allow-large-delta", action="store_true",
+                   help="accept a --label-delta above 1/N (N = --label-source records), which protects nobody")
     p.add_argument("--format", default="jsonl", help="comma-separated: jsonl (always), parquet, tfrecord")
     p.add_argument("--allow-non-private", action="store_true", help="accept a model without a privacy report")
     p.add_argument("--train", default=None, help="opt-in memorisation audit against D_train (NOT DP; owner-only, "
@@ -77,6 +81,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     if args.label_distribution == "dp-histogram":
         histogram = DpLabelHistogram(source=args.label_source, noise_multiplier=args.label_noise_multiplier,
                                      epsilon=args.label_epsilon, delta=args.label_delta,
+                                     allow_large_delta=args.allow_large_delta, encoding=args.encoding,
                                      dead_letters=dead_letters.Policy.of(args.max_dead_letters,
                                                                          dead_letters.default_path(args.out),
                                                                          prefix="dpsynth generate: "))

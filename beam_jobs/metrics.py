@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpsynth import errors, logs, outdir
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 
 if TYPE_CHECKING:
     from dpsynth.evaluate.scoring import EvaluateConfig
@@ -66,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-real-baseline", action="store_true")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                     help=dead_letters.LIMIT_HELP + " (here: per real split; OUT.private/dead_letters.jsonl)")
+    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of the real splits: " + readers.ENCODING_HELP)
     logs.add_flags(ap)
     return ap
 
@@ -119,11 +120,13 @@ def run(argv=None, test_pipeline=None) -> dict:
                                     prefix="dpsynth evaluate: ")
     dead_letters.read_checked([(f"real {s} (--real-{s})", p) for s, p in
                                (("train", args.real_train), ("test", args.real_test), ("valid", args.real_valid)) if p],
-                              policy)
+                              policy, encoding=args.encoding)
     dirs = args.synthetic or corpora.find_corpora(args.synthetic_root)
     pipeline.run_job(dirs, (args.real_train, args.real_test, args.real_valid), args.out, config,
-                     beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit)
-    labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test", max_dead_letters=policy.limit)]
+                     beam_args=beam_args, test_pipeline=test_pipeline, max_dead_letters=policy.limit,
+                     encoding=args.encoding)
+    labels = [str(r["label"]) for r in corpora.read_real(args.real_test, "real test", max_dead_letters=policy.limit,
+                                                         encoding=args.encoding)]
     return {"out": args.out, "corpora": len(dirs), "summary": tables.report_summary(args.out, labels)}
 
 

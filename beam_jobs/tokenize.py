@@ -6,7 +6,8 @@
         --runner DataflowRunner --project P --region R --temp_location gs://B/tmp --setup_file ./setup.py
 
 Unknown flags are Beam pipeline options (`--runner`, `--direct_num_workers`, ...).
-Output format: `dpsynth/data/token_shards.py`; bad records go to `OUT/dead_letters.jsonl`.
+Output format: `dpsynth/data/token_shards.py`; bad records go to `OUT/dead_letters.jsonl` (refused past
+--max-dead-letters); a sensitive corpus is owner-only (OUT 0700, files 0600).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
+from dpsynth.data import dead_letters, readers
 from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
 
 
@@ -34,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES,
                    help="larger documents are dead-lettered")
     p.add_argument("--tfds-data-dir", default=None, help="prepared TFDS data_dir for tfds:NAME inputs")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
+    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
+                   help=dead_letters.LIMIT_HELP + " (here: OUT/dead_letters.jsonl)")
     logs.add_flags(p)
     return p
 
@@ -56,6 +61,8 @@ def run(argv=None, test_pipeline=None) -> dict:
         shard_bytes=int(args.shard_mb * (1 << 20)),
         max_document_bytes=args.max_document_bytes,
         tfds_data_dir=args.tfds_data_dir,
+        encoding=args.encoding,
+        max_dead_letters=args.max_dead_letters,
         beam_args=beam_args,
         test_pipeline=test_pipeline,
     )

@@ -58,7 +58,7 @@ sys.path.insert(0, REPO)
 SHARED = os.environ.get("DPSYNTH_SHARED_DATA", os.path.join(os.path.dirname(REPO), "shared", "data"))
 
 from dpsynth.beam import jobs  # noqa: E402
-from dpsynth.data import readers  # noqa: E402
+from dpsynth.data import dead_letters, readers  # noqa: E402
 from dpsynth.data.text import complement_ranges, encode_document  # noqa: E402
 from dpsynth.data.tokenizer_training import train_tokenizer  # noqa: E402
 from dpsynth.data.tokenizers import Tokenizer  # noqa: E402
@@ -209,9 +209,10 @@ def main(argv=None) -> int:
 def _stages(out_dir: str, started: float) -> dict:
     """Seconds per stage of the one-pipeline job, from when its files were written: tokenize
     (until the last token manifest), index (until the sensitive index), dedup (until the report)."""
-    manifests = [os.path.join(root, "manifest.json") for root, _, files in os.walk(os.path.join(out_dir, "tokens"))
-                 if "manifest.json" in files]
-    ends = [max(os.path.getmtime(m) for m in manifests), os.path.getmtime(os.path.join(out_dir, "index")),
+    private = dead_letters.private_dir(out_dir)  # the sensitive tokens and the index (owner-only state)
+    manifests = [os.path.join(root, "manifest.json") for top in (out_dir, private)
+                 for root, _, files in os.walk(os.path.join(top, "tokens")) if "manifest.json" in files]
+    ends = [max(os.path.getmtime(m) for m in manifests), os.path.getmtime(os.path.join(private, "index")),
             os.path.getmtime(os.path.join(out_dir, "contamination.json"))]
     return {"tokenize": ends[0] - started, "index": ends[1] - ends[0], "dedup": ends[2] - ends[1]}
 

@@ -18,7 +18,7 @@ import pytest
 from tests.data.bad_inputs import CASES, write_case
 from tests.train.conftest import tiny_base  # noqa: F401 (fixture)
 
-ENTRIES = ("dp-tune", "classify", "evaluate", "generate", "tokenize", "experiment")
+ENTRIES = ("dp-tune", "classify", "evaluate", "generate", "tokenize", "dedup", "experiment")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,10 @@ def tokenizer(tmp_path_factory):
     return path
 
 
-def _run(entry, data, tmp, fake_model, tokenizer, capsys):
+def _run(entry, data, tmp, fake_model, tokenizer, capsys, encoding=None):
     """Runs `dpsynth ENTRY` in-process on `data`, set up to stop right after reading it; returns (rc, stderr+stdout).
+
+    `encoding`: the entry's `--encoding` (the experiment's `sensitive.encoding`).
 
     An exception escaping `main` is a traceback the user would see: the test fails with it.
     """
@@ -57,7 +59,7 @@ def _run(entry, data, tmp, fake_model, tokenizer, capsys):
                 "--max-dead-letters", "0"]
     elif entry == "evaluate":
         from beam_jobs.metrics import main
-        (tmp / "no_corpora").mkdir()
+        (tmp / "no_corpora").mkdir(exist_ok=True)
         args = ["--synthetic-root", str(tmp / "no_corpora"), "--real-train", data, "--real-test", data, "--out", out,
                 "--classifiers", "none", "--max-dead-letters", "0"]
     elif entry == "generate":
@@ -66,14 +68,21 @@ def _run(entry, data, tmp, fake_model, tokenizer, capsys):
                 "--label-source", data, "--label-noise-multiplier", "1", "--max-dead-letters", "0"]
     elif entry == "tokenize":
         from beam_jobs.tokenize import main
-        args = ["--input", data, "--kind", "sensitive", "--tokenizer", tokenizer, "--out", out]
+        args = ["--input", data, "--kind", "sensitive", "--tokenizer", tokenizer, "--out", out,
+                "--max-dead-letters", "0"]
+    elif entry == "dedup":
+        from beam_jobs.dedup import main
+        args = ["--public", str(clean), "--sensitive", f"d={data}", "--tokenizer", tokenizer, "--out", out,
+                "--min-tokens", "3", "--max-dead-letters", "0"]
     elif entry == "experiment":
         from dpsynth.experiment.runner import main
         config = tmp / "exp.yaml"
-        config.write_text(json.dumps({"out": out, "sensitive": {"embedded": False, "train": data, "valid": str(clean),
-                                                                "test": str(clean), "max_dead_letters": "0"},
+        sensitive = {"embedded": False, "train": data, "valid": str(clean), "test": str(clean), "max_dead_letters": "0"}
+        config.write_text(json.dumps({"out": out, "sensitive": {**sensitive, **({"encoding": encoding} if encoding else {})},
                                       "public": {"embedded": False, "paths": [str(clean)]}}))
         args = [str(config), "--until", "sensitive"]
+    if encoding and entry != "experiment":
+        args += ["--encoding", encoding]
     capsys.readouterr()
     try:
         rc = main(args)
@@ -116,14 +125,17 @@ def test_every_entry_gives_one_line_or_counted_dead_letters(entry, case, tmp_pat
         assert errors and any(expected[1] in line and name in line for line in errors), out
         return
     used, dead = expected[1:]
-    if dead and entry != "tokenize":  # --max-dead-letters 0: refused, with the count and the reasons
+    if dead:  # --max-dead-letters 0: refused, with the count and the reasons
         assert rc not in (0, None) and f"{dead} of {used + dead} records dead-lettered, {used} used" in out, out
         assert "more than --max-dead-letters 0" in out
-    elif dead:  # the Beam job lists its dead letters, counts them in the manifest and says so
-        assert rc == 0 and f"{dead} dead-lettered" in out, out
-        manifest = json.loads(open(os.path.join(tmp_path, "out", "manifest.json")).read())
+    if dead and entry in ("tokenize", "dedup"):  # the Beam jobs list them and count them in the token manifest
+        tokens = (tmp_path / "out") if entry == "tokenize" else (tmp_path / "out.private" / "tokens" / "sensitive" / "d")
+        manifest = json.loads((tokens / "manifest.json").read_text())
         assert (manifest["dead_lettered"], manifest["records_in"]) == (dead, used + dead)
-    else:
+        assert len((tokens / "dead_letters.jsonl").read_text().splitlines()) == dead
+    if dead and entry == "dedup":  # nothing cut, nothing publishable written
+        assert not (tmp_path / "out" / "clean").exists() and not (tmp_path / "out" / "contamination.json").exists()
+    if not dead:
         assert "records dead-lettered" not in out  # read whole: the entry went on (and stopped later, on purpose)
 
 
@@ -187,6 +199,7 @@ def test_dp_tune_validation_label_unseen_in_training(tmp_path, capsys, tiny_base
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "valid.jsonl:2" in err and "awful" in err  # the file and the record
+    assert "record 2 (id" in err  # counted from 1, as the dead-letter files count
 
 
 # ----------------------------------------------------------------------------- lines of hundreds of MB
@@ -219,3 +232,89 @@ def test_a_line_of_hundreds_of_megabytes_is_a_counted_dead_letter(fmt, tmp_path,
     err = capsys.readouterr().err
     assert rc == 2 and "1 of 6 records dead-lettered, 5 used" in err and "Traceback" not in err
     assert "word word" not in err
+
+
+# ----------------------------------------------------------------------------- issue 35: encodings, delta, small cases
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_entry_reads_a_cp1252_export_whole_with_its_encoding(entry, tmp_path, fake_model, tokenizer, capsys):
+    """The same `--encoding cp1252` (the experiment's `sensitive.encoding`) fixes the export for every stage."""
+    path, _ = write_case(tmp_path, "csv_cp1252")
+    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="cp1252")
+    assert "Traceback" not in out and "records dead-lettered" not in out and "invalid" not in out, out
+    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="utf-16")
+    assert rc == 2 and "'utf-16' is not ASCII-compatible" in out, out
+    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="no-such-codec")
+    assert rc == 2 and "unknown text encoding 'no-such-codec'" in out, out
+
+
+def _dp_tune(tmp_path, capsys, *argv, labels=("great", "other") * 10):
+    from trainers import dp_tune
+
+    train = _labeled(tmp_path / "train.jsonl", list(labels))
+    capsys.readouterr()
+    rc = dp_tune.main(["--base", str(tmp_path / "no_base"), "--train", train, "--out", str(tmp_path / "o"),
+                       "--batch-size", "2", "--steps", "1", "--max-tokens", "32", *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+def test_dp_tune_refuses_a_delta_above_one_over_n_before_any_compute(tmp_path, capsys):
+    rc, err = _dp_tune(tmp_path, capsys, "--delta", "0.5")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "delta 0.5 is above 1/N = 1/20 examples" in err and "--allow-large-delta" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.private" / "checkpoints").exists()
+    # Allowed, the run goes on (to the missing base model here: past the plan, nothing spent yet).
+    rc, err = _dp_tune(tmp_path, capsys, "--delta", "0.5", "--allow-large-delta")
+    assert rc == 2 and "above 1/N" not in err and "no_base/manifest.json: missing" in err, err
+
+
+@pytest.mark.slow  # one DP step of the tiny model (~30 CPU-s); the headline itself: tests/dp/test_report.py
+def test_dp_tune_with_allow_large_delta_says_weak_delta_in_the_report_headline(tmp_path, capsys, tiny_base):  # noqa: F811
+    from dpsynth.dp import report
+
+    train = _labeled(tmp_path / "train.jsonl", ["great", "other"] * 10)
+    from trainers import dp_tune
+
+    rc = dp_tune.main(["--base", tiny_base[0], "--train", train, "--out", str(tmp_path / "o"), "--batch-size", "2",
+                       "--steps", "1", "--max-tokens", "32", "--delta", "0.5", "--allow-large-delta", "--seed", "1"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "WEAK DELTA: delta 0.5 is above 1/N = 1/20 examples" in err, err
+    headline = (tmp_path / "o" / report.REPORT_MD).read_text().splitlines()[2]
+    assert headline.startswith("**DIFFERENTIALLY PRIVATE**") and "WEAK DELTA: delta 0.5 is above 1/N = 1/20" in headline
+
+
+def test_dp_tune_refuses_a_single_label_training_set_before_any_budget(tmp_path, capsys):
+    rc, err = _dp_tune(tmp_path, capsys, labels=["great"] * 20)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "single label ('great' in all 20 records)" in err and not (tmp_path / "o").exists()
+
+
+def test_dp_tune_epsilon_that_is_not_a_number(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _dp_tune(tmp_path, capsys, "--epsilon", "abc")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --epsilon: expected a number or 'inf', got 'abc'" in err
+    assert "_float_or_inf" not in err
+
+
+def test_generate_max_len_zero_is_refused(tmp_path, fake_model, capsys):
+    from beam_jobs.generate import main
+
+    rc = main(["--model", fake_model, "--num-examples", "2", "--out", str(tmp_path / "out"), "--max-len", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--max-len must be >= 2 tokens" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_generate_label_histogram_refuses_a_delta_above_one_over_n(tmp_path, fake_model, capsys):
+    from beam_jobs.generate import main
+
+    data = _labeled(tmp_path / "train.jsonl", ["alpha", "beta"] * 5)
+    argv = ["--model", fake_model, "--num-examples", "2", "--out", str(tmp_path / "out"), "--label-distribution",
+            "dp-histogram", "--label-source", data, "--label-epsilon", "1", "--label-delta", "0.5"]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists(), err
+    assert "--label-delta: delta 0.5 is above 1/N = 1/10 examples" in err

@@ -20,7 +20,7 @@ import json
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -65,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                     help=dead_letters.LIMIT_HELP + " (here: OUT.private/dead_letters.jsonl)")
+    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(ap)
     return ap
 
@@ -82,9 +83,10 @@ def main(argv=None) -> int:
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth classify: ")
     dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
-                               ("test (--test)", args.test)], policy)
+                               ("test (--test)", args.test)], policy, encoding=args.encoding)
     result = tc.classify_files(args.train, args.valid, args.test, config=binding.from_args(tc.ClassifyConfig, args),
-                               out=args.out, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
+                               out=args.out, privacy_dir=args.privacy_report, max_dead_letters=policy.limit,
+                               encoding=args.encoding)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
                "test_scores_mean": result.score_mean}
     if result.privacy is not None:

@@ -24,12 +24,15 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 from trainers import distributed
 
 
 def _float_or_inf(text: str) -> float:
-    return math.inf if text.lower() in ("inf", "infinity") else float(text)
+    try:
+        return math.inf if text.lower() in ("inf", "infinity") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     binding.add_flags(p, tune.TuneConfig, defaults=tune.TuneConfig(), overrides={
         "mode": {"choices": tune.MODES},
         "epsilon": {"type": _float_or_inf, "help": "target epsilon; 'inf' = non-private"},
-        "delta": {"help": "target delta (default 1/|train|)"},
+        "delta": {"help": "target delta (default 1/|train|; above 1/N refused without --allow-large-delta)"},
+        "allow_large_delta": {"help": "accept a delta above 1/N (N = |train|, or users), which protects nobody; the "
+                                      "privacy report's headline then says the delta is weak"},
         "accountant": {"choices": accounting.ACCOUNTANTS},
         "batch_size": {"help": "expected Poisson batch size"},
         "steps": {"container": g},
@@ -101,12 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default="label")
     p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                    help=dead_letters.LIMIT_HELP + " (here: the private state directory's dead_letters.jsonl)")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(p)
     return p
 
 
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
+    from dpsynth.dp import accounting
     from dpsynth.train import finetune as tune
 
     args = build_parser().parse_args(argv)
@@ -135,7 +142,7 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     inputs = [("D_train (--train)", args.train, {"user_column": args.user_column})]
     inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
     train, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
-                                             label_column=args.label_column)
+                                             label_column=args.label_column, encoding=args.encoding)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
@@ -151,6 +158,10 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     else:
         result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
                               stop_after=args.stop_after, **kwargs)
+    units = result.report.get("training", {}).get("dataset_size")
+    if units and accounting.weak_delta(result.delta, units) and not math.isinf(config.epsilon):
+        print(f"dpsynth dp-tune: {accounting.weak_delta_note(result.delta, units, config.privacy_unit + 's')}",
+              file=sys.stderr)
     chosen = result.report.get("training", {}).get("recipe")
     if chosen:  # what the automatic recipe chose, and why (public settings and |D_train| only)
         print("dpsynth dp-tune: recipe auto: " + "; ".join(chosen["why"]), file=sys.stderr)

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from dpsynth import errors, logs
+from dpsynth.data import readers
 from dpsynth.data.tokenizer_training import DEFAULT_SAMPLE_BYTES, train_public_tokenizer
 
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(t)
     return p
 
@@ -40,7 +42,7 @@ def main(argv=None) -> int:
     train_public_tokenizer(
         args.corpus, vocab_size=args.vocab_size, out=args.out, text_column=args.text_column,
         max_sentences=args.max_sentences, max_sample_bytes=max(1, int(args.max_sample_mb * 2**20)),
-        model_type=args.model_type, seed=args.seed,
+        model_type=args.model_type, seed=args.seed, encoding=args.encoding,
     )
     return 0
 

@@ -88,6 +88,20 @@ def remove_stale_shards(directory: str, keep: set[str]) -> int:
     return len(stale)
 
 
+def dead_letter_summary(token_dir: str, manifest: dict[str, Any], name: str, limit=None):
+    """The `dpsynth.data.dead_letters.Summary` of a written token corpus: its manifest's counts
+    and the dead letters of its `dead_letters.jsonl` (`limit`: `--max-dead-letters`)."""
+    from dpsynth.data import dead_letters
+
+    dead = ()
+    if manifest.get("dead_lettered"):
+        rows = fileio.parse_jsonl(fileio.read_bytes_fs(FileSystems.join(token_dir, DEAD_LETTERS)))
+        dead = tuple(readers.DeadLetter(r["file"], r["record"], r["reason"]) for r in rows)
+    used = manifest["num_documents"]
+    return dead_letters.Summary(name=name, records_in=manifest.get("records_in", used + len(dead)), used=used,
+                                dead=dead, limit=dead_letters.parse_limit(limit))
+
+
 # ----------------------------------------------------------------------------- reading
 
 

@@ -8,10 +8,15 @@ filesystem); each worker loads it and suffix-sorts it once, then runs
 sorted sensitive set). Each DoFn writes its own outputs atomically:
 
 ```
-OUT/index                                                  the sensitive index (SensitiveIndex.save)
+STATE/index                                                the sensitive index (SensitiveIndex.save; private)
 OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
 OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per document with kept text
 ```
+
+Nothing is cut (no index, no clean corpus, no report) when a corpus is empty, has more dead
+letters than `--max-dead-letters` allows, or when a sensitive record could not be read
+(unless `allow_unread_sensitive`, and the report then lists the unread records as not
+protected): `check_inputs` decides, in the index step and again on the driver, which raises.
 
 The clean text of a document is its kept token pieces (the complement of the cut ranges),
 each decoded on its own and joined with a newline. Documents whose clean text is empty or only
@@ -34,7 +39,8 @@ from apache_beam.metrics import Metrics
 
 from dpsynth import fileio
 from dpsynth.beam.corpus import remove_stale_shards
-from dpsynth.data import token_shards
+from dpsynth.beam.corpus import dead_letter_summary
+from dpsynth.data import dead_letters, readers, token_shards
 from dpsynth.data.text import complement_ranges
 from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
@@ -47,6 +53,38 @@ CONTAMINATION = "contamination.json"
 INDEX_FILE = "index"
 PUBLIC = "public"  # the public corpus's name among the token corpora
 PLAN = "plan"  # the index step's status element
+
+
+class UnreadSensitiveError(readers.InputError):
+    """A sensitive record could not be read: the dedup cannot cut a public copy of it."""
+
+
+def check_inputs(manifests: dict[str, dict], token_dirs: dict[str, str], *, limit=None,
+                 allow_unread_sensitive: bool = False) -> dict[str, list[dict]]:
+    """The unread (dead-lettered) records of every sensitive corpus, `{name: [{"file", "record"}]}`,
+    after checking that the dedup may go on with them.
+
+    Raises:
+      dead_letters.TooManyDeadLetters: a corpus (public or sensitive) has more dead letters than
+        `limit` (`--max-dead-letters`) allows.
+      UnreadSensitiveError: a sensitive record was dead-lettered and not `allow_unread_sensitive`.
+    """
+    summaries = {name: dead_letter_summary(token_dirs[name], m, "public corpus" if name == PUBLIC else
+                                           f"sensitive {name!r}", limit) for name, m in manifests.items()}
+    for name in sorted(summaries, key=lambda n: (n != PUBLIC, n)):
+        dead_letters.enforce([summaries[name]], FileSystems.join(token_dirs[name], "dead_letters.jsonl"))
+    unread = {name: [{"file": d.file, "record": d.record} for d in s.dead]
+              for name, s in summaries.items() if name != PUBLIC}
+    bad = [summaries[name] for name, rows in sorted(unread.items()) if rows]
+    if bad and not allow_unread_sensitive:
+        first = bad[0].dead[0]
+        decoding = any("invalid " in reason for s in bad for reason, _ in s.reasons)
+        raise UnreadSensitiveError(
+            "; ".join(s.describe() for s in bad) + f" (first: {first.file} record {first.record}: {first.reason}). "
+            "The dedup cannot cut a public copy of a record it could not read: fix the input"
+            + (" (its --encoding, e.g. cp1252?)" if decoding else "")
+            + ", or pass --allow-unread-sensitive (the report then lists them as not protected)")
+    return unread
 
 
 def clean_text(tokenizer, document, ranges) -> str:
@@ -179,9 +217,10 @@ class _FinishFn(beam.DoFn):
     contamination.json (nothing when the plan step found an empty corpus)."""
 
     def __init__(self, out_dir: str, index_path: str, public_dir: str, vocab_size: int, tokenizer_sha256: str,
-                 min_tokens: int):
+                 min_tokens: int, token_dirs: dict[str, str], checks: dict):
         self.out_dir, self.index_path, self.public_dir = out_dir, index_path, public_dir
         self.vocab_size, self.tokenizer_sha256, self.min_tokens = vocab_size, tokenizer_sha256, min_tokens
+        self.token_dirs, self.checks = token_dirs, checks
 
     def process(self, element):
         if any(r[0] == PLAN and r[1] for r in element[1]):  # else an empty corpus: the job raises
@@ -197,7 +236,9 @@ class _FinishFn(beam.DoFn):
             for k, v in r["counts"].items():
                 counts[k] = counts.get(k, 0) + v
         index = SensitiveIndex.load(self.index_path)
-        rep = dedup_report.build_report(index, [r[2]["stats"] for r in results], self.min_tokens)
+        manifests = {name: token_shards.read_manifest(d) for name, d in self.token_dirs.items()}
+        unread = check_inputs(manifests, self.token_dirs, **self.checks)  # (passed in the index step)
+        rep = dedup_report.build_report(index, [r[2]["stats"] for r in results], self.min_tokens, unread=unread)
         names = {r[1] for r in results}
         for sub in (CLEAN_TOKENS, CLEAN_TEXT):
             remove_stale_shards(FileSystems.join(self.out_dir, sub), names)
@@ -236,8 +277,9 @@ class _IndexFn(beam.DoFn):
     entry, None) per public shard; writes the sensitive index first (when every corpus has a
     document)."""
 
-    def __init__(self, sensitive: Sequence[str], token_dirs: dict[str, str], index_path: str):
+    def __init__(self, sensitive: Sequence[str], token_dirs: dict[str, str], index_path: str, checks: dict):
         self.sensitive, self.token_dirs, self.index_path = list(sensitive), dict(token_dirs), index_path
+        self.checks = checks  # check_inputs' keyword arguments
 
     def process(self, element):
         from dpsynth.dedup.index import SensitiveIndex
@@ -246,14 +288,23 @@ class _IndexFn(beam.DoFn):
         if set(manifests) != set(self.token_dirs):
             raise ValueError(f"manifests of {sorted(manifests)}, expected {sorted(self.token_dirs)}")
         empty = sorted(name for name, m in manifests.items() if m["num_documents"] == 0)
+        refused = None
         if empty:
             logger.warning("dedup: no valid document in %s; nothing is cut", ", ".join(empty))
         else:
+            try:
+                check_inputs(manifests, self.token_dirs, **self.checks)
+            except readers.InputError as e:  # the driver raises it again, from the same manifests
+                refused = e
+        if refused is not None:
+            logger.warning("dedup: nothing is cut: %s", refused)
+        elif not empty:
             index = SensitiveIndex.build([(name, token_shards.read_corpus(self.token_dirs[name]))
                                          for name in self.sensitive])
             index.save(self.index_path)
-        yield PLAN, not empty, None
-        for entry in [] if empty else manifests[PUBLIC]["shards"]:
+        ok = not empty and refused is None
+        yield PLAN, ok, None
+        for entry in manifests[PUBLIC]["shards"] if ok else []:
             yield "entry", entry, None
 
 
@@ -264,22 +315,26 @@ class DedupCorpora(beam.PTransform):
     Args:
       token_dirs: corpus name -> its token corpus directory; "public" is the public corpus,
         every other name a sensitive dataset (indexed in the order given).
-      out_dir: the job's output directory (index, clean corpus, report).
+      out_dir: the job's output directory (clean corpus, report).
+      state_dir: the job's private state (the sensitive index; default `out_dir`, for tests).
+      max_dead_letters, allow_unread_sensitive: what `check_inputs` tolerates.
     """
 
     def __init__(self, *, token_dirs: dict[str, str], dtype: str, tokenizer_path: str, out_dir: str,
-                 vocab_size: int, tokenizer_sha256: str, min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1):
+                 vocab_size: int, tokenizer_sha256: str, min_tokens: int = DEFAULT_MIN_TOKENS, threads: int = 1,
+                 state_dir: str | None = None, max_dead_letters=None, allow_unread_sensitive: bool = False):
         super().__init__()
         if PUBLIC not in token_dirs or len(token_dirs) < 2:
             raise ValueError(f"DedupCorpora needs the {PUBLIC!r} corpus and at least one sensitive one")
-        index_path = FileSystems.join(out_dir, INDEX_FILE)
-        self.index_fn = _IndexFn([n for n in token_dirs if n != PUBLIC], token_dirs, index_path)
+        index_path = FileSystems.join(state_dir or out_dir, INDEX_FILE)
+        checks = {"limit": dead_letters.parse_limit(max_dead_letters), "allow_unread_sensitive": allow_unread_sensitive}
+        self.index_fn = _IndexFn([n for n in token_dirs if n != PUBLIC], token_dirs, index_path, checks)
         self.shards = DedupShards(public_dir=token_dirs[PUBLIC], dtype=dtype, index_path=index_path,
                                   tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=vocab_size,
                                   min_tokens=min_tokens, threads=threads)
         self.report = WriteDedupReport(out_dir=out_dir, index_path=index_path, public_dir=token_dirs[PUBLIC],
                                        vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
-                                       min_tokens=min_tokens)
+                                       min_tokens=min_tokens, token_dirs=dict(token_dirs), checks=checks)
 
     def expand(self, manifests):
         """PCollection[(corpus name, token manifest)] (one per corpus) -> PCollection[report dict]."""

@@ -52,6 +52,9 @@ class CorpusSource:
         extra: dict[str, Any] = {"kind": self.kind, "inputs": list(self.specs), "text_column": self.columns.text}
         if self.columns.label is not None:
             extra["label_column"] = self.columns.label
+        encodings = sorted({f.encoding for f in self.files} - {readers.DEFAULT_ENCODING})
+        if encodings:  # (absent for UTF-8: the manifests of UTF-8 inputs stay as they were)
+            extra["encoding"] = encodings[0]
         return extra
 
 
@@ -85,6 +88,7 @@ def plan_source(
     text_column: str = "text",
     label_column: str | None = "label",
     tfds_data_dir: str | None = None,
+    encoding: str | None = None,
 ) -> CorpusSource:
     """Resolves input specs into a `CorpusSource` (fatal input errors raise here, on the driver).
 
@@ -93,10 +97,12 @@ def plan_source(
         `tfds:NAME` (sensitive data from an already prepared TFDS `data_dir`, all splits).
       kind: "public" (no label) or "sensitive" (labeled).
       name: corpus name (default: the stem of the first spec).
+      encoding: the text files' encoding (default UTF-8; `readers.check_encoding`).
     """
     if isinstance(specs, str):
         specs = [specs]
     specs = tuple(str(s) for s in specs)
+    readers.check_encoding(encoding)  # (also for a token corpus or tfds: input, which ignore it)
     if not specs:
         raise readers.InputError(f"no input given for the {kind} corpus")
     if kind not in ("public", "sensitive"):
@@ -115,7 +121,7 @@ def plan_source(
         return CorpusSource(name, kind, specs, columns, records=records)
     if len(specs) == 1 and is_token_corpus(specs[0]):
         return CorpusSource(name, kind, specs, columns, token_dir=specs[0])
-    files = tuple(readers.resolve_inputs(list(specs)))
+    files = tuple(readers.resolve_inputs(list(specs), encoding=encoding))
     _preflight(files, columns)
     return CorpusSource(name, kind, specs, columns, files=files)
 

@@ -21,12 +21,13 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth import owner_only
 from dpsynth.beam import corpus
 from dpsynth.beam import dedup as bdedup
 from dpsynth.beam.dedup import PUBLIC
 from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
-from dpsynth.data import readers, token_shards
+from dpsynth.data import dead_letters, readers, token_shards
 from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
@@ -57,25 +58,34 @@ def tokenize(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
+    encoding: str | None = None,
+    max_dead_letters: str | int | None = None,
     beam_args: Sequence[str] | None = None,
     test_pipeline: PipelineFactory | None = None,
 ) -> dict[str, Any]:
     """Tokenizes one corpus into `out_dir`; returns its manifest.
 
-    `beam_args` are Beam flags; `test_pipeline` replaces the pipeline they make (tests).
+    `encoding`: the text files' (default UTF-8). A sensitive corpus is owner-only (`out_dir`
+    0700, its files 0600, on a local file system). `beam_args` are Beam flags; `test_pipeline`
+    replaces the pipeline they make (tests).
 
     Raises:
-      readers.InputError: fatal input problems (before the pipeline starts), or an empty
-        corpus (`EmptyDatasetError`, after it).
+      readers.InputError: fatal input problems (before the pipeline starts), an empty corpus
+        (`EmptyDatasetError`, after it), or more dead letters than `max_dead_letters`
+        (`dead_letters.TooManyDeadLetters`, after it: a later dedup refuses the corpus too).
     """
     start = time.monotonic()
+    limit = dead_letters.parse_limit(max_dead_letters)
     tokenizer = Tokenizer.load(tokenizer_path)
     source = plan_source(inputs, kind=kind, name=name, text_column=text_column,
-                         label_column=label_column, tfds_data_dir=tfds_data_dir)
+                         label_column=label_column, tfds_data_dir=tfds_data_dir, encoding=encoding)
     if source.token_dir is not None:
         raise readers.InputError(f"{source.token_dir}: already a token corpus; nothing to tokenize")
     shards = num_shards or source.num_shards(shard_bytes)
     logger.info("tokenize: %s: %d input files, %d bytes, %d shards", source.name, len(source.files), source.total_bytes, shards)
+    private = kind == "sensitive" and "://" not in out_dir
+    if private:  # before anything is written into it
+        owner_only.make_private_dir(out_dir)
 
     def build(p):
         _ = p | f"Tokenize[{source.name}]" >> corpus.TokenizeCorpus(
@@ -85,11 +95,15 @@ def tokenize(
         )
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
+    if private:
+        owner_only.restrict_tree(out_dir)
     manifest = token_shards.read_manifest(out_dir)
     check_not_empty(manifest, source)
     elapsed = time.monotonic() - start
     print(f"tokenize: {summarize_manifest(manifest, out_dir)} "
           f"[{source.total_bytes / 1e6 / max(elapsed, 1e-9):.2f} MB/s, {elapsed:.1f}s]")
+    dead_letters.enforce([corpus.dead_letter_summary(out_dir, manifest, source.name, limit)],
+                         FileSystems.join(out_dir, corpus.DEAD_LETTERS))
     return manifest
 
 
@@ -120,6 +134,11 @@ def dedup(
     max_document_bytes: int = readers.DEFAULT_MAX_DOCUMENT_BYTES,
     tfds_data_dir: str | None = None,
     threads: int = 1,
+    state_dir: str | None = None,
+    encoding: str | None = None,
+    public_encoding: str | None = None,
+    max_dead_letters: str | int | None = None,
+    allow_unread_sensitive: bool = False,
     beam_args: Sequence[str] | None = None,
     test_pipeline: PipelineFactory | None = None,
 ) -> dict[str, Any]:
@@ -133,6 +152,15 @@ def dedup(
       public: the public corpus (paths/dirs/globs) or one token corpus directory.
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
+      state_dir: the private state (default `OUT.private`, never inside `out_dir`; 0700, files
+        0600): the sensitive token corpora (`tokens/sensitive/NAME/`, with their dead letters)
+        and the sensitive index. `out_dir` holds the clean corpus, the report and the public
+        corpus's tokens (`tokens/public/`).
+      encoding: the sensitive text files' encoding (default UTF-8; the same `--encoding` as every
+        other stage that reads them); `public_encoding`: the public corpus's.
+      max_dead_letters: dead letters tolerated per corpus (`--max-dead-letters`, default 1%).
+      allow_unread_sensitive: go on when a sensitive record could not be read (it is then listed
+        in the report as not protected); by default that is refused.
       beam_args: Beam flags (`--runner`, `--direct_num_workers`, ...).
       test_pipeline: returns the pipeline to use instead (tests).
 
@@ -140,8 +168,10 @@ def dedup(
       The contamination report (also written to `out_dir/contamination.json`).
 
     Raises:
-      readers.InputError: fatal input problems (before the pipeline starts), or a corpus
-        without a valid document (`EmptyDatasetError`, after it).
+      readers.InputError: fatal input problems (before the pipeline starts), or, after it and
+        with nothing cut or written but the token corpora: a corpus without a valid document
+        (`EmptyDatasetError`), past `max_dead_letters` (`TooManyDeadLetters`), an unread
+        sensitive record (`UnreadSensitiveError`).
     """
     from dpsynth.dedup import report as dedup_report
 
@@ -151,11 +181,17 @@ def dedup(
         raise readers.InputError("dedup needs at least one --sensitive dataset")
     start = time.monotonic()
     tokenizer = Tokenizer.load(tokenizer_path)
+    state_dir = state_dir or dead_letters.private_dir(out_dir)
+    local = "://" not in state_dir
+    if local:
+        owner_only.check_outside(state_dir, out_dir, "the private state directory")
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
-                             tfds_data_dir=tfds_data_dir)
-    dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir)
+                             tfds_data_dir=tfds_data_dir, encoding=encoding, public_encoding=public_encoding)
+    dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir, state_dir)
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
+    if local:  # before anything is written into it
+        owner_only.make_private_dir(state_dir)
 
     def build(p):
         manifests = _token_manifests(p, sources, dirs, tokenizer, tokenizer_path, num_shards=num_shards,
@@ -163,13 +199,18 @@ def dedup(
         _ = manifests | "DedupCorpora" >> bdedup.DedupCorpora(
             token_dirs=dirs, dtype=token_shards.token_dtype(tokenizer.vocab_size).name,
             tokenizer_path=tokenizer_path, out_dir=out_dir, vocab_size=tokenizer.vocab_size,
-            tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens, threads=threads)
+            tokenizer_sha256=tokenizer.sha256, min_tokens=min_tokens, threads=threads, state_dir=state_dir,
+            max_dead_letters=max_dead_letters, allow_unread_sensitive=allow_unread_sensitive)
 
     run_pipeline(build, beam_args=beam_args, test_pipeline=test_pipeline)
+    if local:
+        owner_only.restrict_tree(state_dir)
+    manifests = {}
     for s in sources:
-        manifest = token_shards.read_manifest(dirs[s.name])
-        check_not_empty(manifest, s)
-        print(f"dedup: tokens {summarize_manifest(manifest, dirs[s.name])}")
+        manifests[s.name] = token_shards.read_manifest(dirs[s.name])
+        check_not_empty(manifests[s.name], s)
+        print(f"dedup: tokens {summarize_manifest(manifests[s.name], dirs[s.name])}")
+    bdedup.check_inputs(manifests, dirs, limit=max_dead_letters, allow_unread_sensitive=allow_unread_sensitive)
     with FileSystems.open(FileSystems.join(out_dir, bdedup.CONTAMINATION)) as f:
         report = json.loads(f.read())
     print(dedup_report.summary_text(report))
@@ -178,14 +219,15 @@ def dedup(
 
 
 def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, text_column: str,
-                   label_column: str | None, tfds_data_dir: str | None) -> list[CorpusSource]:
+                   label_column: str | None, tfds_data_dir: str | None,
+                   encoding: str | None = None, public_encoding: str | None = None) -> list[CorpusSource]:
     """The public source, then one per `[NAME=]PATH` sensitive spec (names must be unique)."""
-    sources = [plan_source(public, kind="public", name=PUBLIC, text_column=text_column)]
+    sources = [plan_source(public, kind="public", name=PUBLIC, text_column=text_column, encoding=public_encoding)]
     names = set()
     for spec in sensitive:
         name, path = parse_named(spec)
         src = plan_source(path, kind="sensitive", name=name, text_column=text_column,
-                          label_column=label_column, tfds_data_dir=tfds_data_dir)
+                          label_column=label_column, tfds_data_dir=tfds_data_dir, encoding=encoding)
         if src.name in names or src.name == PUBLIC:
             raise readers.InputError(f"{spec}: dataset name {src.name!r} is used twice; name it with NAME=PATH")
         names.add(src.name)
@@ -194,9 +236,9 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
 
 
 def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
-                out_dir: str) -> dict[str, str]:
-    """Source name -> its token corpus: given (same tokenizer, checked) or `out_dir/tokens/...`,
-    in the order of `sources`."""
+                out_dir: str, state_dir: str) -> dict[str, str]:
+    """Source name -> its token corpus: given (same tokenizer, checked), `out_dir/tokens/public`
+    or the private `state_dir/tokens/sensitive/NAME`, in the order of `sources`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
@@ -208,8 +250,8 @@ def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer
             check_not_empty(m, src)
             dirs[src.name] = src.token_dir
         else:
-            sub = PUBLIC if src.kind == "public" else f"sensitive/{src.name}"
-            dirs[src.name] = FileSystems.join(out_dir, TOKENS_DIR, *sub.split("/"))
+            root, sub = (out_dir, [PUBLIC]) if src.kind == "public" else (state_dir, ["sensitive", src.name])
+            dirs[src.name] = FileSystems.join(root, TOKENS_DIR, *sub)
     return dirs
 
 

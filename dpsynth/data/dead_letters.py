@@ -166,9 +166,16 @@ def write(path: str, summaries: Sequence[Summary]) -> str:
     return write_private_text(path, "".join(line + "\n" for line in lines))
 
 
+def private_dir(out: str) -> str:
+    """A job's owner-only sibling directory `OUT.private` (its private state), beside (never inside) OUT."""
+    if "://" in out:
+        return out.rstrip("/") + PRIVATE_SUFFIX
+    return os.path.abspath(out).rstrip(os.sep) + PRIVATE_SUFFIX
+
+
 def default_path(out: str) -> str:
     """A job's dead-letter file: `OUT.private/dead_letters.jsonl`, owner-only, beside (never inside) OUT."""
-    return os.path.join(os.path.abspath(out).rstrip(os.sep) + PRIVATE_SUFFIX, FILE)
+    return os.path.join(private_dir(out), FILE)
 
 
 def account(summaries: Sequence[Summary], *, out: str | None, prefix: str = "",

@@ -28,12 +28,21 @@ Document ids are stable: the record's own `id` field when present, else
 where `relpath` is the file's path relative to the directory or glob base it was found
 under (its basename for a single file). Given ids must be unique within a dataset.
 
+Text files are decoded with `encoding` (default UTF-8; any ASCII-compatible codec Python
+knows, e.g. `cp1252` or `latin-1` for a spreadsheet export): every reader takes it, from
+`--encoding` or the experiment file's `encoding` key, and records it on each `InputFile`.
+A byte that is not valid in the encoding dead-letters its record. Parquet strings are UTF-8 by
+the format, whatever `encoding` says.
+
 Failure policy (records in = records out + dead-lettered):
 
 * Fatal (`InputError`, naming the file): a path that matches nothing, an unknown file type,
   a CSV/Parquet file without the text (or, for sensitive data, label) column, a `.txt` file
   given as a labeled dataset, and a dataset with no valid record at all (`EmptyDatasetError`).
-* Dead-lettered (`DeadLetter`: file, record number, reason; never the text): invalid UTF-8,
+* Fatal too: an `encoding` Python does not know, or one that is not ASCII-compatible (UTF-16/32:
+  convert the file to UTF-8).
+* Dead-lettered (`DeadLetter`: file, record number, reason; never the text): invalid UTF-8 (or
+  bytes invalid in the given `encoding`),
   invalid JSON or a line that is not an object, a missing/null/non-string text or a missing
   label in one record, an empty or whitespace-only document, a NUL byte, a CSV row with the
   wrong number of fields, and a document larger than `max_document_bytes`.
@@ -42,6 +51,7 @@ Failure policy (records in = records out + dead-lettered):
 from __future__ import annotations
 
 import bz2
+import codecs
 import csv
 import dataclasses
 import json
@@ -64,6 +74,9 @@ _SUFFIX_FORMAT = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "js
                   ".csv": "csv", ".parquet": "parquet"}
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".xz")
 DEFAULT_MAX_DOCUMENT_BYTES = 256 << 20
+DEFAULT_ENCODING = "utf-8"
+ENCODING_HELP = ("text encoding of the input files (default utf-8; e.g. cp1252 or latin-1 for a spreadsheet "
+                 "export); a byte invalid in it dead-letters its record")
 _GLOB = re.compile(r"[*?\[]")
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -86,12 +99,19 @@ class InputFile:
       relpath: path relative to the directory/glob base it was found under; used in ids.
       format: one of `FORMATS`.
       size: size in bytes (compressed size for compressed files).
+      encoding: the text encoding its bytes are decoded with (`check_encoding`'s name).
     """
 
     path: str
     relpath: str
     format: str
     size: int
+    encoding: str = DEFAULT_ENCODING
+
+    @property
+    def invalid(self) -> str:
+        """How a dead letter names bytes that do not decode: "invalid UTF-8", "invalid cp1252"."""
+        return "invalid UTF-8" if self.encoding == DEFAULT_ENCODING else f"invalid {self.encoding}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +164,24 @@ def file_format(path: str) -> str:
     return _SUFFIX_FORMAT[ext]
 
 
+def check_encoding(encoding: str | None) -> str:
+    """The canonical name of a text encoding (`None`: UTF-8); `InputError` when unknown or not
+    ASCII-compatible (the line-based readers split on the byte of `\\n`)."""
+    if encoding is None:
+        return DEFAULT_ENCODING
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise InputError(f"--encoding: unknown text encoding {encoding!r} (e.g. utf-8, cp1252, latin-1)") from None
+    try:
+        ascii_compatible = "\n,\"a".encode(name) == b"\n,\"a"
+    except (UnicodeError, LookupError):
+        ascii_compatible = False
+    if not ascii_compatible:
+        raise InputError(f"--encoding: {encoding!r} is not ASCII-compatible; convert the file to UTF-8")
+    return name
+
+
 def _is_local(path: str) -> bool:
     return "://" not in path
 
@@ -160,10 +198,12 @@ def _hidden(relpath: str) -> bool:
     return any(part.startswith((".", "_")) for part in relpath.split("/"))
 
 
-def resolve_inputs(paths: Sequence[str] | str, format: str | None = None) -> list[InputFile]:
+def resolve_inputs(paths: Sequence[str] | str, format: str | None = None,
+                   encoding: str | None = None) -> list[InputFile]:
     """Expands paths, directories and globs into files, in a stable (sorted) order.
 
-    `format` (one of `FORMATS`) overrides the suffix-based type of every file.
+    `format` (one of `FORMATS`) overrides the suffix-based type of every file; `encoding`
+    (default UTF-8, `check_encoding`) is how every file's text is decoded.
 
     Raises:
       InputError: a path matches nothing, or a matched file has an unknown type. Hidden
@@ -171,6 +211,7 @@ def resolve_inputs(paths: Sequence[str] | str, format: str | None = None) -> lis
     """
     if isinstance(paths, str):
         paths = [paths]
+    encoding = check_encoding(encoding)
     if format is not None and format not in FORMATS:
         raise InputError(f"{', '.join(map(str, paths))}: unknown format {format!r}; expected one of {FORMATS}")
     out: list[InputFile] = []
@@ -196,7 +237,8 @@ def resolve_inputs(paths: Sequence[str] | str, format: str | None = None) -> lis
             rel = path[len(base) :].lstrip("/") if base and path.startswith(base) else path.rsplit("/", 1)[-1]
             if expanded and _hidden(rel):
                 continue
-            found.append(InputFile(path=path, relpath=rel, format=format or file_format(path), size=size))
+            found.append(InputFile(path=path, relpath=rel, format=format or file_format(path), size=size,
+                                   encoding=encoding))
         if not found:
             raise InputError(f"{spec}: matches no data file")
         out.extend(found)
@@ -263,18 +305,18 @@ def _make_record(
         return DeadLetter(f.path, n, f"no {columns.text!r} field")
     reason = check_text(fields[columns.text], columns.text, max_document_bytes)
     if reason:
-        return DeadLetter(f.path, n, reason)
+        return DeadLetter(f.path, n, reason.replace("invalid UTF-8", f.invalid))
     given = fields.get(columns.id)
     rec: Record = {"id": str(given) if given not in (None, "") else f"{f.relpath}:{n}", "text": fields[columns.text]}
     if columns.label is not None:
         label, reason = _label(fields.get(columns.label), columns.label)
         if reason:
-            return DeadLetter(f.path, n, reason)
+            return DeadLetter(f.path, n, reason.replace("invalid UTF-8", f.invalid))
         rec["label"] = label
     if columns.user is not None:
         user, reason = _label(fields.get(columns.user), columns.user, "user")
         if reason:
-            return DeadLetter(f.path, n, reason)
+            return DeadLetter(f.path, n, reason.replace("invalid UTF-8", f.invalid))
         rec["user"] = user
     for name in columns.extra:
         if fields.get(name) is not None:
@@ -348,9 +390,9 @@ def _iter_txt(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
         yield DeadLetter(f.path, 1, f"document of {size} bytes exceeds max_document_bytes={max_document_bytes}")
         return
     try:
-        text = data.decode("utf-8")
+        text = data.decode(f.encoding)
     except UnicodeDecodeError as e:
-        yield DeadLetter(f.path, 1, f"invalid UTF-8 at byte {e.start}")
+        yield DeadLetter(f.path, 1, f"{f.invalid} at byte {e.start}")
         return
     yield _make_record({columns.text: text, columns.id: f.relpath}, f, 1, columns, max_document_bytes)
 
@@ -364,7 +406,7 @@ def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int,
             if (n - 1) % parts != index:  # another part's line: skipped before parsing
                 continue
             line = raw.rstrip(b"\r\n")
-            if n == 1 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte order mark
+            if n == 1 and line.startswith(b"\xef\xbb\xbf") and f.encoding == DEFAULT_ENCODING:  # UTF-8 byte order mark
                 line = line[3:]
             if not line.strip():
                 yield DeadLetter(f.path, n, "empty line")
@@ -373,9 +415,9 @@ def _iter_jsonl(f: InputFile, columns: Columns, max_document_bytes: int,
                 yield DeadLetter(f.path, n, f"line of {len(line)} bytes exceeds max_document_bytes={max_document_bytes}")
                 continue
             try:
-                obj = json.loads(line.decode("utf-8"))
+                obj = json.loads(line.decode(f.encoding))
             except UnicodeDecodeError as e:
-                yield DeadLetter(f.path, n, f"invalid UTF-8 at byte {e.start} of the line")
+                yield DeadLetter(f.path, n, f"{f.invalid} at byte {e.start} of the line")
                 continue
             except ValueError as e:
                 yield DeadLetter(f.path, n, f"invalid JSON ({str(e).split(':')[0]})")
@@ -403,7 +445,7 @@ def _check_columns(f: InputFile, available: Sequence[str], columns: Columns) -> 
 
 def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
     with _open(f.path) as raw:
-        lines = (line.decode("utf-8", errors="surrogateescape") for line in iter(raw.readline, b""))
+        lines = (line.decode(f.encoding, errors="surrogateescape") for line in iter(raw.readline, b""))
         reader = csv.reader(lines)  # undecodable bytes become lone surrogates -> dead letters
         try:
             header = next(reader)
@@ -462,9 +504,9 @@ def _iter_label_text(f: InputFile, columns: Columns, max_document_bytes: int,
                 yield DeadLetter(f.path, n, "empty line")
                 continue
             try:
-                text = line.decode("utf-8")
+                text = line.decode(f.encoding)
             except UnicodeDecodeError as e:
-                yield DeadLetter(f.path, n, f"invalid UTF-8 at byte {e.start} of the line")
+                yield DeadLetter(f.path, n, f"{f.invalid} at byte {e.start} of the line")
                 continue
             label, sep, body = text.partition(" ")
             if not sep:
@@ -524,16 +566,17 @@ def read_records(
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
     allow_empty: bool = False,
     format: str | None = None,
+    encoding: str | None = None,
 ) -> Dataset:
     """Reads every record of `paths` in memory (small datasets; use the Beam jobs for big ones).
 
-    `format` overrides the suffix-based file type (see `resolve_inputs`).
+    `format` overrides the suffix-based file type, `encoding` the UTF-8 default (see `resolve_inputs`).
 
     Raises:
       InputError: fatal input problems; `EmptyDatasetError` when no record is valid (unless
         `allow_empty`).
     """
-    files = resolve_inputs(paths, format)
+    files = resolve_inputs(paths, format, encoding)
     records: list[Record] = []
     dead: list[DeadLetter] = []
     for f in files:
@@ -557,6 +600,7 @@ def read_sensitive(
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
     format: str | None = None,
     extra_columns: Sequence[str] = (),
+    encoding: str | None = None,
 ) -> Dataset:
     """A labeled dataset: records `{"id", "text", "label"[, "user"]}` (labels and users as strings).
 
@@ -565,7 +609,7 @@ def read_sensitive(
     """
     return read_records(paths, columns=Columns(text=text_column, label=label_column, user=user_column,
                                                extra=tuple(extra_columns)),
-                        max_document_bytes=max_document_bytes, format=format)
+                        max_document_bytes=max_document_bytes, format=format, encoding=encoding)
 
 
 def read_public(
@@ -573,14 +617,17 @@ def read_public(
     *,
     text_column: str = "text",
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    encoding: str | None = None,
 ) -> Dataset:
     """A public corpus: records `{"id", "text"}`."""
-    return read_records(paths, columns=Columns.public(text_column), max_document_bytes=max_document_bytes)
+    return read_records(paths, columns=Columns.public(text_column), max_document_bytes=max_document_bytes,
+                        encoding=encoding)
 
 
-def iter_public_texts(paths: Sequence[str] | str, *, text_column: str = "text") -> Iterator[str]:
+def iter_public_texts(paths: Sequence[str] | str, *, text_column: str = "text",
+                      encoding: str | None = None) -> Iterator[str]:
     """Streams the valid texts of a public corpus (for tokenizer training), skipping dead letters."""
-    for f in resolve_inputs(paths):
+    for f in resolve_inputs(paths, encoding=encoding):
         for item in iter_file(f, Columns.public(text_column)):
             if not isinstance(item, DeadLetter):
                 yield item["text"]

@@ -154,8 +154,10 @@ def train_public_tokenizer(
     max_sample_bytes: int = DEFAULT_SAMPLE_BYTES,
     model_type: str = "unigram",
     seed: int = 0,
+    encoding: str | None = None,
 ) -> Tokenizer:
-    """Trains on a random sample of lines of a PUBLIC corpus and saves the model to `out`.
+    """Trains on a random sample of lines of a PUBLIC corpus (text in `encoding`, default UTF-8)
+    and saves the model to `out`.
 
     The sample holds at most `max_sample_bytes` bytes and `max_sentences` lines
     (`sample_lines`); memory follows the sample, not the corpus.
@@ -164,8 +166,8 @@ def train_public_tokenizer(
       readers.InputError: unreadable inputs, or no usable text.
     """
     start = time.monotonic()
-    files = readers.resolve_inputs(corpus)
-    texts = readers.iter_public_texts([f.path for f in files], text_column=text_column)
+    files = readers.resolve_inputs(corpus, encoding=encoding)
+    texts = readers.iter_public_texts([f.path for f in files], text_column=text_column, encoding=encoding)
     try:
         tokenizer = train_tokenizer(texts, vocab_size=vocab_size, max_sentences=max_sentences,
                                     max_sample_bytes=max_sample_bytes, model_type=model_type, seed=seed)

@@ -11,8 +11,11 @@ Schema (format "dpsynth.contamination", version 1; keys sorted when written):
     {"name": "train", "num_examples": 3600,
      "num_examples_shared": 2,                    # examples sharing a >= min_tokens sequence
      "shared_example_ids": ["r12", "r907"],       # their ids (sorted), never their text
-     "longest_shared_tokens": 312}                # longest sequence shared, any length
-  ],
+     "longest_shared_tokens": 312,                # longest sequence shared, any length
+     "num_unread": 0,                             # records of the set that could not be read (dead
+                                                  # letters): never matched, so NOT protected
+     "unread_records": [{"file": "...", "record": 7}]}  # only when num_unread > 0 (the run said
+  ],                                                    # --allow-unread-sensitive); never their text
   "public": {"shards": 4, "documents": 6, "documents_touched": 2, "documents_emptied": 0,
              "tokens": 950000, "tokens_removed": 1204},
   "report_sha256": "<sha256 of the canonical JSON of every other key>"
@@ -55,14 +58,17 @@ def report_sha256(report: dict) -> str:
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def build_report(index: SensitiveIndex, stats: Iterable[ShardStats] | ShardStats, min_tokens: int) -> dict:
+def build_report(index: SensitiveIndex, stats: Iterable[ShardStats] | ShardStats, min_tokens: int,
+                 unread: dict[str, list[dict]] | None = None) -> dict:
     """The contamination report dict for `index` and the public shards' statistics.
 
     Args:
       index: the sensitive index the shards were matched against.
       stats: per-shard ShardStats (merged here) or an already merged one.
       min_tokens: the k the shards were cut with.
+      unread: per sensitive set, its records that could not be read (`{"file", "record"}`).
     """
+    unread = unread or {}
     total = stats if isinstance(stats, ShardStats) else merge_stats(stats)
     if total.sensitive_shared and max(total.sensitive_shared) >= index.num_documents:
         raise ValueError("statistics name sensitive documents outside the index (another index?)")
@@ -77,8 +83,11 @@ def build_report(index: SensitiveIndex, stats: Iterable[ShardStats] | ShardStats
                 "num_examples_shared": len(docs),
                 "shared_example_ids": sorted(index.doc_ids[d] for d in docs),
                 "longest_shared_tokens": int(longest[i]),
+                "num_unread": len(unread.get(ds.name, [])),
             }
         )
+        if unread.get(ds.name):
+            sensitive[-1]["unread_records"] = sorted(unread[ds.name], key=lambda r: (r["file"], r["record"]))
     report = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -102,8 +111,11 @@ def summary_text(report: dict) -> str:
     """A short human-readable summary: counts, lengths and hashes only (no text, no ids)."""
     pub = report["public"]
     pct = 100.0 * pub["tokens_removed"] / pub["tokens"] if pub["tokens"] else 0.0
+    unread = sum(ds.get("num_unread", 0) for ds in report["sensitive"])
     lines = [
-        f"Contamination report (sequences of >= {report['min_tokens']} tokens shared with sensitive data)",
+        f"Contamination report (sequences of >= {report['min_tokens']} tokens shared with sensitive data)"
+        + (f": {unread} sensitive records could NOT be read and are NOT protected (a public copy of them was "
+           "not looked for; `unread_records` in contamination.json lists them)" if unread else ""),
         f"  public corpus: {pub['documents']} documents, {pub['tokens']} tokens; "
         f"removed {pub['tokens_removed']} tokens ({pct:.4f}%) from {pub['documents_touched']} documents"
         + (f" ({pub['documents_emptied']} left empty)" if pub["documents_emptied"] else ""),
@@ -113,6 +125,8 @@ def summary_text(report: dict) -> str:
             f"  sensitive {ds['name']!r}: {ds['num_examples_shared']} of {ds['num_examples']} examples "
             f"share a >= {report['min_tokens']}-token sequence; longest shared sequence "
             f"{ds['longest_shared_tokens']} tokens"
+            + (f"; {ds['num_unread']} records unread, NOT protected" if ds.get("num_unread") else
+               "; 0 records unread")
         )
     lines.append(f"  report sha256: {report['report_sha256']}")
     return "\n".join(lines)

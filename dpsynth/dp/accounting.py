@@ -78,6 +78,30 @@ def check_delta(delta: float) -> float:
     return delta
 
 
+def weak_delta(delta: float, units: int) -> bool:
+    """Whether `delta` exceeds 1/N for N = `units` privacy units (examples or users): a mechanism
+    that publishes one random unit in full is then (0, delta)-DP, so the guarantee protects nobody.
+    (The default delta, exactly 1/N, the paper's choice, is at that edge and not counted as above it.)"""
+    return float(delta) * int(units) > 1.0 + 1e-9
+
+
+def check_delta_size(delta: float, units: int, *, unit: str = "examples", allow_large_delta: bool = False) -> float:
+    """`check_delta`, and refuses a delta above 1/`units` unless `allow_large_delta` (`weak_delta`)."""
+    delta = check_delta(delta)
+    if weak_delta(delta, units) and not allow_large_delta:
+        raise PrivacyConfigError(
+            f"delta {delta:.3g} is above 1/N = 1/{int(units)} {unit} ({1.0 / int(units):.3g}): publishing one random "
+            f"{unit.rstrip('s')} in full meets such a delta, so it protects nobody; pass a delta well below 1/N "
+            "(or --allow-large-delta: the privacy report then says the delta is weak)")
+    return delta
+
+
+def weak_delta_note(delta: float, units: int, unit: str = "examples") -> str:
+    """The headline warning of a report whose delta is above 1/N."""
+    return (f"WEAK DELTA: delta {float(delta):.3g} is above 1/N = 1/{int(units)} {unit}; this guarantee does not "
+            "protect any single record (allowed with --allow-large-delta)")
+
+
 def check_sampling(q: float, steps: int) -> None:
     if not 0.0 < q <= 1.0:
         raise PrivacyConfigError(

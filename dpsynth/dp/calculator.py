@@ -73,11 +73,13 @@ def compute(
     mechanism: str = mechanisms.DEFAULT,
     bands: int | None = None,
     max_examples_per_user: int | None = None,
+    allow_large_delta: bool = False,
 ) -> dict:
     """Every input and result of one calculation, as a JSON-ready dict.
 
     Exactly one of `steps`/`epochs` and one of `noise_multiplier`/`epsilon` must be given;
-    `dataset_size` at example level, `num_users` at user level.
+    `dataset_size` at example level, `num_users` at user level. A delta above 1/N is refused
+    unless `allow_large_delta` (the result then carries a `delta_warning`).
 
     Raises:
         accounting.PrivacyConfigError: invalid or unreachable parameters.
@@ -100,7 +102,8 @@ def compute(
         accounting.check_epsilon(epsilon)
     plan = plan_privacy(dataset_size=units, expected_batch_size=batch_size, steps=steps, epochs=epochs,
                         epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, accountant=accountant,
-                        mechanism=mechanism, bands=bands, privacy_unit=privacy_unit)
+                        mechanism=mechanism, bands=bands, privacy_unit=privacy_unit,
+                        allow_large_delta=allow_large_delta)
     user = privacy_unit == "user"
     result = {
         "privacy_unit": privacy_unit,
@@ -117,6 +120,8 @@ def compute(
         "mechanism": plan.mechanism,
         "bands": plan.bands,
     }
+    if accounting.weak_delta(plan.delta, units):
+        result["delta_warning"] = accounting.weak_delta_note(plan.delta, units, "users" if user else "examples")
     if user:
         result["num_users"] = int(num_users)
         if max_examples_per_user is not None:
@@ -140,7 +145,8 @@ def _format(result: dict) -> str:
     user = result["privacy_unit"] == "user"
     what = "users" if user else "examples"
     q_of = "B/floor(N/b)" if result["bands"] > 1 else "B/N"
-    lines = [
+    lines = [f"{result['delta_warning']}"] if "delta_warning" in result else []
+    lines += [
         f"dataset size N      {result['dataset_size']} {what}",
         f"expected batch B    {result['batch_size']:g} {what}  ({result['sampling']}, q = {q_of} = "
         f"{result['sampling_probability']:.6g})",
@@ -176,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--noise-multiplier", type=float, help="sigma: noise std / clipping norm")
     h.add_argument("--epsilon", type=float, help="target epsilon: print the calibrated noise multiplier")
     p.add_argument("--delta", type=float, default=None, help="delta (default 1 / dataset size)")
+    p.add_argument("--allow-large-delta", action="store_true",
+                   help="accept a delta above 1/N, which protects nobody (refused by default; the output says it)")
     p.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=accounting.DEFAULT_ACCOUNTANT,
                    help="accountant used to calibrate with --epsilon (both are always reported)")
     p.add_argument("--privacy-unit", choices=PRIVACY_UNITS, default="example",
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs, noise_multiplier=args.noise_multiplier, epsilon=args.epsilon,
         accountant=args.accountant, privacy_unit=args.privacy_unit, num_users=args.num_users,
         mechanism=args.mechanism, bands=args.bands,
-        max_examples_per_user=args.max_examples_per_user,
+        max_examples_per_user=args.max_examples_per_user, allow_large_delta=args.allow_large_delta,
     )
     print(json.dumps(result, sort_keys=True) if args.json else _format(result))
     return 0

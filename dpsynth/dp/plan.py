@@ -160,6 +160,7 @@ def plan_privacy(
     mechanism: str = mechanisms.DEFAULT,
     bands: int | None = None,
     privacy_unit: str = "example",
+    allow_large_delta: bool = False,
 ) -> PrivacyPlan:
     """The privacy plan of a DP-SGD (or BandMF) run.
 
@@ -176,6 +177,7 @@ def plan_privacy(
         mechanism: a registered mechanism's name (`dpsynth.dp.mechanisms`): "dpsgd" or "bandmf".
         bands: b >= 1 for "bandmf" (required there; b <= T and B <= floor(N / b)).
         privacy_unit: "example" or "user" (N and B then count users).
+        allow_large_delta: accept a delta above 1/N (`accounting.weak_delta`; refused otherwise).
 
     Raises:
         accounting.PrivacyConfigError: bad or unreachable parameters.
@@ -201,7 +203,9 @@ def plan_privacy(
     q = mech.sampling_probability(dataset_size=dataset_size, expected_batch_size=expected_batch_size,
                                   steps=int(steps), cycle_length=bands)
     accounting.check_sampling(q, steps)
-    delta = accounting.check_delta(delta if delta is not None else 1.0 / dataset_size)
+    delta = accounting.check_delta_size(delta if delta is not None else 1.0 / dataset_size, dataset_size,
+                                        unit="users" if privacy_unit == "user" else "examples",
+                                        allow_large_delta=allow_large_delta)
     if max_batch_size is not None and accountant != "pld":
         raise accounting.PrivacyConfigError("a batch-size cap (truncated Poisson sampling) is only analysed by the "
                                             "PLD accountant")

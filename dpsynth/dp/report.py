@@ -35,7 +35,7 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.dp import mechanisms
+from dpsynth.dp import accounting, mechanisms
 from dpsynth.dp.ledger import PrivacyLedger
 from dpsynth.errors import MissingFileError
 
@@ -222,11 +222,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     eps = report["epsilon"]
     t = report.get("training", {})
     status = "DIFFERENTIALLY PRIVATE" if report["private"] else "NOT PRIVATE (epsilon = inf)"
+    units = t.get("dataset_size")
+    unit = "users" if report.get("privacy_unit") == "user" else "examples"
+    weak = report["private"] and units and accounting.weak_delta(report["delta"], units)
     lines = [
         "# Privacy report",
         "",
         f"**{status}**: ({_num(eps.get(report['accountant']))}, {report['delta']:.3g})-DP "
-        f"by the {report['accountant'].upper()} accountant (target epsilon {_num(report['target_epsilon'])}).",
+        f"by the {report['accountant'].upper()} accountant (target epsilon {_num(report['target_epsilon'])})."
+        + (f" **{accounting.weak_delta_note(report['delta'], units, unit)}.**" if weak else ""),
         "",
         "| | |",
         "|---|---|",

@@ -146,17 +146,18 @@ def find_corpora(root: str) -> list[str]:
     return sorted(found)
 
 
-def read_real(path: str, name: str, *, max_dead_letters=0) -> list[dict]:
+def read_real(path: str, name: str, *, max_dead_letters=0, encoding: str | None = None) -> list[dict]:
     """A real labeled split (JSONL, CSV, Parquet; see `dpsynth.data.readers`).
 
     More dead-lettered records than `max_dead_letters` (`dpsynth.data.dead_letters.parse_limit`:
     N or "P%"; default 0: any bad record) is an error naming the count, the reasons and the first.
     A caller that tolerates some must have told the user (`dead_letters.read_checked`).
+    `encoding`: the file's text encoding (default UTF-8).
     """
     from dpsynth.data import dead_letters, readers
 
     try:
-        ds = readers.read_sensitive(path)
+        ds = readers.read_sensitive(path, encoding=encoding)
         dead_letters.check(ds, name=f"{name} ({path})", limit=max_dead_letters)
     except readers.InputError as e:
         raise CorpusError(f"{name}: {e}") from e

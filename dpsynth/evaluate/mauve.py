@@ -17,6 +17,7 @@ mean and standard deviation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +25,9 @@ import numpy as np
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import divergence
 
+logger = logging.getLogger("dpsynth")
 AUTO = "auto"
+FAISS_MIN_POINTS_PER_CENTROID = 39  # faiss's ClusteringParameters default: it warns below it
 EXAMPLES_PER_BUCKET = 10  # the `auto` heuristic: num_buckets = n / 10
 MIN_EXAMPLES = 2
 
@@ -140,8 +143,15 @@ def _kmeans_labels(data: np.ndarray, k: int, config: MauveConfig, seed: int) -> 
     if backend == "faiss":
         import faiss
 
+        # faiss prints "WARNING clustering N points to K centroids" (C++, on stderr) below
+        # FAISS_MIN_POINTS_PER_CENTROID points per centroid; that bound changes nothing else in
+        # its k-means, so it is lowered to 1 and the fact is logged as dpsynth's own (--verbose) line.
+        if len(data) < k * FAISS_MIN_POINTS_PER_CENTROID:
+            logger.debug("mauve: clustering %d points to %d centroids (fewer than %d per centroid)",
+                         len(data), k, FAISS_MIN_POINTS_PER_CENTROID)
         kmeans = faiss.Kmeans(data.shape[1], k, niter=config.kmeans_max_iter, verbose=False,
-                              nredo=config.kmeans_num_redo, update_index=True, seed=seed + 2)
+                              nredo=config.kmeans_num_redo, update_index=True, seed=seed + 2,
+                              min_points_per_centroid=1)
         kmeans.train(data)
         _, labels = kmeans.index.search(data, 1)
         return labels.reshape(-1)

@@ -301,10 +301,11 @@ def majority_of(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return scores.majority([str(r["label"]) for r in records]).as_dict()
 
 
-def load_real(real_train: str, real_test: str, real_valid: str | None = None, *, max_dead_letters=0) -> RealData:
-    """The real splits (`corpora.read_real`: at most `max_dead_letters` rejected records each)."""
+def load_real(real_train: str, real_test: str, real_valid: str | None = None, *, max_dead_letters=0,
+              encoding: str | None = None) -> RealData:
+    """The real splits (`corpora.read_real`: at most `max_dead_letters` rejected records each, read in `encoding`)."""
     def read(path, name):
-        return corpora.read_real(path, name, max_dead_letters=max_dead_letters)
+        return corpora.read_real(path, name, max_dead_letters=max_dead_letters, encoding=encoding)
 
     return RealData(read(real_train, "real train"), read(real_test, "real test"),
                     read(real_valid, "real valid") if real_valid else None)

@@ -415,7 +415,8 @@ class ClassifyConfig:
 
 
 def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = ClassifyConfig(), *,
-                   out: str | None = None, privacy_dir: str | None = None, max_dead_letters=0) -> SweepResult:
+                   out: str | None = None, privacy_dir: str | None = None, max_dead_letters=0,
+                   encoding: str | None = None) -> SweepResult:
     """`classify` on files (JSONL/CSV/Parquet with text,label); writes the trials to `out` as JSON.
 
     `out` holds the trials, the selected setting, `test_mean` / `test_std` (accuracy) and
@@ -425,14 +426,14 @@ def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = C
     With `config.epsilon` (DP-on-real) the privacy report (`privacy_report.json` / `.md`) is
     written to `privacy_dir` (default: the directory of `out`) and its summary goes into `out`;
     `config.seed` (fixed DP seed, tests only) is never written. `max_dead_letters`: rejected records tolerated
-    per file (`corpora.read_real`; default none).
+    per file (`corpora.read_real`; default none); `encoding`: the files' (default UTF-8).
     """
     import json as json_lib
 
     from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora
 
-    recs = {name: corpora.read_real(path, name, max_dead_letters=max_dead_letters)
+    recs = {name: corpora.read_real(path, name, max_dead_letters=max_dead_letters, encoding=encoding)
             for name, path in (("train", train), ("valid", valid), ("test", test))}
     c = config
     small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)

@@ -29,6 +29,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       max_valid: null
       max_test: null
       max_dead_letters: null        # fail past "N" records or "P%" of a file's records dead-lettered (default "1%")
+      encoding: null                # text encoding of the files (default utf-8; e.g. cp1252, latin-1)
       split: {}                     # dpsynth.data.splits.SplitSpec: split_column, split_values,
                                     #   holdout (tail|hash), valid_fraction, test_fraction, seed,
                                     #   subsample (first|hash: which rows max_* keep)
@@ -41,7 +42,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
     dp_tune:
       modes: [lora]                 # full | prompt | lora
       epsilons: [3]                 # > 0, or .inf / inf for the non-private baseline
-      delta: null                   # default 1 / |train|
+      delta: null                   # default 1 / |train|; above 1/N refused unless allow_large_delta: true
+      allow_large_delta: false      #   (the model's privacy report then says the delta is weak)
       learning_rates: [0.001]
       mode_learning_rates: {}       # per-mode lr axis, e.g. {full: [0.001], prompt: [0.03]}
       clip_norms: [1.0]
@@ -136,6 +138,15 @@ def _added(default: Any = dataclasses.MISSING, *, default_factory: Any = datacla
 # ----------------------------------------------------------------------------- sections
 
 
+def _check_encoding(encoding: str | None, key: str) -> None:
+    from dpsynth.data import readers
+
+    try:
+        readers.check_encoding(encoding)
+    except readers.InputError as e:
+        raise ConfigError(f"{key}.encoding: {str(e).split(': ', 1)[1]}") from None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PublicConfig:
     """The public corpus: the embedded Austen novels and/or files."""
@@ -144,8 +155,10 @@ class PublicConfig:
     paths: tuple[str, ...] = ()
     plant: int = 0
     max_documents: int | None = None
+    encoding: str | None = _added(None)  # of the files (default utf-8; readers.check_encoding)
 
     def validate(self, key: str) -> None:
+        _check_encoding(self.encoding, key)
         if not self.embedded and not self.paths:
             raise ConfigError(f"{key}: needs `embedded: true` or at least one entry in `paths`")
         _check(self.plant >= 0, f"{key}.plant", f"must be >= 0, got {self.plant}")
@@ -170,11 +183,13 @@ class SensitiveConfig:
     max_test: int | None = None
     split: Mapping[str, Any] = _added(default_factory=dict)
     max_dead_letters: str | None = _added(None)  # N records or "P%" of those read (default dead_letters.DEFAULT_LIMIT)
+    encoding: str | None = _added(None)  # of the files (default utf-8; readers.check_encoding)
 
     def validate(self, key: str) -> None:
         from dpsynth.data import dead_letters
         from dpsynth.data.splits import SplitError, SplitSpec
 
+        _check_encoding(self.encoding, key)
         try:
             dead_letters.parse_limit(self.max_dead_letters)
         except ValueError as e:
@@ -275,6 +290,7 @@ class DPTuneConfig:
     modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
     `privacy_unit: user` (with `max_examples_per_user` and `sensitive.user_column`) makes the
     unit of privacy a person; `mechanism: bandmf` with `bands` uses BandMF correlated noise.
+    `allow_large_delta: true` accepts a `delta` above 1/N (refused otherwise: it protects nobody).
     """
 
     modes: tuple[str, ...] = ("lora",)
@@ -299,6 +315,7 @@ class DPTuneConfig:
     max_examples_per_user: int | None = _added(None)
     mechanism: str = _added(mechanisms.DEFAULT)
     bands: int | None = _added(None)
+    allow_large_delta: bool = _added(False)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def validate(self, key: str) -> None:

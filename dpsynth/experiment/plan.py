@@ -262,7 +262,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     sensitive = add("sensitive", "sensitive", sensitive_node_config(config.sensitive), {})
 
-    pub = to_dict(config.public)
+    pub = stage_dict(config.public)  # (`_added` keys, e.g. encoding, only when set)
     pub["paths"] = [resolve_path(p) for p in pub["paths"]]
     pub_files = list(pub["paths"])
     if config.public.embedded:

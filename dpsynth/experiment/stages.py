@@ -93,13 +93,14 @@ def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
             if not path:
                 continue
             if fmt in ("csv", "jsonl", "parquet"):
-                for f in readers.resolve_inputs(path):
+                for f in readers.resolve_inputs(path, encoding=config.get("encoding")):
                     if f.format != fmt:
                         raise readers.InputError(f"{f.path}: sensitive.format is {fmt!r} but the file is {f.format}")
             ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"],
                                         format=fmt if fmt == "label_text" else None,
                                         extra_columns=[spec.split_column] if spec.split_column else (),
-                                        user_column=config.get("user_column") if split == "train" else None)
+                                        user_column=config.get("user_column") if split == "train" else None,
+                                        encoding=config.get("encoding"))
             summary = dead_letters.summarize(ds, name=f"sensitive.{split} ({path})",
                                              limit=config.get("max_dead_letters"))
             if summary.dead:
@@ -192,7 +193,7 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
     if ctx.config["embedded"]:
         docs += [{"id": f"austen/{d['id']}", "text": d["text"]} for d in _quiet(lambda: _embedded().austen_documents(ctx.data_dir))]
     if ctx.config["paths"]:
-        ds = readers.read_public(list(ctx.config["paths"]))
+        ds = readers.read_public(list(ctx.config["paths"]), encoding=ctx.config.get("encoding"))
         docs += [{"id": r["id"], "text": r["text"]} for r in ds.records]
         if ds.dead_letters:
             readers.write_jsonl(os.path.join(ctx.out_dir, "dead_letters.jsonl"), [d.to_json() for d in ds.dead_letters])
@@ -280,6 +281,7 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
         out_dir=ctx.out_dir,
         min_tokens=ctx.config["min_tokens"],
         threads=os.cpu_count() or 1,
+        state_dir=ctx.private_path("dedup"),  # the sensitive tokens and index: never in the stage's output
     )
     shutil.rmtree(os.path.join(ctx.out_dir, "clean_tokens"), ignore_errors=True)
     ctx.report(report_lib.summarize(report), echo=False)  # the job printed it already

@@ -96,8 +96,10 @@ class GenerateConfig:
         bad = [f for f in self.formats if f not in OUTPUT_FORMATS]
         if bad or "jsonl" not in self.formats:
             raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
+        if self.max_len is not None and self.max_len < 2:  # (0 is not "the default": None is)
+            raise GenerateError(f"--max-len must be >= 2 tokens (prompt + text), got {self.max_len}")
         try:
-            self.sampler_config(self.max_len or DEFAULT_MAX_LEN)  # validates the sampling flags early
+            self.sampler_config(DEFAULT_MAX_LEN if self.max_len is None else self.max_len)  # validates the sampling flags early
         except ValueError as e:
             raise GenerateError(str(e).replace("guidance must", "--guidance must")) from e
 
@@ -183,7 +185,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
             f"{info.model_dir}: {why}, so this model is not known to be DP; "
             "use a DP-tuned model directory, or pass --allow-non-private (the output is then marked non-private)"
         )
-    max_len = config.max_len or min(DEFAULT_MAX_LEN, info.max_len)
+    max_len = min(DEFAULT_MAX_LEN, info.max_len) if config.max_len is None else config.max_len
     if max_len > info.max_len:
         raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")
     sampler = config.sampler_config(max_len)
@@ -250,6 +252,8 @@ def dp_label_distribution(
     delta: float | None = None,
     seed: int | None = None,
     dead_letters=None,
+    allow_large_delta: bool = False,
+    encoding: str | None = None,
 ) -> labels_lib.LabelDistribution:
     """A DP label histogram of D_train (`label_source`) for the model's label set.
 
@@ -258,9 +262,11 @@ def dp_label_distribution(
     the default limit, not written).
 
     Exactly one of `noise_multiplier` (sigma) or `epsilon` (calibrates sigma for the histogram
-    alone at `delta`, default the model's delta). Its cost is composed into the output's
+    alone at `delta`, default the model's delta; a delta above 1/N, N the records of
+    `label_source`, is refused unless `allow_large_delta`). Its cost is composed into the output's
     privacy report by `generate` (`dpsynth.dp.report.compose_gaussian`).
     """
+    from dpsynth.dp import accounting
     from dpsynth.data import dead_letters as dead_letters_lib
 
     if not label_source:
@@ -275,9 +281,14 @@ def dp_label_distribution(
             delta = model_delta(model_dir)
         if delta is None:
             raise GenerateError(f"{model_dir}: no privacy report to take delta from; pass --label-delta")
-        noise_multiplier = labels_lib.calibrate_histogram_noise(epsilon, delta)
     policy = dead_letters or dead_letters_lib.Policy(prefix="generate: ")
-    [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy)
+    [data] = dead_letters_lib.read_checked([("--label-source", label_source)], policy, encoding=encoding)
+    if epsilon is not None:  # (delta against N = the records counted, before anything is drawn)
+        try:
+            accounting.check_delta_size(delta, len(data.records), allow_large_delta=allow_large_delta)
+        except accounting.PrivacyConfigError as e:
+            raise GenerateError(f"--label-delta: {e}") from None
+        noise_multiplier = labels_lib.calibrate_histogram_noise(epsilon, delta)
     unseen = [r for r in data.records if r["label"] not in set(label_set)]
     if unseen:  # a label the model was not tuned on: named, never counted into another label or dropped
         first = unseen[0]
@@ -302,6 +313,8 @@ class DpLabelHistogram:
       delta: delta for `epsilon` (default: the model's).
       seed: noise seed for tests only; None draws from the OS entropy pool.
       dead_letters: what to do with `source`'s rejected records (`dpsynth.data.dead_letters.Policy`).
+      allow_large_delta: accept a `delta` above 1/|source| (refused by default).
+      encoding: `source`'s text encoding (default UTF-8).
     """
 
     source: str | None
@@ -310,6 +323,8 @@ class DpLabelHistogram:
     delta: float | None = None
     seed: int | None = None
     dead_letters: Any = None
+    allow_large_delta: bool = False
+    encoding: str | None = None
 
 
 def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> GenerateConfig:
@@ -318,5 +333,6 @@ def draw_label_histogram(config: GenerateConfig, request: DpLabelHistogram) -> G
         raise GenerateError("pass either a label distribution or a DP label histogram to draw, not both")
     dist = dp_label_distribution(config.model_dir, request.source, labels=config.labels,
                                  noise_multiplier=request.noise_multiplier, epsilon=request.epsilon,
-                                 delta=request.delta, seed=request.seed, dead_letters=request.dead_letters)
+                                 delta=request.delta, seed=request.seed, dead_letters=request.dead_letters,
+                                 allow_large_delta=request.allow_large_delta, encoding=request.encoding)
     return dataclasses.replace(config, label_distribution=dist)

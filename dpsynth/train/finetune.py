@@ -36,7 +36,8 @@ metadata, written by process 0) and process 0 alone writes the privacy report. T
 processes x 4 CPU devices against 1 process x 8 devices (tests/train/test_finetune.py).
 
 Everything that can be wrong with the input is checked before any compute: unknown labels,
-an empty training set, epsilon <= 0, delta outside (0, 1), an unreachable target; examples
+an empty or single-label training set, epsilon <= 0, delta outside (0, 1) or above 1/N (unless
+`allow_large_delta`), an unreachable target; examples
 longer than `max_tokens` are truncated and counted.
 """
 
@@ -133,6 +134,9 @@ class TuneConfig:
             `token_budget` (the given values are ignored; the choice and its reasons go into the
             privacy report).
         token_budget: example-tokens an automatic recipe may process (None: the recipe's default).
+        allow_large_delta: accept a delta above 1/N (N = |D_train|, or users at user level), which
+            protects nobody (`dpsynth.dp.accounting.weak_delta`); refused by default, and the privacy
+            report's headline then says the delta is weak.
     """
 
     mode: str = "lora"
@@ -165,6 +169,7 @@ class TuneConfig:
     bands: int | None = None
     recipe: str = "manual"
     token_budget: float | None = None
+    allow_large_delta: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -238,7 +243,8 @@ class TuneConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
-        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None)):
+        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None),
+                          ("allow_large_delta", False)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
         return d
@@ -281,7 +287,8 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
                              compositions=compositions,
                              mechanism=config.mechanism if config.private else mechanisms.DEFAULT,
                              bands=config.bands if config.private else None,
-                             privacy_unit="user" if user else "example")
+                             privacy_unit="user" if user else "example",
+                             allow_large_delta=config.allow_large_delta)
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
 
@@ -534,6 +541,11 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
     directories, and a resume's accounted settings against its checkpoint (metadata read once)."""
     if not train_records:
         raise TuneError("empty training set: nothing to tune on")
+    classes = sorted({str(r.get("label")) for r in train_records})
+    if len(classes) < 2:  # before any budget is spent: a one-class model cannot make labeled data
+        raise TuneError(f"D_train has a single label ({classes[0]!r} in all {len(train_records)} records): a model "
+                        "tuned on it cannot generate (or guide towards) any other class; check --label-column, "
+                        "or the file")
     labels_from_data = labels is None
     if labels is None:
         labels = sorted({str(r.get("label")) for r in train_records})

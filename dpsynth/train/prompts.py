@@ -189,7 +189,7 @@ def encode_examples(
     eos_id, pad_id = getattr(tokenizer, "eos_id", EOS_ID), getattr(tokenizer, "pad_id", PAD_ID)
     prefix_cache: dict[str, np.ndarray] = {}
     rows, prefix_lens, ids, truncated = [], [], [], 0
-    for n, rec in enumerate(records):
+    for n, rec in enumerate(records, start=1):  # (counted from 1, as the readers and dead letters count)
         rid = str(rec.get("id", n))
         if "text" not in rec or "label" not in rec:
             raise ExampleError(f"{where}: record {n} (id {rid}) lacks a 'text' or 'label' field")

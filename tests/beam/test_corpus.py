@@ -5,6 +5,7 @@ import hashlib
 import json
 import pathlib
 import random
+import stat
 from collections import Counter
 
 import apache_beam as beam
@@ -15,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_jobs import tokenize as tokenize_job
 from dpsynth.beam import corpus, inputs
 from dpsynth.beam.pipeline import make_pipeline_options
-from dpsynth.data import readers, token_shards
+from dpsynth.data import dead_letters, readers, token_shards
 from dpsynth.data.text import encode_document
 from dpsynth.data.tokenizers import Tokenizer
 
@@ -81,14 +82,20 @@ def test_dead_letters_are_counted_and_written(tmp_path, tokenizer_path):
              json.dumps({"text": "", "label": "x"}).encode(), json.dumps({"text": "nul\u0000", "label": "x"}).encode(),
              json.dumps({"text": "no label"}).encode(), json.dumps({"text": "fine too", "label": "other"}).encode()]
     (tmp_path / "s.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    manifest = tokenize_job.run(["--input", str(tmp_path / "s.jsonl"), "--kind", "sensitive", "--tokenizer",
-                                 tokenizer_path, "--out", str(tmp_path / "out")])
+    argv = ["--input", str(tmp_path / "s.jsonl"), "--kind", "sensitive", "--tokenizer", tokenizer_path,
+            "--out", str(tmp_path / "out")]
+    with pytest.raises(dead_letters.TooManyDeadLetters, match=r"s: 4 of 6 records dead-lettered.*at most 3"):
+        tokenize_job.run(argv + ["--max-dead-letters", "3"])  # (the default, 1%, refuses too)
+    manifest = tokenize_job.run(argv + ["--max-dead-letters", "4"])
     assert manifest["records_in"] == len(lines) == manifest["num_documents"] + manifest["dead_lettered"]
     assert manifest["num_documents"] == 2 and manifest["labels"] == {"great": 1, "other": 1}
     dead = [json.loads(x) for x in (tmp_path / "out" / corpus.DEAD_LETTERS).read_text().splitlines()]
     assert [d["record"] for d in dead] == [2, 3, 4, 5]
     assert all(d["file"].endswith("s.jsonl") for d in dead)
     assert sum(manifest["dead_letter_reasons"].values()) == 4
+    # A sensitive token corpus is owner-only: the directory 0700, every file 0600.
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o700
+    assert {stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "out").iterdir()} == {0o600}
 
 
 def test_read_corpora_ptransform_keys(tmp_path):

@@ -6,10 +6,13 @@ sequences of length >= k, never across document boundaries), and a sensitive exa
 contaminated iff one of its k-token windows occurs in a public document.
 """
 
+import csv
 import hashlib
+import io
 import json
 import pathlib
 import random
+import stat
 
 import apache_beam as beam
 import numpy as np
@@ -117,10 +120,15 @@ def _run(corpora, tokenizer_path, out, extra=(), test_pipeline=None):
                           "--num-shards", "3", *extra], test_pipeline=test_pipeline)
 
 
+def _private(out: pathlib.Path) -> pathlib.Path:
+    """The dedup's default private state: OUT.private beside OUT."""
+    return out.parent / (out.name + ".private")
+
+
 def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
     tokenizer = Tokenizer.load(tokenizer_path)
     public = token_shards.read_corpus(str(out / "tokens" / "public"))
-    sensitive = token_shards.read_corpus(str(out / "tokens" / "sensitive" / "reviews"))
+    sensitive = token_shards.read_corpus(str(_private(out) / "tokens" / "sensitive" / "reviews"))
     ranges, hit = reference(public, sensitive, K)
     assert hit, "the planted passages must be found"
     assert _reported_ids(report) == hit
@@ -169,7 +177,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
 
     # Already tokenized inputs are accepted and give the same clean corpus and report.
     again = dedup_job.run(["--public", str(tmp_path / "out" / "tokens" / "public"), "--sensitive",
-                           f"reviews={tmp_path / 'out' / 'tokens' / 'sensitive' / 'reviews'}",
+                           f"reviews={_private(tmp_path / 'out') / 'tokens' / 'sensitive' / 'reviews'}",
                            "--tokenizer", tokenizer_path, "--out", str(tmp_path / "pre"), "--min-tokens", str(K)])
     assert again == report
     pre = _tree_digest(tmp_path / "pre")
@@ -281,3 +289,86 @@ def test_clean_jsonl_equals_json_lines_of_clean_texts(tokenizer_path, monkeypatc
     fallback = Tokenizer.load(tokenizer_path)
     assert fallback._pieces is None
     assert clean_jsonl(fallback, tokens, offsets, ranges, ids) == expected
+
+
+# ----------------------------------------------------------------------------- unread sensitive records (issue 35)
+
+
+@pytest.fixture
+def cp1252_case(tmp_path):
+    """The issue's case: a Windows-1252 CSV export (3 of 12 reviews hold a byte that is not UTF-8)
+    and one of those reviews planted in the (UTF-8) public corpus."""
+    rng = random.Random(11)
+    reviews = [make_text(rng, 70) for _ in range(12)]
+    for i in (2, 5, 9):
+        reviews[i] = reviews[i].replace(" ", " café ", 1)  # é is byte 0xE9 in cp1252: invalid UTF-8
+    rows = io.StringIO()
+    csv.writer(rows).writerows([["id", "text", "label"]] + [[f"r{i}", t, i % 2] for i, t in enumerate(reviews)])
+    (tmp_path / "sens.csv").write_bytes(rows.getvalue().encode("cp1252"))
+    (tmp_path / "pub").mkdir()
+    public = [make_text(rng, 120) for _ in range(5)]
+    public[1] += "\n" + reviews[5]  # the planted review
+    (tmp_path / "pub" / "web.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in public),
+                                                encoding="utf-8")
+    return tmp_path
+
+
+def _unread_argv(case, tokenizer_path, out, *extra):
+    return ["--public", str(case / "pub"), "--sensitive", f"reviews={case / 'sens.csv'}", "--tokenizer",
+            tokenizer_path, "--out", str(out), "--min-tokens", str(K), "--max-dead-letters", "50%", *extra]
+
+
+def _clean_text(out: pathlib.Path) -> str:
+    return "".join(p.read_text(encoding="utf-8") for p in sorted((out / "clean").glob("*.jsonl")))
+
+
+def test_an_unread_sensitive_record_is_refused_one_line(cp1252_case, tokenizer_path, capsys):
+    out = cp1252_case / "out"
+    assert dedup_job.main(_unread_argv(cp1252_case, tokenizer_path, out)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and err[0].startswith("dpsynth dedup: error: sensitive 'reviews': 3 of 12 records")
+    assert "record 3: invalid UTF-8" in err[0] and "--encoding" in err[0] and "--allow-unread-sensitive" in err[0]
+    assert {p.name for p in out.iterdir()} == {"tokens"}  # nothing cut, no clean corpus, no report
+
+
+def test_allow_unread_sensitive_lists_the_records_not_protected(cp1252_case, tokenizer_path, capsys):
+    out = cp1252_case / "out"
+    report = dedup_job.run(_unread_argv(cp1252_case, tokenizer_path, out, "--allow-unread-sensitive"))
+    (entry,) = report["sensitive"]
+    assert entry["num_examples"] == 9 and entry["num_unread"] == 3
+    assert [(pathlib.Path(r["file"]).name, r["record"]) for r in entry["unread_records"]] == \
+        [("sens.csv", 3), ("sens.csv", 6), ("sens.csv", 10)]
+    assert json.loads((out / "contamination.json").read_text()) == report
+    headline = capsys.readouterr().out.split("Contamination report", 1)[1].splitlines()[0]
+    assert "3 sensitive records could NOT be read and are NOT protected" in headline
+    assert report["public"]["tokens_removed"] == 0 and "café" in _clean_text(out)  # the planted review stays
+
+
+def test_the_right_encoding_reads_every_record_and_cuts_the_planted_review(cp1252_case, tokenizer_path):
+    out = cp1252_case / "out"
+    report = dedup_job.run(_unread_argv(cp1252_case, tokenizer_path, out, "--encoding", "cp1252"))
+    (entry,) = report["sensitive"]
+    assert entry["num_examples"] == 12 and entry["num_unread"] == 0 and "unread_records" not in entry
+    assert entry["shared_example_ids"] == ["r5"] and "café" not in _clean_text(out)
+
+
+def test_sensitive_material_is_owner_only_state_outside_out(cp1252_case, tokenizer_path):
+    out, state = cp1252_case / "out", cp1252_case / "state"
+    dedup_job.run(_unread_argv(cp1252_case, tokenizer_path, out, "--encoding", "cp1252", "--state-dir", str(state)))
+    assert sorted(p.name for p in out.iterdir()) == ["clean", "clean_tokens", "contamination.json", "tokens"]
+    assert [p.name for p in (out / "tokens").iterdir()] == ["public"]
+    assert (state / "index").is_file() and (state / "tokens" / "sensitive" / "reviews" / "manifest.json").is_file()
+    for p in [state, *state.rglob("*")]:
+        assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
+    with pytest.raises(ValueError, match="inside the released directory"):
+        dedup_job.run(_unread_argv(cp1252_case, tokenizer_path, out, "--state-dir", str(out / "private")))
+
+
+def test_max_dead_letters_refuses_the_public_corpus_too(cp1252_case, tokenizer_path):
+    from dpsynth.data.dead_letters import TooManyDeadLetters
+
+    with (cp1252_case / "pub" / "web.jsonl").open("a") as f:
+        f.write("not json\n")
+    with pytest.raises(TooManyDeadLetters, match=r"public corpus: 1 of 6 records dead-lettered"):
+        jobs.dedup([str(cp1252_case / "pub")], [f"reviews={cp1252_case / 'sens.csv'}"], tokenizer_path=tokenizer_path,
+                   out_dir=str(cp1252_case / "out"), min_tokens=K, encoding="cp1252")

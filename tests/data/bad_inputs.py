@@ -77,6 +77,9 @@ def write_case(directory, case):
         w(b"")
     elif case == "empty_jsonl":
         w(b"")
+    elif case == "csv_cp1252":  # a Windows-1252 spreadsheet export: read whole with encoding="cp1252"
+        w(b"text,label\n" + good[:40] + "caf\u00e9 cr\u00e8me \u2013 fine,great\n".encode("cp1252") + good[40:]
+          + "na\u00efve,other\n".encode("cp1252"))
     elif case == "dir_mixed_types":
         w(b'{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n', "mixed/a.jsonl")
         w(b"text,label\nc,y\nd,x\n", "mixed/b.csv")
@@ -105,4 +108,5 @@ CASES = {
     "empty_csv": ("empty.csv", ("error", "empty CSV file")),
     "empty_jsonl": ("empty.jsonl", ("error", "no valid")),
     "dir_mixed_types": ("mixed", ("error", "unknown file type '.md'")),
+    "csv_cp1252": ("cp1252.csv", ("records", 8, 2)),  # (UTF-8, the default; ("records", 10, 0) in cp1252)
 }

@@ -41,6 +41,7 @@ def test_report_counts_and_schema(tmp_path):
         "num_examples_shared": 1,
         "shared_example_ids": ["train-3"],
         "longest_shared_tokens": 60,
+        "num_unread": 0,
     }
     assert report["sensitive"][1]["num_examples_shared"] == 0
     assert report["sensitive"][1]["longest_shared_tokens"] >= 12

@@ -107,3 +107,16 @@ def test_example_level_run_seen_per_user(capsys):
     # One row per person: the same mechanism as example level; four rows: a larger epsilon.
     assert one["epsilon_per_user_pld"] == pytest.approx(one["epsilon_pld"], rel=2e-3)
     assert four["epsilon_per_user_pld"] > 2 * four["epsilon_pld"]
+
+
+def test_a_large_delta_is_refused_one_line_and_allowed_with_a_weak_headline(capsys):
+    argv = ("--dataset-size", "300", "--batch-size", "30", "--steps", "100", "--epsilon", "3", "--delta", "0.5")
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("dpsynth privacy: error: delta 0.5 is above 1/N = 1/300 examples")
+    rc, out, _ = run(capsys, *argv, "--allow-large-delta")
+    assert rc == 0 and out.splitlines()[0].startswith("WEAK DELTA: delta 0.5 is above 1/N = 1/300 examples")
+    rc, out, _ = run(capsys, *argv, "--allow-large-delta", "--json")
+    assert rc == 0 and "WEAK DELTA" in json.loads(out)["delta_warning"]
+    rc, out, _ = run(capsys, *argv[:-2])  # the default delta: no warning
+    assert rc == 0 and "WEAK" not in out

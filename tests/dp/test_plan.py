@@ -77,3 +77,17 @@ def test_bandmf_epochs_are_steps_times_b_over_n_not_steps_times_q():
     assert p.epochs == pytest.approx(1000 * 64 / 3600) and p.epochs_of(500) == pytest.approx(500 * 64 / 3600)
     d = plan_privacy(dataset_size=3600, expected_batch_size=64, steps=1000, noise_multiplier=2.0)
     assert d.epochs_of(10) == pytest.approx(10 * d.sampling_probability)  # DP-SGD: steps x q, as before
+
+
+@pytest.mark.parametrize("unit, n", [("example", 300), ("user", 40)])
+def test_a_delta_above_one_over_n_is_refused_unless_allowed(unit, n):
+    """delta > 1/N protects nobody (publishing one random unit in full meets it); N counts users at user level."""
+    common = dict(dataset_size=n, expected_batch_size=8, steps=5, epsilon=3.0, privacy_unit=unit)
+    what = "users" if unit == "user" else "examples"
+    for delta in (0.5, 1.5 / n):
+        with pytest.raises(accounting.PrivacyConfigError, match=rf"above 1/N = 1/{n} {what}.*--allow-large-delta"):
+            plan_privacy(delta=delta, **common)
+        assert plan_privacy(delta=delta, allow_large_delta=True, **common).delta == delta
+    assert plan_privacy(**common).delta == 1.0 / n  # the default, 1/N, is at the edge: accepted
+    assert plan_privacy(delta=1.0 / n, **common).delta == 1.0 / n
+    assert not accounting.weak_delta(1.0 / n, n) and accounting.weak_delta(1.0001 / n, n)

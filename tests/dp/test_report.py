@@ -54,3 +54,14 @@ def test_nonprivate_report_says_so():
 def test_load_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="privacy report"):
         report.load_report(str(tmp_path))
+
+
+def test_the_headline_says_when_the_delta_is_weak():
+    rep, sigma = make_report()
+    headline = report.render_markdown(rep).splitlines()[2]
+    assert "DIFFERENTIALLY PRIVATE" in headline and "WEAK" not in headline  # delta 1e-4 < 1/500
+    weak = {**rep, "delta": 0.5}
+    headline = report.render_markdown(weak).splitlines()[2]
+    assert "WEAK DELTA: delta 0.5 is above 1/N = 1/500 examples" in headline
+    user = {**weak, "privacy_unit": "user", "max_examples_per_user": 2}
+    assert "1/N = 1/500 users" in report.render_markdown(user).splitlines()[2]
