@@ -113,7 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
-    from dpsynth.dp import accounting
     from dpsynth.train import finetune as tune
 
     args = build_parser().parse_args(argv)
@@ -132,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     """The run of `main`, once --out is held (`dpsynth.outdir.claim`)."""
+    from dpsynth.dp import accounting
     from dpsynth.train import finetune as tune
     from dpsynth.train import sweep as sweep_lib
 
