@@ -89,7 +89,7 @@ def test_no_command_writes_into_another_commands_output(command, tmp_path, capsy
     target = str(out / "m.json") if command == "classify" else str(out)
     rc, err = _dpsynth(capsys, command, *[a.replace("OUT/m.json", target).replace("OUT", target)
                                           for a in WRITERS[command]])
-    assert rc == 2 and len(err) == 1 and f"holds a " in err[0] and f"of `dpsynth {other[0]}`" in err[0], err
+    assert rc == 2 and len(err) == 1 and "holds a " in err[0] and f"of `dpsynth {other[0]}`" in err[0], err
     assert _tree(out) == before
 
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -202,7 +203,6 @@ def test_another_process_holds_the_lock_until_it_is_killed(tmp_path):
         for _ in range(600):
             if ready.exists() or proc.poll() is not None:
                 break
-            import time
             time.sleep(0.05)
         assert ready.exists(), "the holder did not start"
         with pytest.raises(OutDirError, match=f"another run is writing into it now \\(pid {proc.pid}\\)"):
