@@ -75,12 +75,13 @@ def check_inputs(manifests: dict[str, dict], token_dirs: dict[str, str], *, limi
         dead_letters.enforce([summaries[name]], FileSystems.join(token_dirs[name], "dead_letters.jsonl"))
     unread = {name: [{"file": d.file, "record": d.record} for d in s.dead]
               for name, s in summaries.items() if name != PUBLIC}
-    bad = [summaries[name] for name, rows in sorted(unread.items()) if rows]
+    bad = [name for name, rows in sorted(unread.items()) if rows]
     if bad and not allow_unread_sensitive:
-        first = bad[0].dead[0]
-        decoding = any("invalid " in reason for s in bad for reason, _ in s.reasons)
+        first = summaries[bad[0]].dead[0]
+        decoding = any("invalid " in reason for name in bad for reason, _ in summaries[name].reasons)
         raise UnreadSensitiveError(
-            "; ".join(s.describe() for s in bad) + f" (first: {first.file} record {first.record}: {first.reason}). "
+            "; ".join(summaries[n].describe(FileSystems.join(token_dirs[n], "dead_letters.jsonl")) for n in bad)
+            + f" (first: {first.file} record {first.record}: {first.reason}). "
             "The dedup cannot cut a public copy of a record it could not read: fix the input"
             + (" (its --encoding, e.g. cp1252?)" if decoding else "")
             + ", or pass --allow-unread-sensitive (the report then lists them as not protected)")
@@ -297,7 +298,7 @@ class _IndexFn(beam.DoFn):
             except readers.InputError as e:  # the driver raises it again, from the same manifests
                 refused = e
         if refused is not None:
-            logger.warning("dedup: nothing is cut: %s", refused)
+            logger.debug("dedup: nothing is cut (the job raises it): %s", refused)
         elif not empty:
             index = SensitiveIndex.build([(name, token_shards.read_corpus(self.token_dirs[name]))
                                          for name in self.sensitive])

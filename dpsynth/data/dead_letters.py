@@ -145,7 +145,13 @@ def enforce(summaries: Sequence[Summary], path: str | None = None) -> None:
             raise TooManyDeadLetters(
                 f"{s.describe(path)}: more than --max-dead-letters {s.limit} allows (at most "
                 f"{s.limit.allowed(s.records_in)}); first: {first.file} record {first.record}: {first.reason}. "
-                "Check the file's format and the text/label columns, or raise --max-dead-letters", summaries)
+                "Check the file's format" + (", its --encoding (e.g. cp1252?)" if _undecodable(s) else "")
+                + " and the text/label columns, or raise --max-dead-letters", summaries)
+
+
+def _undecodable(summary: Summary) -> bool:
+    """Whether some of `summary`'s dead letters are bytes invalid in the file's encoding."""
+    return any(kind.startswith("invalid ") and "JSON" not in kind for kind, _ in summary.reasons)
 
 
 def check(dataset: Dataset, *, name: str, limit: str | int | Limit | None = None) -> Summary:
