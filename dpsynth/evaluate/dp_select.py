@@ -44,7 +44,8 @@ logger = logging.getLogger("dpsynth.evaluate")
 
 SELECTION_FILE = "selection.json"  # public: the candidates, the winner, the mechanism; never the scores
 SCORES_FILE = "selection_scores.json"  # owner-only: the non-DP counts on D_valid
-COPIED = ("train.jsonl", "valid.jsonl", "generation_report.json", "generation_config.json", "manifest.json")
+# The winner's files copied into OUT (not its generation manifest: OUT is not a generation job's directory).
+COPIED = ("train.jsonl", "valid.jsonl", "generation_report.json", "generation_config.json")
 NON_DP_SCORES_NOTICE = ("correct predictions on the real D_valid per candidate, computed without noise: NOT "
                         "differentially private; for the data owner only, never published")
 
@@ -160,6 +161,8 @@ def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapp
     tuning_eps = ps.guarantee(entries, delta, ps.SEQUENTIAL)["epsilon"]
     rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
     rep["epsilon"] = {k: _fmt(v) for k, v in g["epsilon"].items()}
+    rep["covers"] = (rep.get("covers", "") + "; and the choice of this corpus among the candidates on the real "
+                     "D_valid (DP, see `selection`)")
     acc = rep.get("accountant", "rdp")
     rep["selection"] = {
         "candidates": list(names), "selected": names[winner], "selected_by":
