@@ -42,7 +42,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import dp_accounting
 import numpy as np
 
 from dpsynth.dp import accounting, histogram
