@@ -155,7 +155,8 @@ def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapp
     rng = rng if rng is not None else np.random.default_rng(config.seed if config.seed is not None
                                                             else seeds.secret_seed())
     winner = mech.choose(scores, rng)
-    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora")
+    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora",
+                              group=ps.group_size(config.split))
     how = ps.composition(config.split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
     g = ps.guarantee(entries + [entry], delta, how)
     tuning_eps = ps.guarantee(entries, delta, ps.SEQUENTIAL)["epsilon"]
