@@ -44,7 +44,8 @@ logger = logging.getLogger("dpsynth.evaluate")
 
 SELECTION_FILE = "selection.json"  # public: the candidates, the winner, the mechanism; never the scores
 SCORES_FILE = "selection_scores.json"  # owner-only: the non-DP counts on D_valid
-COPIED = ("train.jsonl", "valid.jsonl", "generation_report.json", "generation_config.json", "manifest.json")
+# The winner's files copied into OUT (not its generation manifest: OUT is not a generation job's directory).
+COPIED = ("train.jsonl", "valid.jsonl", "generation_report.json", "generation_config.json")
 NON_DP_SCORES_NOTICE = ("correct predictions on the real D_valid per candidate, computed without noise: NOT "
                         "differentially private; for the data owner only, never published")
 
@@ -154,12 +155,15 @@ def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapp
     rng = rng if rng is not None else np.random.default_rng(config.seed if config.seed is not None
                                                             else seeds.secret_seed())
     winner = mech.choose(scores, rng)
-    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora")
+    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora",
+                              group=ps.group_size(config.split))
     how = ps.composition(config.split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
     g = ps.guarantee(entries + [entry], delta, how)
     tuning_eps = ps.guarantee(entries, delta, ps.SEQUENTIAL)["epsilon"]
     rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
     rep["epsilon"] = {k: _fmt(v) for k, v in g["epsilon"].items()}
+    rep["covers"] = (rep.get("covers", "") + "; and the choice of this corpus among the candidates on the real "
+                     "D_valid (DP, see `selection`)")
     acc = rep.get("accountant", "rdp")
     rep["selection"] = {
         "candidates": list(names), "selected": names[winner], "selected_by":

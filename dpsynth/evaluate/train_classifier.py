@@ -207,7 +207,8 @@ def run_sweep(trainer: Trainer, train: Split, valid: Split, tests: Mapping[str, 
                                                   name=f"dp_on_real trial {i}"))
         ledger.check_budget()
         if dp_selection is not None:  # after the budget check: D_valid is a part of its own (`guarantee`)
-            ledger.record_selection(dp_selection.ledger_entry(len(settings), name="dp_on_real selection"))
+            ledger.record_selection(dp_selection.ledger_entry(len(settings), name="dp_on_real selection",
+                                                              group=private_selection.group_size(dp.valid_split)))
         grid_text = (f"learning_rate {list(sweep.learning_rates)} x weight_decay {list(sweep.weight_decays)} x "
                      f"clip_norm {list(sweep.clip_norms)} x {sweep.repeats} repeats")
         extra = dict(report_extra or {})

@@ -146,3 +146,13 @@ def test_choice_is_exact_gumbel_max_over_all_orders():
     sel = ps.DpSelection(epsilon=2.0)
     for perm in itertools.permutations([3, 3, 3]):
         np.testing.assert_allclose(sel.probabilities(perm), [1 / 3] * 3)
+
+
+def test_positional_split_accounts_the_selection_for_two_records():
+    assert ps.group_size(ps.FILES) == ps.group_size(ps.HASH) == 1 and ps.group_size(ps.POSITIONAL) == 2
+    e = ps.DpSelection(epsilon=0.5).ledger_entry(3, group=ps.group_size(ps.POSITIONAL))
+    assert e["epsilon"] == 1.0 and e["group"] == 2  # group privacy: 2 x epsilon
+    g = ps.DpSelection(epsilon=1.0, mechanism=ps.GAUSSIAN, delta=1e-5)
+    assert g.ledger_entry(3, group=2)["noise_multiplier"] == pytest.approx(g.noise_multiplier(3) / 2)
+    with pytest.raises(ValueError):
+        ps.group_size("last10")

@@ -72,8 +72,9 @@ def test_report_composes_tuning_and_selection():
     # positional split, or a tuning that read D_valid without DP: sequential
     seq = dp_select.select(["a", "b"], [10, 12], reports, dp_select.SelectConfig(epsilon=1.0, split="positional", seed=0))
     assert seq.report["selection"]["composition"] == ps.SEQUENTIAL
+    assert seq.report["ledger"]["entries"][-1]["epsilon"] == 2.0  # positional: accounted for two records
     assert seq.report["epsilon"]["rdp"] == pytest.approx(
-        PrivacyLedger(delta=1e-4, target_epsilon=math.inf, entries=entries).epsilon("rdp"))
+        PrivacyLedger(delta=1e-4, target_epsilon=math.inf, entries=seq.report["ledger"]["entries"]).epsilon("rdp"))
     assert seq.report["epsilon"]["rdp"] > par.report["epsilon"]["rdp"]
     swept = [tuning_report(side_channels=[{"name": "validation-based selection", "detail": "x"}])] * 2
     assert dp_select.select(["a", "b"], [1, 2], swept, FAST).report["selection"]["composition"] == ps.SEQUENTIAL
