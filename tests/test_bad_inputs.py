@@ -39,14 +39,15 @@ def tokenizer(tmp_path_factory):
     return path
 
 
-def _run(entry, data, tmp, fake_model, tokenizer, capsys, encoding=None):
+def _run(entry, data, tmp, fake_model, tokenizer, capsys, encoding=None, out_name="out"):
     """Runs `dpsynth ENTRY` in-process on `data`, set up to stop right after reading it; returns (rc, stderr+stdout).
 
-    `encoding`: the entry's `--encoding` (the experiment's `sensitive.encoding`).
+    `encoding`: the entry's `--encoding` (the experiment's `sensitive.encoding`); `out_name`: the --out
+    under `tmp` (a run with other flags needs its own: an --out belongs to one run, `dpsynth.outdir`).
 
     An exception escaping `main` is a traceback the user would see: the test fails with it.
     """
-    out = str(tmp / "out")
+    out = str(tmp / out_name)
     clean = tmp / "clean.csv"
     clean.write_text("text,label\na b,great\nc d,other\n")
     if entry == "dp-tune":
@@ -243,7 +244,7 @@ def test_every_entry_reads_a_cp1252_export_whole_with_its_encoding(entry, tmp_pa
     path, _ = write_case(tmp_path, "csv_cp1252")
     rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="cp1252")
     assert "Traceback" not in out and "records dead-lettered" not in out and "invalid" not in out, out
-    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="utf-16")
+    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="utf-16", out_name="out16")
     assert rc == 2 and "'utf-16' is not ASCII-compatible" in out, out
     rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="no-such-codec")
     assert rc == 2 and "unknown text encoding 'no-such-codec'" in out, out
