@@ -56,13 +56,24 @@ def parser() -> argparse.ArgumentParser:
                                "pieces, else hashed words)"},
         "seed": {"help": "fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
                          "default: a secret seed)"},
-    })
+    }, skip=("classifier_options",))
+    registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                     help=dead_letters.LIMIT_HELP + " (here: OUT.private/dead_letters.jsonl)")
     logs.add_flags(ap)
     return ap
+
+
+def _config(args):
+    """The `ClassifyConfig` of the parsed flags, the families' own settings included."""
+    import dataclasses
+
+    from dpsynth.evaluate import registry
+    from dpsynth.evaluate import train_classifier as tc
+
+    return dataclasses.replace(binding.from_args(tc.ClassifyConfig, args), classifier_options=registry.options_from_args(args))
 
 
 @errors.command("classify", also=(ValueError, FileNotFoundError))
@@ -76,7 +87,7 @@ def main(argv=None) -> int:
                                     prefix="dpsynth classify: ")
     dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
                                ("test (--test)", args.test)], policy)
-    result = tc.classify_files(args.train, args.valid, args.test, config=binding.from_args(tc.ClassifyConfig, args),
+    result = tc.classify_files(args.train, args.valid, args.test, config=_config(args),
                                out=args.out, privacy_dir=args.privacy_report, max_dead_letters=policy.limit)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,
                "test_scores_mean": result.score_mean}
