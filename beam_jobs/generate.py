@@ -1,7 +1,7 @@
 """`dpsynth generate`: synthetic train/valid splits from a (DP-tuned) model, as a Beam fan-out.
 
     dpsynth generate --model DIR --num-examples N [--valid-examples M] --out DIR \
-        [--temperature 1.0] [--top-k 0] [--num-decodes 1] [--max-len 512] \
+        [--temperature 1.0] [--top-k 0] [--min-p 0] [--num-decodes 1] [--max-len 512] \
         [--guidance W [--guidance-contrast others|null]] \
         [--label-distribution uniform|dp-histogram --label-source D_TRAIN --label-epsilon E] \
         [--format jsonl,parquet,tfrecord] [--train D_TRAIN [--audit-dir DIR]] [Beam flags...]
@@ -16,11 +16,11 @@ import argparse
 import os
 import sys
 
-from dpsynth import errors, logs, outdir
+from dpsynth import binding, errors, logs, outdir
 from dpsynth.data import dead_letters, readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
-from dpsynth.train.prompts import GUIDANCE_CONTRASTS
+from dpsynth.generate.sampler_config import SamplingOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,14 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--valid-examples", type=int, default=0, help="synthetic validation examples (0: none)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="job seed (shard seeds derive from it)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all")
-    p.add_argument("--num-decodes", type=int, default=1, help="candidates per example; the most likely is kept")
-    p.add_argument("--guidance", type=float, default=0.0,
-                   help="label-guided sampling weight w (0 = unguided): l(x|y) + w (l(x|y) - l(x|contrast)); no privacy cost")
-    p.add_argument("--guidance-contrast", choices=GUIDANCE_CONTRASTS, default="others",
-                   help="contrast of the guidance: the other labels' prompts, or the null prompt (a model DP-tuned with "
-                        "--label-dropout)")
+    binding.add_flags(p, SamplingOptions)  # --temperature, --top-k, --min-p, ...: declared by SamplerConfig
     p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per compiled sampler call")
     p.add_argument("--examples-per-shard", type=int, default=256, help="unit of work and of resume")
@@ -87,10 +80,10 @@ def run(argv=None, test_pipeline=None) -> dict:
                                                                          prefix="dpsynth generate: "))
     config = GenerateConfig(
         model_dir=args.model, out_dir=args.out, num_examples=args.num_examples, valid_examples=args.valid_examples,
-        seed=args.seed, temperature=args.temperature, top_k=args.top_k, num_decodes=args.num_decodes,
+        seed=args.seed, sampling=binding.from_args(SamplingOptions, args),
         max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
         labels=labels, formats=formats, allow_non_private=args.allow_non_private,
-        cores_per_worker=args.cores_per_worker, guidance=args.guidance, guidance_contrast=args.guidance_contrast,
+        cores_per_worker=args.cores_per_worker,
     )
     private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
     with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),

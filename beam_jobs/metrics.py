@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mauve-subsample", type=int, default=None)
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
+    from dpsynth.evaluate import registry
+
+    registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                     help=dead_letters.LIMIT_HELP + " (here: per real split; OUT.private/dead_letters.jsonl)")
     ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of the real splits: " + readers.ENCODING_HELP)
@@ -77,9 +80,10 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
                       mauve_subsample: int | None = None, perplexity: bool = True,
                       real_baseline: bool = True, dp_sweep_accounting: str = "composed",
                       wordcnn_vocabulary: str = "auto", dp_delta: float | None = None,
-                      dp_accountant: str = "rdp") -> EvaluateConfig:
+                      dp_accountant: str = "rdp", classifier_options=None) -> EvaluateConfig:
     """An `EvaluateConfig` from the flags' values (`--classifiers` a comma list or "none", `--grid`
-    small | wide, `--cnn` paper | small, `--mauve-seeds` a count, ...)."""
+    small | wide, `--cnn` paper | small, `--mauve-seeds` a count, `classifier_options` the families'
+    own settings, `dpsynth.evaluate.registry.options_from_args`, ...)."""
     from dpsynth.evaluate import classifiers as cls_lib
     from dpsynth.evaluate import mauve
     from dpsynth.evaluate import train_classifier as tc
@@ -94,7 +98,7 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
         mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
         mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
         dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
-        dp_accountant=dp_accountant,
+        dp_accountant=dp_accountant, classifier_options=dict(classifier_options or {}),
         sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
                              train=tr.TrainConfig(max_epochs=max_epochs)))
 
@@ -105,7 +109,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 
     `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
-    from dpsynth.evaluate import corpora, pipeline, tables
+    from dpsynth.evaluate import corpora, pipeline, registry, tables
 
     args, beam_args = parser().parse_known_args(argv)
     config = config_from_flags(
@@ -114,7 +118,7 @@ def run(argv=None, test_pipeline=None) -> dict:
         mauve_max_buckets=args.mauve_max_buckets, mauve_seeds=args.mauve_seeds, mauve_subsample=args.mauve_subsample,
         perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline,
         dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
-        dp_accountant=args.dp_accountant)
+        dp_accountant=args.dp_accountant, classifier_options=registry.options_from_args(args))
     # Rejected records of the real splits: counted, explained, listed owner-only; past the limit: refused.
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth evaluate: ")

@@ -187,7 +187,7 @@ def _job_time(model_dir: str, out: str, workers: int, examples: int, length: int
         "from dpsynth.generate.job import GenerateConfig, generate\n"
         "t=time.perf_counter()\n"
         "generate(GenerateConfig(model_dir=%r, out_dir=%r, num_examples=%d, examples_per_shard=%d, batch_size=%d,"
-        " max_len=%d, temperature=1.0, cores_per_worker=%d),"
+        " max_len=%d, cores_per_worker=%d),"
         " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers=%d'])\n"
         "print('SECONDS', time.perf_counter()-t)\n"
     ) % (REPO, model_dir, out, examples, max(1, examples // 8), batch, length, int(pinned), workers)
@@ -210,7 +210,7 @@ rank, world, model_dir, out_dir, barrier = int(sys.argv[1]), int(sys.argv[2]), s
 if sys.argv[6] == "1":  # one core per process, before XLA starts
     os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank]])
 cfg = GenerateConfig(model_dir=model_dir, out_dir=out_dir, num_examples={examples}, examples_per_shard={per_shard},
-                     batch_size={batch}, max_len={length}, temperature=1.0)
+                     batch_size={batch}, max_len={length})
 plan = make_plan(cfg, read_model_info(model_dir))
 os.makedirs(os.path.join(out_dir, "shards"), exist_ok=True)
 bundle = load_bundle(model_dir)
@@ -285,7 +285,7 @@ _SCALE_JOB = (
     "from dpsynth.generate.job import GenerateConfig, generate\n"
     "logs.configure(fmt='%(message)s')\n"
     "generate(GenerateConfig(model_dir={model!r}, out_dir={out!r}, num_examples={examples}, examples_per_shard={per_shard},"
-    " batch_size={batch}, max_len={length}, temperature=1.0, seed=0, cores_per_worker={cores}),"
+    " batch_size={batch}, max_len={length}, seed=0, cores_per_worker={cores}),"
     " beam_args=['--direct_running_mode=multi_processing', '--direct_num_workers={workers}'])\n"
 )
 POLL_S = 0.2

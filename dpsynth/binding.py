@@ -2,8 +2,15 @@
 
 A library's config dataclass is the one place its fields, types and defaults are named:
 `add_flags` makes one `--field-name` flag per field (type and default from the dataclass,
-help and choices from the entry point), `from_args` builds the config back from the parsed
-flags, and `make_config` builds it from the plain values of an experiment config.
+help and choices from the field's `setting` metadata or the entry point), `from_args` builds
+the config back from the parsed flags, and `make_config` builds it from the plain values of an
+experiment config.
+
+A field declared with `setting(...)` carries its own help text, choices and cache-key rule
+(`UNLESS_DEFAULT`), so a config that derives from it (`subconfig`), its flags and the
+experiment's stage hashes (`stage_dict`) need no second declaration. A config's
+`__post_init__` raises `SettingError(field, message)` so each caller can name the field its
+own way (`--min-p`, `generate.samplings[0].min_p`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,85 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from dpsynth.errors import DpsynthError
+
+# Field metadata keys of `setting`.
+HELP = "help"
+CHOICES = "choices"
+# A setting added after stage caches existed: it enters a stage's hash only when set
+# (`stage_dict`), so caches made before it existed keep their hashes. True: left out at its own
+# default; a field name: left out while that field is at its default (the setting only means
+# something with it, e.g. the noise of a DP label histogram).
+UNLESS_DEFAULT = "hash_unless_default"
+
+
+class SettingError(DpsynthError, ValueError):
+    """A setting's value is invalid: `field` names it, `message` says why ("must be >= 0, got -1")."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, help: str | None = None,
+            choices: tuple | None = None, unless_default: bool | str | None = None, **metadata: Any) -> Any:
+    """`dataclasses.field` of a setting with its help text, its choices and its hash rule
+    (`unless_default`: see `UNLESS_DEFAULT`); `metadata` adds keys of the caller's."""
+    meta = dict(metadata)
+    if help is not None:
+        meta[HELP] = help
+    if choices is not None:
+        meta[CHOICES] = tuple(choices)
+    if unless_default is not None:
+        meta[UNLESS_DEFAULT] = unless_default
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def is_default(config: Any, f: dataclasses.Field) -> bool:
+    """Whether `config`'s field `f` holds its declared default."""
+    return getattr(config, f.name) == _field_default(f)
+
+
+def plain(value: Any) -> Any:
+    """A config as plain JSON/YAML-compatible data (tuples become lists; inf stays float)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
+def stage_dict(config: Any) -> dict[str, Any]:
+    """`plain(config)` without the settings marked `UNLESS_DEFAULT` that are not set (so the
+    hashes of caches made before they existed hold)."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    out = {}
+    for name, value in plain(config).items():
+        mark = fields[name].metadata.get(UNLESS_DEFAULT)
+        if mark is True and is_default(config, fields[name]):
+            continue
+        if isinstance(mark, str) and is_default(config, fields[mark]):
+            continue
+        out[name] = value
+    return out
+
+
+def subconfig(name: str, cls: type, keep: typing.Callable[[dataclasses.Field], bool], *, module: str,
+              namespace: Mapping[str, Any] | None = None, doc: str | None = None) -> type:
+    """A frozen, keyword-only dataclass `name` of the fields of `cls` that `keep` selects: the
+    same names, types, defaults and metadata (one declaration, in `cls`); `namespace` adds
+    methods. It does not validate: building `cls` from it does."""
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                        metadata=f.metadata))
+              for f in dataclasses.fields(cls) if keep(f)]
+    out = dataclasses.make_dataclass(name, fields, namespace=dict(namespace or {}), frozen=True, kw_only=True)
+    out.__module__ = module
+    out.__doc__ = doc or f"The settings of `{cls.__name__}` selected for `{name}` (declared there)."
+    return out
 
 
 def flag_name(field: str) -> str:
@@ -39,7 +125,8 @@ def _scalar_type(tp: Any) -> Any:
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = None,
-              overrides: Mapping[str, Mapping[str, Any]] | None = None, skip: tuple[str, ...] = ()) -> list[str]:
+              overrides: Mapping[str, Mapping[str, Any]] | None = None, skip: tuple[str, ...] = (),
+              prefix: str = "") -> list[str]:
     """Adds one flag per field of the dataclass `cls` to `parser`, in field order.
 
     The flag is `flag_name(field)`; its type comes from the annotation (`X | None` reads as
@@ -51,14 +138,17 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
         cls: A dataclass.
         defaults: An instance of `cls` whose values are the flags' defaults.
         overrides: Field name -> argparse keyword arguments (help, choices, type, metavar,
-            action) added to or replacing the derived ones; the key `container` adds that
+            action; help and choices default to the field's `setting` metadata)
+            added to or replacing the derived ones; the key `container` adds that
             field's flag to another group (e.g. a mutually exclusive one) instead of `parser`,
             and `flags` gives other option strings than `flag_name(field)` (the `dest` stays
             the field name, e.g. `{"flags": ("--no-tensorboard",), "action": "store_false"}`).
         skip: Fields that get no flag.
+        prefix: Flags `--<prefix>-<field>` with dest `<prefix>_<field>` (a family's settings
+            beside others: `--backbone-truncate`); read back with `from_args(..., prefix=)`.
 
     Returns:
-        The names of the fields bound (the `dest` of each flag).
+        The names of the fields bound (without the prefix).
     """
     hints = typing.get_type_hints(cls)
     overrides = overrides or {}
@@ -71,9 +161,13 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
             continue
         kwargs = dict(overrides.get(f.name, {}))
         container = kwargs.pop("container", parser)
-        flags = tuple(kwargs.pop("flags", (flag_name(f.name),)))
+        dest = f"{prefix}_{f.name}" if prefix else f.name
+        flags = tuple(kwargs.pop("flags", (flag_name(dest),)))
         default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
         tp = _scalar_type(hints[f.name])
+        for key in (HELP, CHOICES):
+            if key in f.metadata and key not in kwargs:
+                kwargs[key] = f.metadata[key]
         if tp is bool:
             derived: dict[str, Any] = {"action": "store_true" if not default else argparse.BooleanOptionalAction,
                                        "default": default}
@@ -81,15 +175,17 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
             derived = {"type": tp, "default": default}
         else:
             derived = {"default": default}
-        container.add_argument(*flags, **{"dest": f.name, **derived, **kwargs})
+        container.add_argument(*flags, **{"dest": dest, **derived, **kwargs})
         names.append(f.name)
     return names
 
 
-def from_args(cls: type, args: argparse.Namespace, names: typing.Iterable[str] | None = None):
-    """`cls(**{name: args.name})` for the fields `add_flags` bound (`names`; default: every field)."""
-    names = [f.name for f in dataclasses.fields(cls)] if names is None else names
-    return cls(**{name: getattr(args, name) for name in names})
+def from_args(cls: type, args: argparse.Namespace, names: typing.Iterable[str] | None = None, *, prefix: str = ""):
+    """`cls(**{name: args.name})` for the fields `add_flags` bound (`names`; default: every field
+    that has a flag; a field `add_flags` skipped keeps its default)."""
+    if names is None:
+        names = [f.name for f in dataclasses.fields(cls) if hasattr(args, f"{prefix}_{f.name}" if prefix else f.name)]
+    return cls(**{name: getattr(args, f"{prefix}_{name}" if prefix else name) for name in names})
 
 
 def make_config(cls: type, kwargs: Mapping[str, Any], where: str):

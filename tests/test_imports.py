@@ -11,6 +11,10 @@ cannot hide behind a function-level import. The layers, bottom up:
     5  dpsynth.experiment, dpsynth.release_audit
     6  the entry points inside the package (dpsynth.cli, dpsynth.demo)
 
+The commands of `dpsynth.cli.COMMANDS` (one table, "module:function" strings imported on use)
+are edges of the graph too: `dpsynth.cli` -> each command's module, whose entry points
+(`trainers/`, `beam_jobs/`) sit beside the CLI in layer 6 and are nodes of the graph.
+
 Run `python tests/test_imports.py` for the figures (cycles, arrows back up, function-level imports).
 """
 
@@ -92,15 +96,32 @@ def _owner(target: str, known: dict) -> str | None:
     return target or None
 
 
+def entry_modules() -> dict[str, pathlib.Path]:
+    """Dotted module name -> file, for the entry points outside the package (`trainers/`, `beam_jobs/`)."""
+    return {f"{pkg}.{path.stem}": path for pkg in ENTRY_POINT_PACKAGES
+            for path in sorted((ROOT / pkg).glob("*.py")) if path.stem != "__init__"}
+
+
+def commands() -> dict[str, str]:
+    """`dpsynth.cli.COMMANDS` read from the source (nothing imported): command -> "module:function"."""
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == "COMMANDS":
+            return {name: spec[0] for name, spec in ast.literal_eval(node.value).items()}
+    raise AssertionError("dpsynth/cli.py has no COMMANDS table")
+
+
 def graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (anywhere in the file)."""
-    known = modules()
+    """Module -> the modules it imports (anywhere in the file), and `dpsynth.cli` -> each command's module."""
+    known = {**modules(), **entry_modules()}
     edges: dict[str, set[str]] = {m: set() for m in known}
     for name, path in known.items():
         for target, _, _ in imports(name, path):
             owner = _owner(target, known)
             if owner is not None and owner != name:
                 edges[name].add(owner)
+    edges["dpsynth.cli"].update(spec.split(":")[0] for spec in commands().values())
     return edges
 
 
@@ -149,6 +170,8 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(module: str) -> int:
+    if module.split(".")[0] in ENTRY_POINT_PACKAGES:
+        return LAYERS["dpsynth.cli"]  # the entry points sit beside the CLI that dispatches to them
     return LAYERS.get(unit(module), 0)
 
 
@@ -192,6 +215,18 @@ def test_library_does_not_import_entry_points():
     bad = [(name, line, target) for name, path in modules().items() for target, line, _ in imports(name, path)
            if target.split(".")[0] in ENTRY_POINT_PACKAGES]
     assert bad == []
+
+
+def test_every_command_is_a_visible_edge_to_its_main():
+    """The command table is one table the graph sees: each entry names a module of the graph
+    (an entry point or a package module) that defines the function it names."""
+    known = {**modules(), **entry_modules()}
+    for name, spec in commands().items():
+        module, _, func = spec.partition(":")
+        assert module in known, f"{name}: {module} is not a module"
+        assert module in graph()["dpsynth.cli"]
+        defined = {n.name for n in ast.parse(known[module].read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert func in defined, f"{name}: {module} defines no {func}()"
 
 
 def test_parser_sees_function_level_and_relative_imports(tmp_path):

@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
                         "help": "DP: how --valid was split from D (files/hash: the selection composes in parallel)"},
         "seed": {"help": "fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
                          "default: a secret seed)"},
-    })
+    }, skip=("classifier_options",))
+    registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
@@ -68,6 +69,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(ap)
     return ap
+
+
+def _config(args):
+    """The `ClassifyConfig` of the parsed flags, the families' own settings included."""
+    import dataclasses
+
+    from dpsynth.evaluate import registry
+    from dpsynth.evaluate import train_classifier as tc
+
+    return dataclasses.replace(binding.from_args(tc.ClassifyConfig, args), classifier_options=registry.options_from_args(args))
 
 
 @errors.command("classify", also=(ValueError, FileNotFoundError))
@@ -84,7 +95,7 @@ def main(argv=None) -> int:
                                     prefix="dpsynth classify: ")
     dead_letters.read_checked([("train (--train)", args.train), ("valid (--valid)", args.valid),
                                ("test (--test)", args.test)], policy, encoding=args.encoding)
-    result = tc.classify_files(args.train, args.valid, args.test, config=binding.from_args(tc.ClassifyConfig, args),
+    result = tc.classify_files(args.train, args.valid, args.test, config=_config(args),
                                out=args.out, privacy_dir=args.privacy_report, max_dead_letters=policy.limit,
                                encoding=args.encoding)
     summary = {"selected": result.selected, "test_mean": result.test_mean, "test_std": result.test_std,

@@ -72,9 +72,11 @@ def is_token_corpus(path: str) -> bool:
 def _preflight(files: Sequence[readers.InputFile], columns: readers.Columns) -> None:
     """Fails fast on the driver for fatal per-file problems (missing columns, .txt labels)."""
     for f in files:
-        if f.format == "txt" and columns.label is not None:
-            raise readers.InputError(f"{f.path}: a .txt file has no label; labeled datasets must be CSV, JSONL or Parquet")
-        if f.format in ("csv", "parquet"):
+        fmt = readers.REGISTRY[f.format]
+        if not fmt.labeled and columns.label is not None:
+            raise readers.InputError(f"{f.path}: a .{f.format} file has no label; labeled datasets must be one of "
+                                     f"{', '.join(readers.LABELED_FORMATS)}")
+        if fmt.header:
             it = readers.iter_file(f, columns)
             next(it, None)  # reading the first record checks the header / schema
             it.close()

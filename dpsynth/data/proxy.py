@@ -26,9 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.data.readers import Columns, DeadLetter, InputError, iter_file, resolve_inputs
-from dpsynth.data.splits import hash_unit
+from dpsynth.data.splits import SPLITS, hash_unit
 
-SPLITS = ("train", "valid", "test")
 
 
 @dataclasses.dataclass(frozen=True)

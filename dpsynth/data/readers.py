@@ -10,12 +10,15 @@ compression suffix `.gz`, `.bz2`, `.zst`, `.deflate`, `.xz`):
 | `.txt`            | the whole file (public only)     | file contents / - / `<relpath>`         |
 | `.jsonl`, `.json` | one line holding a JSON object   | `text_column` / `label_column` / `id`   |
 | `.csv`            | one data row (header required)   | `text_column` / `label_column` / `id`   |
+| `.tsv`, `.tab`    | one data row, tab-separated (as `.csv`) | `text_column` / `label_column` / `id` |
 | `.parquet`        | one row                          | `text_column` / `label_column` / `id`   |
 | `label_text`      | one line `<label> <text>`        | after the first space / before it / `<relpath>:<line>` |
 
 `label_text` (SST-2's `stsa.binary.*` layout) has no suffix of its own: name it with
 `format="label_text"` (the experiment config's `sensitive.format`), which also overrides the
-suffix of every other file. `Columns.extra` fields (e.g. a CSV's `split` column) are carried
+suffix of every other file. Each format is one `Format` entry of `REGISTRY` (reader function,
+suffixes, what it can hold); the CLI, the Beam jobs and the experiment config take their
+choices and checks from it, so a new input format is one entry here and its reader. `Columns.extra` fields (e.g. a CSV's `split` column) are carried
 into the records as strings, for `dpsynth.data.splits`.
 
 With a user column (`user_column`, for user-level DP: `dpsynth.dp.users`) every record also
@@ -69,9 +72,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from dpsynth.errors import DpsynthError
 
-FORMATS = ("txt", "jsonl", "csv", "parquet", "label_text")
-_SUFFIX_FORMAT = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-                  ".csv": "csv", ".parquet": "parquet"}
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".xz")
 DEFAULT_MAX_DOCUMENT_BYTES = 256 << 20
 DEFAULT_ENCODING = "utf-8"
@@ -443,14 +443,15 @@ def _check_columns(f: InputFile, available: Sequence[str], columns: Columns) -> 
         )
 
 
-def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int, delimiter: str = ",") -> Iterator[RecordOrDead]:
+    kind = f.format.upper()  # CSV, TSV
     with _open(f.path) as raw:
         lines = (line.decode(f.encoding, errors="surrogateescape") for line in iter(raw.readline, b""))
-        reader = csv.reader(lines)  # undecodable bytes become lone surrogates -> dead letters
+        reader = csv.reader(lines, delimiter=delimiter)  # undecodable bytes become lone surrogates -> dead letters
         try:
             header = next(reader)
         except StopIteration:
-            raise InputError(f"{f.path}: empty CSV file (no header row)") from None
+            raise InputError(f"{f.path}: empty {kind} file (no header row)") from None
         header = [h.lstrip("\ufeff") for h in header]
         twice = sorted({h for h in header if header.count(h) > 1})
         if twice:  # dict(zip(header, row)) would keep the last one silently
@@ -465,7 +466,7 @@ def _iter_csv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterat
             except StopIteration:
                 break
             except csv.Error as e:
-                yield DeadLetter(f.path, n, f"malformed CSV row ({e})")
+                yield DeadLetter(f.path, n, f"malformed {kind} row ({e})")
                 continue
             if len(row) != len(header):
                 spans = (f" (it spans lines {first_line}-{reader.line_num}: an unterminated quote?)"
@@ -515,11 +516,44 @@ def _iter_label_text(f: InputFile, columns: Columns, max_document_bytes: int,
             yield _make_record({columns.text: body, columns.label: label}, f, n, columns, max_document_bytes)
 
 
-_READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet,
-            "label_text": _iter_label_text}
+def _iter_tsv(f: InputFile, columns: Columns, max_document_bytes: int) -> Iterator[RecordOrDead]:
+    return _iter_csv(f, columns, max_document_bytes, delimiter="\t")
 
 
-LINE_FORMATS = ("jsonl", "label_text")  # one record (or dead letter) per line: splittable into parts
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One input format.
+
+    Attributes:
+      name: what `format=` (and the experiment's `sensitive.format`) calls it.
+      read: `(InputFile, Columns, max_document_bytes[, part]) -> records and DeadLetters`.
+      suffixes: file suffixes that mean this format; none: it is only ever named (`format=`).
+      labeled: it can hold a labeled (sensitive) dataset.
+      header: its files start with a header or schema that the driver checks before any
+        pipeline runs (`dpsynth.beam.inputs`).
+      lines: one record per line, so a file splits into parts (`iter_file(part=...)`).
+    """
+
+    name: str
+    read: Any
+    suffixes: tuple[str, ...] = ()
+    labeled: bool = True
+    header: bool = False
+    lines: bool = False
+
+
+REGISTRY: dict[str, Format] = {f.name: f for f in (
+    Format("txt", _iter_txt, (".txt", ".text"), labeled=False),
+    Format("jsonl", _iter_jsonl, (".jsonl", ".json", ".ndjson"), lines=True),
+    Format("csv", _iter_csv, (".csv",), header=True),
+    Format("parquet", _iter_parquet, (".parquet",), header=True),
+    Format("label_text", _iter_label_text, lines=True),
+    Format("tsv", _iter_tsv, (".tsv", ".tab"), header=True),
+)}
+FORMATS = tuple(REGISTRY)
+LABELED_FORMATS = tuple(name for name, f in REGISTRY.items() if f.labeled)
+LINE_FORMATS = tuple(name for name, f in REGISTRY.items() if f.lines)  # splittable into parts
+_SUFFIX_FORMAT = {suffix: f.name for f in REGISTRY.values() for suffix in f.suffixes}
 
 
 def iter_file(
@@ -539,8 +573,8 @@ def iter_file(
         if f.format not in LINE_FORMATS or columns.user is not None or not 0 <= part[0] < part[1]:
             raise ValueError(f"{f.path}: cannot read part {part} of a {f.format} file"
                              f"{' with a user column' if columns.user is not None else ''}")
-        return _READERS[f.format](f, columns, max_document_bytes, part)
-    return _READERS[f.format](f, columns, max_document_bytes)
+        return REGISTRY[f.format].read(f, columns, max_document_bytes, part)
+    return REGISTRY[f.format].read(f, columns, max_document_bytes)
 
 
 # ----------------------------------------------------------------------------- in memory

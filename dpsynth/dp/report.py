@@ -43,6 +43,7 @@ FORMAT = "dpsynth.privacy_report"
 FORMAT_VERSION = 1
 REPORT_JSON = "privacy_report.json"
 REPORT_MD = "privacy_report.md"
+PRIVACY_FILES = (REPORT_JSON, REPORT_MD)  # what a released directory carries of its privacy
 ADJACENCY = "add-or-remove one example"
 USER_ADJACENCY = "add-or-remove one user (all of their examples)"
 COVERS = ("every checkpoint written by this run (the final model and all intermediate checkpoints) and "

@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpsynth import fileio, outdir
+from dpsynth import binding, fileio, outdir
 from dpsynth.errors import DpsynthError
+from dpsynth.generate.sampler_config import SamplingOptions
 
 
 class CorpusError(DpsynthError, ValueError):
@@ -69,11 +70,26 @@ class Corpus:
             "clip_norm": training.get("clip_norm") or training.get("clipping_norm"),
             "contamination_sha256": pr.get("contamination_sha256"),
             "side_channels": "; ".join(str(s.get("name", s)) for s in pr.get("side_channels") or []) or None,
-            "temperature": sampler.get("temperature"),
-            "top_k": sampler.get("top_k"),
-            "num_decodes": sampler.get("num_decodes"),
+            **sampling_card(sampler),
             "generator": gc.get("model_dir"),
         }
+
+
+# Sampling options the card leaves out: guidance was in generation configs before the card
+# derived its columns from `SamplingOptions` (reports of guided corpora keep their bytes);
+# guidance_contrast is not in the sampler's identity (the job records it beside it).
+CARD_OMITS = ("guidance", "guidance_contrast")
+
+
+def sampling_card(sampler: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling options (`dpsynth.generate.sampler_config.SamplingOptions`) of a corpus's
+    `generation_config.json` "sampler": the first ones always (None when absent), the ones
+    added later (`binding.UNLESS_DEFAULT`, e.g. min_p) only when the corpus used them."""
+    out = {}
+    for f in dataclasses.fields(SamplingOptions):
+        if f.name not in CARD_OMITS and (binding.UNLESS_DEFAULT not in f.metadata or f.name in sampler):
+            out[f.name] = sampler.get(f.name)
+    return out
 
 
 def _num(x) -> float | None:

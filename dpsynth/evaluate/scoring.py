@@ -65,6 +65,8 @@ class EvaluateConfig:
       real_baseline: train on real train (epsilon = inf) as the upper baseline.
       perplexity: score the real test set under each corpus's generator (when loadable).
       length_bins: bins of the character-length histograms.
+      classifier_options: {family: {setting: value}}: the classifier families' own settings
+        (`registry.ClassifierKind.settings`, e.g. `{backbone: {truncate: tail}}`).
     """
 
     classifiers: tuple[str, ...] = ("wordcnn",)
@@ -92,8 +94,10 @@ class EvaluateConfig:
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50
+    classifier_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        registry.check_options(self.classifier_options)
         for c in self.classifiers:
             if c not in registry.names():
                 raise ValueError(f"unknown classifier {c!r} (known: {registry.names()})")
@@ -130,7 +134,7 @@ class EvaluateConfig:
     def spec(self, kind: str) -> tc.ClassifierSpec:
         return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
                                  max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone,
-                                 vocabulary=self.wordcnn_vocabulary)
+                                 vocabulary=self.wordcnn_vocabulary, options=self.classifier_options.get(kind, {}))
 
 
 @dataclasses.dataclass
@@ -177,7 +181,7 @@ class Scorer:
                     "contamination_card": "present" if row.get("contamination_sha256") else "missing"})
         plot["card"] = {k: row.get(k) for k in ("private", "epsilon", "delta", "accountant", "mode", "noise_multiplier",
                                                  "steps", "clip_norm", "contamination_sha256", "side_channels",
-                                                 "temperature", "top_k", "num_decodes", "invalid_rows")}
+                                                 *corpora.sampling_card(row), "invalid_rows")}
         plot["generation_report"] = _summary(corpus.generation_report)
         plot["examples"] = synthetic_examples(corpus.train)
         try:

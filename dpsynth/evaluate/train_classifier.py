@@ -275,7 +275,8 @@ class ClassifierSpec:
     the head only), vocabulary (the WordCNN's input vocabulary, one of `VOCABULARIES`: "auto" =
     its own training set when training is non-private; for DP training the public pieces of
     model_dir's tokenizer, or hashed words without a model_dir; "train" under DP is a declared
-    side channel)."""
+    side channel), options (the family's own settings by name, `registry.ClassifierKind.settings`,
+    e.g. {"truncate": "tail"} for the backbone))."""
 
     kind: str = "wordcnn"
     wordcnn: classifiers.WordCNNConfig = classifiers.WordCNNConfig()
@@ -284,8 +285,10 @@ class ClassifierSpec:
     max_len: int = 128
     freeze_backbone: bool = False
     vocabulary: str = "auto"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        registry.get(self.kind).settings_of(self)  # the family's own settings: ValueError naming a bad one
         if registry.get(self.kind).needs_model_dir and self.model_dir is None:
             raise ValueError(f"the {self.kind} classifier needs model_dir (a dpsynth checkpoint directory)")
         if self.pooling not in classifiers.POOLINGS:
@@ -392,6 +395,9 @@ class ClassifyConfig:
         seed: fixed DP seed (tests only); None = a secret seed.
         select_epsilon: DP: choose the setting with DP on --valid at this epsilon (`DPConfig.select_epsilon`).
         valid_split: DP: how --valid was split from D ("files", "hash" or "positional").
+        classifier_options: {family: {setting: value}}: the families' own settings
+            (`registry.ClassifierKind.settings`; flags `--<family>-<setting>`); the chosen
+            classifier's are used.
     """
 
     classifier: str = "wordcnn"
@@ -413,6 +419,7 @@ class ClassifyConfig:
     seed: int | None = None
     select_epsilon: float | None = None
     valid_split: str = "files"
+    classifier_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = ClassifyConfig(), *,
@@ -439,7 +446,8 @@ def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = C
     c = config
     small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
     spec = ClassifierSpec(kind=c.classifier, model_dir=c.model, pooling=c.pooling, vocabulary=c.vocabulary,
-                          wordcnn=small if c.cnn == "small" else classifiers.WordCNNConfig())
+                          wordcnn=small if c.cnn == "small" else classifiers.WordCNNConfig(),
+                          options=c.classifier_options.get(c.classifier, {}))
     sweep = SweepConfig(learning_rates=tuple(c.learning_rates or SMALL_LR_GRID),
                         weight_decays=tuple(c.weight_decays or SMALL_WD_GRID), clip_norms=tuple(c.clip_norms),
                         repeats=c.repeats, train=TrainConfig(max_epochs=c.max_epochs))

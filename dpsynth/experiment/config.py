@@ -20,7 +20,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       train: data/train.csv         # or paths (then embedded: false)
       valid: null                   # default: the last 10% of train (the paper's split)
       test: data/test.csv
-      format: auto                  # auto | csv | jsonl | parquet | label_text (`<label> <text>` lines)
+      format: auto                  # auto (by suffix) | a labeled format of dpsynth.data.readers.REGISTRY:
+                                    #   jsonl | csv | tsv | parquet | label_text (`<label> <text>` lines)
       text_column: text
       label_column: label
       user_column: null             # the user id field (for dp_tune.privacy_unit: user)
@@ -66,9 +67,9 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       bands: null
       options: {}
     generate:
-      samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1,
-                   guidance: 0.0,   # label-guided sampling weight w (0 = unguided)
-                   guidance_contrast: others}]   # others | null (needs dp_tune.label_dropout > 0)
+      samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]   # each entry: the sampling options of
+                                    #   dpsynth.generate.sampler_config.SamplerConfig (`SamplingOptions`: also min_p,
+                                    #   guidance, guidance_contrast: others | null (needs dp_tune.label_dropout > 0))
       multiples: [1]                # synthetic train size = multiple x |train|
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128
@@ -101,17 +102,18 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dpsynth import binding
+from dpsynth.data import readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp import mechanisms
+from dpsynth.dp.accounting import ACCOUNTANTS
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import registry
-from dpsynth.train.prompts import GUIDANCE_CONTRASTS
-from dpsynth.train.recipe import RECIPES
+from dpsynth.generate.sampler_config import SamplingOptions
+from dpsynth.train.recipe import MODES, RECIPES
 
-MODES = ("full", "prompt", "lora")
 LOSSES = ("prefix", "full")
-ACCOUNTANTS = ("rdp", "pld")
-FORMATS = ("auto", "csv", "jsonl", "parquet", "label_text")
+FORMATS = ("auto",) + readers.LABELED_FORMATS  # auto: by suffix; the others: `dpsynth.data.readers.REGISTRY`
 LABEL_DISTRIBUTIONS = ("uniform", "dp_histogram")
 
 
@@ -121,18 +123,17 @@ class ConfigError(DpsynthError, ValueError):
     kind = "config error"
 
 
-# Field metadata key of a setting added after stage caches existed: it enters a stage's hash only
-# when set (`stage_dict`), so caches made before it existed keep their hashes. True: left out at
-# its own default; a field name: left out while that field is at its default (the setting only
-# means something with it, e.g. the noise of a DP label histogram).
-UNLESS_DEFAULT = "hash_unless_default"
+# Field metadata key of a setting added after stage caches existed (declared in `dpsynth.binding`,
+# with `stage_dict`, so library configs mark their own settings the same way).
+UNLESS_DEFAULT = binding.UNLESS_DEFAULT
+stage_dict = binding.stage_dict
+to_dict = binding.plain
 
 
 def _added(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
            unless_default: bool | str = True) -> Any:
     """`dataclasses.field` of a setting hashed only when set (see `UNLESS_DEFAULT`)."""
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             metadata={UNLESS_DEFAULT: unless_default})
+    return binding.setting(default, default_factory=default_factory, unless_default=unless_default)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -384,41 +385,16 @@ class DPTuneConfig:
         return tuple(float(x) for x in _listed(self.mode_learning_rates[mode]))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SamplingConfig:
-    """One sampling setting of the generator (a grid point)."""
-
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = the full distribution
-    num_decodes: int = 1
-    guidance: float = _added(0.0)  # label-guided sampling weight w (dpsynth.generate.sampler); 0 = unguided
-    guidance_contrast: str = _added("others", unless_default="guidance")  # others | null
-
-    def validate(self, key: str) -> None:
-        _check(self.temperature >= 0, f"{key}.temperature", f"must be >= 0, got {self.temperature}")
-        _check(self.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0 = no top-k), got {self.top_k}")
-        _check(self.num_decodes >= 1, f"{key}.num_decodes", f"must be >= 1, got {self.num_decodes}")
-        _check(self.guidance >= 0 and math.isfinite(self.guidance), f"{key}.guidance",
-               f"must be a finite number >= 0 (0 = unguided), got {self.guidance}")
-        _choice(self.guidance_contrast, GUIDANCE_CONTRASTS, f"{key}.guidance_contrast")
-
-    @property
-    def label(self) -> str:
-        base = f"t{self.temperature:g}-k{self.top_k}-n{self.num_decodes}"
-        if not self.guidance:
-            return base
-        return base + f"-g{self.guidance:g}" + ("-null" if self.guidance_contrast == "null" else "")
-
-    def identity(self) -> dict[str, Any]:
-        """The setting as a stage config (`stage_dict`): the guidance fields only when guided."""
-        return stage_dict(self)
+# One sampling setting of the generator (a grid point): the sampling options of the library's
+# `SamplerConfig`, declared and validated there.
+SamplingConfig = SamplingOptions
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GenerateConfig:
     """Synthetic-data generation; `samplings` and `multiples` are grid axes."""
 
-    samplings: tuple[SamplingConfig, ...] = (SamplingConfig(),)
+    samplings: tuple[SamplingOptions, ...] = (SamplingOptions(),)
     multiples: tuple[float, ...] = (1.0,)
     valid_fraction: float = 0.1
     max_tokens: int = 128
@@ -439,7 +415,10 @@ class GenerateConfig:
                    "only applies to `label_distribution: dp_histogram`")
         _nonempty(self.samplings, f"{key}.samplings")
         for i, s in enumerate(self.samplings):
-            s.validate(f"{key}.samplings[{i}]")
+            try:
+                s.validate()
+            except binding.SettingError as e:
+                raise ConfigError(f"{key}.samplings[{i}].{e.field}: {e.message}") from None
         _nonempty(self.multiples, f"{key}.multiples")
         for i, m in enumerate(self.multiples):
             _check(m > 0 and math.isfinite(m), f"{key}.multiples[{i}]", f"must be > 0, got {m}")
@@ -556,37 +535,6 @@ def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     config = _build(ExperimentConfig, data, "")
     config.validate()
     return config
-
-
-def to_dict(value: Any) -> Any:
-    """The config as plain JSON/YAML-compatible data (tuples become lists; inf stays float)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [to_dict(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): to_dict(v) for k, v in value.items()}
-    return value
-
-
-def _is_default(section: Any, f: dataclasses.Field) -> bool:
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return getattr(section, f.name) == default
-
-
-def stage_dict(section: Any) -> dict[str, Any]:
-    """`to_dict(section)` as a stage config: without the settings marked `UNLESS_DEFAULT` that are
-    not set (so the hashes of caches made before they existed hold)."""
-    fields = {f.name: f for f in dataclasses.fields(section)}
-    out = {}
-    for name, value in to_dict(section).items():
-        mark = fields[name].metadata.get(UNLESS_DEFAULT)
-        if mark is True and _is_default(section, fields[name]):
-            continue
-        if isinstance(mark, str) and _is_default(section, fields[mark]):
-            continue
-        out[name] = value
-    return out
 
 
 def _build(cls: type, data: Any, key: str) -> Any:

@@ -92,12 +92,13 @@ def load_sensitive_splits(config: Mapping[str, Any], data_dir: str | None = None
             path = config.get(split)
             if not path:
                 continue
-            if fmt in ("csv", "jsonl", "parquet"):
+            named = fmt != "auto" and not readers.REGISTRY[fmt].suffixes  # e.g. label_text: named, never a suffix
+            if fmt != "auto" and not named:
                 for f in readers.resolve_inputs(path, encoding=config.get("encoding")):
                     if f.format != fmt:
                         raise readers.InputError(f"{f.path}: sensitive.format is {fmt!r} but the file is {f.format}")
             ds = readers.read_sensitive(path, text_column=config["text_column"], label_column=config["label_column"],
-                                        format=fmt if fmt == "label_text" else None,
+                                        format=fmt if named else None,
                                         extra_columns=[spec.split_column] if spec.split_column else (),
                                         user_column=config.get("user_column") if split == "train" else None,
                                         encoding=config.get("encoding"))
@@ -420,7 +421,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         f"{result.delta:.3g}"
     )
     # The train/valid losses are computed on D_train/D_valid without DP: private state only.
-    losses = ctx.private_path(LOSSES_FILE)
+    losses = ctx.private_path(lib.tune_report.LOSSES_FILE)
     write_private_json(losses, {"train_loss": result.train_loss, "valid_loss": result.valid_loss,
                                 "truncated_train": result.truncated_train, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     print(f"dp_tune: the train/valid losses (NOT DP) are in the owner-only {losses}", flush=True)
@@ -433,7 +434,16 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- generation
 
 
-LOSSES_FILE = "losses.json"  # in the dp_tune stage's private state
+def __getattr__(name: str) -> Any:
+    """`LOSSES_FILE`: the tuner's (`dpsynth.train.tune_report`), the name of the non-DP losses in
+    the dp_tune stage's private state too; read on use (that module imports JAX)."""
+    if name == "LOSSES_FILE":
+        from dpsynth.train import tune_report
+
+        return tune_report.LOSSES_FILE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 TUNE_STATE_DIR = "tune_state"  # the tuner's private state (checkpoints, secret seed) in the stage's private state
 NON_DP_LOSSES_NOTICE = ("losses of the DP-tuned model on D_train/D_valid, computed without noise: NOT differentially "
                         "private; for the data owner only, never published with the model or the experiment's reports")
@@ -484,7 +494,7 @@ def generate(ctx: StageContext) -> dict[str, Any]:
     sens = ctx.inputs["sensitive"]
     num_train = max(1, int(round(c["multiple"] * sens.summary["num_train"])))
     num_valid = max(1, int(round(c["valid_fraction"] * num_train)))
-    sampling = c["sampling"]
+    sampling = c["sampling"]  # the `SamplingOptions` of this grid point, as set (`SamplingOptions.identity`)
     # The epsilon = inf baseline trial is non-private on purpose: its output is marked so.
     non_private = float(ctx.inputs["model"].summary.get("target_epsilon", 0.0)) == float("inf")
     distribution = None
@@ -492,9 +502,7 @@ def generate(ctx: StageContext) -> dict[str, Any]:
         distribution = _label_distribution(ctx)
     config = make_config(lib.GenerateConfig, dict(
         model_dir=ctx.inputs["model"].path("model"), out_dir=ctx.out_dir, num_examples=num_train,
-        valid_examples=num_valid, seed=c["seed"], temperature=sampling["temperature"], top_k=sampling["top_k"],
-        num_decodes=sampling["num_decodes"], max_len=c["max_tokens"], batch_size=c["batch_size"],
-        guidance=sampling.get("guidance", 0.0), guidance_contrast=sampling.get("guidance_contrast", "others"),
+        valid_examples=num_valid, seed=c["seed"], sampling=sampling, max_len=c["max_tokens"], batch_size=c["batch_size"],
         allow_non_private=non_private, label_distribution=distribution, **dict(c.get("options") or {}),
     ), "generate.options")
     if c.get("audit_memorisation"):  # off by default; the audit goes to the private state only

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsynth import fileio, outdir
+from dpsynth.dp import report as dp_report
 from dpsynth.generate.model_info import GenerateError, ModelInfo, read_json
 from dpsynth.generate.plan import FORMAT, FORMAT_VERSION, SHARD_DIR, SPLITS, GenerationPlan, ShardSpec
 from dpsynth.generate.postprocess import filter_samples, keys_of
@@ -24,7 +25,7 @@ from dpsynth.generate.postprocess import filter_samples, keys_of
 CONFIG_FILE = "generation_config.json"
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "generation_report.json"
-PRIVACY_FILES = ("privacy_report.json", "privacy_report.md")
+PRIVACY_FILES = dp_report.PRIVACY_FILES
 MEMORISATION_AUDIT_FILE = "memorisation_audit.json"  # owner-only, outside the output directory
 
 

@@ -19,8 +19,9 @@ from typing import Any
 from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.model_info import GenerateError, ModelInfo, check_label_histogram, model_delta, read_model_info
 from dpsynth.generate.postprocess import PostprocessConfig
-from dpsynth.generate.sampler import SamplerConfig
-from dpsynth.train.prompts import GUIDANCE_CONTRASTS, NULL_LABEL
+from dpsynth.binding import SettingError, flag_name
+from dpsynth.generate.sampler_config import SamplerConfig, SamplingOptions
+from dpsynth.train.prompts import NULL_LABEL
 
 FORMAT = "dpsynth.synthetic"
 FORMAT_VERSION = 1
@@ -40,7 +41,8 @@ class GenerateConfig:
       num_examples: synthetic training examples (> 0).
       valid_examples: synthetic validation examples (>= 0; 0 = no valid split).
       seed: job seed; shard seeds are hashes of (seed, split, shard index).
-      temperature, top_k, num_decodes: sampling (see `SamplerConfig`).
+      sampling: the sampling options (`SamplingOptions`: temperature, top-k, min-p, guidance,
+        ...; declared and validated by `SamplerConfig`).
       max_len: total tokens per example (prompt + text); None = min(512, the model's).
       batch_size: prompts per compiled sampler call.
       examples_per_shard: examples per output shard (the unit of work and of resume).
@@ -55,11 +57,11 @@ class GenerateConfig:
         Does not change the output.
       postprocess: drop empty / truncated / duplicate samples and draw extra ones to make up
         for them (`dpsynth.generate.postprocess`; no privacy cost); None = keep all.
-      guidance: w of label-guided sampling (`dpsynth.generate.sampler`; 0 = unguided, the
-        default). Post-processing of the DP model: no privacy cost.
-      guidance_contrast: what each example's label prompt is contrasted with: "others" (the
-        other labels' prompts, log-mean-exp of their probabilities; any model with >= 2
-        labels) or "null" (the null prompt, learned by DP tuning with label dropout).
+
+    Label-guided sampling (`sampling.guidance` > 0) is post-processing of the DP model: no
+    privacy cost. Its contrast (`sampling.guidance_contrast`) "others" (the other labels'
+    prompts) needs a model with >= 2 labels; "null" (the null prompt) one DP-tuned with label
+    dropout.
     """
 
     model_dir: str
@@ -67,9 +69,7 @@ class GenerateConfig:
     num_examples: int
     valid_examples: int = 0
     seed: int = 0
-    temperature: float = 1.0
-    top_k: int = 0
-    num_decodes: int = 1
+    sampling: SamplingOptions = SamplingOptions()
     max_len: int | None = None
     batch_size: int = 16
     examples_per_shard: int = 256
@@ -79,12 +79,8 @@ class GenerateConfig:
     allow_non_private: bool = False
     cores_per_worker: int = 0
     postprocess: PostprocessConfig | None = None
-    guidance: float = 0.0
-    guidance_contrast: str = "others"
 
     def __post_init__(self):
-        if self.guidance_contrast not in GUIDANCE_CONTRASTS:
-            raise GenerateError(f"--guidance-contrast must be one of {GUIDANCE_CONTRASTS}, got {self.guidance_contrast!r}")
         if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
             raise GenerateError(f"--num-examples must be a positive integer, got {self.num_examples}")
         if int(self.valid_examples) != self.valid_examples or self.valid_examples < 0:
@@ -98,15 +94,14 @@ class GenerateConfig:
             raise GenerateError(f"--format must include jsonl and only {OUTPUT_FORMATS}, got {list(self.formats)}")
         if self.max_len is not None and self.max_len < 2:  # (0 is not "the default": None is)
             raise GenerateError(f"--max-len must be >= 2 tokens (prompt + text), got {self.max_len}")
-        try:
-            self.sampler_config(DEFAULT_MAX_LEN if self.max_len is None else self.max_len)  # validates the sampling flags early
-        except ValueError as e:
-            raise GenerateError(str(e).replace("guidance must", "--guidance must")) from e
+        self.sampler_config(DEFAULT_MAX_LEN if self.max_len is None else self.max_len)  # validates the sampling flags early
 
     def sampler_config(self, max_len: int) -> SamplerConfig:
-        """The sampler of this job at `max_len` tokens per example."""
-        return SamplerConfig(temperature=self.temperature, top_k=self.top_k, num_decodes=self.num_decodes,
-                             max_len=max_len, batch_size=self.batch_size, guidance=self.guidance)
+        """The sampler of this job at `max_len` tokens per example (GenerateError naming the flag at fault)."""
+        try:
+            return self.sampling.sampler(max_len=max_len, batch_size=self.batch_size)
+        except SettingError as e:
+            raise GenerateError(f"{flag_name(e.field)} {e.message}") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,12 +144,11 @@ class GenerationPlan:
     cores_per_worker: int = 0  # not part of the job's identity: it never changes the output
     postprocess: PostprocessConfig | None = None  # in config_json when active
     score_labels: tuple[str, ...] = ()  # the model's labels, when samples get a `label_margin` (off_label)
-    guidance_contrast: str = "others"
     contrast_labels: tuple[str, ...] = ()  # guided, contrast "others": the model's labels
 
     def contrast_prompts(self, label: str, prompt_of) -> list:
         """The contrast prompts of `label` in a guided job (`prompt_of(label)` -> token ids)."""
-        if self.guidance_contrast == "null":
+        if self.sampler.guidance_contrast == "null":
             return [prompt_of(NULL_LABEL)]
         return [prompt_of(other) for other in self.contrast_labels if other != label]
 
@@ -191,12 +185,13 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     sampler = config.sampler_config(max_len)
     dist = _label_distribution(config, info)
     contrast_labels: tuple[str, ...] = ()
-    if sampler.guided and config.guidance_contrast == "others":
+    contrast = config.sampling.guidance_contrast
+    if sampler.guided and contrast == "others":
         contrast_labels = tuple(info.labels or dist.labels)
         if len(contrast_labels) < 2:
             raise GenerateError(f"{info.model_dir}: --guidance-contrast others needs a model with >= 2 labels, "
                                 f"got {list(contrast_labels)}")
-    if sampler.guided and config.guidance_contrast == "null" and not info.label_dropout:
+    if sampler.guided and contrast == "null" and not info.label_dropout:
         raise GenerateError(f"{info.model_dir}: --guidance-contrast null contrasts with the null prompt, which this "
                             "model never learned (it was tuned without label dropout); use --guidance-contrast "
                             "others, or DP-tune with --label-dropout P")
@@ -218,7 +213,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
     if post is not None:  # only when used: the hashes of earlier jobs stay valid
         config_json["postprocess"] = post.to_json()
     if sampler.guided:  # likewise (the weight is in the sampler's identity)
-        config_json["guidance_contrast"] = config.guidance_contrast
+        config_json["guidance_contrast"] = contrast
         if contrast_labels:
             config_json["contrast_labels"] = list(contrast_labels)
     config_hash = hashlib.sha256(json.dumps(config_json, sort_keys=True).encode()).hexdigest()
@@ -238,7 +233,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         specs=tuple(specs), config_json=config_json, config_hash=config_hash,
         cores_per_worker=config.cores_per_worker, postprocess=post,
         score_labels=tuple(info.labels or dist.labels) if post is not None and post.scores_labels else (),
-        guidance_contrast=config.guidance_contrast, contrast_labels=contrast_labels,
+        contrast_labels=contrast_labels,
     )
 
 

@@ -13,6 +13,11 @@ Sampling semantics:
     (argmax), and the distribution tends to greedy as temperature -> 0.
   * `top_k`: only the k most likely tokens can be drawn (0 = the full distribution;
     `top_k == 1` is greedy).
+  * `min_p` (p in [0, 1]): only tokens whose probability (after temperature) is at least p
+    times the most likely token's can be drawn (0 = off); with top-k, both filters apply.
+
+The configuration (`SamplerConfig`, the options a user chooses: `SamplingOptions`) and the
+logit filters of the options (`filter_logits`) are in `dpsynth.generate.sampler_config`.
   * `num_decodes`: N candidates are drawn independently per prompt and the one with the
     highest total log-likelihood under the MODEL (untempered, un-truncated log-softmax,
     summed over the generated tokens including the closing EOS) is kept.
@@ -31,8 +36,8 @@ Sampling semantics:
         g = lp(x | own) + w * (lp(x | own) - lp(x | contrast)),
         lp(x | contrast) = log mean_c exp(lp(x | contrast_c)),
 
-    where lp are the (masked) log-softmax log-probabilities of each stream; temperature and
-    top-k then apply to g. `w = 0` never builds the contrast streams (the unguided function,
+    where lp are the (masked) log-softmax log-probabilities of each stream; temperature,
+    top-k and min-p then apply to g. `w = 0` never builds the contrast streams (the unguided function,
     byte for byte). Scores stay the model's own log-likelihood under the row's prompt. A guided
     row's budget is `max_len` minus its longest stream prompt, so every stream fits the cache.
     Guidance is post-processing of the model: it costs no privacy.
@@ -54,80 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
-
-NEG_INF = -1e30
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SamplerConfig:
-    """How to sample.
-
-    Attributes:
-      temperature: softmax temperature; 0 means greedy decoding.
-      top_k: sample among the k most likely tokens only; 0 means the full distribution.
-      num_decodes: candidates per prompt; the most likely one (total log-likelihood) is kept.
-      max_len: maximum total tokens per row (prompt + generated).
-      batch_size: prompts per compiled call (the last batch is padded to this size).
-      prompt_bucket: prompt lengths are padded up to a multiple of this, so prompts of
-        similar length share one compiled function.
-      eos_id: end-of-sequence id; pad_id: id written after a row's end.
-      vocab_limit: ids >= this are never drawn (a model vocabulary larger than the
-        tokenizer's); None = no limit.
-      banned_ids: ids never drawn (padding and BOS by default).
-      guidance: w of label-guided sampling (0 = unguided; see the module docstring); rows then
-        need contrast prompts (`Sampler.sample(..., contrasts=...)`).
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    num_decodes: int = 1
-    max_len: int = 512
-    batch_size: int = 16
-    prompt_bucket: int = 16
-    eos_id: int = EOS_ID
-    pad_id: int = PAD_ID
-    vocab_limit: int | None = None
-    banned_ids: tuple[int, ...] = (PAD_ID, BOS_ID)
-    guidance: float = 0.0
-
-    def __post_init__(self):
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {self.top_k}")
-        if self.num_decodes < 1:
-            raise ValueError(f"num_decodes must be >= 1, got {self.num_decodes}")
-        if self.max_len < 2:
-            raise ValueError(f"max_len must be >= 2, got {self.max_len}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.vocab_limit is not None and self.vocab_limit <= self.eos_id:
-            raise ValueError(f"vocab_limit {self.vocab_limit} must exceed eos_id {self.eos_id}")
-        if self.prompt_bucket < 1:
-            raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
-        if not (np.isfinite(self.guidance) and self.guidance >= 0.0):
-            raise ValueError(f"guidance must be a finite number >= 0 (0 = unguided), got {self.guidance}")
-        object.__setattr__(self, "guidance", float(self.guidance))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-    @property
-    def guided(self) -> bool:
-        return self.guidance != 0.0
-
-    def identity(self) -> dict[str, Any]:
-        """The fields that determine the output, as JSON (a job's config hash covers them).
-
-        `guidance` appears only when active, so the identity of an unguided sampler is what it
-        was before guidance existed (earlier jobs' hashes stay valid).
-        """
-        d = dataclasses.asdict(self)
-        if not self.guided:
-            del d["guidance"]
-        return d
+from dpsynth.generate.sampler_config import NEG_INF, SamplerConfig, SamplingOptions, filter_logits  # noqa: F401
 
 
 class DecodeModel(Protocol):
@@ -211,10 +143,7 @@ def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax
     """Draws one token per row from `logits[R, V]` with per-row typed keys `keys[R]`."""
     if cfg.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / jnp.asarray(cfg.temperature, logits.dtype)
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(scaled, cfg.top_k)[0][:, -1:]
-        scaled = jnp.where(scaled < kth, NEG_INF, scaled)
+    scaled = filter_logits(logits / jnp.asarray(cfg.temperature, logits.dtype), cfg)
     return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
 
 

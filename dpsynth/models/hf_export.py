@@ -41,12 +41,13 @@ import numpy as np
 
 from dpsynth import fileio, outdir
 from dpsynth.data import tokenizers
+from dpsynth.dp import report as report_lib
 from dpsynth.models import hf_files, hf_tokenizer
 from dpsynth.models.hf_files import HFFormatError
 
 EXPORT_RECORD, SOFT_PROMPT, ADAPTER_CONFIG, ADAPTER_WEIGHTS = (
     "dpsynth_export.json", "soft_prompt.safetensors", "adapter_config.json", "adapter_model.safetensors")
-PRIVACY_FILES = ("privacy_report.json", "privacy_report.md")
+PRIVACY_FILES = report_lib.PRIVACY_FILES
 # Every file an export may write: what an earlier export in --out may have left.
 EXPORT_FILES = (hf_files.CONFIG_FILE, hf_files.SINGLE_FILE, hf_tokenizer.TOKENIZER_JSON, tokenizers.SP_FILE,
                 hf_tokenizer.TOKENIZER_CONFIG, hf_tokenizer.GENERATION_CONFIG, SOFT_PROMPT, ADAPTER_CONFIG,

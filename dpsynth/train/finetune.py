@@ -68,7 +68,6 @@ from dpsynth.dp.mechanisms.run import build_run_mechanism, count_users, recorded
 from dpsynth.dp.users import UserColumnError, gather_users
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.plan import plan_privacy as _plan_privacy
-from dpsynth.dp.strategy import DPSGDStrategy
 from dpsynth.errors import DpsynthError
 from dpsynth.owner_only import check_outside, make_private_dir, write_private_json
 from dpsynth.train import recipe as recipe_lib
@@ -78,7 +77,7 @@ from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, Encoded
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
-MODES = ("full", "prompt", "lora")
+MODES = recipe_lib.MODES
 TRAINABLE = {"full": ("params",), "prompt": ("prompt",), "lora": ("lora",)}
 OPTIMIZERS = ("adam", "adafactor")
 PROMPT_INITS = ("uniform", "vocab")
@@ -659,8 +658,7 @@ def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: 
     if not mech.mechanism.supports_sparse_embedding or plan.privacy_unit != "example":
         raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
                         "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
-    return mech, DPSGDStrategy(clip_norm=config.clip_norm, noise_multiplier=plan.noise_multiplier,
-                               expected_batch_size=plan.expected_batch_size, embedding=spec)
+    return mech, mech.mechanism.sparse_embedding_strategy(plan, clip_norm=config.clip_norm, embedding=spec)
 
 
 def dp_tune(

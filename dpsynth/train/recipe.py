@@ -46,6 +46,7 @@ MIN_EPOCHS = 1.0
 MIN_BATCH = 16  # expected examples per step, at least
 DEFAULT_TOKEN_BUDGET = 20_000_000  # example-tokens (E N max_tokens) a run may process, at most
 # Adam learning rate per mode at TARGET_STEPS (calibrated on the public proxy task).
+MODES = ("full", "prompt", "lora")  # what DP tuning trains: every weight, a soft prompt, LoRA adapters
 LEARNING_RATES = {"lora": 0.01, "prompt": 0.05, "full": 0.002}
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 
 from dpsynth import fileio
+from dpsynth.dp import report as report_lib
 from dpsynth.errors import DpsynthError
 
 MANIFEST = "manifest.json"
-REPORT_JSON = "privacy_report.json"
+REPORT_JSON = report_lib.REPORT_JSON
 REPORT_SHA256 = "privacy_report_sha256"  # manifest field: the report the model was released with
 MODEL_FILES = ("variables", "config.json", "tokenizer.model", "tokenizer.json")
 

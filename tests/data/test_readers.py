@@ -126,6 +126,38 @@ def test_csv_bad_rows(tmp_path):
     assert [(d.record, d.reason.split(" ")[0]) for d in ds.dead_letters] == [(2, "invalid"), (3, "row"), (4, "empty")]
 
 
+def test_tsv_reads_the_same_records_and_dead_letters_as_the_same_table_in_csv(tmp_path):
+    rows = [["text", "label", "id"], ["a text, with a comma", "pos", "r1"], ["tab\tinside quotes", "neg", "r2"],
+            ["x", "pos"], ["", "neg", "r4"], ["last", "neg", "r5"]]
+    for name, delimiter in (("d.csv", ","), ("d.tsv", "\t"), ("e.tab", "\t")):
+        with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f, delimiter=delimiter).writerows(rows)
+    got = {name: readers.read_sensitive(str(tmp_path / name)) for name in ("d.csv", "d.tsv", "e.tab")}
+    assert [r["text"] for r in got["d.csv"].records] == ["a text, with a comma", "tab\tinside quotes", "last"]
+    for name in ("d.tsv", "e.tab"):
+        assert [f.format for f in readers.resolve_inputs(str(tmp_path / name))] == ["tsv"]
+        assert got[name].records == got["d.csv"].records
+        assert [(d.record, d.reason) for d in got[name].dead_letters] == \
+            [(d.record, d.reason) for d in got["d.csv"].dead_letters]
+    (tmp_path / "empty.tsv").write_bytes(b"")
+    with pytest.raises(InputError, match="empty TSV file"):
+        readers.read_sensitive(str(tmp_path / "empty.tsv"))
+    (tmp_path / "cols.tsv").write_text("body\tlabel\nx\ty\n", encoding="utf-8")
+    with pytest.raises(InputError, match="missing column"):
+        readers.read_sensitive(str(tmp_path / "cols.tsv"))
+
+
+def test_every_format_is_one_registry_entry_that_the_other_layers_read():
+    from dpsynth.experiment import config as experiment_config
+
+    assert readers.FORMATS == tuple(readers.REGISTRY)
+    assert experiment_config.FORMATS == ("auto",) + readers.LABELED_FORMATS  # the experiment's choices
+    assert "tsv" in readers.LABELED_FORMATS and "txt" not in readers.LABELED_FORMATS
+    for name, fmt in readers.REGISTRY.items():
+        for suffix in fmt.suffixes:
+            assert readers.file_format("x" + suffix + ".gz") == name
+
+
 def test_txt_invalid_utf8_and_100mb_document(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"abc\xc3(")
     (tmp_path / "big.txt").write_bytes(b"word " * (20 << 20))  # one 100 MiB document

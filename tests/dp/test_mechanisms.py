@@ -105,3 +105,24 @@ def test_configs_accept_exactly_the_registered_mechanisms(dpgd):
             from_dict(cfg)
     finally:
         mechanisms.register(dpgd)
+
+
+def test_the_sparse_embedding_strategy_comes_from_the_mechanism_and_the_tuner_builds_none_itself(dpgd):
+    """The tuner dispatches through the registry (issue 36): no mechanism's strategy class is named in it."""
+    import ast
+    import pathlib
+
+    from dpsynth.dp.strategy import DPSGDStrategy
+
+    plan = plan_privacy(dataset_size=N, expected_batch_size=64, steps=T, epsilon=2.0)
+    got = mechanisms.get("dpsgd").sparse_embedding_strategy(plan, clip_norm=0.5, embedding="spec")
+    assert isinstance(got, DPSGDStrategy) and got.embedding == "spec" and got.clip_norm == 0.5
+    assert got.noise_multiplier == plan.noise_multiplier and got.expected_batch_size == plan.expected_batch_size
+    for name in mechanisms.names():
+        if not mechanisms.get(name).supports_sparse_embedding:
+            with pytest.raises(NotImplementedError):
+                mechanisms.get(name).sparse_embedding_strategy(plan, clip_norm=0.5, embedding="spec")
+    tuner = pathlib.Path(__file__).resolve().parents[2] / "dpsynth" / "train" / "finetune.py"
+    names = {n.id for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.Name)}
+    names |= {a.name for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not names & {"DPSGDStrategy", "UserDPSGDStrategy", "BandMFStrategy"}

@@ -359,16 +359,23 @@ def test_classify_flags_are_bound_from_classify_config():
                        "--learning-rates", "--weight-decays", "--repeats", "--max-epochs", "--epsilon", "--delta",
                        "--clip-norms", "--expected-batch-size", "--dp-epochs", "--accountant", "--sweep-accounting",
                        "--vocabulary", "--seed", "--select-epsilon", "--valid-split", "--privacy-report", "--out",
-                       "--max-dead-letters", "--verbose"}
+                       "--max-dead-letters", "--verbose", "--encoding",
+                       "--backbone-truncate"}  # a setting of the backbone family (`backbone.BackboneSettings`)
     args = p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])
     assert vars(args) == {
         "train": "a", "valid": "b", "test": "c", "classifier": "wordcnn", "model": None, "pooling": "mean",
         "cnn": "paper", "learning_rates": None, "weight_decays": None, "repeats": 3, "max_epochs": 10,
         "epsilon": None, "delta": None, "clip_norms": (0.5, 1.0), "expected_batch_size": 64, "dp_epochs": 5.0,
         "accountant": "rdp", "sweep_accounting": "composed", "vocabulary": "auto", "seed": None,
-        "select_epsilon": None, "valid_split": "files", "privacy_report": None, "out": "d", "max_dead_letters": "1%", "verbose": False}
+        "select_epsilon": None, "valid_split": "files", "privacy_report": None, "out": "d", "max_dead_letters": "1%",
+        "verbose": False, "encoding": "utf-8", "backbone_truncate": "head"}
     assert binding.from_args(tc.ClassifyConfig, args) == tc.ClassifyConfig()
     got = binding.from_args(tc.ClassifyConfig, p.parse_args(
         ["--train", "a", "--valid", "b", "--test", "c", "--out", "d", "--learning-rates", "0.1,0.2", "--epsilon", "2",
          "--seed", "7", "--classifier", "backbone", "--model", "m"]))
     assert got == tc.ClassifyConfig(learning_rates=(0.1, 0.2), epsilon=2.0, seed=7, classifier="backbone", model="m")
+    assert classify._config(p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])) \
+        == tc.ClassifyConfig()
+    got = classify._config(p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d",
+                                         "--classifier", "backbone", "--model", "m", "--backbone-truncate", "tail"]))
+    assert got.classifier_options == {"backbone": {"truncate": "tail"}}

@@ -54,7 +54,7 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"mode_learning_rates": {"lora": []}}}, "dp_tune.mode_learning_rates.lora: must list at least one value"),
         ({"dp_tune": {"steps": 10}}, "dp_tune: give exactly one of `epochs` and `steps`"),
         ({"dp_tune": {"batch_size": "big"}}, "dp_tune.batch_size: expected an integer"),
-        ({"generate": {"samplings": [{"temperature": -1}]}}, "generate.samplings[0].temperature: must be >= 0"),
+        ({"generate": {"samplings": [{"temperature": -1}]}}, "generate.samplings[0].temperature: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"topk": 3}]}}, "generate.samplings[0].topk: unknown key (did you mean 'top_k'?)"),
         ({"pretrain": {"steps": 0}}, "pretrain.steps: must be >= 1"),
         ({"generate": {"label_distribution": "counts"}}, "generate.label_distribution: must be one of uniform, dp_histogram"),
@@ -148,7 +148,7 @@ SECTIONS = (cfgmod.PublicConfig, cfgmod.SensitiveConfig, cfgmod.TokenizerConfig,
 # A non-default value of each setting marked `UNLESS_DEFAULT` (and of the field it follows).
 SET = {"user_column": "user", "split": {"holdout": "hash"}, "max_dead_letters": "2%", "recipe": "auto",
        "token_budget": 1e6, "label_dropout": 0.1, "privacy_unit": "user", "max_examples_per_user": 4,
-       "mechanism": "bandmf", "bands": 4, "guidance": 1.5, "guidance_contrast": "null",
+       "mechanism": "bandmf", "bands": 4, "guidance": 1.5, "guidance_contrast": "null", "min_p": 0.05,
        "label_distribution": "dp_histogram", "label_noise_multiplier": 10.0,
        "encoding": "cp1252", "allow_large_delta": True}
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from dpsynth.data.readers import InputError
 from dpsynth.experiment import stages
 from dpsynth.experiment.config import from_dict
 from dpsynth.experiment.plan import build_plan
@@ -193,6 +194,19 @@ def test_sensitive_split_options_split_column_hash_and_label_text(tmp_path):
     assert sum(len(v) for v in splits.values()) == 200 and 20 < len(splits["test"]) < 60
     # the default split leaves the stage hash of older configs unchanged
     assert "split" not in build_plan(sens_config_plain(tmp_path), "/tmp/unused").node("sensitive").config
+
+
+def test_sensitive_format_tsv_reads_tab_separated_exports_and_refuses_other_files(tmp_path):
+    tsv = tmp_path / "export.tsv"
+    tsv.write_text("text\tlabel\n" + "".join(f"row {i}, with a comma\t{i % 2}\n" for i in range(50)), encoding="utf-8")
+    cfg = from_dict({"sensitive": {"embedded": False, "train": str(tsv), "test": str(tsv), "format": "tsv"}})
+    splits, _ = stages.load_sensitive_splits(build_plan(cfg, "/tmp/unused").node("sensitive").config)
+    assert len(splits["train"]) + len(splits["valid"]) == 50 and splits["test"][0]["text"] == "row 0, with a comma"
+    other = tmp_path / "other.csv"
+    other.write_text("text,label\nx,0\n", encoding="utf-8")
+    cfg = from_dict({"sensitive": {"embedded": False, "train": str(other), "test": str(tsv), "format": "tsv"}})
+    with pytest.raises(InputError, match="sensitive.format is 'tsv' but the file is csv"):
+        stages.load_sensitive_splits(build_plan(cfg, "/tmp/unused").node("sensitive").config)
 
 
 def sens_config_plain(tmp_path):

@@ -1,5 +1,6 @@
 """The generation job on a fake model: outputs, label prompts, determinism, resume, bad input."""
 
+import dataclasses
 import json
 import os
 
@@ -8,6 +9,7 @@ import pytest
 
 from dpsynth.generate.job import GenerateConfig, GenerateError, generate, read_model_info
 from dpsynth.generate.labels import LabelDistribution
+from dpsynth.generate.sampler_config import SamplingOptions
 from tests.generate.fakes import (
     FailOnShard,
     FakeTokenizer,
@@ -24,8 +26,9 @@ TABLE_SEED = 11  # greedy continuations of the two label prompts differ
 def _config(model, out, **kw):
     base = dict(model_dir=str(model), out_dir=str(out), num_examples=37, valid_examples=11, examples_per_shard=8,
                 batch_size=4, seed=5)
-    base.update(kw)
-    return GenerateConfig(**base)
+    options = {f.name for f in dataclasses.fields(SamplingOptions)}
+    base.update({k: v for k, v in kw.items() if k not in options})
+    return GenerateConfig(**base, sampling=SamplingOptions(**{k: v for k, v in kw.items() if k in options}))
 
 
 def _read(path):
@@ -488,6 +491,23 @@ def test_guidance_zero_keeps_the_unguided_job_and_its_hash(reference_run, model_
     assert manifest["config_hash"] == ref_manifest["config_hash"]
     for name in ("train.jsonl", "valid.jsonl", "generation_config.json"):
         assert _read(tmp_path / name) == _read(ref / name), name
+
+
+def test_min_p_is_a_flag_recorded_in_generation_config_and_zero_keeps_the_hash(reference_run, model_dir, tmp_path):
+    from beam_jobs.generate import build_parser
+    from dpsynth import binding
+
+    ref, ref_manifest = reference_run
+    assert generate(_config(model_dir, tmp_path / "zero", min_p=0.0), loader=load_fake_bundle)["config_hash"] \
+        == ref_manifest["config_hash"]
+    args, _ = build_parser().parse_known_args(["--model", "m", "--num-examples", "1", "--out", "o", "--min-p", "0.3"])
+    options = binding.from_args(SamplingOptions, args)
+    assert options.min_p == 0.3 and options.temperature == 1.0
+    manifest = generate(_config(model_dir, tmp_path / "p", min_p=options.min_p), loader=load_fake_bundle)
+    config = json.loads(_read(tmp_path / "p" / "generation_config.json"))
+    assert config["sampler"]["min_p"] == 0.3 and manifest["config_hash"] != ref_manifest["config_hash"]
+    with pytest.raises(GenerateError, match="--min-p"):
+        _config(model_dir, tmp_path / "x", min_p=1.5)
 
 
 def test_guided_greedy_job_contrasts_the_other_labels(model_dir, tmp_path):

@@ -99,6 +99,26 @@ def test_first_token_distribution_matches_softmax(tables):
         assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-3), (freq, p)
 
 
+def test_min_p_first_token_distribution_matches_the_brute_force_renormalised_softmax(tables):
+    """min-p: only tokens with p >= min_p * max p are drawn, in proportion to p (brute force)."""
+    table, pos_bias, params = tables
+    n = 4000
+    prompt = np.array([5], np.int32)
+    for temperature, top_k, min_p in [(1.0, 0, 0.2), (0.7, 4, 0.1), (1.3, 0, 1.0)]:
+        cfg = SamplerConfig(temperature=temperature, top_k=top_k, min_p=min_p, max_len=3, batch_size=500)
+        out = Sampler(BigramDecoder(), cfg).sample(params, [prompt] * n, _keys(n, seed=13))
+        first = np.where(out.lengths > 0, out.tokens[:, 0], 3)
+        logits = (table[5] + pos_bias[1]) / temperature
+        logits[[0, 2]] = -np.inf  # PAD and BOS are never drawn
+        full = np.exp(log_softmax_np(logits))
+        keep = np.array([full[x] >= min_p * full.max() and (not top_k or (full > full[x]).sum() < top_k)
+                         for x in range(VOCAB)])  # brute force, token by token
+        p = np.where(keep, full, 0.0) / np.where(keep, full, 0.0).sum()
+        freq = np.bincount(first, minlength=VOCAB) / n
+        assert keep.sum() >= 1 and np.all(freq[~keep] == 0), (min_p, freq, keep)
+        assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-3), (freq, p)
+
+
 def test_eos_stops_and_max_len_caps(tables):
     _, _, params = tables
     prompts = _prompts(16, seed=5)

@@ -105,6 +105,12 @@ class Mechanism:
         """The strategy and the sampler over `num_units` units that execute `plan`."""
         raise NotImplementedError
 
+    def sparse_embedding_strategy(self, plan, *, clip_norm: float, embedding: Any) -> Any:
+        """The example-level strategy of `plan` that clips an untied input table exactly and
+        sparsely (`embedding`: `dpsynth.dp.strategy`'s embedding spec); only where
+        `supports_sparse_embedding`."""
+        raise NotImplementedError(f"{self.name} does not support sparse embedding clipping")
+
     # ------------------------------------------------------------------ description
     def describe(self, entry: Mapping[str, Any]) -> str:
         """How the markdown report names the entry's steps, e.g. "DP-SGD"."""

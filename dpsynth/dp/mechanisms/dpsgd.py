@@ -43,6 +43,12 @@ class DPSGD(Mechanism):
                      sampler=sampling.PoissonSampler(num_units, plan.expected_batch_size, microbatch_size, seed=seed,
                                                      max_batch_size=plan.max_batch_size))
 
+    def sparse_embedding_strategy(self, plan, *, clip_norm: float, embedding: Any) -> Any:
+        from dpsynth.dp.strategy import DPSGDStrategy
+
+        return DPSGDStrategy(clip_norm=clip_norm, noise_multiplier=plan.noise_multiplier,
+                             expected_batch_size=plan.expected_batch_size, embedding=embedding)
+
     def summary(self, cycle_length: int) -> str:
         return ""
 
