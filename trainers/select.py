@@ -22,8 +22,8 @@ import json
 import os
 import sys
 
-from dpsynth import binding, errors, logs
-from dpsynth.data import dead_letters
+from dpsynth import binding, errors, logs, outdir
+from dpsynth.data import dead_letters, readers
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--gen-seed", type=int, default=0, help="generation job seed")
     ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                     help=dead_letters.LIMIT_HELP + " (here: --valid; OUT.private/dead_letters.jsonl)")
+    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     logs.add_flags(ap)
     return ap
 
@@ -76,38 +77,41 @@ def main(argv=None) -> int:
     args, beam_args = parser().parse_known_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     config = binding.from_args(dp_select.SelectConfig, args)
-    policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
-                                    prefix="dpsynth select: ")
-    dead_letters.read_checked([("valid (--valid)", args.valid)], policy)
-    valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit)
-    if args.model:
-        report = report_lib.load_report(args.model)
-        distribution = None
-        if args.label_source:
-            from dpsynth.generate import job
+    # --out is one run's corpus (kind, lock, writable before any compute: `dpsynth.outdir`).
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args),
+                      writable=(("private state", dead_letters.private_dir(args.out)),)):
+        policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
+                                        prefix="dpsynth select: ")
+        dead_letters.read_checked([("valid (--valid)", args.valid)], policy, encoding=args.encoding)
+        valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit, encoding=args.encoding)
+        if args.model:
+            report = report_lib.load_report(args.model)
+            distribution = None
+            if args.label_source:
+                from dpsynth.generate import job
 
-            distribution = job.dp_label_distribution(args.model, args.label_source,
-                                                     noise_multiplier=args.label_noise_multiplier)
-        paths = dp_select.generate_candidates(
-            args.model, os.path.normpath(args.out) + ".candidates",
-            dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples),
-            dataset_size=int(report["training"]["dataset_size"]), valid_fraction=args.valid_fraction,
-            label_distribution=distribution, beam_args=beam_args, max_len=args.max_len,
-            batch_size=args.gen_batch_size, seed=args.gen_seed)
-    else:
-        if beam_args:
-            raise errors.DpsynthError(f"unknown flags {beam_args} (Beam flags only apply with --model)")
-        paths = {}
-        for d in args.candidates:
-            name = os.path.basename(os.path.normpath(d))
-            if name in paths:
-                raise errors.DpsynthError(f"two candidates are named {name!r}: give directories with distinct names")
-            paths[name] = d
-    selection = dp_select.select_corpora(paths, valid, config)
-    dp_select.write_selection(args.out, selection, paths)
-    print(json.dumps({"selected": selection.winner_name, "candidates": len(paths),
-                      "epsilon": selection.report["epsilon"],
-                      "composition": selection.report["selection"]["composition"], "out": args.out}))
+                distribution = job.dp_label_distribution(args.model, args.label_source,
+                                                         noise_multiplier=args.label_noise_multiplier)
+            paths = dp_select.generate_candidates(
+                args.model, os.path.normpath(args.out) + ".candidates",
+                dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples),
+                dataset_size=int(report["training"]["dataset_size"]), valid_fraction=args.valid_fraction,
+                label_distribution=distribution, beam_args=beam_args, max_len=args.max_len,
+                batch_size=args.gen_batch_size, seed=args.gen_seed)
+        else:
+            if beam_args:
+                raise errors.DpsynthError(f"unknown flags {beam_args} (Beam flags only apply with --model)")
+            paths = {}
+            for d in args.candidates:
+                name = os.path.basename(os.path.normpath(d))
+                if name in paths:
+                    raise errors.DpsynthError(f"two candidates are named {name!r}: give directories with distinct names")
+                paths[name] = d
+        selection = dp_select.select_corpora(paths, valid, config)
+        dp_select.write_selection(args.out, selection, paths)
+        print(json.dumps({"selected": selection.winner_name, "candidates": len(paths),
+                          "epsilon": selection.report["epsilon"],
+                          "composition": selection.report["selection"]["composition"], "out": args.out}))
     return 0
 
 

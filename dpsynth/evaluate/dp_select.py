@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.dp import private_selection as ps
 from dpsynth.dp import report as report_lib
 from dpsynth.dp import seeds
@@ -236,7 +236,24 @@ def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str]
         "format": "dpsynth.selection", "format_version": 1, **selection.report["selection"],
         "epsilon": selection.report["epsilon"], "delta": selection.report["delta"],
         "candidate_dirs": {n: os.path.abspath(p) for n, p in paths.items()}})
+    _write_manifest(out_dir, selection.winner_name)
     return out_dir
+
+
+def _write_manifest(out_dir: str, winner: str) -> None:
+    """OUT/manifest.json, last: a finished corpus (`dpsynth.outdir.require_corpus`) whose splits' SHA-256s it records."""
+    from dpsynth.generate import outputs, plan
+
+    splits = {}
+    for split in ("train", "valid"):
+        path = os.path.join(out_dir, f"{split}.jsonl")
+        if os.path.exists(path):
+            splits[split] = {"files": {"jsonl": {"path": f"{split}.jsonl", "sha256": fileio.sha256_file(path)}}}
+    fileio.write_json(os.path.join(out_dir, outputs.MANIFEST_FILE), {
+        "format": plan.FORMAT, "format_version": plan.FORMAT_VERSION, outdir.KIND_FIELD: outdir.CORPUS,
+        "private": True, "selected": winner, "splits": splits,
+        "files": {"config": outputs.CONFIG_FILE, "report": outputs.REPORT_FILE, "selection": SELECTION_FILE,
+                  "privacy_report": list(outputs.PRIVACY_FILES)}})
 
 
 # ---------------------------------------------------------------------- the candidate grid
