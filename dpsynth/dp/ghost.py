@@ -341,8 +341,11 @@ def clipped_grad_sum(loss_fn, params: PyTree, frozen: PyTree, batch: dict, key: 
     planned = _plan(dict(found.uses), params)
 
     def losses_of(probes):
-        with _Session(discover=False, uses=planned, probes=probes):
+        with _Session(discover=False, uses=planned, probes=probes) as tapped:
             per_example, _ = loss_fn(params, frozen, batch, key)
+        missing = [k for k, us in planned.items() if tapped.seen[k] != len(us)]
+        if missing:  # an unread probe would drop a use's share of the norm
+            raise GhostClippingError(f"parameter {'/'.join(missing[0])} was used differently than at discovery")
         return per_example
 
     losses, vjp = jax.vjp(losses_of, _zero_probes(planned, bsz))
