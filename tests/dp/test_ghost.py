@@ -63,11 +63,11 @@ def _assert_trees_close(a, b, rtol=2e-5):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_transformer_norms_and_clipped_sums_equal_vmap(variant, seed):
+# t = 4: the projections keep factors (ghost norms); t = 40: they form per-example gradients
+@pytest.mark.parametrize("variant,t,seed", [("native", 4, 0), ("native", 40, 1), ("gpt2", 40, 2), ("gemma", 4, 3)])
+def test_transformer_norms_and_clipped_sums_equal_vmap(variant, t, seed):
     rng = np.random.default_rng(seed)
-    b, t = int(rng.integers(2, 6)), int(rng.choice([4, 40]))  # t = 40: the layers form per-example grads
+    b = int(rng.integers(2, 6))
     loss, params, frozen, batch = _setup(variant, b, t, seed)
     c = float(rng.uniform(0.1, 10))
     want, want_losses, want_norms = _run(clipping.clipped_grad_sum, loss, params, frozen, batch, c)
@@ -78,7 +78,8 @@ def test_transformer_norms_and_clipped_sums_equal_vmap(variant, seed):
     _assert_trees_close(want, got)
     # more clip norms against the brute-force reference (padding rows masked out)
     per_example = jax.tree.map(lambda g: g * batch["mask"].reshape((-1,) + (1,) * (g.ndim - 1)),
-                               clipping.per_example_grads(loss, params, frozen, batch, jax.random.PRNGKey(0)))
+                               jax.jit(clipping.per_example_grads, static_argnums=0)(
+                                   loss, params, frozen, batch, jax.random.PRNGKey(0)))
     for c in (1e-3, 1e4):
         _assert_trees_close(_clipped_reference(per_example, c), fn(params, frozen, batch, c)[0])
 
@@ -95,7 +96,7 @@ def test_plan_uses_both_ghost_norms_and_formed_gradients():
         assert all(u.mode == "factors" for u in plan[("embedding",)])
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_per_example_terms_bounded_and_sensitivity_c(seed):
     loss, params, frozen, batch = _setup("gpt2", 4, 6, seed)
     batch["mask"][:] = 1.0
@@ -143,7 +144,7 @@ def _toy_loss(model):
     return loss
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_shared_parameters_cross_terms_equal_vmap(seed):
     model = _Toy()
     rng = np.random.default_rng(seed)
@@ -218,7 +219,7 @@ def test_strategy_settings_checked():
 
 
 def _temp_bytes(method, b):
-    loss, params, frozen, batch = _setup("native", b, 8, 0, d_model=128, vocab=2048)
+    loss, params, frozen, batch = _setup("native", b, 8, 0, d_model=64, vocab=1024)
     batch["mask"][:] = 1.0
     fn = jax.jit(clipping.method(method), static_argnums=(0, 5))
     compiled = fn.lower(loss, params, frozen, batch, jax.random.PRNGKey(0), 1.0).compile()
