@@ -239,7 +239,8 @@ def bias(module, name: str, x, b):
 # ----------------------------------------------------------------------------- the plan
 def _plan(uses: dict[Key, list[_Use]], params: PyTree) -> dict[Key, list[_Use]]:
     """Checks that every trainable leaf is tapped and chooses each use's mode (see module doc)."""
-    leaves = {tuple(k.key for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params["params"])[0]}
+    flat = jax.tree_util.tree_flatten_with_path(params["params"])[0]
+    leaves = {tuple(k.key for k in path): leaf for path, leaf in flat}
     planned = {}
     for key, leaf in leaves.items():
         key_uses = uses.get(key)

@@ -310,7 +310,8 @@ class Transformer(nn.Module):
         if cfg.positions == "learned":
             table = self.param("position_embedding", nn.initializers.normal(stddev=0.02), (cfg.max_len, cfg.d_model),
                                jnp.float32)
-            x = x + ghost.lookup(self, "position_embedding", table, jnp.clip(positions, 0, cfg.max_len - 1)).astype(dtype)
+            ids = jnp.clip(positions, 0, cfg.max_len - 1)
+            x = x + ghost.lookup(self, "position_embedding", table, ids).astype(dtype)
         sliding_mask = None
         if "sliding" in cfg.layer_kinds:
             w = cfg.sliding_window
