@@ -11,10 +11,13 @@ mode (full, prompt, lora) on the `small` preset it measures
   * CPU time of the accumulate step (process time: less sensitive to other load on the host),
   * peak temporary memory of the compiled accumulate step (XLA's memory analysis),
 
-and prints DP / non-private ratios. Targets (issue 4): LoRA and prompt <= 1.5x, full <= 3x.
+and prints DP / non-private ratios. Targets (issue 4): LoRA and prompt <= 1.5x, full <= 3x;
+full with ghost clipping (`dpsynth.dp.ghost`, row "full/ghost", issue 37) <= 1.3x. `--clipping`
+picks the clipping methods measured in full mode (default: both, vmap and ghost).
 
     .venv/bin/python bench/dp_step.py                      # small preset, B=8, T=128
     .venv/bin/python bench/dp_step.py --preset tiny --microbatch 16 --seq 64 --reps 5
+    .venv/bin/python bench/dp_step.py --preset cpu --modes full --clipping ghost --reps 3
 
 `--wordcnn` instead measures the downstream WordCNN's DP accumulate step (paper sizes by
 default: vocab 30k, 384-d embeddings, seq 128): the sparse-embedding clipping path
@@ -57,7 +60,7 @@ def _block(tree):
     jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
 
 
-def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int) -> dict:
+def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap") -> dict:
     config = tune.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
     base_cfg = get_config(preset, max_len=max(t, 64))
     model_cfg = tune._tuned_model_config(base_cfg, config)
@@ -65,7 +68,7 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
     variables = tune.init_variables(model_cfg, jax.device_get(base), config)
     params, frozen = lm.split_variables(variables, tune.TRAINABLE[mode])
     loss_fn = tune.make_loss_fn(model_cfg, config)
-    strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(b))
+    strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(b), clipping=clipping)
                 if strategy_name == "dp" else core.MeanGradient())
     fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
     state = fns.init_state(params, frozen, rng=0)
@@ -91,7 +94,7 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
     mem = lowered.memory_analysis()
     temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
     trainable = sum(x.size for x in jax.tree.leaves(params))
-    return {"mode": mode, "strategy": strategy_name, "accumulate_s": float(np.median(acc_times)),
+    return {"mode": mode, "strategy": strategy_name, "clipping": clipping, "accumulate_s": float(np.median(acc_times)),
             "apply_s": float(np.median(apply_times)), "compile_s": compile_s,
             "accumulate_cpu_s": float(np.median(acc_cpu)),
             "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable)}
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["lora", "prompt", "full"])
     p.add_argument("--logical-batch", type=int, default=1024,
                    help="expected logical batch: a step is ceil(logical/microbatch) accumulates + one apply")
+    p.add_argument("--clipping", nargs="+", default=["vmap", "ghost"],
+                   help="full mode: the clipping methods measured, one row each (lora/prompt: vmap)")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
     p.add_argument("--wordcnn", action="store_true", help="WordCNN: sparse vs dense embedding clipping")
     p.add_argument("--vocab", type=int, default=30_002, help="--wordcnn: vocabulary (30k words + PAD/OOV)")
@@ -171,10 +176,15 @@ def main(argv=None) -> int:
     print(f"dp_step: preset={args.preset} microbatch={args.microbatch} seq={args.seq} reps={args.reps} "
           f"devices={jax.devices()[0].platform}x{len(jax.devices())}")
     rows = []
-    targets = {"lora": 1.5, "prompt": 1.5, "full": 3.0}
-    for mode in args.modes:
-        np_row = measure(mode, "nonprivate", args.preset, args.microbatch, args.seq, args.reps)
-        dp_row = measure(mode, "dp", args.preset, args.microbatch, args.seq, args.reps)
+    targets = {"lora": 1.5, "prompt": 1.5, "full": 3.0, "full/ghost": 1.3}
+    runs = [(mode, c) for mode in args.modes for c in (args.clipping if mode == "full" else ["vmap"])]
+    np_rows = {}
+    for mode, clip in runs:
+        if mode not in np_rows:
+            np_rows[mode] = measure(mode, "nonprivate", args.preset, args.microbatch, args.seq, args.reps)
+        np_row = np_rows[mode]
+        dp_row = measure(mode, "dp", args.preset, args.microbatch, args.seq, args.reps, clipping=clip)
+        mode = mode if clip == "vmap" else f"{mode}/{clip}"
         k = -(-args.logical_batch // args.microbatch)  # microbatches per logical step
         step_np = k * np_row["accumulate_s"] + np_row["apply_s"]
         step_dp = k * dp_row["accumulate_s"] + dp_row["apply_s"]
@@ -184,7 +194,7 @@ def main(argv=None) -> int:
         mem_ratio = (dp_row["temp_bytes"] / np_row["temp_bytes"]) if np_row["temp_bytes"] and dp_row["temp_bytes"] else None
         rows.append({"mode": mode, "nonprivate": np_row, "dp": dp_row, "ratio_accumulate": ratio_acc,
                      "ratio_step": ratio_step, "ratio_accumulate_cpu": ratio_cpu, "ratio_temp_memory": mem_ratio, "target": targets.get(mode)})
-        print(f"{mode:>6}: trainable {dp_row['trainable_params']:,} | accumulate DP {dp_row['accumulate_s'] * 1e3:.1f} ms "
+        print(f"{mode:>10}: trainable {dp_row['trainable_params']:,} | accumulate DP {dp_row['accumulate_s'] * 1e3:.1f} ms "
               f"vs non-private {np_row['accumulate_s'] * 1e3:.1f} ms -> {ratio_acc:.2f}x (CPU time {ratio_cpu:.2f}x) | logical step ({k} mb + apply) "
               f"{ratio_step:.2f}x | temp memory {dp_row['temp_bytes'] / 2**20 if dp_row['temp_bytes'] else float('nan'):.1f} "
               f"vs {np_row['temp_bytes'] / 2**20 if np_row['temp_bytes'] else float('nan'):.1f} MiB"

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe": {"choices": recipe_lib.RECIPES,
                    "help": "manual: --batch-size, --steps/--epochs and --learning-rate as given; auto: chosen from "
                            "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report)"},
+        "clipping": {"help": "per-example clipping: vmap (per-example gradients) or ghost (full mode: norms from "
+                             "activations and output gradients, no per-example gradient copies; same privacy)"},
         "token_budget": {"help": "example-tokens an automatic recipe may process (default "
                                  f"{recipe_lib.DEFAULT_TOKEN_BUDGET:,})"},
     })

@@ -140,6 +140,7 @@ class BandMFStrategy:
         coefs: the strategy's Toeplitz coefficients (b of them, L2 norm 1).
         steps: n, the steps the strategy is column-normalised for.
         per_user: clip each user's mean gradient (user level) instead of each example's.
+        clipping: how the clipped sum is computed ("vmap" or "ghost", as `DPSGDStrategy`).
     """
 
     clip_norm: float
@@ -148,6 +149,7 @@ class BandMFStrategy:
     coefs: tuple[float, ...]
     steps: int
     per_user: bool = False
+    clipping: str = "vmap"
 
     def __post_init__(self):
         check_bands(self.steps, len(self.coefs))
@@ -167,7 +169,7 @@ class BandMFStrategy:
     def _terms(self) -> DPSGDStrategy:
         cls = UserDPSGDStrategy if self.per_user else DPSGDStrategy
         return cls(clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
-                   expected_batch_size=self.expected_batch_size)
+                   expected_batch_size=self.expected_batch_size, clipping=self.clipping)
 
     def _privatizer(self, key=None):
         noising = toeplitz.inverse_as_streaming_matrix(jnp.asarray(self.coefs, jnp.float32),

@@ -91,3 +91,20 @@ def per_example_grads(loss_fn: LossFn, params: PyTree, frozen: PyTree, batch: di
 def global_norms(tree: PyTree) -> jax.Array:
     """L2 norm of each example's slice of a pytree with leading batch axis."""
     return jax.vmap(optax.global_norm)(tree)
+
+
+# How a strategy computes the clipped sum: "vmap" (above; any loss) or "ghost" (`dpsynth.dp.ghost`:
+# per-example norms from activations and output gradients, one backward pass, no per-example
+# gradient copies; models whose layers use the ghost taps, trainable collection "params" only).
+METHODS = ("vmap", "ghost")
+
+
+def method(name: str) -> Callable:
+    """The clipped-sum function of a clipping method (same signature and result as `clipped_grad_sum`)."""
+    if name == "vmap":
+        return clipped_grad_sum
+    if name == "ghost":
+        from dpsynth.dp import ghost
+
+        return ghost.clipped_grad_sum
+    raise ValueError(f"clipping must be one of {METHODS}, got {name!r}")

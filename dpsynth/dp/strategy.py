@@ -50,12 +50,15 @@ class DPSGDStrategy:
         expected_batch_size: q * N, the divisor of the noisy sum (> 0).
         embedding: optional sparse input-embedding declaration; when set, `accumulate` expects
             a `sparse.EmbeddedLoss` with this spec and uses the exact sparse clipping path.
+        clipping: how the clipped sum is computed (`clipping.METHODS`): "vmap" (per-example
+            gradients, any loss) or "ghost" (`dpsynth.dp.ghost`: same sum, no per-example copies).
     """
 
     clip_norm: float
     noise_multiplier: float
     expected_batch_size: float
     embedding: sparse.EmbeddingSpec | None = None
+    clipping: str = "vmap"
 
     def __post_init__(self):
         if not self.clip_norm > 0:
@@ -64,6 +67,10 @@ class DPSGDStrategy:
             raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
         if not self.expected_batch_size > 0:
             raise ValueError(f"expected_batch_size must be > 0, got {self.expected_batch_size}")
+        if self.clipping not in clipping.METHODS:
+            raise ValueError(f"clipping must be one of {clipping.METHODS}, got {self.clipping!r}")
+        if self.clipping != "vmap" and self.embedding is not None:
+            raise ValueError("the sparse-embedding path has its own clipping: use clipping='vmap' with it")
 
     @property
     def noise_stddev(self) -> float:
@@ -81,7 +88,7 @@ class DPSGDStrategy:
         """
         mask = batch["mask"].astype(jnp.float32)
         if self.embedding is None:
-            grads, losses, norms = clipping.clipped_grad_sum(loss_fn, params, frozen, batch, key, self.clip_norm)
+            grads, losses, norms = clipping.method(self.clipping)(loss_fn, params, frozen, batch, key, self.clip_norm)
         else:
             if not isinstance(loss_fn, sparse.EmbeddedLoss) or loss_fn.spec != self.embedding:
                 raise TypeError("DPSGDStrategy(embedding=spec) needs loss_fn = sparse.EmbeddedLoss(spec, ...) "
@@ -147,6 +154,8 @@ class UserDPSGDStrategy(DPSGDStrategy):
         super().__post_init__()
         if self.embedding is not None:
             raise ValueError("UserDPSGDStrategy does not support the sparse-embedding path")
+        if self.clipping != "vmap":
+            raise ValueError("user-level DP-SGD clips each user's mean gradient with the vmapped clipping only")
 
     def accumulate(self, loss_fn, params, frozen, batch, key, acc):
         if "example_mask" not in batch:

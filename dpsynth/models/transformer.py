@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth.dp import ghost
 from dpsynth.models.config import ModelConfig
 
 _NEG_INF = -1e30
@@ -65,9 +66,9 @@ class RMSNorm(nn.Module):
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         if self.offset:
             scale = scale.astype(jnp.float32) + self.offset
-        y = y * scale.astype(jnp.float32)
+        y = ghost.scale(self, "scale", y, scale.astype(jnp.float32))
         if self.kind == "layernorm":
-            y = y + self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32).astype(jnp.float32)
+            y = ghost.bias(self, "bias", y, self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32))
         return y.astype(self.dtype)
 
 
@@ -89,9 +90,10 @@ class Projection(nn.Module):
         d_in = x.shape[-1]
         init = nn.initializers.normal(stddev=d_in**-0.5)
         kernel = self.param("kernel", init, (d_in, self.features), jnp.float32)
-        y = jnp.dot(x, kernel.astype(self.dtype))
+        y = ghost.dense(self, "kernel", x, kernel.astype(self.dtype))
         if self.use_bias:
-            y = y + self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32).astype(self.dtype)
+            y = ghost.bias(self, "bias", y,
+                           self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32).astype(self.dtype))
         if self.lora_rank:
             a = self.variable("lora", "a", lambda: init(self.make_rng("params"), (d_in, self.lora_rank), jnp.float32))
             b = self.variable("lora", "b", lambda: jnp.zeros((self.lora_rank, self.features), jnp.float32))
@@ -273,7 +275,7 @@ class Transformer(nn.Module):
         p = cfg.prompt_length if with_prompt else 0
         embedding = self.param("embedding", nn.initializers.normal(stddev=cfg.d_model**-0.5),
                                (cfg.vocab_size, cfg.d_model), jnp.float32)
-        x = jnp.take(embedding, tokens, axis=0) if embedded is None else embedded
+        x = ghost.lookup(self, "embedding", embedding, tokens) if embedded is None else embedded
         if cfg.scale_embedding:
             x = x * (cfg.d_model**0.5)
         x = x.astype(dtype)
@@ -308,7 +310,8 @@ class Transformer(nn.Module):
         if cfg.positions == "learned":
             table = self.param("position_embedding", nn.initializers.normal(stddev=0.02), (cfg.max_len, cfg.d_model),
                                jnp.float32)
-            x = x + jnp.take(table, jnp.clip(positions, 0, cfg.max_len - 1), axis=0).astype(dtype)
+            ids = jnp.clip(positions, 0, cfg.max_len - 1)
+            x = x + ghost.lookup(self, "position_embedding", table, ids).astype(dtype)
         sliding_mask = None
         if "sliding" in cfg.layer_kinds:
             w = cfg.sliding_window
@@ -330,11 +333,12 @@ class Transformer(nn.Module):
         hidden = _norm(cfg, "final_norm")(x)
         hidden = hidden[:, p:]
         if cfg.tie_embeddings:
-            logits = jnp.dot(hidden, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
+            logits = ghost.dense(self, "embedding", hidden, embedding.astype(dtype), transpose=True,
+                                 preferred_element_type=jnp.float32)
         else:
             head = self.param("lm_head", nn.initializers.normal(stddev=cfg.d_model**-0.5), (cfg.d_model, cfg.vocab_size),
                               jnp.float32)
-            logits = jnp.dot(hidden, head.astype(dtype), preferred_element_type=jnp.float32)
+            logits = ghost.dense(self, "lm_head", hidden, head.astype(dtype), preferred_element_type=jnp.float32)
         if cfg.final_softcap is not None:
             logits = _softcap(logits, cfg.final_softcap)
         out = (logits, hidden) if return_hidden else logits

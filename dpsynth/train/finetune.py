@@ -136,6 +136,10 @@ class TuneConfig:
         allow_large_delta: accept a delta above 1/N (N = |D_train|, or users at user level), which
             protects nobody (`dpsynth.dp.accounting.weak_delta`); refused by default, and the privacy
             report's headline then says the delta is weak.
+        clipping: how per-example clipping is computed (`dpsynth.dp.clipping.METHODS`): "vmap"
+            (default: per-example gradients) or "ghost" (full mode only, example-level DP-SGD or
+            BandMF: the same clipped sum without per-example gradient copies, `dpsynth.dp.ghost`).
+            The same mechanism and accounting either way.
     """
 
     mode: str = "lora"
@@ -169,6 +173,7 @@ class TuneConfig:
     recipe: str = "manual"
     token_budget: float | None = None
     allow_large_delta: bool = False
+    clipping: str = "vmap"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -231,6 +236,13 @@ class TuneConfig:
         if not 0.0 <= self.label_dropout < 1.0:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
+        from dpsynth.dp.clipping import METHODS as clipping_methods
+
+        if self.clipping not in clipping_methods:
+            raise TuneError(f"clipping must be one of {clipping_methods}, got {self.clipping!r}")
+        if self.clipping != "vmap" and (self.mode != "full" or self.privacy_unit != "example"):
+            raise TuneError(f"--clipping {self.clipping} is for --mode full at example level (LoRA and prompt "
+                            "tuning keep the vmapped clipping)")
 
     @property
     def private(self) -> bool:
@@ -243,7 +255,7 @@ class TuneConfig:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
         for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None),
-                          ("allow_large_delta", False)):
+                          ("allow_large_delta", False), ("clipping", "vmap")):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
         return d
@@ -652,12 +664,17 @@ def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: 
     except (UserColumnError, ValueError) as e:
         raise TuneError(str(e)) from e
     spec = embedding_spec(model_config, config)
+    if spec is None and config.clipping != "vmap":
+        return mech, dataclasses.replace(mech.strategy, clipping=config.clipping)
     if spec is None:
         return mech, mech.strategy
     # exact sparse clipping of an untied input table (imported models, full mode)
     if not mech.mechanism.supports_sparse_embedding or plan.privacy_unit != "example":
         raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
                         "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
+    if config.clipping != "vmap":
+        raise TuneError("a model with an untied input embedding uses the sparse clipping path: drop --clipping "
+                        f"{config.clipping}")
     return mech, mech.mechanism.sparse_embedding_strategy(plan, clip_norm=config.clip_norm, embedding=spec)
 
 

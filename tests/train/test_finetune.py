@@ -388,10 +388,26 @@ def test_cli_stop_after_then_resume(stopped_run, tmp_path, capsys):
     (dict(epsilon=-2.0), "epsilon"),
     (dict(delta=1.0), "delta"),
     (dict(mode="adapter"), "mode"),
+    (dict(clipping="fast"), "clipping must be one of"),
+    (dict(clipping="ghost"), "--clipping ghost is for --mode full"),
 ])
 def test_bad_config(change, msg):
     with pytest.raises(finetune.TuneError, match=msg):
         dataclasses.replace(BASE_CFG, **change)
+
+
+def test_full_mode_ghost_clipping_trains_the_same_model(tiny_base, tmp_path):
+    """--clipping ghost runs the same DP mechanism: same seed, same released weights (float tolerance)."""
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, mode="full", steps=2, seed=3, clip_norm=0.1)
+    assert "clipping" not in cfg.to_json()  # the default keeps earlier runs' fingerprints
+    weights = {}
+    for method in ("vmap", "ghost"):
+        out = str(tmp_path / method)
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(cfg, clipping=method), progress_interval=1e9)
+        weights[method] = load_model(out).variables["params"]
+    for a, b in zip(jax.tree.leaves(weights["vmap"]), jax.tree.leaves(weights["ghost"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_input_fails_before_any_compute(tiny_base, tmp_path):

@@ -1,0 +1,239 @@
+"""Ghost clipping equals the vmapped clipping: norms and clipped sums on every layer type, sensitivity, memory."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dpsynth.dp import clipping, ghost
+from dpsynth.dp.strategy import DPSGDStrategy, UserDPSGDStrategy
+from dpsynth.models import Transformer, get_config
+from dpsynth.train import core, lm
+
+# Every trainable layer type of the Transformer: tied embedding (lookup + transposed dense),
+# untied lm_head, learned positions, RMSNorm / LayerNorm scales and biases, (1 + w) norms,
+# q/k norms, post norms, projection biases, grouped-query attention, remat, gelu / swiglu MLPs.
+VARIANTS = {
+    "native": {},
+    "gpt2": dict(tie_embeddings=False, norm="layernorm", qkv_bias=True, o_bias=True, mlp_bias=True,
+                 positions="learned", mlp="gelu", scale_embedding=False),
+    "gemma": dict(qk_norm=True, post_norms=True, norm_scale_offset=1.0, num_kv_heads=1, remat=True, mlp="swiglu"),
+}
+
+
+def _setup(variant, b, t, seed, d_model=32, vocab=61):
+    cfg = get_config("tiny", vocab_size=vocab, max_len=64, num_layers=1, d_model=d_model, num_heads=2, head_dim=16,
+                     d_ff=48, **VARIANTS[variant])
+    model = Transformer(cfg)
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(0, vocab, (b, t)).astype(np.int32)
+    toks[:, : t // 2] = toks[:, :1]  # repeated ids: the lookup's [id == id] terms
+    params, frozen = lm.split_variables(model.init(jax.random.PRNGKey(seed), toks), ("params",))
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 64))
+    params = jax.tree.map(lambda p: p + 0.2 * jax.random.normal(next(keys), p.shape), params)
+    weights = np.ones((b, t), np.float32)
+    weights[:, : rng.integers(1, t)] = 0.0  # a Prefix-LM prefix: no loss on it
+    mask = (rng.random(b) < 0.7).astype(np.float32)
+    mask[0] = 1.0
+    batch = {"inputs": toks, "targets": rng.integers(0, vocab, (b, t)).astype(np.int32), "weights": weights,
+             "mask": mask}
+    return lm.make_lm_loss(model, z_loss=1e-4), params, frozen, batch
+
+
+def _run(fn, loss, params, frozen, batch, c):
+    return jax.jit(fn, static_argnums=(0, 5))(loss, params, frozen, batch, jax.random.PRNGKey(0), c)
+
+
+def _clipped_reference(per_example, c):
+    """Brute force: the sum of per-example gradients scaled to norm <= c."""
+    factor = jnp.minimum(1.0, c / clipping.global_norms(per_example))
+    return jax.tree.map(lambda g: jnp.einsum("b...,b->...", g, factor), per_example)
+
+
+def _ghost_fn(loss):
+    """The ghost clipped sum compiled once with a traced clip norm."""
+    return jax.jit(lambda p, f, b, c: ghost.clipped_grad_sum(loss, p, f, b, jax.random.PRNGKey(0), c))
+
+
+def _assert_trees_close(a, b, rtol=2e-5):
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(a))
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale, err_msg=jax.tree_util.keystr(path))
+
+
+# t = 4: the projections keep factors (ghost norms); t = 40: they form per-example gradients
+@pytest.mark.parametrize("variant,t,seed", [("native", 4, 0), ("native", 40, 1), ("gpt2", 40, 2), ("gemma", 4, 3)])
+def test_transformer_norms_and_clipped_sums_equal_vmap(variant, t, seed):
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(2, 6))
+    loss, params, frozen, batch = _setup(variant, b, t, seed)
+    c = float(rng.uniform(0.1, 10))
+    want, want_losses, want_norms = _run(clipping.clipped_grad_sum, loss, params, frozen, batch, c)
+    fn = _ghost_fn(loss)
+    got, losses, norms = fn(params, frozen, batch, c)
+    np.testing.assert_allclose(norms, want_norms, rtol=2e-5)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
+    _assert_trees_close(want, got)
+    # more clip norms against the brute-force reference (padding rows masked out)
+    per_example = jax.tree.map(lambda g: g * batch["mask"].reshape((-1,) + (1,) * (g.ndim - 1)),
+                               jax.jit(clipping.per_example_grads, static_argnums=0)(
+                                   loss, params, frozen, batch, jax.random.PRNGKey(0)))
+    for c in (1e-3, 1e4):
+        _assert_trees_close(_clipped_reference(per_example, c), fn(params, frozen, batch, c)[0])
+
+
+def test_plan_uses_both_ghost_norms_and_formed_gradients():
+    """At t = 4 the dense layers keep factors (ghost norms); at t = 40 they form per-example grads."""
+    for t, want in ((4, "factors"), (40, "grad")):
+        loss, params, frozen, batch = _setup("native", 2, t, 0)
+        with ghost._Session(discover=True) as s:
+            jax.eval_shape(loss, params, frozen, batch, jax.random.PRNGKey(0))
+        plan = ghost._plan(dict(s.uses), params)
+        assert plan[("layer_0", "mlp", "up", "kernel")][0].mode == want
+        assert [u.kind for u in plan[("embedding",)]] == ["lookup", "dense"]  # tied: always factors + cross term
+        assert all(u.mode == "factors" for u in plan[("embedding",)])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_per_example_terms_bounded_and_sensitivity_c(seed):
+    loss, params, frozen, batch = _setup("gpt2", 4, 6, seed)
+    batch["mask"][:] = 1.0
+    c = 0.05
+    fn = _ghost_fn(loss)
+    full, _, norms = fn(params, frozen, batch, c)
+    assert np.all(np.asarray(norms) > c)  # every example is clipped: the bound is tight
+    for i in range(4):
+        alone = dict(batch, mask=np.eye(4, dtype=np.float32)[i])
+        term, _, _ = fn(params, frozen, alone, c)
+        assert float(optax.global_norm(term)) <= c * (1 + 1e-5)
+        without = dict(batch, mask=batch["mask"] * (1 - np.eye(4, dtype=np.float32)[i]))
+        rest, _, _ = fn(params, frozen, without, c)
+        diff = float(optax.global_norm(jax.tree.map(jnp.subtract, full, rest)))
+        assert c * (1 - 1e-4) <= diff <= c * (1 + 1e-5)
+
+
+def test_padding_rows_contribute_nothing():
+    loss, params, frozen, batch = _setup("native", 4, 6, 3)
+    batch["mask"][:] = [1, 0, 1, 0]
+    got, _, _ = _run(ghost.clipped_grad_sum, loss, params, frozen, batch, 1.0)
+    real = {k: v[np.array([0, 2])] for k, v in batch.items()}
+    want, _, _ = _run(ghost.clipped_grad_sum, loss, params, frozen, real, 1.0)
+    _assert_trees_close(want, got, rtol=1e-5)
+
+
+class _Toy(nn.Module):
+    """A toy model on the taps: a table used twice (lookup and tied output), a dense used twice."""
+
+    @nn.compact
+    def __call__(self, ids, x):
+        table = self.param("table", nn.initializers.normal(1.0), (11, 5))
+        w = self.param("w", nn.initializers.normal(1.0), (5, 5))
+        bias = self.param("bias", nn.initializers.normal(1.0), (5,))
+        h = ghost.lookup(self, "table", table, ids) + x
+        h = jnp.tanh(ghost.dense(self, "w", h, w))
+        h = ghost.bias(self, "bias", ghost.dense(self, "w", h, w), bias)  # w twice: dense x dense cross term
+        return ghost.dense(self, "table", h, table, transpose=True)
+
+
+def _toy_loss(model):
+    def loss(params, frozen, batch, key):
+        out = model.apply(params, batch["ids"], batch["x"])
+        return jnp.sum(jnp.square(out - 0.3), axis=(1, 2)), {}
+    return loss
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_shared_parameters_cross_terms_equal_vmap(seed):
+    model = _Toy()
+    rng = np.random.default_rng(seed)
+    batch = {"ids": rng.integers(0, 11, (5, 3)).astype(np.int32), "x": rng.normal(size=(5, 3, 5)).astype(np.float32),
+             "mask": np.ones(5, np.float32)}
+    params = model.init(jax.random.PRNGKey(seed), batch["ids"], batch["x"])
+    per_example = clipping.per_example_grads(_toy_loss(model), params, {}, batch, jax.random.PRNGKey(0))
+    fn = _ghost_fn(_toy_loss(model))
+    for c in (0.01, 1.0, 1e3):
+        got, _, norms = fn(params, {}, batch, c)
+        np.testing.assert_allclose(norms, clipping.global_norms(per_example), rtol=2e-5)
+        _assert_trees_close(_clipped_reference(per_example, c), got)
+
+
+def test_non_finite_example_contributes_zero():
+    model = _Toy()
+    rng = np.random.default_rng(0)
+    batch = {"ids": rng.integers(0, 11, (3, 3)).astype(np.int32), "x": rng.normal(size=(3, 3, 5)).astype(np.float32),
+             "mask": np.ones(3, np.float32)}
+    params = model.init(jax.random.PRNGKey(0), batch["ids"], batch["x"])
+    bad = dict(batch, x=batch["x"].copy())
+    bad["x"][1, 0, 0] = np.inf
+    got, _, norms = _run(ghost.clipped_grad_sum, _toy_loss(model), params, {}, bad, 1.0)
+    assert not np.isfinite(np.asarray(norms)[1])
+    want, _, _ = _run(ghost.clipped_grad_sum, _toy_loss(model), params, {}, dict(batch, mask=np.array([1, 0, 1.0],
+                                                                                                       np.float32)), 1.0)
+    _assert_trees_close(want, got, rtol=1e-6)
+
+
+def test_untapped_parameter_is_refused():
+    class Plain(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    model = Plain()
+    batch = {"x": np.ones((2, 3), np.float32), "mask": np.ones(2, np.float32)}
+    params = model.init(jax.random.PRNGKey(0), batch["x"])
+
+    def loss(p, f, b, k):
+        return jnp.sum(model.apply(p, b["x"]), axis=1), {}
+
+    with pytest.raises(ghost.GhostClippingError, match="Dense_0/bias.*not computed through a ghost tap"):
+        ghost.clipped_grad_sum(loss, params, {}, batch, jax.random.PRNGKey(0), 1.0)
+
+
+def test_only_the_params_collection():
+    loss, params, frozen, batch = _setup("native", 2, 4, 0)
+    with pytest.raises(ghost.GhostClippingError, match="'params' collection only"):
+        ghost.clipped_grad_sum(loss, {"lora": params["params"]}, frozen, batch, jax.random.PRNGKey(0), 1.0)
+
+
+def test_strategy_in_the_training_core_equals_vmap():
+    loss, params, frozen, batch = _setup("native", 4, 8, 5)
+    sums = {}
+    for method in clipping.METHODS:
+        strategy = DPSGDStrategy(clip_norm=0.3, noise_multiplier=1.0, expected_batch_size=4.0, clipping=method)
+        fns = core.make_train_functions(loss, optax.sgd(1.0), strategy, donate=False)
+        state = fns.init_state(params, frozen, rng=0)
+        acc, metrics = fns.accumulate_step(state, fns.init_accumulator(state), fns.shard_batch(batch))
+        sums[method] = (acc["inner"]["grad_sum"], metrics)
+    _assert_trees_close(sums["vmap"][0], sums["ghost"][0])
+    for k in ("loss_sum", "count", "clipped"):
+        np.testing.assert_allclose(sums["ghost"][1][k], sums["vmap"][1][k], rtol=1e-5)
+
+
+def test_strategy_settings_checked():
+    with pytest.raises(ValueError, match="clipping must be one of"):
+        DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0, clipping="fast")
+    with pytest.raises(ValueError, match="vmapped clipping only"):
+        UserDPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=4.0, clipping="ghost")
+
+
+def _temp_bytes(method, b):
+    loss, params, frozen, batch = _setup("native", b, 8, 0, d_model=64, vocab=1024)
+    batch["mask"][:] = 1.0
+    fn = jax.jit(clipping.method(method), static_argnums=(0, 5))
+    compiled = fn.lower(loss, params, frozen, batch, jax.random.PRNGKey(0), 1.0).compile()
+    mem = compiled.memory_analysis()
+    if mem is None:
+        pytest.skip("no compiled memory analysis on this backend")
+    return mem.temp_size_in_bytes, sum(x.size * 4 for x in jax.tree.leaves(params))
+
+
+def test_temporary_memory_does_not_grow_with_per_example_gradients():
+    """Per extra example, the vmapped step needs >= one gradient copy; the ghost step a small fraction."""
+    ghost_2, param_bytes = _temp_bytes("ghost", 2)
+    ghost_8, _ = _temp_bytes("ghost", 8)
+    vmap_2, _ = _temp_bytes("vmap", 2)
+    vmap_8, _ = _temp_bytes("vmap", 8)
+    assert (vmap_8 - vmap_2) / 6 >= param_bytes
+    assert (ghost_8 - ghost_2) / 6 <= 0.25 * param_bytes
