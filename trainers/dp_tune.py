@@ -32,6 +32,10 @@ def _float_or_inf(text: str) -> float:
     return math.inf if text.lower() in ("inf", "infinity") else float(text)
 
 
+def _int_or_auto(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
@@ -55,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "delta": {"help": "target delta (default 1/|train|)"},
         "accountant": {"choices": accounting.ACCOUNTANTS},
         "batch_size": {"help": "expected Poisson batch size"},
+        "microbatch_size": {"type": _int_or_auto, "metavar": "N|auto",
+                            "help": "examples per compiled microbatch; auto: the largest whose compiled step fits the "
+                                    "device memory less --memory-headroom (printed with its figures; CPU: --memory-limit)"},
         "steps": {"container": g},
         "epochs": {"container": g},
         "optimizer": {"choices": tune.OPTIMIZERS},
@@ -91,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
     p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
+    p.add_argument("--memory-limit", default=None, metavar="BYTES",
+                   help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")
+    p.add_argument("--memory-headroom", type=float, default=0.10,
+                   help="--microbatch-size auto: fraction of the memory left free (default 0.10)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
@@ -108,12 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.train import finetune as tune
+    from dpsynth.train import resources
     from dpsynth.train import sweep as sweep_lib
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     distributed.start(args)  # multi-host: before any other JAX call
     config = binding.from_args(tune.TuneConfig, args)
+    memory_limit = resources.parse_bytes(args.memory_limit) if args.memory_limit else None
     if args.privacy_unit == "user" and not args.user_column:
         raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
     if args.user_column and args.privacy_unit != "user":
@@ -129,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                                              label_column=args.label_column)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
+                  memory_limit=memory_limit,
+                  memory_headroom=args.memory_headroom,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
     if args.stop_after is not None and args.stop_after < 1:
         raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
