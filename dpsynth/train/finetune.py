@@ -874,7 +874,7 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
            progress_interval: float):
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
-    from dpsynth.train import core, lm, loop, sharding
+    from dpsynth.train import lm, loop
     from dpsynth.train.checkpoint import TrainCheckpointer
 
     config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
