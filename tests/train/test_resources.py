@@ -146,30 +146,21 @@ def test_hf_config_alone_is_a_model_source():
 # ---------------------------------------------------------------- --microbatch-size auto in dp_tune
 
 
-def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_path, monkeypatch):
-    base_dir, _ = tiny_base
-    config = dataclasses.replace(CFG, microbatch_size="auto")
+def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_path, monkeypatch, caplog):
+    base_dir, tok = tiny_base
+    config = dataclasses.replace(CFG, microbatch_size="auto", batch_size=4)
     seen = _capture_first_step(monkeypatch)
-    source = resources.resolve_model(base_dir)
     plan = finetune.plan_run(config, len(TRAIN))
-    # the row length dp_tune pads to comes from the data: read it from a run with a given microbatch
-    finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "probe"), dataclasses.replace(CFG, microbatch_size=1),
-                     progress_interval=1e9)
-    length = seen.pop("length")
-    seen.clear()
-
-    def peak(m):
-        s = finetune.compile_steps(source.config, config, plan, microbatch=m, row_length=length)
-        return max(s.accumulate.total_bytes, s.apply.total_bytes)
-
-    limit = (peak(5) + peak(6)) // 2  # 5 fits, 6 does not
-    res = finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "auto"), config, progress_interval=1e9,
-                           memory_limit=limit, memory_headroom=0.0)
+    labels = sorted({r["label"] for r in TRAIN})
+    length = finetune._encode(TRAIN, [], tok, labels, config).train_arrays["inputs"].shape[1]  # dp_tune's rows
+    limit = finetune.compile_steps(get_config("tiny", max_len=128), config, plan, microbatch=2, row_length=length,
+                                   apply=False).accumulate.total_bytes  # 2 fits (exactly), 3 does not
+    with caplog.at_level("INFO", logger="dpsynth.train.finetune"):
+        res = finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "auto"), config, progress_interval=1e9,
+                               memory_limit=limit, memory_headroom=0.0)
     manifest = json.load(open(os.path.join(res.out_dir, "manifest.json")))
-    assert manifest["dp_tune"]["config"]["microbatch_size"] == 5 == seen["rows"]
-    with pytest.raises(resources.PlanError, match="no microbatch fits"):
-        finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "none"), config, progress_interval=1e9,
-                         memory_limit=peak(1) - 1, memory_headroom=0.0)
+    assert manifest["dp_tune"]["config"]["microbatch_size"] == 2 == seen["rows"]
+    assert any("microbatch auto: microbatch 2" in r.getMessage() and "3: " in r.getMessage() for r in caplog.records)
     with pytest.raises(resources.PlanError, match="--memory-limit"):  # the CPU does not report its memory
         finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "cpu"), config, progress_interval=1e9)
 
