@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-model": ("trainers.export_model:main",
                      "export an imported (DP-tuned) model as a Hugging Face directory (merged, or a PEFT LoRA adapter)"),
     "dp-tune": ("trainers.dp_tune:main", "DP fine-tune (full | prompt | lora) on the sensitive training set"),
+    "plan": ("trainers.plan:main", "per-device memory, FLOPs and time of a DP tuning run, compiled without weights"),
     "privacy": ("dpsynth.dp.calculator:main", "privacy calculator: epsilon or noise multiplier (RDP and PLD)"),
     "generate": ("beam_jobs.generate:main", "generate synthetic train/valid splits (Beam fan-out)"),
     "classify": ("trainers.classify:main", "train a downstream classifier and test it on real data"),

@@ -246,7 +246,8 @@ def test_every_entry_reads_a_cp1252_export_whole_with_its_encoding(entry, tmp_pa
     assert "Traceback" not in out and "records dead-lettered" not in out and "invalid" not in out, out
     rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="utf-16", out_name="out16")
     assert rc == 2 and "'utf-16' is not ASCII-compatible" in out, out
-    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="no-such-codec")
+    rc, out = _run(entry, path, tmp_path, fake_model, tokenizer, capsys, encoding="no-such-codec",
+                   out_name="out_bad")
     assert rc == 2 and "unknown text encoding 'no-such-codec'" in out, out
 
 

@@ -35,6 +35,10 @@ def _float_or_inf(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
 
 
+def _int_or_auto(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
@@ -60,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "privacy report's headline then says the delta is weak"},
         "accountant": {"choices": accounting.ACCOUNTANTS},
         "batch_size": {"help": "expected Poisson batch size"},
+        "microbatch_size": {"type": _int_or_auto, "metavar": "N|auto",
+                            "help": "examples per compiled microbatch; auto: the largest whose compiled step fits the "
+                                    "device memory less --memory-headroom (printed with its figures; CPU: --memory-limit)"},
         "steps": {"container": g},
         "epochs": {"container": g},
         "optimizer": {"choices": tune.OPTIMIZERS},
@@ -98,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
     p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
+    p.add_argument("--memory-limit", default=None, metavar="BYTES",
+                   help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")
+    p.add_argument("--memory-headroom", type=float, default=0.10,
+                   help="--microbatch-size auto: fraction of the memory left free (default 0.10)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
     distributed.add_flags(p)
@@ -116,11 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
     from dpsynth.train import finetune as tune
+    from dpsynth.train import resources
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     distributed.start(args)  # multi-host: before any other JAX call
     config = binding.from_args(tune.TuneConfig, args)
+    resources.parse_bytes(args.memory_limit) if args.memory_limit else None  # a bad --memory-limit: before --out
     if args.privacy_unit == "user" and not args.user_column:
         raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
     if args.user_column and args.privacy_unit != "user":
@@ -135,7 +148,10 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     """The run of `main`, once --out is held (`dpsynth.outdir.claim`)."""
     from dpsynth.dp import accounting
     from dpsynth.train import finetune as tune
+    from dpsynth.train import resources
     from dpsynth.train import sweep as sweep_lib
+
+    memory_limit = resources.parse_bytes(args.memory_limit) if args.memory_limit else None
 
     # Every rejected record is counted, explained and listed in the private state; past
     # --max-dead-letters the run is refused before any compute.
@@ -147,6 +163,8 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
                                              label_column=args.label_column, encoding=args.encoding)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
+                  memory_limit=memory_limit,
+                  memory_headroom=args.memory_headroom,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
     if args.stop_after is not None and args.stop_after < 1:
         raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")

@@ -281,6 +281,16 @@ class Sampler:
         b = self.config.prompt_bucket
         return max(b, -(-length // b) * b)
 
+    def lower(self, params, prompt_width: int):
+        """The compiled call `sample_batch` makes for `config.batch_size` prompts padded to
+        `prompt_width`, lowered on `params` (arrays or ShapeDtypeStructs; the resource plan)."""
+        b, width = self.config.batch_size, self.bucket(prompt_width)
+        args = [params, jax.ShapeDtypeStruct((b, width), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32),
+                jax.ShapeDtypeStruct((b, 2), jnp.uint32)]
+        if self.config.guided:
+            args += [jax.ShapeDtypeStruct((b, 1, width), jnp.int32), jax.ShapeDtypeStruct((b, 1), jnp.int32)]
+        return self._fn.lower(*args)
+
     def sample_batch(self, params, prompts: np.ndarray, prompt_lengths: np.ndarray, keys: np.ndarray,
                      contrast: np.ndarray | None = None, contrast_lengths: np.ndarray | None = None):
         """One compiled call on an already padded batch; returns device arrays (see `_sample_impl`)."""

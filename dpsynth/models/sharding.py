@@ -35,6 +35,12 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
     ("prompt", None),
 )
 
+# FSDP (ZeRO-3 style): parameters are also split over `data` along their `embed` dimension; XLA
+# gathers each where it is used. Per-device parameter memory falls by the data axis, at the cost of
+# those all-gathers (`dpsynth plan --fsdp`, `dpsynth.train.finetune.make_step_functions(fsdp=True)`).
+FSDP_RULES: tuple[tuple[str, str | None], ...] = tuple(
+    (name, DATA_AXIS if name == "embed" else axis) for name, axis in LOGICAL_RULES)
+
 _IN_OUT = {  # projection name -> (input logical axis, output logical axis)
     "q": ("embed", "heads"), "k": ("embed", "heads"), "v": ("embed", "heads"), "o": ("heads", "embed"),
     "gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed"),

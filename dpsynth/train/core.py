@@ -196,6 +196,57 @@ class TrainFunctions:
 
         return jax.tree.map(one, tree)
 
+    def _mesh_sharding(self, sh):
+        """`_on_mesh` for a sharding: the one a leaf with sharding `sh` gets there."""
+        return sh if set(sh.device_set) == set(self.mesh.devices.flat) else sharding_lib.replicated(self.mesh)
+
+    def abstract_state(self, params: PyTree, frozen: PyTree | None = None) -> TrainState:
+        """The `TrainState` that `init_state(params, frozen)` builds, as `jax.ShapeDtypeStruct`s
+        (with the same shardings under a mesh); `params`/`frozen` may be abstract. Nothing is
+        allocated: `lower` compiles the steps on it (`dpsynth.train.resources`)."""
+        frozen = {} if frozen is None else frozen
+        spec = lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype)  # noqa: E731 (placed arrays are not weak)
+        params, frozen = jax.tree.map(spec, params), jax.tree.map(spec, frozen)
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        if self.mesh is not None:
+            with_sh = lambda t, sh: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),  # noqa: E731
+                                                   t, sh)
+            params = with_sh(params, param_shardings(params, self.mesh, self.rules))
+            frozen = with_sh(frozen, param_shardings(frozen, self.mesh, self.rules))
+        opt_state = jax.eval_shape(self.optimizer.init, params)
+        noise_state = (jax.eval_shape(self.strategy.init_noise_state, params, key)
+                       if hasattr(self.strategy, "init_noise_state") else None)
+        state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, frozen=frozen,
+                           opt_state=opt_state, rng=key, noise_state=noise_state)
+        if self.mesh is None:
+            return state
+        rep = sharding_lib.replicated(self.mesh)
+        opt_sh = jax.tree.map(self._mesh_sharding, jax.jit(self.optimizer.init).lower(params).compile().output_shardings)
+        noise_sh = (jax.tree.map(self._mesh_sharding,
+                                 jax.jit(self.strategy.init_noise_state).lower(params, key).compile().output_shardings)
+                    if noise_state is not None else None)
+        state = state.replace(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=rep),
+                              rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep),
+                              opt_state=with_sh(opt_state, opt_sh),
+                              noise_state=with_sh(noise_state, noise_sh) if noise_state is not None else None)
+        self._state_sharding = jax.tree.map(lambda x: x.sharding, state)
+        return state
+
+    def abstract_accumulator(self, state: TrainState) -> dict:
+        """The accumulator `init_accumulator(state)` returns, as ShapeDtypeStructs (shardings under a mesh)."""
+        acc = jax.eval_shape(self._init_acc, state.params)
+        _, a_sh, _, _ = self._shardings(state)
+        if a_sh is None:
+            return acc
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), acc, a_sh)
+
+    def lower(self, name: str, state: TrainState, *args):
+        """The jitted entry point `name` ("accumulate", "apply" or "train", as `accumulate_step`,
+        `apply_step` and `train_step` run it) lowered for `(state, *args)`, which may be abstract
+        (`abstract_state`, `abstract_accumulator`, a batch of ShapeDtypeStructs): `.compile()` it
+        for its `memory_analysis()` and `cost_analysis()`."""
+        return self._entry(name, state).lower(state, *args)
+
     def place_state(self, state: TrainState) -> TrainState:
         """Re-places a state (e.g. restored from a checkpoint as host arrays) like `init_state` would."""
         if self.mesh is None:
@@ -271,35 +322,40 @@ class TrainFunctions:
             return None, None, None, None
         if self._state_sharding is None:
             self._state_sharding = jax.tree.map(lambda x: x.sharding, state)
-        if self._acc_sharding is None:
-            acc = self._on_mesh(jax.jit(self._init_acc)(state.params))
-            self._acc_sharding = jax.tree.map(lambda x: x.sharding, acc)
+        if self._acc_sharding is None:  # where `_on_mesh` places what the compiler makes of `_init_acc`
+            self._acc_sharding = jax.tree.map(self._mesh_sharding,
+                                              jax.jit(self._init_acc).lower(state.params).compile().output_shardings)
         return (self._state_sharding, self._acc_sharding, sharding_lib.batch_sharding(self.mesh),
                 sharding_lib.replicated(self.mesh))
 
+    def _entry(self, name: str, state: TrainState) -> Callable:
+        """The jitted entry point `name` with its donation and shardings (one per name)."""
+        s_sh, a_sh, b_sh, rep = self._shardings(state)
+        if name == "init_acc":
+            return self._jit(name, self._init_acc, (), in_sh=(s_sh.params if s_sh else None,), out_sh=a_sh)
+        if name == "accumulate":
+            return self._jit(name, self._accumulate, (1,), in_sh=(s_sh, a_sh, b_sh), out_sh=(a_sh, rep))
+        if name == "apply":
+            return self._jit(name, self._apply, (0,), in_sh=(s_sh, a_sh), out_sh=(s_sh, rep))
+        if name == "train":
+            return self._jit(name, self._train_step, (0,), in_sh=(s_sh, b_sh), out_sh=(s_sh, rep))
+        raise ValueError(f"unknown step {name!r}")
+
     def init_accumulator(self, state: TrainState) -> dict:
         """A zero accumulator (the strategy's, plus the microbatch counter)."""
-        s_sh, a_sh, _, _ = self._shardings(state)
-        fn = self._jit("init_acc", self._init_acc, (), in_sh=(s_sh.params if s_sh else None,), out_sh=a_sh)
-        return fn(state.params)
+        return self._entry("init_acc", state)(state.params)
 
     def accumulate_step(self, state: TrainState, acc: dict, batch: dict) -> tuple[dict, dict]:
         """Adds one microbatch to `acc` (donated). Returns (acc, metrics sums)."""
-        s_sh, a_sh, b_sh, rep = self._shardings(state)
-        fn = self._jit("accumulate", self._accumulate, (1,), in_sh=(s_sh, a_sh, b_sh), out_sh=(a_sh, rep))
-        return fn(state, acc, batch)
+        return self._entry("accumulate", state)(state, acc, batch)
 
     def apply_step(self, state: TrainState, acc: dict) -> tuple[TrainState, dict]:
         """Finalizes the accumulated gradient and updates the state (donated)."""
-        s_sh, a_sh, _, rep = self._shardings(state)
-        fn = self._jit("apply", self._apply, (0,), in_sh=(s_sh, a_sh), out_sh=(s_sh, rep))
-        return fn(state, acc)
+        return self._entry("apply", state)(state, acc)
 
     def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         """One microbatch = one optimizer step (state donated). Metrics include "loss"."""
-        s_sh, _, b_sh, rep = self._shardings(state)
-        fn = self._jit("train", self._train_step, (0,), in_sh=(s_sh, b_sh), out_sh=(s_sh, rep))
-        return fn(state, batch)
+        return self._entry("train", state)(state, batch)
 
     def accumulated_step(self, state: TrainState, microbatches: Iterable[dict], *,
                          global_rows: int | None = None) -> tuple[TrainState, dict]:

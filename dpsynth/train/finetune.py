@@ -101,7 +101,9 @@ class TuneConfig:
         delta: target delta; None = 1 / |train|.
         accountant: accountant the budget is calibrated and enforced with ("rdp" as in the paper, or "pld").
         batch_size: expected (Poisson) logical batch size B = q N (paper: 1024).
-        microbatch_size: examples per compiled microbatch (padded; memory knob).
+        microbatch_size: examples per compiled microbatch (padded; memory knob), or "auto": the
+            largest whose compiled step fits the device memory less a headroom, found before
+            training (`dpsynth.train.resources.largest_microbatch`; example-level runs).
         steps: number of DP-SGD steps; None = ceil(epochs / q).
         epochs: expected passes over the data (used when steps is None).
         learning_rate: fixed learning rate.
@@ -147,7 +149,7 @@ class TuneConfig:
     delta: float | None = None
     accountant: str = accounting.DEFAULT_ACCOUNTANT
     batch_size: float = 1024
-    microbatch_size: int = 32
+    microbatch_size: int | str = 32
     steps: int | None = None
     epochs: float = 10.0
     learning_rate: float = 3e-3
@@ -198,7 +200,10 @@ class TuneConfig:
         # One spelling per value (24 and 24.0 are the same plan; the resume fingerprint must agree).
         for name in ("epsilon", "batch_size", "epochs", "learning_rate", "clip_norm", "lora_alpha", "z_loss"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        if self.microbatch_size < 1:
+        if self.microbatch_size == "auto":
+            if self.privacy_unit == "user":
+                raise TuneError("microbatch_size 'auto' supports example-level runs; give --microbatch-size at user level")
+        elif not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:
             raise TuneError(f"microbatch_size must be >= 1, got {self.microbatch_size}")
         if self.steps is not None and self.steps < 1:
             raise TuneError(f"steps must be >= 1, got {self.steps}")
@@ -416,6 +421,85 @@ def init_variables(model_config, base_params: dict, config: TuneConfig) -> dict:
     return variables
 
 
+def make_step_functions(loss_fn, config: TuneConfig, strategy, *, mesh: tuple[int, int] | None = None,
+                        fsdp: bool = False):
+    """The training core's step functions of a run (`dpsynth.train.core.TrainFunctions`): what `_train`
+    steps with and what the resource plan (`dpsynth.train.resources`) compiles on abstract arrays.
+    `fsdp`: parameters also split over the mesh's data axis (`dpsynth.models.sharding.FSDP_RULES`)."""
+    from dpsynth.models.sharding import FSDP_RULES, LOGICAL_RULES
+    from dpsynth.train import core, sharding
+
+    return core.make_train_functions(loss_fn, make_optimizer(config), strategy,
+                                     mesh=sharding.make_mesh(*mesh) if mesh is not None else None,
+                                     rules=FSDP_RULES if fsdp else LOGICAL_RULES)
+
+
+def planned_step(base_config, config: TuneConfig, plan: PrivacyPlan, *, mesh: tuple[int, int] | None = None,
+                 fsdp: bool = False):
+    """(tuned model config, step functions) of a run of `config` under the privacy `plan` on a base
+    model of `base_config`, built as `dp_tune` builds them (`_tuned_model_config`, `make_loss_fn`,
+    `_build_mechanism`, `make_step_functions`) but without data, weights or a secret seed (the
+    example-level strategy does not depend on it): what the resource plan compiles."""
+    model_config = _tuned_model_config(base_config, config)
+    prep = _Prepared(config=config, recipe=None, plan=plan, labels=[], labels_from_data=False, train_users=None,
+                     state_dir="", ckpt_dir="", resume_meta=None)
+    _, strategy = _build_mechanism(prep, model_config, run_seed=0, num_rows=plan.dataset_size, mesh=mesh)
+    return model_config, make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh, fsdp=fsdp)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSteps:
+    """A run's step programs compiled on abstract arrays (`compile_steps`)."""
+
+    model_config: Any
+    fns: Any  # dpsynth.train.core.TrainFunctions
+    state: Any  # the abstract TrainState
+    accumulate: Any  # dpsynth.train.resources.ProgramCost of one microbatch
+    apply: Any  # ... of the optimizer step (None when not asked for)
+
+
+def compile_steps(base_config, config: TuneConfig, plan: PrivacyPlan, *, microbatch: int, row_length: int,
+                  param_dtype: str = "float32", base_params=None, mesh: tuple[int, int] | None = None,
+                  fsdp: bool = False, apply: bool = True) -> CompiledSteps:
+    """Compiles the accumulate (one microbatch of `microbatch` rows of `row_length` tokens) and apply
+    programs of a run on abstract arrays: `planned_step`'s functions with the state `dp_tune` would
+    hold (the base's "params" in `param_dtype`, or shaped like `base_params`, an abstract tree)."""
+    from dpsynth.train import lm, resources
+    from dpsynth.train import sharding as sharding_lib
+
+    config = dataclasses.replace(config, microbatch_size=microbatch)
+    model_config, fns = planned_step(base_config, config, plan, mesh=mesh, fsdp=fsdp)
+    trainable, frozen = lm.split_variables(resources.abstract_variables(model_config, param_dtype, base_params),
+                                           TRAINABLE[config.mode])
+    state = fns.abstract_state(trainable, frozen)
+    acc = fns.abstract_accumulator(state)
+    batch = resources.abstract_batch(microbatch, row_length,
+                                     sharding_lib.batch_sharding(fns.mesh) if fns.mesh is not None else None)
+    accumulate = resources.program_cost("accumulate", fns.lower("accumulate", state, acc, batch))
+    applied = resources.program_cost("apply", fns.lower("apply", state, acc)) if apply else None
+    return CompiledSteps(model_config=model_config, fns=fns, state=state, accumulate=accumulate, apply=applied)
+
+
+def auto_microbatch(base_config, config: TuneConfig, plan: PrivacyPlan, *, row_length: int,
+                    mesh: tuple[int, int] | None, limit_bytes: int, headroom: float, fsdp: bool = False,
+                    param_dtype: str = "float32", base_params=None):
+    """`resources.largest_microbatch` over the run's compiled steps (the larger of accumulate and
+    apply; multiples of the mesh's data axis, at most the expected batch)."""
+    from dpsynth.train import resources
+
+    multiple = mesh[0] if mesh is not None else 1
+    common = dict(row_length=row_length, mesh=mesh, fsdp=fsdp, param_dtype=param_dtype, base_params=base_params)
+    applied = compile_steps(base_config, config, plan, microbatch=multiple, **common).apply.total_bytes
+
+    def peak(m: int) -> int:
+        return max(applied, compile_steps(base_config, config, plan, microbatch=m, apply=False,
+                                          **common).accumulate.total_bytes)
+
+    maximum = int(math.ceil(plan.expected_batch_size / multiple)) * multiple
+    return resources.largest_microbatch(peak, limit_bytes=limit_bytes, headroom=headroom, maximum=maximum,
+                                        multiple=multiple)
+
+
 def make_optimizer(config: TuneConfig) -> optax.GradientTransformation:
     if config.optimizer == "adafactor":
         return optax.adafactor(learning_rate=config.learning_rate)
@@ -571,7 +655,7 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
     user_level = config.private and config.privacy_unit == "user"
     # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
-    if mesh is not None and not user_level and config.microbatch_size % mesh[0]:
+    if mesh is not None and not user_level and config.microbatch_size != "auto" and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
     state_dir = resolve_state_dir(out_dir, state_dir)
     ckpt_dir = os.path.join(state_dir, "checkpoints")
@@ -649,6 +733,23 @@ def _encode(train_records: Sequence[dict], valid_records: Sequence[dict], tokeni
     return _Data(train=train, valid=valid, train_arrays=train_arrays, valid_arrays=valid_arrays)
 
 
+def _resolve_microbatch(prep: _Prepared, base_config, base_params, data: _Data, *, mesh, memory_limit: int | None,
+                        headroom: float) -> _Prepared:
+    """`prep` with microbatch_size "auto" replaced by the largest microbatch whose compiled step (the
+    run's own, on the abstract base and the data's row length) fits `memory_limit` less `headroom`;
+    the choice and its figures are logged. Unchanged for a given microbatch."""
+    config = prep.config
+    if config.microbatch_size != "auto":
+        return prep
+    from dpsynth.train import resources
+
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), base_params)
+    choice = auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1], mesh=mesh,
+                             limit_bytes=resources.memory_limit(memory_limit), headroom=headroom, base_params=abstract)
+    logger.info("microbatch auto: %s", choice.describe())
+    return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=choice.microbatch))
+
+
 def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: int, mesh):
     """(the run's mechanism or None, the training core's gradient strategy), from the plan."""
     from dpsynth.train import core
@@ -694,6 +795,8 @@ def dp_tune(
     compositions: int = 1,
     progress_interval: float = 10.0,
     mesh: tuple[int, int] | None = None,
+    memory_limit: int | None = None,
+    memory_headroom: float = 0.10,
 ) -> TuneResult:
     """DP-tunes the model in `base_dir` on `train_records`; writes the tuned model to `out_dir`.
 
@@ -723,6 +826,9 @@ def dp_tune(
             outside `out_dir`.
         compositions: k > 1 for one of k sweep trials that together meet the target
             (`dpsynth.dp.plan.plan_privacy(compositions=k)`).
+        memory_limit, memory_headroom: with `microbatch_size="auto"`, the bytes per device the
+            compiled step may use (default: the device's own limit; required on CPU) and the
+            fraction of it left free.
 
     Raises:
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
@@ -746,6 +852,9 @@ def dp_tune(
         raise TuneError(f"max_tokens {config.max_tokens} needs {config.max_tokens - 1} positions but the model supports "
                         f"max_len {model_config.max_len}; lower --max-tokens")
     data = _encode(train_records, valid_records, base.tokenizer, prep.labels, config)
+    prep = _resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
+                               headroom=memory_headroom)
+    config = prep.config
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
     if prep.resume_meta is not None and "sampling_seed" in prep.resume_meta:
@@ -792,13 +901,12 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
            progress_interval: float):
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
-    from dpsynth.train import core, lm, loop, sharding
+    from dpsynth.train import lm, loop
     from dpsynth.train.checkpoint import TrainCheckpointer
 
     config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
-    fns = core.make_train_functions(loss_fn, make_optimizer(config), strategy,
-                                    mesh=sharding.make_mesh(*mesh) if mesh is not None else None)
+    fns = make_step_functions(loss_fn, config, strategy, mesh=mesh)
     per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices
     mb_rows = mech.rows_per_microbatch if mech is not None else config.microbatch_size
     local = fns.process_rows(mb_rows)  # the rows (users) of every microbatch this process feeds

@@ -1,0 +1,308 @@
+"""Resource figures of compiled programs, before a weight is loaded: memory, FLOPs, accelerators, microbatches.
+
+A program lowered on abstract arrays (`jax.ShapeDtypeStruct`, with shardings over a mesh of
+real or virtual devices) compiles without weights or the device it will run on; XLA then
+reports, per device (`compiled.memory_analysis()`, `cost_analysis()`):
+
+* arguments, outputs, the donated aliases, temporaries; `ProgramCost.total_bytes = arguments +
+  outputs - aliases + temporaries + generated code`, the program's peak (a step's live buffers
+  are its arguments, its temporaries and the outputs not written in place);
+* FLOPs and bytes accessed of one call.
+
+`ACCELERATORS` holds datasheet figures (peak dense bf16 FLOP/s, HBM, bandwidth, with sources)
+for a roofline time, max(FLOPs / peak, bytes / bandwidth) per call: a lower bound (perfect
+overlap at peak throughput). `largest_microbatch` is the search behind `--microbatch-size auto`.
+`dpsynth.train.tune_plan` applies all this to the exact step of a `dp_tune` run
+(`dpsynth.train.finetune.compile_steps`).
+
+Caveat: the figures are those of the backend that compiles. On the CPU they are XLA:CPU's buffer
+assignment, which differs from an accelerator's (other fusions; bfloat16 arithmetic widened to
+float32); compile on the device itself for its own figures (`--microbatch-size auto` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpsynth.errors import DpsynthError
+
+GIB = 1024 ** 3
+DEFAULT_HEADROOM = 0.10  # fraction of device memory left free (allocator fragmentation, XLA's runtime buffers)
+
+
+class PlanError(DpsynthError, ValueError):
+    """A resource plan that cannot be made (bad model source, no microbatch fits, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """Datasheet figures of one accelerator chip (dense bfloat16, no sparsity)."""
+
+    name: str
+    peak_flops: float  # FLOP/s
+    memory_bytes: float  # HBM per chip
+    bandwidth: float  # HBM bytes/s
+    source: str
+
+
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator("H100", 989e12, 80e9, 3.35e12, "NVIDIA H100 SXM datasheet (bf16 dense 989 TFLOP/s, 80 GB HBM3, 3.35 TB/s)"),
+    Accelerator("H200", 989e12, 141e9, 4.8e12, "NVIDIA H200 SXM datasheet (bf16 dense 989 TFLOP/s, 141 GB HBM3e, 4.8 TB/s)"),
+    Accelerator("A100", 312e12, 80e9, 2.039e12, "NVIDIA A100 80GB SXM datasheet (bf16 312 TFLOP/s, 80 GB HBM2e, 2.039 TB/s)"),
+    Accelerator("TPU v4", 275e12, 32 * GIB, 1.2e12, "cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2, 1.2 TB/s per chip)"),
+    Accelerator("TPU v5e", 197e12, 16 * GIB, 0.819e12, "cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 16 GiB HBM2, 819 GB/s per chip)"),
+    Accelerator("TPU v3", 123e12, 32 * GIB, 0.9e12, "cloud.google.com/tpu/docs/v3 (123 TFLOP/s bf16, 32 GiB HBM, 900 GB/s per chip "
+                "of 2 cores; the paper's TPUv3-128 = 64 chips)"),
+)
+
+
+# ============================================================================ compiled figures
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCost:
+    """One compiled program's figures, per device (XLA's memory and cost analyses)."""
+
+    name: str
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    flops: float
+    bytes_accessed: float
+    fingerprint: str  # SHA-256 of the lowered (StableHLO) module text: equal programs, equal fingerprints
+
+    @property
+    def total_bytes(self) -> int:
+        """Peak bytes of one call: arguments + outputs not written in place + temporaries + code."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total_bytes": self.total_bytes}
+
+
+def fingerprint(lowered) -> str:
+    """SHA-256 of a lowered program's module text (what the plan and the trainer compare)."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()
+
+
+def program_cost(name: str, lowered) -> ProgramCost:
+    """Compiles `lowered` (a `jax.stages.Lowered`) and reads its memory and cost analyses."""
+    compiled = lowered.compile()
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+    if mem is None:
+        raise PlanError(f"the {jax.default_backend()} backend gives no memory analysis of the {name} step")
+    return ProgramCost(name=name, argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
+                       alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
+                       code_bytes=int(mem.generated_code_size_in_bytes), flops=float(cost.get("flops", 0.0)),
+                       bytes_accessed=float(cost.get("bytes accessed", 0.0)), fingerprint=fingerprint(lowered))
+
+
+def bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of a tree of (possibly sharded) arrays or ShapeDtypeStructs."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = np.shape(x)
+        sh = getattr(x, "sharding", None)
+        if sh is not None and shape:
+            shape = sh.shard_shape(shape)
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def count(tree: Any) -> int:
+    return sum(int(np.prod(np.shape(x), dtype=np.int64)) for x in jax.tree.leaves(tree))
+
+
+def device_memory_limit(device: jax.Device | None = None) -> int | None:
+    """The memory XLA may allocate on `device` (`memory_stats()["bytes_limit"]`); None where the
+    backend does not say (CPU)."""
+    device = device or jax.local_devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # backends without the call
+        return None
+    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+def parse_bytes(text: str) -> int:
+    """'80GB', '16GiB', '512MiB', '1e9' -> bytes (SI for GB/MB, binary for GiB/MiB)."""
+    units = {"gib": GIB, "mib": 1024 ** 2, "kib": 1024, "gb": 1e9, "mb": 1e6, "kb": 1e3, "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    for u, f in units.items():
+        if t.endswith(u):
+            try:
+                return int(float(t[: -len(u)]) * f)
+            except ValueError:
+                break
+    try:
+        return int(float(t))
+    except ValueError:
+        raise PlanError(f"memory size {text!r}: expected a number of bytes or e.g. 80GB, 16GiB, 512MiB") from None
+
+
+# ============================================================================ the automatic microbatch
+
+
+@dataclasses.dataclass(frozen=True)
+class MicrobatchChoice:
+    """What `largest_microbatch` found: the microbatch, its peak bytes, the budget and what it tried."""
+
+    microbatch: int
+    peak_bytes: int
+    budget_bytes: int
+    limit_bytes: int
+    headroom: float
+    tried: tuple[tuple[int, int], ...]  # (microbatch, peak bytes) in the order compiled
+
+    def describe(self) -> str:
+        return (f"microbatch {self.microbatch}: compiled step peak {self.peak_bytes / GIB:.3f} GiB <= budget "
+                f"{self.budget_bytes / GIB:.3f} GiB ({self.limit_bytes / GIB:.3f} GiB device memory less "
+                f"{self.headroom:.0%} headroom); tried " + ", ".join(f"{m}: {b / GIB:.3f} GiB" for m, b in self.tried))
+
+
+def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, headroom: float = DEFAULT_HEADROOM,
+                       maximum: int, multiple: int = 1) -> MicrobatchChoice:
+    """The largest microbatch m (a multiple of `multiple`, <= `maximum`) with
+    `peak_bytes(m) <= limit_bytes * (1 - headroom)`, assuming the peak grows with m.
+
+    Doubles from `multiple` until a microbatch does not fit (or `maximum`), then bisects between
+    the last that fits and the first that does not: O(log maximum) compilations.
+
+    Raises:
+        PlanError: not even `multiple` fits (the message gives its peak and the budget).
+    """
+    if not 0 <= headroom < 1:
+        raise PlanError(f"headroom must be in [0, 1), got {headroom}")
+    budget = int(limit_bytes * (1 - headroom))
+    maximum = max(multiple, (maximum // multiple) * multiple)
+    tried: dict[int, int] = {}
+
+    def fits(m: int) -> bool:
+        if m not in tried:
+            tried[m] = int(peak_bytes(m))
+        return tried[m] <= budget
+
+    lo, hi = 0, None  # lo fits (0: none yet), hi does not
+    m = multiple
+    while True:
+        if fits(m):
+            lo = m
+            if m == maximum:
+                break
+            m = min(2 * m, maximum)
+        else:
+            hi = m
+            break
+    if lo == 0:
+        raise PlanError(f"no microbatch fits: microbatch {multiple} needs {tried[multiple] / GIB:.3f} GiB per device, "
+                        f"more than {budget / GIB:.3f} GiB ({limit_bytes / GIB:.3f} GiB less {headroom:.0%} headroom); "
+                        "use a larger mesh, LoRA/prompt mode, a shorter --max-tokens or a larger --memory-limit")
+    while hi is not None and hi - lo > multiple:
+        mid = lo + ((hi - lo) // (2 * multiple)) * multiple
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return MicrobatchChoice(microbatch=lo, peak_bytes=tried[lo], budget_bytes=budget, limit_bytes=int(limit_bytes),
+                            headroom=headroom, tried=tuple(tried.items()))
+
+
+def memory_limit(memory_limit: int | None, device: jax.Device | None = None) -> int:
+    """The memory budget of `--microbatch-size auto`: `memory_limit` when given, else the device's."""
+    if memory_limit is not None:
+        return int(memory_limit)
+    found = device_memory_limit(device)
+    if found is None:
+        raise PlanError(f"--microbatch-size auto: the {jax.default_backend()} backend does not report its memory; "
+                        "pass --memory-limit (e.g. 8GiB)")
+    return found
+
+
+# ============================================================================ model sources
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A base model's config and the dtype its parameters are stored in, without its weights."""
+
+    name: str
+    config: Any  # dpsynth.models.config.ModelConfig (a base: no adapters)
+    param_dtype: str
+
+
+def resolve_model(model: str, *, dtype: str | None = None) -> ModelSource:
+    """A preset name, a dpsynth model directory, or a Hugging Face config.json (or its directory).
+
+    `dtype` ("float32"/"bfloat16"): for a Hugging Face config, the parameter and compute dtype
+    (as `dpsynth import-model --dtype`, default float32); for a preset, the parameter dtype
+    (default float32, as `dpsynth pretrain` stores). A model directory's stored dtype is read
+    from its checkpoint metadata.
+    """
+    from dpsynth import fileio
+    from dpsynth.models import hf_files
+    from dpsynth.models.config import PRESETS, ModelConfig, get_config
+
+    if model in PRESETS:
+        return ModelSource(model, get_config(model), dtype or "float32")
+    path = os.path.abspath(model)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "manifest.json")):
+        from dpsynth.models.directory import VARIABLES, _read_manifest
+
+        manifest = _read_manifest(path)
+        config = ModelConfig.from_dict(fileio.read_json(os.path.join(path, "config.json"))).base()
+        stored = dtype or _stored_dtype(os.path.join((manifest.get("base") or {}).get("path") or path, VARIABLES))
+        return ModelSource(path, config, stored)
+    config_path = os.path.join(path, hf_files.CONFIG_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(config_path):
+        raise PlanError(f"{model}: not a preset ({', '.join(sorted(PRESETS))}), a dpsynth model directory or a "
+                        "Hugging Face config.json")
+    hf = hf_files.read_json(config_path)
+    _, config = hf_files.model_config_from_hf(hf, config_path, dtype=dtype or "float32")
+    return ModelSource(config_path, config, dtype or "float32")
+
+
+def _stored_dtype(variables_dir: str) -> str:
+    """The dtype of a model directory's "params" (Orbax metadata; no tensor is read)."""
+    import orbax.checkpoint as ocp
+
+    try:
+        meta = ocp.StandardCheckpointer().metadata(variables_dir).item_metadata
+        dtypes = {np.dtype(m.dtype).name for m in jax.tree.leaves(meta["params"])}
+    except Exception as e:  # Orbax raises a variety of errors on damaged trees
+        raise PlanError(f"{variables_dir}: cannot read its metadata ({type(e).__name__}: {e})") from e
+    return "bfloat16" if dtypes == {"bfloat16"} else "float32"
+
+
+def abstract_variables(model_config, param_dtype: str, base_params: Any = None) -> dict:
+    """ShapeDtypeStructs of every collection of `Transformer(model_config)`; "params" in `param_dtype`
+    (the stored base) or as `base_params` (an abstract tree) when given; adapters as
+    `finetune.init_variables` makes them."""
+    from dpsynth.models import Transformer
+
+    shapes = dict(jax.eval_shape(Transformer(model_config).init, jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32)))
+    dt = jnp.dtype(param_dtype)
+    shapes["params"] = (base_params if base_params is not None
+                        else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dt), shapes["params"]))
+    return shapes
+
+
+def abstract_batch(rows: int, length: int, sharding=None) -> dict:
+    """An abstract LM microbatch as the trainers feed it ("inputs", "targets" int32 and "weights" float32
+    [rows, length], "mask" [rows]; `dp_tune`'s Prefix-LM rows), placed by `sharding` when given."""
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)  # noqa: E731
+    return {"inputs": spec((rows, length), jnp.int32), "targets": spec((rows, length), jnp.int32),
+            "weights": spec((rows, length), jnp.float32), "mask": spec((rows,), jnp.float32)}
+
