@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     distributed.start(args)  # multi-host: before any other JAX call
     config = binding.from_args(tune.TuneConfig, args)
-    resources.parse_bytes(args.memory_limit) if args.memory_limit else None  # a bad --memory-limit: before --out
+    if args.memory_limit:
+        resources.parse_bytes(args.memory_limit)  # a bad --memory-limit is refused before --out is claimed
     if args.privacy_unit == "user" and not args.user_column:
         raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
     if args.user_column and args.privacy_unit != "user":
