@@ -18,7 +18,7 @@ import pytest
 from tests.data.bad_inputs import CASES, write_case
 from tests.train.conftest import tiny_base  # noqa: F401 (fixture)
 
-ENTRIES = ("dp-tune", "classify", "evaluate", "generate", "tokenize", "dedup", "experiment")
+ENTRIES = ("dp-tune", "classify", "evaluate", "generate", "tokenize", "dedup", "audit", "experiment")
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,10 @@ def _run(entry, data, tmp, fake_model, tokenizer, capsys, encoding=None, out_nam
         from beam_jobs.dedup import main
         args = ["--public", str(clean), "--sensitive", f"d={data}", "--tokenizer", tokenizer, "--out", out,
                 "--min-tokens", "3", "--max-dead-letters", "0"]
+    elif entry == "audit":  # stops at the missing corpus, after reading D_train and D_test
+        from trainers.audit import main
+        args = ["--corpus", str(tmp / "no_corpus"), "--train", data, "--test", str(clean), "--out", out,
+                "--max-dead-letters", "0"]
     elif entry == "experiment":
         from dpsynth.experiment.runner import main
         config = tmp / "exp.yaml"

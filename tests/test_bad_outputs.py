@@ -28,6 +28,7 @@ WRITERS = {
     "export-model": ["--model", "model", "--out", "OUT"],
     "dp-tune": ["--base", "base", "--train", "train.jsonl", "--out", "OUT"],
     "generate": ["--model", "model", "--num-examples", "2", "--out", "OUT"],
+    "select": ["--candidates", "synth_a", "synth_b", "--valid", "valid.jsonl", "--epsilon", "1", "--out", "OUT"],
     "classify": ["--train", "train.jsonl", "--valid", "valid.jsonl", "--test", "test.jsonl", "--out", "OUT/m.json"],
     "evaluate": ["--synthetic", "synth", "--real-train", "r.jsonl", "--real-test", "r.jsonl", "--out", "OUT"],
 }

@@ -25,7 +25,7 @@ import json
 import sys
 
 from dpsynth import errors, logs
-from dpsynth.data import dead_letters
+from dpsynth.data import dead_letters, readers
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ngram-order", type=int, default=3, help="n of the attacker's n-gram LM")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
+    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of --train, --test and --valid: "
+                   + readers.ENCODING_HELP)
     p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
                    help=dead_letters.LIMIT_HELP + " (here: OUT/dead_letters.jsonl)")
     logs.add_flags(p)
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     inputs = [("D_train (--train)", args.train), ("D_test (--test)", args.test)]
     inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
     train, test, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
-                                                   label_column=args.label_column)
+                                                   label_column=args.label_column,
+                                                   encoding=args.encoding)
     if args.canaries:
         canary_run = functools.partial(
             canaries.release_canary_audit, base, train.records, rest[0].records if rest else [],
