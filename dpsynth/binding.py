@@ -37,7 +37,9 @@ UNLESS_DEFAULT = "hash_unless_default"
 class SettingError(DpsynthError, ValueError):
     """A setting's value is invalid: `field` names it, `message` says why ("must be >= 0, got -1")."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str | None = None):
+        if message is None:  # its one-line form, as pickling and Beam's re-raise pass it back
+            field, _, message = field.partition(": ")
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
 

@@ -21,7 +21,9 @@ def test_configs_demo_yaml_is_the_demo_config():
 def test_demo_plan_is_one_dp_lora_trial_at_epsilon_3(tmp_path):
     cfg = demo.demo_config()
     plan = build_plan(cfg, str(tmp_path))
-    assert [n.stage for n in plan.nodes] == [s for s in runner.STAGES if s != "labels"]  # uniform labels: no histogram
+    # uniform labels: no histogram; no select stage (one corpus, nothing to choose among: cfg.select.epsilon unset)
+    assert cfg.select.epsilon is None
+    assert [n.stage for n in plan.nodes] == [s for s in runner.STAGES if s not in ("labels", "select")]
     (trial,) = plan.trials
     assert (trial.mode, trial.epsilon) == ("lora", 3.0)
     assert cfg.public.plant > 0 and cfg.pretrain.preset in ("tiny", "small")
@@ -36,7 +38,7 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert code == 0
     for stage in runner.STAGES:
-        if stage != "labels":  # the demo draws no DP label histogram
+        if stage not in ("labels", "select"):  # the demo draws no DP label histogram and selects nothing
             assert f"fake report of {stage}" in out
     assert "[8/8] evaluation" in out and "report: " in out
     assert "no plain summary" in out  # the fake evaluate stage writes no metrics.json: said, not a crash

@@ -36,6 +36,9 @@ SAME_CLASS_NAME = {
     "PretrainConfig": "the experiment's `pretrain` section keeps its CPU-sized defaults in its own class (pending: "
                       "a preset overlay of `dpsynth.train.pretrain.PretrainConfig`; its defaults enter the pinned "
                       "stage hashes)",
+    "SelectConfig": "the experiment's `select` section is off unless its epsilon is set (the library's always "
+                    "selects) and sets the library's `dp_select.SelectConfig` through its `options` (its "
+                    "epsilon and mechanism as the section's own keys: pending, issue 36 item 2)",
     "EvaluateConfig": "the experiment's `evaluate` section (classifiers, baselines, options) is a selector of the "
                       "library's `EvaluateConfig`, which `options` sets field by field",
 }
@@ -62,7 +65,7 @@ _PENDING_PRETRAIN = ("the experiment's `pretrain` section (CPU-sized defaults in
 # (upstream, downstream) -> {field: why it is declared in both}.
 SHARED_FIELDS = {
     FLOWS[0]: {name: _PENDING_DP_TUNE for name in (
-        "accountant", "bands", "batch_size", "delta", "epochs", "label_dropout", "lora_rank", "max_examples_per_user",
+        "accountant", "allow_large_delta", "bands", "batch_size", "delta", "epochs", "label_dropout", "lora_rank", "max_examples_per_user",
         "max_tokens", "mechanism", "privacy_unit", "prompt_length", "recipe", "steps", "token_budget")},
     FLOWS[1]: {name: _PENDING_PRETRAIN for name in ("batch_size", "learning_rate", "preset", "seq_len", "steps")},
     FLOWS[2]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",

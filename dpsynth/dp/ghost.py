@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth.errors import DpsynthError
+
 PyTree = Any
 Key = tuple[str, ...]
 
@@ -55,7 +57,7 @@ _LOCAL = threading.local()
 _MAX_EXACT_ID = 2**24  # ids travel as float32 cotangents: exact below this
 
 
-class GhostClippingError(ValueError):
+class GhostClippingError(DpsynthError, ValueError):
     """The loss or model cannot be clipped by the ghost path (untapped or unsupported parameter use)."""
 
 

@@ -326,6 +326,7 @@ def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec]
     `generate_options`: more `GenerateConfig` fields; `job_kwargs`: more `job.generate` arguments
     (tests: `loader`). Returns candidate name -> corpus directory. Reruns resume (the job's own resume)."""
     from dpsynth.generate import job
+    from dpsynth.generate.sampler_config import SamplingOptions
 
     largest: dict[str, CandidateSpec] = {}
     for c in grid:
@@ -336,7 +337,7 @@ def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec]
         n, v = sizes(spec.multiple, dataset_size, valid_fraction)
         gen_dir = os.path.join(root, "generated", source)
         job.generate(job.GenerateConfig(model_dir=model_dir, out_dir=gen_dir, num_examples=n, valid_examples=v,
-                                        temperature=spec.temperature, guidance=spec.guidance,
+                                        sampling=SamplingOptions(temperature=spec.temperature, guidance=spec.guidance),
                                         label_distribution=label_distribution, **generate_options),
                      beam_args=beam_args, **dict(job_kwargs or {}))
     for c in grid:

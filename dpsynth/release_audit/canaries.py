@@ -105,7 +105,7 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
       num_examples, valid_examples: synthetic examples to generate.
       canaries: the canaries and the attacker.
       labels: the label set (default: the sorted labels of D_train).
-      generate_options: further `GenerateConfig` fields (temperature, max_len, ...).
+      generate_options: further `GenerateConfig` fields (sampling, max_len, ...).
       beam_args: Beam flags of the generation.
 
     Returns:
@@ -172,6 +172,7 @@ def replay_of(corpus_dir: str) -> Replay:
     """
     from dpsynth import fileio
     from dpsynth.generate.postprocess import PostprocessConfig
+    from dpsynth.generate.sampler_config import SamplingOptions
     from dpsynth.release_audit.run import AuditError
     from dpsynth.train.finetune import TuneConfig
 
@@ -198,12 +199,13 @@ def replay_of(corpus_dir: str) -> Replay:
     except (TypeError, ValueError) as e:
         raise AuditError(f"{model_dir}/manifest.json: its dp-tune config cannot be replayed ({e})") from e
     sampler = gen.get("sampler") or {}
-    options: dict[str, Any] = {k: sampler[k] for k in ("temperature", "top_k", "num_decodes", "max_len", "batch_size",
-                                                      "guidance") if sampler.get(k) is not None}
+    sampling = {f.name: sampler[f.name] for f in dataclasses.fields(SamplingOptions) if sampler.get(f.name) is not None}
+    if gen.get("guidance_contrast"):  # the job records it beside the sampler
+        sampling["guidance_contrast"] = gen["guidance_contrast"]
+    options: dict[str, Any] = {k: sampler[k] for k in ("max_len", "batch_size") if sampler.get(k) is not None}
+    options["sampling"] = SamplingOptions(**sampling)
     options["seed"] = int(gen.get("seed", 0))
     options["examples_per_shard"] = int(gen.get("examples_per_shard", 256))
-    if gen.get("guidance_contrast"):
-        options["guidance_contrast"] = gen["guidance_contrast"]
     if gen.get("postprocess"):
         post = {k: tuple(v) if isinstance(v, list) else v for k, v in gen["postprocess"].items()}
         options["postprocess"] = PostprocessConfig(**post)

@@ -37,9 +37,9 @@ import scipy.stats
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dedup.match import longest_shared_with
+from dpsynth.dp.audit import DEFAULT_SIGNIFICANCE  # one level for every verdict of the audit
 
 DEFAULT_THRESHOLDS = (DEFAULT_MIN_TOKENS, 20)
-DEFAULT_SIGNIFICANCE = 0.05
 HISTOGRAM_EDGES = (0, 1, 2, 4, 8, 12, 16, 20, 32, 50, 64, 128, 256)
 MEMORISING, NO_EVIDENCE = "memorising", "no evidence of memorisation"
 SHORT_ONLY = "closer to D_train in common-phrase lengths only (sample statistics, no record-specific copying found)"

@@ -318,13 +318,20 @@ def test_cli_failures_are_one_line(tmp_path, capsys, how, message):
     assert re.search(message, err), err
 
 
-def test_reimport_over_an_earlier_import_replaces_its_tokenizer(tmp_path):
-    """An earlier import's tokenizer file of the other kind is removed (else it would be loaded)."""
+def test_reimport_of_another_model_into_an_import_is_refused_and_a_rerun_is_idempotent(tmp_path, capsys):
+    """An --out belongs to one import (`dpsynth.outdir`): another --hf is one line and changes nothing (a
+    mixed directory could load the earlier tokenizer); the same flags rerun."""
     from dpsynth.models.directory import load_model
 
     out = tmp_path / "m"
     assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
-    assert import_model.main(["--hf", str(FIXTURES / "gemma"), "--out", str(out)]) == 0
-    assert not (out / "tokenizer.json").exists()
+    tree = lambda: {p.name: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}  # noqa: E731
+    before = tree()
+    capsys.readouterr()
+    assert import_model.main(["--hf", str(FIXTURES / "gemma"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another configuration (differs in --hf)" in err[0], err
+    assert tree() == before
+    assert import_model.main(["--hf", str(FIXTURES / "qwen2"), "--out", str(out)]) == 0
     loaded = load_model(str(out))
-    assert loaded.tokenizer.kind == "sentencepiece" and loaded.manifest["source"]["family"] == "gemma"
+    assert loaded.tokenizer.kind != "sentencepiece" and loaded.manifest["source"]["family"] == "qwen2"

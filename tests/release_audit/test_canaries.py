@@ -60,8 +60,12 @@ def test_replay_of_reads_the_recorded_configs(tmp_path):
     assert r.base_dir == "/base" and r.labels == ("a", "b") and (r.num_examples, r.valid_examples) == (90, 10)
     assert r.tune_config.mode == "lora" and math.isinf(r.tune_config.epsilon) and r.tune_config.seed is None
     assert r.tune_config.steps == 7 and r.tune_config.delta == 1e-6
-    assert r.generate_options["temperature"] == 0.8 and r.generate_options["seed"] == 3
+    assert r.generate_options["sampling"].temperature == 0.8 and r.generate_options["seed"] == 3
     assert r.generate_options["postprocess"].drop == ("empty",)
+    from dpsynth.generate.job import GenerateConfig
+
+    replayed = GenerateConfig(model_dir=str(model), out_dir=str(tmp_path / "o"), num_examples=1, **r.generate_options)
+    assert (replayed.sampling.top_k, replayed.max_len, replayed.batch_size, replayed.seed) == (5, 40, 8, 3)
     (model / "manifest.json").write_text(json.dumps({"labels": ["a"]}))
     with pytest.raises(AuditError, match="no dp-tune config"):
         C.replay_of(str(corpus))

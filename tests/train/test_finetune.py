@@ -396,6 +396,7 @@ def test_bad_config(change, msg):
         dataclasses.replace(BASE_CFG, **change)
 
 
+@pytest.mark.slow  # two full-mode runs (~35 s); the core's equality is tests/dp/test_ghost.py's
 def test_full_mode_ghost_clipping_trains_the_same_model(tiny_base, tmp_path):
     """--clipping ghost runs the same DP mechanism: same seed, same released weights (float tolerance)."""
     base_dir, _ = tiny_base

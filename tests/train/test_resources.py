@@ -81,7 +81,7 @@ def _capture_first_step(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode,mesh", [("lora", None), ("full", (2, 1))])
+@pytest.mark.parametrize("mode,mesh", [("lora", None), pytest.param("full", (2, 1), marks=pytest.mark.slow)])
 def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, mode, mesh):
     base_dir, _ = tiny_base
     config = dataclasses.replace(CFG, mode=mode)
@@ -98,6 +98,7 @@ def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, m
     assert other.accumulate.fingerprint != seen["fingerprint"]
 
 
+@pytest.mark.slow  # compiles the step for several device counts (~35 s)
 def test_plan_reports_consistent_figures_per_device():
     source = resources.resolve_model("tiny")
     config = dataclasses.replace(CFG, mode="lora", lora_rank=4, steps=None, epochs=3.0, batch_size=32, max_tokens=65)
@@ -146,6 +147,7 @@ def test_hf_config_alone_is_a_model_source():
 # ---------------------------------------------------------------- --microbatch-size auto in dp_tune
 
 
+@pytest.mark.slow  # compiles and runs the step at several microbatches (~75 s)
 def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_path, monkeypatch, caplog):
     base_dir, tok = tiny_base
     config = dataclasses.replace(CFG, microbatch_size="auto", batch_size=4)
