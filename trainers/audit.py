@@ -71,45 +71,52 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import os
 
+    from dpsynth import outdir
+    from dpsynth.owner_only import make_private_dir
     from dpsynth.release_audit import canaries, run
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    run.check_out(args.out, args.corpus)  # before any read or compute
-    canary_run = None
-    if args.canaries:
-        replay = canaries.replay_of(args.corpus)
-        base = args.base or replay.base_dir
-        if not base:
-            raise run.AuditError("--canaries needs --base BASE_DIR (the model the corpus's generator was tuned from)")
-    policy = dead_letters.Policy.of(args.max_dead_letters, os.path.join(os.path.abspath(args.out), dead_letters.FILE),
-                                    prefix="dpsynth audit: ")
-    inputs = [("D_train (--train)", args.train), ("D_test (--test)", args.test)]
-    inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
-    train, test, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
-                                                   label_column=args.label_column,
-                                                   encoding=args.encoding)
-    if args.canaries:
-        canary_run = functools.partial(
-            canaries.release_canary_audit, base, train.records, rest[0].records if rest else [],
-            tune_config=replay.tune_config, labels=replay.labels,
-            num_examples=args.canary_examples or replay.num_examples,
-            valid_examples=0 if args.canary_examples else replay.valid_examples,
-            canaries=canaries.CanaryConfig(num_canaries=args.canaries, repeats=args.canary_repeats,
-                                           length=args.canary_length, seed=args.seed, order=args.ngram_order),
-            generate_options=replay.generate_options)
-    tokenizer = None
-    if args.tokenizer:
-        from dpsynth.data.tokenizers import load_tokenizer
+    run.check_location(args.out, args.corpus)  # before any read or compute
+    if not os.path.exists(args.out):
+        make_private_dir(args.out)  # 0700 before the claim writes its run record there
+    with outdir.claim(args.out, kind=outdir.AUDIT, command="audit", config=vars(args)):
+        run.check_out(args.out, args.corpus)
+        canary_run = None
+        if args.canaries:
+            replay = canaries.replay_of(args.corpus)
+            base = args.base or replay.base_dir
+            if not base:
+                raise run.AuditError("--canaries needs --base BASE_DIR (the model the corpus's generator was "
+                                     "tuned from)")
+        dead_path = os.path.join(os.path.abspath(args.out), dead_letters.FILE)
+        policy = dead_letters.Policy.of(args.max_dead_letters, dead_path, prefix="dpsynth audit: ")
+        inputs = [("D_train (--train)", args.train), ("D_test (--test)", args.test)]
+        inputs += [("D_valid (--valid)", args.valid)] if args.valid else []
+        train, test, *rest = dead_letters.read_checked(inputs, policy, text_column=args.text_column,
+                                                       label_column=args.label_column,
+                                                       encoding=args.encoding)
+        if args.canaries:
+            canary_run = functools.partial(
+                canaries.release_canary_audit, base, train.records, rest[0].records if rest else [],
+                tune_config=replay.tune_config, labels=replay.labels,
+                num_examples=args.canary_examples or replay.num_examples,
+                valid_examples=0 if args.canary_examples else replay.valid_examples,
+                canaries=canaries.CanaryConfig(num_canaries=args.canaries, repeats=args.canary_repeats,
+                                               length=args.canary_length, seed=args.seed, order=args.ngram_order),
+                generate_options=replay.generate_options)
+        tokenizer = None
+        if args.tokenizer:
+            from dpsynth.data.tokenizers import load_tokenizer
 
-        tokenizer = load_tokenizer(args.tokenizer)
-    report = run.audit_release(args.corpus, train.records, test.records, args.out, tokenizer=tokenizer,
-                               thresholds=args.thresholds, seed=args.seed, significance=args.significance,
-                               threads=args.threads, canary_run=canary_run)
-    print(json.dumps(run.headline(report), sort_keys=True))
-    print(f"dpsynth audit: owner-only report (NOT DP, never publish) -> {os.path.join(args.out, run.REPORT_MD)}",
-          file=sys.stderr)
-    return 0
+            tokenizer = load_tokenizer(args.tokenizer)
+        report = run.audit_release(args.corpus, train.records, test.records, args.out, tokenizer=tokenizer,
+                                   thresholds=args.thresholds, seed=args.seed, significance=args.significance,
+                                   threads=args.threads, canary_run=canary_run)
+        print(json.dumps(run.headline(report), sort_keys=True))
+        print(f"dpsynth audit: owner-only report (NOT DP, never publish) -> {os.path.join(args.out, run.REPORT_MD)}",
+              file=sys.stderr)
+        return 0
 
 
 if __name__ == "__main__":

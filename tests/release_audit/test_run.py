@@ -95,6 +95,14 @@ def test_cli_audit_end_to_end_and_one_line_errors(tmp_path, tiny_corpus, capsys)
     assert cli.main(argv) == 0
     head = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert head["sharing_at_least"]["20"] == 3 and "verdict" in head
+    from dpsynth import outdir
+
+    audit_dir = tmp_path / "audit"
+    assert outdir.owner(str(audit_dir))["kind"] == outdir.AUDIT and os.stat(audit_dir).st_mode & 0o777 == 0o700
+    assert cli.main(argv) == 2  # an audit is never overwritten
+    assert "already holds release_audit.json" in capsys.readouterr().err
+    rc = cli.main(["generate", "--model", str(model), "--num-examples", "2", "--out", str(audit_dir)])
+    assert rc == 2 and "holds a release audit of `dpsynth audit`" in capsys.readouterr().err
     bad = argv[:-1] + [str(tmp_path / "audit_b")]
     bad[bad.index("--test") + 1] = str(tmp_path / "missing.jsonl")
     assert cli.main(bad) == 2
