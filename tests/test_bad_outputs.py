@@ -154,6 +154,11 @@ def test_readers_refuse_a_corpus_whose_run_did_not_finish(tiny_base, tmp_path, c
     assert rc == 2 and len(err) == 1 and "without its manifest.json" in err[0], err
 
 
+# Trials of the concurrent-writer test (the target is 20 of 20; 3 keep `make test-slow` short).
+CONCURRENT_TRIALS = int(os.environ.get("DPSYNTH_CONCURRENT_TRIALS", "3"))
+CORPUS_FILES = ("train.jsonl", "manifest.json", "generation_config.json")
+
+
 @pytest.mark.slow  # 3 x 2 generate processes (~25 s each on a loaded CPU)
 def test_two_concurrent_generate_runs_one_refuses_and_the_corpus_is_a_lone_runs(tiny_base, tmp_path):  # noqa: F811
     base_dir, _ = tiny_base
@@ -167,8 +172,8 @@ def test_two_concurrent_generate_runs_one_refuses_and_the_corpus_is_a_lone_runs(
     lone = {}
     for seed in (7, 8):
         subprocess.run(cmd(seed, tmp_path / f"lone{seed}"), env=env, check=True, capture_output=True)
-        lone[seed] = (tmp_path / f"lone{seed}" / "train.jsonl").read_bytes()
-    for trial in range(3):
+        lone[seed] = {name: (tmp_path / f"lone{seed}" / name).read_bytes() for name in CORPUS_FILES}
+    for trial in range(CONCURRENT_TRIALS):
         out = tmp_path / f"both{trial}"
         procs = {s: subprocess.Popen(cmd(s, out), env=env, stderr=subprocess.PIPE, text=True) for s in (7, 8)}
         result = {s: (p.wait(), p.stderr.read()) for s, p in procs.items()}
@@ -178,4 +183,4 @@ def test_two_concurrent_generate_runs_one_refuses_and_the_corpus_is_a_lone_runs(
         lines = [line for line in err.splitlines() if "error" in line]
         assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
         assert "another run is writing into it now" in lines[0] or "differs in --seed" in lines[0], lines
-        assert (out / "train.jsonl").read_bytes() == lone[winners[0]]
+        assert {name: (out / name).read_bytes() for name in CORPUS_FILES} == lone[winners[0]]
