@@ -13,6 +13,7 @@ from dpsynth.dedup.match import (
     shared_lengths,
 )
 from dpsynth.data.token_shards import TokenShard
+from tests.dedup import brute_longest_shared
 
 
 def make_shard(name, docs, dtype=np.uint16):
@@ -277,23 +278,12 @@ def test_threads_equal_one_thread_on_a_shard_the_native_code_splits():
 def test_longest_shared_with_against_brute_force():
     from dpsynth.dedup.match import longest_shared_with
 
-    def brute(doc, refs):
-        best = 0
-        for r in refs:
-            for i in range(len(doc)):
-                for j in range(len(r)):
-                    k = 0
-                    while i + k < len(doc) and j + k < len(r) and doc[i + k] == r[j + k]:
-                        k += 1
-                    best = max(best, k)
-        return best
-
     rng = np.random.default_rng(3)
     refs = [rng.integers(0, 6, size=rng.integers(0, 25)) for _ in range(9)]
     docs = [rng.integers(0, 6, size=rng.integers(0, 20)) for _ in range(12)]
     refs[1] = rng.integers(0, 6, 24)
     docs.append(np.concatenate([rng.integers(0, 6, 3), refs[1], rng.integers(0, 6, 3)]))  # a planted copy
     got = longest_shared_with(refs, docs)
-    assert got.dtype == np.int64 and got.tolist() == [brute(d, refs) for d in docs]
+    assert got.dtype == np.int64 and got.tolist() == [brute_longest_shared(d, refs) for d in docs]
     # A sequence spanning two reference documents is not shared (no match crosses a document end).
     assert longest_shared_with([np.array([1, 2]), np.array([3, 4])], [np.array([1, 2, 3, 4])]).tolist() == [2]

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from dpsynth.generate import report as R
+from tests.dedup import brute_longest_shared
 
 
 def test_duplicate_stats():
@@ -18,18 +19,6 @@ def test_length_stats():
     assert sum(s["histogram"].values()) == 4 and s["mean"] == pytest.approx(78.75)
 
 
-def _brute_longest(doc, train_docs):
-    best = 0
-    for t in train_docs:
-        for i in range(len(doc)):
-            for j in range(len(t)):
-                k = 0
-                while i + k < len(doc) and j + k < len(t) and doc[i + k] == t[j + k]:
-                    k += 1
-                best = max(best, k)
-    return best
-
-
 def test_memorisation_matches_brute_force():
     pytest.importorskip("dpsynth._native")
     rng = np.random.default_rng(0)
@@ -38,7 +27,7 @@ def test_memorisation_matches_brute_force():
     train[3] = rng.integers(4, 9, size=35)
     synth.append(np.concatenate([[5, 5], train[3][2:25], [6]]))  # a planted 23-token copy
     stats = R.memorisation_stats(train, synth, min_tokens=8)
-    expected = [_brute_longest(list(d), [list(t) for t in train]) for d in synth]
+    expected = [brute_longest_shared(list(d), [list(t) for t in train]) for d in synth]
     assert stats["longest_shared_tokens"] == max(expected) >= 23
     assert stats["num_sharing_at_least_min"] == sum(e >= 8 for e in expected)
 

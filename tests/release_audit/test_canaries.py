@@ -8,17 +8,8 @@ import pytest
 
 from dpsynth.release_audit import canaries as C
 from dpsynth.release_audit.run import AuditError
+from tests.release_audit.conftest import WordTokenizer
 from tests.train.conftest import make_records
-
-
-class _WordTokenizer:
-    vocab_size = 200
-
-    def __init__(self):
-        self.ids = {}
-
-    def encode_batch(self, texts):
-        return [np.array([self.ids.setdefault(w, len(self.ids) + 4) for w in t.split()], np.int64) for t in texts]
 
 
 def test_plant_inserts_each_canary_repeats_times_under_labels_in_turn():
@@ -37,7 +28,7 @@ def test_scores_rank_canaries_that_the_corpus_repeats_first():
     canaries = [" ".join(rng.choice(words, 8)) for _ in range(20)]
     corpus = [" ".join(rng.choice(words[:40], 12)) for _ in range(60)]
     corpus += [canaries[i] for i in range(5)] + [" ".join(canaries[i].split()[2:6]) for i in range(5, 10)]
-    scores, runs = C.score_canaries(corpus, canaries, _WordTokenizer())
+    scores, runs = C.score_canaries(corpus, canaries, WordTokenizer())
     assert runs[:5].tolist() == [8] * 5 and all(runs[5:10] >= 4)  # verbatim and partial copies (suffix arrays)
     assert scores[:10].min() > scores[10:].max()  # copied canaries are likelier under the corpus's n-gram LM
 

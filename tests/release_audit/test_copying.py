@@ -4,18 +4,7 @@ import numpy as np
 import pytest
 
 from dpsynth.release_audit import copying
-
-
-def _brute_longest(doc, refs):
-    best = 0
-    for r in refs:
-        for i in range(len(doc)):
-            for j in range(len(r)):
-                k = 0
-                while i + k < len(doc) and j + k < len(r) and doc[i + k] == r[j + k]:
-                    k += 1
-                best = max(best, k)
-    return best
+from tests.dedup import brute_longest_shared
 
 
 def _docs(rng, n, lo=20, hi=60, vocab=40):
@@ -28,14 +17,14 @@ def test_counts_and_distribution_against_brute_force():
     synth = _docs(rng, 12, 5, 30)
     synth += [train[2][:55], np.concatenate([rng.integers(0, 40, 3), train[7][4:28]])]  # >= 50 and >= 20 copies
     out = copying.copying_audit(synth, train, test, thresholds=(50, 20))
-    ref = [_brute_longest(s, train) for s in synth]
+    ref = [brute_longest_shared(s, train) for s in synth]
     assert out["longest_shared_with_train"] == max(ref)
     assert out["sharing_at_least"] == {"50": sum(r >= 50 for r in ref), "20": sum(r >= 20 for r in ref)}
     assert out["sharing_at_least"]["50"] >= 1 and out["sharing_at_least"]["20"] >= 2
     d = out["synthetic_to_train"]
     assert d["count"] == len(synth) and d["max"] == max(ref) and d["p50"] == pytest.approx(np.percentile(ref, 50))
     assert sum(d["histogram"].values()) == len(synth)
-    assert out["test_to_train"]["max"] == max(_brute_longest(t, train) for t in test)
+    assert out["test_to_train"]["max"] == max(brute_longest_shared(t, train) for t in test)
     held = out["held_out_comparison"]
     assert held["reference_size"] == 10
     assert held["closer_to_train"] + held["closer_to_test"] + held["ties"] == len(synth)

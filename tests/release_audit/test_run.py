@@ -9,16 +9,7 @@ import pytest
 
 from dpsynth import cli
 from dpsynth.release_audit import copying, run
-
-
-class _WordTokenizer:
-    """Words -> ids (a fixed vocabulary grown on first sight); enough for the suffix-array measure."""
-
-    def __init__(self):
-        self.ids = {}
-
-    def encode_batch(self, texts):
-        return [np.array([self.ids.setdefault(w, len(self.ids) + 4) for w in t.split()], np.int64) for t in texts]
+from tests.release_audit.conftest import WordTokenizer
 
 
 def _records(n, seed, prefix):
@@ -42,7 +33,7 @@ def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
                                                                        for r in _records(10, 2, "s")]
     corpus = _corpus(tmp_path, synth + [{"text": "w1 w2 w3 unlabeled", "label": ""}])
     out = str(tmp_path / "private" / "audit")
-    rep = run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer(), thresholds=(20, 25))
+    rep = run.audit_release(corpus, train, test, out, tokenizer=WordTokenizer(), thresholds=(20, 25))
     for path in (out, os.path.join(out, run.REPORT_JSON), os.path.join(out, run.REPORT_MD)):
         mode = stat.S_IMODE(os.stat(path).st_mode)
         assert mode == (0o700 if os.path.isdir(path) else 0o600), (path, oct(mode))
@@ -60,21 +51,21 @@ def test_refusals(tmp_path):
     train, test = _records(5, 0, "tr"), _records(5, 1, "te")
     corpus = _corpus(tmp_path, [{"text": "w1 w2", "label": "a"}])
     with pytest.raises(run.AuditError, match="inside the released directory"):
-        run.audit_release(corpus, train, test, os.path.join(corpus, "audit"), tokenizer=_WordTokenizer())
+        run.audit_release(corpus, train, test, os.path.join(corpus, "audit"), tokenizer=WordTokenizer())
     out = str(tmp_path / "audit")
-    run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
+    run.audit_release(corpus, train, test, out, tokenizer=WordTokenizer())
     with pytest.raises(run.AuditError, match="already holds"):
-        run.audit_release(corpus, train, test, out, tokenizer=_WordTokenizer())
+        run.audit_release(corpus, train, test, out, tokenizer=WordTokenizer())
     other = tmp_path / "model"
     other.mkdir()
     (other / "manifest.json").write_text("{}")
     mode = os.stat(other).st_mode
     with pytest.raises(run.AuditError, match="holds other files"):
-        run.audit_release(corpus, train, test, str(other), tokenizer=_WordTokenizer())
+        run.audit_release(corpus, train, test, str(other), tokenizer=WordTokenizer())
     assert os.stat(other).st_mode == mode and os.listdir(other) == ["manifest.json"]  # left as it was
     os.remove(os.path.join(corpus, "manifest.json"))
     with pytest.raises(run.AuditError, match="no manifest.json"):
-        run.audit_release(corpus, train, test, str(tmp_path / "audit2"), tokenizer=_WordTokenizer())
+        run.audit_release(corpus, train, test, str(tmp_path / "audit2"), tokenizer=WordTokenizer())
 
 
 def test_cli_audit_end_to_end_and_one_line_errors(tmp_path, tiny_corpus, capsys):
