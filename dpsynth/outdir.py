@@ -117,16 +117,20 @@ def _digest(value: Any) -> str:
 
 
 def run_record(kind: str, command: str, config: Mapping[str, Any] | None = None,
-               ignore: Iterable[str] = ()) -> dict[str, Any]:
+               ignore: Iterable[str] = (), secret: Iterable[str] = ()) -> dict[str, Any]:
     """The run record of `dpsynth COMMAND` writing a `kind` with `config` (flag name -> value).
 
     Flags in `EXECUTION_FLAGS` or `ignore` are left out; each other value is kept only as a
-    16-hex-digit SHA-256 prefix (enough to name the flags that differ, nothing to publish).
+    16-hex-digit SHA-256 prefix (enough to name the flags that differ). Flags in `secret` (a seed
+    the release withholds: a hash of a guessable number is the number) are kept only as set or
+    unset: their changes are the command's own resume checks (private state), not the record's.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r} (one of {KINDS})")
     skip = EXECUTION_FLAGS | set(ignore)
-    fields = {k: _digest(v)[:16] for k, v in sorted((config or {}).items()) if k not in skip}
+    secret = set(secret)
+    fields = {k: (("set" if v is not None else "unset") if k in secret else _digest(v)[:16])
+              for k, v in sorted((config or {}).items()) if k not in skip}
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": kind, "command": command,
             "config_sha256": _digest(fields), "config": fields}
 
@@ -227,7 +231,7 @@ def _lock_holder(fd: int) -> str:
 @contextlib.contextmanager
 def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | None = None,
           ignore: Iterable[str] = (), writable: Iterable[tuple[str, str | None]] = (),
-          primary: bool = True) -> Iterator[dict[str, Any]]:
+          primary: bool = True, secret: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
     """Holds `out_dir` for this run (module docstring); yields the run record.
 
     Args:
@@ -238,12 +242,13 @@ def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | 
         ignore: more flags that do not change the output (besides `EXECUTION_FLAGS`).
         writable: (flag, directory) pairs the run also writes (checked, not created).
         primary: False in every process of a multi-host run but one: only the writability is checked.
+        secret: flags whose values the output withholds (recorded as set or unset, `run_record`).
 
     Raises:
         OutDirError: an unwritable directory, a concurrent run, or a directory of another kind,
             command or configuration.
     """
-    record = run_record(kind, command, config, ignore)
+    record = run_record(kind, command, config, ignore, secret)
     check_writable(out_dir)
     for flag, path in writable:
         check_writable(path or "", flag)

@@ -265,3 +265,13 @@ def test_without_run_files():
     assert outdir.without_run_files([outdir.RUN_FILE, outdir.LOCK_FILE, "config.json"]) == ["config.json"]
     with pytest.raises(ValueError, match="unknown output kind"):
         outdir.run_record("weights", "x")
+
+
+def test_a_secret_flag_is_recorded_as_set_or_unset_never_as_its_hash():
+    """dp-tune's and select's --seed is withheld from the release: a hash of a small integer would give it back."""
+    a = outdir.run_record(outdir.MODEL, "dp-tune", {"seed": 7, "steps": 3}, secret=("seed",))
+    b = outdir.run_record(outdir.MODEL, "dp-tune", {"seed": 8, "steps": 3}, secret=("seed",))
+    plain = outdir.run_record(outdir.MODEL, "dp-tune", {"seed": 7, "steps": 3})
+    assert a["config"]["seed"] == "set" and plain["config"]["seed"] not in json.dumps(a)
+    assert a == b and a["config"]["steps"] == plain["config"]["steps"]
+    assert outdir.run_record(outdir.MODEL, "dp-tune", {"seed": None}, secret=("seed",))["config"]["seed"] == "unset"

@@ -535,6 +535,10 @@ def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, c
     files = _release_files(out)
     assert {"manifest.json", "privacy_report.json", "privacy_report.md"} <= {rel for rel, _ in files}
     needles = [str(seed).encode(), struct.pack("<q", seed)]
+    from dpsynth import outdir
+
+    seed_digest = outdir.run_record(outdir.MODEL, "dp-tune", {"seed": seed})["config"]["seed"]  # unless withheld
+    needles.append(seed_digest.encode())  # a hash of a guessable value in the run record is the value
     needles += [r["text"].encode() for r in TRAIN + VALID if len(r["text"]) >= 12]
     for rel, blob in files:
         for needle in needles:
