@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
         "lora_targets": {"choices": LORA_TARGETS},
         "prompt_init": {"choices": tune.PROMPT_INITS},
         "template": {"help": "label prompt; {label} is replaced by the label"},
+        "max_tokens": {"type": _int_or_auto, "metavar": "N|auto",
+                       "help": "tokens per example (BOS + prompt + text + EOS; longer are truncated); auto (with "
+                               "--recipe auto): the candidate length nearest the 90%% quantile of D_train's, chosen "
+                               f"with {100 * recipe_lib.LENGTH_EPSILON_SHARE:.0f}%% of --epsilon (composed into the ledger)"},
         "full_lm": {"help": "train on the label prompt too (ablation)"},
         "label_dropout": {"help": "probability that a sampled example trains under the null prompt at a step, so "
                                   "`generate --guidance-contrast null` can contrast with it (0 = off; no privacy cost)"},
@@ -89,11 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         "bands": {"help": "BandMF bands (= sampling cycle length)"},
         "recipe": {"choices": recipe_lib.RECIPES,
                    "help": "manual: --batch-size, --steps/--epochs and --learning-rate as given; auto: chosen from "
-                           "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report)"},
+                           "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report); "
+                           "with --max-tokens auto it also chooses the example length"},
         "clipping": {"help": "per-example clipping: vmap (per-example gradients) or ghost (full mode: norms from "
                              "activations and output gradients, no per-example gradient copies; same privacy)"},
         "token_budget": {"help": "example-tokens an automatic recipe may process (default "
                                  f"{recipe_lib.DEFAULT_TOKEN_BUDGET:,})"},
+        "time_budget": {"metavar": "SECONDS",
+                        "help": "instead of --token-budget: seconds of DP-SGD steps the automatic recipe may spend; "
+                                "the token budget is then this machine's measured speed on the run's compiled step "
+                                "times it (printed, and recorded in the report)"},
     })
     p.add_argument("--labels", nargs="*", default=None, help="label set (default: read from --train, a side channel)")
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")

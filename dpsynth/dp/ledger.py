@@ -59,7 +59,7 @@ class BudgetExceeded(DpsynthError, RuntimeError):
     """Running the planned mechanisms would exceed the privacy budget."""
 
 
-def _event(entry: dict, accountant: str | None = None) -> dp_accounting.DpEvent:
+def event_of(entry: dict, accountant: str | None = None) -> dp_accounting.DpEvent:
     """The event of one entry for `accountant` (only a DP selection's event depends on it)."""
     kind = entry["mechanism"]
     if mechanisms.is_training_entry(entry):  # training steps: the registered mechanism accounts them
@@ -123,7 +123,7 @@ class PrivacyLedger:
         steps = entry["steps"]
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        _event(entry)  # validates
+        event_of(entry)  # validates
         entry = copy.deepcopy(entry)
         last = self.entries[-1] if self.entries else None
         if last is not None and {k: v for k, v in last.items() if k != "steps"} == {
@@ -146,7 +146,7 @@ class PrivacyLedger:
         """Records a DP selection's entry (`private_selection.DpSelection.ledger_entry`)."""
         if entry["mechanism"] not in ("exponential", "gaussian"):
             raise ValueError(f"not a selection entry: {entry['mechanism']!r}")
-        _event(entry)  # validates
+        event_of(entry)  # validates
         self.entries.append(copy.deepcopy(entry))
 
     def record_nonprivate(self, name: str) -> None:
@@ -164,7 +164,7 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ accounting
     def events(self, extra: Sequence[dict] = (), accountant: str | None = None) -> list[dp_accounting.DpEvent]:
-        return [_event(e, accountant) for e in list(self.entries) + list(extra)]
+        return [event_of(e, accountant) for e in list(self.entries) + list(extra)]
 
     def epsilon(self, accountant: str | None = None, extra: Sequence[dict] = ()) -> float:
         """Epsilon spent (plus `extra` planned entries) by one accountant."""
@@ -212,7 +212,7 @@ class PrivacyLedger:
         ledger = cls(delta=float(data["delta"]), target_epsilon=_unnum(data["target_epsilon"]),
                      accountant=data["accountant"], entries=copy.deepcopy(list(data["entries"])))
         for e in ledger.entries:
-            _event(e)  # validates every entry
+            event_of(e)  # validates every entry
         return ledger
 
     def save(self, path: str) -> None:

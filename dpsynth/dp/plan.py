@@ -29,12 +29,15 @@ import dataclasses
 import math
 from typing import Any
 
+import dp_accounting
+
 from dpsynth.dp import accounting, mechanisms
 from dpsynth.dp.users import PRIVACY_UNITS
 
 # The fields whose change between a checkpoint and a resume changes what is accounted.
 PLAN_FIELDS = ("dataset_size", "expected_batch_size", "steps", "noise_multiplier", "target_epsilon", "delta",
-               "accountant", "max_batch_size", "compositions", "mechanism", "bands", "privacy_unit")
+               "accountant", "max_batch_size", "compositions", "mechanism", "bands", "privacy_unit",
+               "spent")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +59,10 @@ class PrivacyPlan:
             "bandmf" (banded correlated noise, cyclic Poisson).
         bands: b, the mechanism's cycle length (BandMF's bands; 1 for DP-SGD).
         privacy_unit: "example" or "user".
+        spent: ledger entries (`dpsynth.dp.ledger` format) spent on the same data before the run,
+            e.g. the DP choice of the example length (`dpsynth.train.recipe.dp_example_length`):
+            the target covers them and the run together (sigma is calibrated on their
+            composition). Empty for most runs (then absent from `to_json`).
     """
 
     dataset_size: int
@@ -71,6 +78,7 @@ class PrivacyPlan:
     mechanism: str = mechanisms.DEFAULT
     bands: int = 1
     privacy_unit: str = "example"
+    spent: tuple[dict, ...] = ()
 
     @property
     def private(self) -> bool:
@@ -115,20 +123,38 @@ class PrivacyPlan:
         return mechanisms.get(self.mechanism).event(entry, compositions=compositions)
 
     def epsilons(self, steps: int | None = None) -> dict[str, float | None]:
-        """Epsilon of one run of `steps` (default: T) steps, from every accountant."""
+        """Epsilon of one run of `steps` (default: T) steps, after what was `spent`, from every accountant."""
         if not self.private:
             return {name: math.inf for name in accounting.ACCOUNTANTS}
-        return accounting.epsilons_of_events([self.event(steps or self.steps, self.noise_multiplier)], self.delta)
+        out: dict[str, float | None] = {}
+        for name in accounting.ACCOUNTANTS:
+            try:
+                out[name] = accounting.epsilon_of_events(self.spent_events(name) + [
+                    self.event(steps or self.steps, self.noise_multiplier)], self.delta, name)
+            except accounting.UnsupportedByAccountant:
+                out[name] = None
+        return out
+
+    def spent_events(self, accountant: str | None = None) -> list:
+        """The DpEvents of the `spent` entries, for `accountant`."""
+        from dpsynth.dp import ledger
+
+        return [ledger.event_of(e, accountant or self.accountant) for e in self.spent]
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["target_epsilon"] = "inf" if math.isinf(self.target_epsilon) else self.target_epsilon
+        if not self.spent:  # (absent when empty: the plans and fingerprints of runs without it hold)
+            del d["spent"]
+        else:
+            d["spent"] = [dict(e) for e in self.spent]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PrivacyPlan:
         d = dict(d)
         d["target_epsilon"] = math.inf if d["target_epsilon"] == "inf" else float(d["target_epsilon"])
+        d["spent"] = tuple(dict(e) for e in d.get("spent", ()))
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def differences(self, other: PrivacyPlan, *, rel_tol: float = 1e-9) -> list[tuple[str, Any, Any]]:
@@ -161,6 +187,7 @@ def plan_privacy(
     bands: int | None = None,
     privacy_unit: str = "example",
     allow_large_delta: bool = False,
+    spent: tuple[dict, ...] = (),
 ) -> PrivacyPlan:
     """The privacy plan of a DP-SGD (or BandMF) run.
 
@@ -178,6 +205,8 @@ def plan_privacy(
         bands: b >= 1 for "bandmf" (required there; b <= T and B <= floor(N / b)).
         privacy_unit: "example" or "user" (N and B then count users).
         allow_large_delta: accept a delta above 1/N (`accounting.weak_delta`; refused otherwise).
+        spent: ledger entries already spent on the same data that the target must cover too
+            (`PrivacyPlan.spent`); sigma is calibrated on their composition with the run.
 
     Raises:
         accounting.PrivacyConfigError: bad or unreachable parameters.
@@ -214,10 +243,16 @@ def plan_privacy(
     plan = PrivacyPlan(dataset_size=int(dataset_size), expected_batch_size=q_all * dataset_size,
                        sampling_probability=q, steps=int(steps), delta=delta, target_epsilon=math.inf,
                        noise_multiplier=0.0, accountant=accountant, max_batch_size=max_batch_size,
-                       compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit)
+                       compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit,
+                       spent=tuple(dict(e) for e in spent))
+    try:
+        before = plan.spent_events(accountant)
+    except (ValueError, KeyError) as e:
+        raise accounting.PrivacyConfigError(f"spent: not a ledger entry ({e})") from None
 
-    def make_event(sigma: float):  # all k runs of the plan together
-        return plan.event(int(steps), sigma, compositions=int(compositions))
+    def make_event(sigma: float):  # all k runs of the plan together, after what was spent
+        run = plan.event(int(steps), sigma, compositions=int(compositions))
+        return dp_accounting.ComposedDpEvent(before + [run]) if before else run
 
     if epsilon is not None:
         target = float(epsilon)

@@ -218,6 +218,11 @@ def _num(x) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+def _recipe_sources(recipe: dict) -> str:
+    return (", public settings and the DP example length in the ledger" if recipe.get("example_length")
+            else " and public settings")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """A human-readable rendering of the report."""
     eps = report["epsilon"]
@@ -262,7 +267,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"**Covers**: {report['covers']}.",
         "",
-        *([f"**Recipe** (automatic, from |D_train| and public settings): " + "; ".join(t["recipe"]["why"]) + ".", ""]
+        *([f"**Recipe** (automatic, from |D_train|{_recipe_sources(t['recipe'])}): " + "; ".join(t["recipe"]["why"]) + ".", ""]
           if isinstance(t.get("recipe"), dict) else []),
         "## Mechanisms (ledger)",
         "",
@@ -277,6 +282,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         elif e["mechanism"] == "gaussian":
             lines.append(f"- `{e['name']}`: {e['count']} x Gaussian mechanism (sensitivity 1), "
                          f"noise multiplier {e['noise_multiplier']:.4g}")
+        elif e["mechanism"] == "exponential":
+            lines.append(f"- `{e['name']}`: exponential mechanism, epsilon {e['epsilon']:.4g} (pure DP), one of "
+                         f"{e['candidates']} candidates, on {e.get('dataset', 'D_train')}")
         else:
             lines.append(f"- `{e['name']}`: NON-PRIVATE release")
     lines += ["", "## Non-DP side channels", ""]

@@ -73,7 +73,8 @@ from dpsynth.owner_only import check_outside, make_private_dir, write_private_js
 from dpsynth.train import recipe as recipe_lib
 from dpsynth.train import release, tune_report
 from dpsynth.train.prompts import (DEFAULT_MAX_TOKENS, DEFAULT_TEMPLATE, EncodedExamples, ExampleConfig, encode_examples,
-                                   encode_null_examples, label_dropout_rows, manifest_fields)
+                                   encode_null_examples, example_lengths, label_dropout_rows,
+                                   manifest_fields, prompt_ids)
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -113,6 +114,8 @@ class TuneConfig:
         prompt_length, prompt_init: soft-prompt settings (mode "prompt").
         template: label prompt ("{label}" is replaced by the label name).
         max_tokens: maximum tokens per example (BOS + prompt + text + EOS); longer are truncated.
+            "auto" (with recipe "auto"): a DP quantile of D_train's lengths, chosen at a small share
+            of epsilon that the ledger composes with the tuning (`dpsynth.train.recipe.choose_example_length`).
         full_lm: also train on the label prompt (ablation; default Prefix-LM).
         label_dropout: p, the probability with which each sampled example trains under the null
             prompt instead of its label prompt at a step (`dpsynth.train.prompts.label_dropout_rows`),
@@ -135,6 +138,9 @@ class TuneConfig:
             `token_budget` (the given values are ignored; the choice and its reasons go into the
             privacy report).
         token_budget: example-tokens an automatic recipe may process (None: the recipe's default).
+        time_budget: seconds of DP-SGD steps an automatic recipe may spend instead (example level):
+            the token budget is the run's compiled step's measured speed on this machine times it
+            (`dpsynth.train.recipe.TimeBudget`; recorded in the checkpoint, so a resume keeps it).
         allow_large_delta: accept a delta above 1/N (N = |D_train|, or users at user level), which
             protects nobody (`dpsynth.dp.accounting.weak_delta`); refused by default, and the privacy
             report's headline then says the delta is weak.
@@ -161,7 +167,7 @@ class TuneConfig:
     prompt_length: int = 20
     prompt_init: str = "uniform"
     template: str = DEFAULT_TEMPLATE
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | str = DEFAULT_MAX_TOKENS
     full_lm: bool = False
     label_dropout: float = 0.0
     z_loss: float = 0.0
@@ -174,6 +180,7 @@ class TuneConfig:
     bands: int | None = None
     recipe: str = "manual"
     token_budget: float | None = None
+    time_budget: float | None = None
     allow_large_delta: bool = False
     clipping: str = "vmap"
 
@@ -231,13 +238,33 @@ class TuneConfig:
         if problem:
             setting, message = problem
             raise TuneError(f"--{setting.replace('_', '-')}: {message}")
-        ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
         if self.recipe not in recipe_lib.RECIPES:
             raise TuneError(f"recipe must be one of {recipe_lib.RECIPES}, got {self.recipe!r}")
+        if self.max_tokens == recipe_lib.AUTO:
+            if self.recipe != "auto":
+                raise TuneError("max_tokens 'auto' is chosen by the automatic recipe: pass recipe 'auto' (--recipe auto)")
+            if self.privacy_unit != "example":
+                raise TuneError("max_tokens 'auto' supports example-level runs (one user may move several counts of "
+                                "the length quantile); give --max-tokens N at user level")
+            if self.private and self.accountant != "rdp":
+                raise TuneError("max_tokens 'auto' is a pure-DP selection that only the RDP accountant composes: "
+                                "pass --accountant rdp, or give --max-tokens N")
+        else:
+            ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
         if self.token_budget is not None and not self.token_budget > 0:
             raise TuneError(f"token_budget must be > 0, got {self.token_budget}")
         if self.token_budget is not None and self.recipe != "auto":
             raise TuneError("token_budget is a setting of the automatic recipe: pass recipe 'auto' (--recipe auto)")
+        if self.time_budget is not None:
+            if not self.time_budget > 0:
+                raise TuneError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+            if self.recipe != "auto":
+                raise TuneError("time_budget is a setting of the automatic recipe: pass recipe 'auto' (--recipe auto)")
+            if self.token_budget is not None:
+                raise TuneError("give token_budget or time_budget, not both")
+            if self.privacy_unit != "example":
+                raise TuneError("time_budget supports example-level runs; give --token-budget at user level")
+            object.__setattr__(self, "time_budget", float(self.time_budget))
         if not 0.0 <= self.label_dropout < 1.0:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
@@ -254,12 +281,15 @@ class TuneConfig:
         return not math.isinf(self.epsilon)
 
     def example_config(self) -> ExampleConfig:
+        if self.max_tokens == recipe_lib.AUTO:
+            raise TuneError("max_tokens 'auto' is resolved from D_train before examples are encoded "
+                            "(`resolve_example_length`)")
         return ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
-        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None),
+        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None), ("time_budget", None),
                           ("allow_large_delta", False), ("clipping", "vmap")):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
@@ -272,6 +302,9 @@ def resolve_recipe(config: TuneConfig, num_units: int) -> tuple[TuneConfig, reci
     (examples, or users at user level)."""
     if config.recipe != "auto":
         return config, None
+    if config.max_tokens == recipe_lib.AUTO:
+        raise TuneError("max_tokens 'auto' is chosen from D_train's token lengths: resolve it first "
+                        "(`resolve_example_length`, done by dp_tune), or give max_tokens")
     try:
         rec = recipe_lib.auto_recipe(dataset_size=num_units, mode=config.mode, max_tokens=config.max_tokens,
                                      token_budget=config.token_budget)
@@ -281,7 +314,8 @@ def resolve_recipe(config: TuneConfig, num_units: int) -> tuple[TuneConfig, reci
                                learning_rate=rec.learning_rate), rec
 
 
-def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_users: int | None = None) -> PrivacyPlan:
+def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_users: int | None = None,
+             spent: tuple[dict, ...] = ()) -> PrivacyPlan:
     """The run's privacy plan (`dpsynth.dp.plan.plan_privacy`); raises TuneError if unreachable.
 
     An automatic recipe is resolved first (`resolve_recipe`), so the plan is the run's.
@@ -289,6 +323,8 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
     `compositions = k`: one of k sweep trials, calibrated so that all k together meet the target.
     At user level `num_users` (the distinct users of D_train) is the plan's dataset size. A
     non-private run (epsilon inf) is planned at example level with DP-SGD: it has no unit.
+    `spent`: ledger entries spent on D_train before the run (the DP example length) that the
+    target covers too.
     """
     if num_train < 1:
         raise TuneError("empty training set")
@@ -304,7 +340,7 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
                              mechanism=config.mechanism if config.private else mechanisms.DEFAULT,
                              bands=config.bands if config.private else None,
                              privacy_unit="user" if user else "example",
-                             allow_large_delta=config.allow_large_delta)
+                             allow_large_delta=config.allow_large_delta, spent=spent if config.private else ())
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
 
@@ -441,7 +477,7 @@ def planned_step(base_config, config: TuneConfig, plan: PrivacyPlan, *, mesh: tu
     `_build_mechanism`, `make_step_functions`) but without data, weights or a secret seed (the
     example-level strategy does not depend on it): what the resource plan compiles."""
     model_config = _tuned_model_config(base_config, config)
-    prep = _Prepared(config=config, recipe=None, plan=plan, labels=[], labels_from_data=False, train_users=None,
+    prep = _Prepared(config=config, recipe=None, length=None, plan=plan, labels=[], labels_from_data=False, train_users=None,
                      state_dir="", ckpt_dir="", resume_meta=None)
     _, strategy = _build_mechanism(prep, model_config, run_seed=0, num_rows=plan.dataset_size, mesh=mesh)
     return model_config, make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh, fsdp=fsdp)
@@ -601,11 +637,44 @@ def user_ids(config: TuneConfig, records: Sequence[dict], where: str = "D_train"
     return out
 
 
-def plan_for_records(config: TuneConfig, records: Sequence[dict], *, compositions: int = 1) -> PrivacyPlan:
+def plan_for_records(config: TuneConfig, records: Sequence[dict], *, compositions: int = 1,
+                     spent: tuple[dict, ...] = ()) -> PrivacyPlan:
     """`plan_run` for D_train's records (counts the users at user level)."""
     ids = user_ids(config, records)
     return plan_run(config, len(records), compositions=compositions,
-                    num_users=count_users(ids) if ids is not None else None)
+                    num_users=count_users(ids) if ids is not None else None, spent=spent)
+
+
+def resolve_example_length(config: TuneConfig, base_dir: str, records: Sequence[dict], labels: Sequence[str], *,
+                           resume_meta: dict | None = None) -> tuple[TuneConfig, recipe_lib.LengthChoice | None]:
+    """`config` with max_tokens "auto" replaced by the DP quantile of D_train's row lengths under the
+    tokenizer of `base_dir` (and the choice), or unchanged (and None). A resume takes the choice its
+    checkpoint recorded (nothing is spent again). The selection's randomness: the fixed seed of a
+    test run, else a secret one (`dpsynth.dp.seeds`)."""
+    from dpsynth.data.tokenizers import load_tokenizer
+    from dpsynth.models.config import ModelConfig
+    from dpsynth.models.directory import CONFIG
+
+    if config.max_tokens != recipe_lib.AUTO:
+        return config, None
+    if resume_meta is not None:
+        if not resume_meta.get("example_length"):
+            raise TuneError("--max-tokens auto: the checkpoint was made with a given --max-tokens; resume with it")
+        choice = recipe_lib.LengthChoice.from_json(resume_meta["example_length"])
+    else:
+        tokenizer = load_tokenizer(base_dir)
+        max_positions = ModelConfig.from_dict(fileio.read_json(os.path.join(base_dir, CONFIG))).max_len
+        longest_prompt = max(prompt_ids(tokenizer, config.template, label).size for label in labels)
+        lengths = example_lengths(records, tokenizer, config.template)
+        seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
+        try:
+            candidates = recipe_lib.length_candidates(max_positions=max_positions, min_tokens=longest_prompt + 2)
+            choice = recipe_lib.choose_example_length(lengths, target_epsilon=config.epsilon, candidates=candidates,
+                                                      rng=np.random.default_rng([seed & (2**64 - 1), 0x1E6]))
+        except recipe_lib.RecipeError as e:
+            raise TuneError(str(e)) from e
+    logger.info("recipe auto: %s", choice.why)
+    return dataclasses.replace(config, max_tokens=choice.max_tokens), choice
 
 
 def _released_config(config: TuneConfig) -> dict[str, Any]:
@@ -619,8 +688,9 @@ def _released_config(config: TuneConfig) -> dict[str, Any]:
 class _Prepared:
     """What the checks before any compute decided (`_prepare`)."""
 
-    config: TuneConfig  # with an automatic recipe resolved
+    config: TuneConfig  # with an automatic recipe (and example length) resolved
     recipe: recipe_lib.Recipe | None
+    length: recipe_lib.LengthChoice | None  # the DP example length of `--max-tokens auto`
     plan: PrivacyPlan
     labels: list[str]
     labels_from_data: bool
@@ -628,10 +698,12 @@ class _Prepared:
     state_dir: str
     ckpt_dir: str
     resume_meta: dict | None  # the checkpoint's metadata (read once), when resuming
+    time_budget: recipe_lib.TimeBudget | None = None  # the measured token budget of `--time-budget`
+    pending_seconds: float | None = None  # a time budget still to measure (`_resolve_time_budget`)
 
 
 def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compositions: int, mesh, out_dir: str,
-             state_dir: str | None, resume: bool) -> _Prepared:
+             state_dir: str | None, resume: bool, base_dir: str) -> _Prepared:
     """Every check that needs no model or compute: the data, the recipe and plan, the mesh, the
     directories, and a resume's accounted settings against its checkpoint (metadata read once)."""
     if not train_records:
@@ -646,10 +718,32 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
         labels = sorted({str(r.get("label")) for r in train_records})
     labels = [str(l) for l in labels]
     train_users = user_ids(config, train_records)
+    state_dir = resolve_state_dir(out_dir, state_dir)
+    ckpt_dir = os.path.join(state_dir, "checkpoints")
+    if config.max_tokens == recipe_lib.AUTO and compositions > 1:
+        raise TuneError("--max-tokens auto chooses the length once per run; a sweep's trials would each choose "
+                        "(and spend) again: give --max-tokens N to a sweep")
+    early = resume and (config.max_tokens == recipe_lib.AUTO or config.time_budget is not None)
+    resume_meta = _read_resume_meta(ckpt_dir) if early else None
+    config, length = resolve_example_length(config, base_dir, train_records, labels, resume_meta=resume_meta)
+    timing, pending = None, None
+    if config.time_budget is not None:  # measured once (`_resolve_time_budget`); a resume takes the checkpoint's
+        if resume_meta is not None:
+            if not resume_meta.get("time_budget"):
+                raise TuneError("--time-budget: the checkpoint was made without a time budget; resume with its flags")
+            timing = recipe_lib.TimeBudget.from_json(resume_meta["time_budget"])
+        else:
+            pending = config.time_budget
+        config = dataclasses.replace(config, time_budget=None, token_budget=timing.token_budget if timing else None)
     config, recipe = resolve_recipe(config, count_users(train_users) if train_users is not None else len(train_records))
-    for line in recipe.why if recipe else ():
+    for line in recipe.why if recipe and pending is None else ():  # (a pending budget: logged once measured)
         logger.info("recipe auto: %s", line)
-    plan = plan_for_records(config, train_records, compositions=compositions)
+    if recipe is not None and timing is not None:
+        recipe = recipe.with_time(timing)
+    if recipe is not None and length is not None:  # (first: the length is chosen before the budget is spent)
+        recipe = recipe.with_length(length)
+    plan = plan_for_records(config, train_records, compositions=compositions,
+                            spent=(length.entry,) if length is not None and length.entry else ())
     if jax.process_count() > 1 and (mesh is None or mesh[0] * mesh[1] != jax.device_count()):
         raise TuneError(f"multi-host run: the mesh {mesh} must use all {jax.device_count()} devices of the "
                         f"{jax.process_count()} processes (--mesh-data x --mesh-model)")
@@ -657,8 +751,6 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
     # (user-level microbatches hold users: they are padded with empty users to the data axis instead)
     if mesh is not None and not user_level and config.microbatch_size != "auto" and config.microbatch_size % mesh[0]:
         raise TuneError(f"microbatch_size {config.microbatch_size} must be divisible by the mesh data axis {mesh[0]}")
-    state_dir = resolve_state_dir(out_dir, state_dir)
-    ckpt_dir = os.path.join(state_dir, "checkpoints")
     if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
         half = release.status(out_dir)
         raise TuneError(f"{ckpt_dir} holds the checkpoints of an earlier run: pass --resume to continue it, or give "
@@ -670,7 +762,8 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
     if half:
         logger.warning("%s: %s; this run %s it", out_dir, half,
                        "rewrites" if resume else "replaces")
-    resume_meta = _read_resume_meta(ckpt_dir) if resume else None
+    if resume and resume_meta is None:
+        resume_meta = _read_resume_meta(ckpt_dir)
     if resume_meta is not None:  # the accounted settings must match the checkpoint's, checked before any compute
         diffs = resume_differences(resume_meta, config, plan)
         if diffs:
@@ -679,8 +772,9 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
                 "added and the noise accounted would disagree: "
                 + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
                 + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
-    return _Prepared(config=config, recipe=recipe, plan=plan, labels=labels, labels_from_data=labels_from_data,
-                     train_users=train_users, state_dir=state_dir, ckpt_dir=ckpt_dir, resume_meta=resume_meta)
+    return _Prepared(config=config, recipe=recipe, length=length, plan=plan, labels=labels, labels_from_data=labels_from_data,
+                     train_users=train_users, state_dir=state_dir, ckpt_dir=ckpt_dir, resume_meta=resume_meta,
+                     time_budget=timing, pending_seconds=pending)
 
 
 def _read_resume_meta(ckpt_dir: str) -> dict:
@@ -748,6 +842,53 @@ def _resolve_microbatch(prep: _Prepared, base_config, base_params, data: _Data, 
                              limit_bytes=resources.memory_limit(memory_limit), headroom=headroom, base_params=abstract)
     logger.info("microbatch auto: %s", choice.describe())
     return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=choice.microbatch))
+
+
+def _resolve_time_budget(prep: _Prepared, train_records: Sequence[dict], data: _Data, model_config, base_params, *,
+                         mesh, compositions: int) -> _Prepared:
+    """`prep` with a pending `--time-budget` turned into a token budget: the run's own accumulation
+    step (its model, mode, clipping, microbatch and row length) is compiled and timed
+    (`recipe.measure_speed`; process 0's figure on several processes), and the recipe and the plan
+    are resolved again with that budget. Unchanged without a pending time budget."""
+    from dpsynth.train import lm
+
+    if prep.pending_seconds is None:
+        return prep
+    config = prep.config
+    mb = config.microbatch_size
+    _, strategy = _build_mechanism(prep, model_config, run_seed=0, num_rows=len(train_records), mesh=mesh)
+    fns = make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh)
+    params, frozen = lm.split_variables(init_variables(model_config, base_params, config), TRAINABLE[config.mode])
+    state = fns.init_state(params, frozen, rng=jax.random.PRNGKey(0))
+    rows = np.arange(mb) % len(data.train)
+    batch = sampling.gather(data.train_arrays, rows[fns.process_rows(mb)])
+
+    def step():
+        acc, _ = fns.accumulate_step(state, fns.init_accumulator(state), fns.shard_batch(batch, global_rows=mb))
+        jax.block_until_ready(acc)
+
+    speed = recipe_lib.measure_speed(step, example_tokens=mb * config.max_tokens)
+    if jax.process_count() > 1:  # one figure for every process: the plans must agree
+        from jax.experimental import multihost_utils
+
+        speed = float(multihost_utils.broadcast_one_to_all(np.float32(speed)))
+    del state
+    try:
+        timing = recipe_lib.TimeBudget(
+            seconds=prep.pending_seconds, example_tokens_per_second=speed, microbatch=int(mb),
+            token_budget=recipe_lib.token_budget_for(seconds=prep.pending_seconds, example_tokens_per_second=speed))
+        config, recipe = resolve_recipe(dataclasses.replace(config, token_budget=timing.token_budget),
+                                        prep.plan.dataset_size)
+    except (recipe_lib.RecipeError, TuneError) as e:
+        raise TuneError(f"--time-budget {prep.pending_seconds:g} s at the measured {speed:,.0f} example-tokens/s: "
+                        f"{e}") from e
+    for line in (timing.why,) + recipe.why:
+        logger.info("recipe auto: %s", line)
+    recipe = recipe.with_time(timing)
+    if prep.length is not None:
+        recipe = recipe.with_length(prep.length)
+    plan = plan_for_records(config, train_records, compositions=compositions, spent=prep.plan.spent)
+    return dataclasses.replace(prep, config=config, recipe=recipe, plan=plan, time_budget=timing, pending_seconds=None)
 
 
 def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: int, mesh):
@@ -841,7 +982,7 @@ def dp_tune(
 
     t0 = time.monotonic()
     prep = _prepare(train_records, config, labels=labels, compositions=compositions, mesh=mesh, out_dir=out_dir,
-                    state_dir=state_dir, resume=resume)
+                    state_dir=state_dir, resume=resume, base_dir=base_dir)
     config = prep.config
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
@@ -854,6 +995,8 @@ def dp_tune(
     data = _encode(train_records, valid_records, base.tokenizer, prep.labels, config)
     prep = _resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
                                headroom=memory_headroom)
+    prep = _resolve_time_budget(prep, train_records, data, model_config, base_params, mesh=mesh,
+                                compositions=compositions)
     config = prep.config
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
@@ -918,6 +1061,8 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
         max_batch_size=config.max_batch_size)  # non-private: the same Poisson batches, no noise
     sigma = reporter.sigma
     ledger = PrivacyLedger(delta=plan.delta, target_epsilon=config.epsilon, accountant=config.accountant)
+    for spent in plan.spent:  # spent on D_train before the first step (the DP example length)
+        ledger.record_selection(spent)
 
     def entry(steps: int) -> dict[str, Any]:
         return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm,
@@ -954,7 +1099,9 @@ def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strateg
         def save_checkpoint(done: int, state) -> None:
             meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
                     "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
-                    **accounted_settings(config, plan)}
+                    **accounted_settings(config, plan),
+                    **({"example_length": prep.length.to_json()} if prep.length is not None else {}),
+                    **({"time_budget": prep.time_budget.to_json()} if prep.time_budget is not None else {})}
             checkpointer.save(state, meta)  # every process (multi-host Orbax); JSON meta by process 0
             if primary:
                 report_lib.write_report(out_dir, reporter(ledger))  # the report follows the checkpoints

@@ -160,6 +160,20 @@ class EncodedExamples:
         return {"inputs": self.inputs, "targets": self.targets, "weights": self.weights}
 
 
+def example_lengths(records: Sequence[dict], tokenizer, template: str) -> np.ndarray:
+    """int64 [N]: the untruncated length of each record's Prefix-LM row (BOS + prompt + text + EOS,
+    what `encode_examples` would build with no length limit). Records lacking a text or label
+    count their prompt alone (`encode_examples` refuses them later, naming the record)."""
+    prefix_cache: dict[str, int] = {}
+    out = np.zeros(len(records), np.int64)
+    for i, rec in enumerate(records):
+        label = str(rec.get("label", ""))
+        if label not in prefix_cache:
+            prefix_cache[label] = int(prompt_ids(tokenizer, template, label).size)
+        out[i] = prefix_cache[label] + len(tokenizer.encode(str(rec.get("text", "")))) + 1
+    return out
+
+
 def encode_examples(
     records: Sequence[dict],
     tokenizer,

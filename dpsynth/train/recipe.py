@@ -64,6 +64,10 @@ class Recipe:
       epochs: E = T B / N.
       learning_rate: Adam's learning rate.
       why: one sentence per choice (printed by `dp-tune`, recorded in the privacy report).
+      example_length: the DP choice of the example length (`LengthChoice.to_json`), when the
+        recipe chose it (`--max-tokens auto`); else None.
+      time_budget: the measured token budget (`TimeBudget.to_json`), when the run gave a time
+        budget (`--time-budget`); else None.
     """
 
     batch_size: float
@@ -71,11 +75,23 @@ class Recipe:
     epochs: float
     learning_rate: float
     why: tuple[str, ...]
+    example_length: dict | None = None
+    time_budget: dict | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": "auto", "batch_size": self.batch_size, "steps": self.steps, "epochs": self.epochs,
                 "learning_rate": self.learning_rate, "why": list(self.why),
+                **({"example_length": self.example_length} if self.example_length else {}),
+                **({"time_budget": self.time_budget} if self.time_budget else {}),
                 "rule": "dpsynth.train.recipe (docs/dp.md, 'The automatic recipe')"}
+
+    def with_length(self, choice: "LengthChoice") -> "Recipe":
+        """This recipe, preceded by the example length it was built for."""
+        return dataclasses.replace(self, why=(choice.why,) + self.why, example_length=choice.to_json())
+
+    def with_time(self, budget: "TimeBudget") -> "Recipe":
+        """This recipe, preceded by the time budget its token budget was measured from."""
+        return dataclasses.replace(self, why=(budget.why,) + self.why, time_budget=budget.to_json())
 
 
 def auto_recipe(*, dataset_size: int, mode: str, max_tokens: int, token_budget: float | None = None) -> Recipe:
@@ -135,12 +151,15 @@ def _auto_recipe(n: int, mode: str, max_tokens: int, budget: float) -> Recipe:
 
 
 # ---------------------------------------------------------------------- example length and token budget
-# `--recipe auto` leaves two settings to the user today: the example length (max_tokens) and the
-# compute (token_budget). These choose them: the length as a DP quantile of D_train's token
-# lengths (the exponential mechanism of `dpsynth.dp.private_selection`, its ledger entry to be
-# composed into the run's), the budget from the machine's measured speed and a time budget.
+# `--max-tokens auto` (with `--recipe auto`) chooses the example length as a DP quantile of
+# D_train's token lengths: the exponential mechanism of `dpsynth.dp.private_selection` at a small,
+# fixed share of the target epsilon, its ledger entry composed with the tuning's (the tuning's
+# sigma is calibrated after it: `dpsynth.dp.plan.plan_privacy(spent=...)`). `token_budget_for`
+# and `measure_speed` turn a time budget into the compute the recipe may spend (public).
 LENGTH_CANDIDATES = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 LENGTH_QUANTILE = 0.9  # the share of examples the chosen length keeps whole
+LENGTH_EPSILON_SHARE = 0.02  # of the target epsilon, spent on the example length (sigma rises by ~1-2%)
+AUTO = "auto"
 
 
 def length_scores(lengths, candidates=LENGTH_CANDIDATES, quantile: float = LENGTH_QUANTILE) -> list[float]:
@@ -168,6 +187,102 @@ def dp_example_length(lengths, *, epsilon: float, rng, candidates=LENGTH_CANDIDA
     sel = ps.DpSelection(epsilon=epsilon, monotone=False)
     i = sel.choose(length_scores(lengths, candidates, quantile), rng)
     return int(candidates[i]), sel.ledger_entry(len(candidates), name="recipe example length", dataset=ps.TRAIN)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LengthChoice:
+    """The example length `--max-tokens auto` chose, and what it cost.
+
+    Attributes:
+      max_tokens: the chosen length (BOS + prompt + text + EOS).
+      candidates: the lengths it chose among (public: `LENGTH_CANDIDATES` the model can hold).
+      epsilon: spent on D_train (None: nothing spent: a non-private run, which takes the exact
+        quantile, or a single candidate).
+      entry: the ledger entry (`dpsynth.dp.ledger`), None when nothing was spent.
+    """
+
+    max_tokens: int
+    candidates: tuple[int, ...]
+    epsilon: float | None
+    entry: dict | None
+
+    @property
+    def why(self) -> str:
+        if len(self.candidates) == 1:
+            return f"example length {self.max_tokens} tokens: the only candidate the model and the label prompts allow"
+        how = (f"chosen with the exponential mechanism at epsilon {self.epsilon:.3g} ({LENGTH_EPSILON_SHARE:.0%} of "
+               "the target, composed into the ledger)" if self.epsilon is not None else "exact (a non-private run)")
+        return (f"example length {self.max_tokens} tokens: the candidate of {list(self.candidates)} whose count of "
+                f"D_train rows at most that long is nearest {LENGTH_QUANTILE:.0%} of N, {how}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "candidates": list(self.candidates), "quantile": LENGTH_QUANTILE,
+                "epsilon": self.epsilon, "entry": self.entry}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "LengthChoice":
+        return cls(max_tokens=int(d["max_tokens"]), candidates=tuple(int(c) for c in d["candidates"]),
+                   epsilon=None if d["epsilon"] is None else float(d["epsilon"]), entry=d["entry"])
+
+
+def length_candidates(*, max_positions: int, min_tokens: int) -> tuple[int, ...]:
+    """The `LENGTH_CANDIDATES` a model with `max_positions` positions can train on (L - 1 <= max_positions)
+    that leave room for text after the longest label prompt (L >= min_tokens)."""
+    out = tuple(c for c in LENGTH_CANDIDATES if c - 1 <= max_positions and c >= min_tokens)
+    if not out:
+        raise RecipeError(f"no automatic example length fits: the candidates {list(LENGTH_CANDIDATES)} need between "
+                          f"{min_tokens} tokens (the longest label prompt and some text) and {max_positions + 1} "
+                          "(the model's positions); pass --max-tokens N")
+    return out
+
+
+def choose_example_length(lengths, *, target_epsilon: float, rng, candidates: tuple[int, ...]) -> LengthChoice:
+    """`--max-tokens auto`: the DP length quantile at `LENGTH_EPSILON_SHARE` of `target_epsilon` (exact, and
+    free, for a non-private run, `target_epsilon` = inf)."""
+    import numpy as np
+
+    if not len(lengths):
+        raise RecipeError("the automatic example length needs a non-empty training set")
+    if len(candidates) == 1:  # nothing to choose: the data is not read
+        return LengthChoice(max_tokens=int(candidates[0]), candidates=tuple(candidates), epsilon=None, entry=None)
+    if math.isinf(target_epsilon):
+        best = int(np.argmax(length_scores(lengths, candidates)))  # (first of ties: the shortest)
+        return LengthChoice(max_tokens=int(candidates[best]), candidates=tuple(candidates), epsilon=None, entry=None)
+    eps = LENGTH_EPSILON_SHARE * float(target_epsilon)
+    length, entry = dp_example_length(lengths, epsilon=eps, rng=rng, candidates=candidates)
+    return LengthChoice(max_tokens=length, candidates=tuple(candidates), epsilon=eps, entry=entry)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimeBudget:
+    """The token budget `--time-budget` measured on this machine (public: no privacy cost).
+
+    Attributes:
+      seconds: the time budget of the DP-SGD steps (compilation and evaluation not included).
+      example_tokens_per_second: the measured speed of the run's compiled step
+        (`measure_speed`: microbatch x max_tokens per timed accumulation).
+      microbatch: the microbatch it was measured at.
+      token_budget: `token_budget_for(seconds, speed)`, what the recipe then spends.
+    """
+
+    seconds: float
+    example_tokens_per_second: float
+    microbatch: int
+    token_budget: float
+
+    @property
+    def why(self) -> str:
+        return (f"token budget {self.token_budget:,.0f} example-tokens: the time budget of {self.seconds:g} s at the "
+                f"{self.example_tokens_per_second:,.0f} example-tokens/s measured on this run's compiled step "
+                f"(microbatch {self.microbatch}, best of 3 after a warm-up)")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TimeBudget":
+        return cls(seconds=float(d["seconds"]), example_tokens_per_second=float(d["example_tokens_per_second"]),
+                   microbatch=int(d["microbatch"]), token_budget=float(d["token_budget"]))
 
 
 def token_budget_for(*, seconds: float, example_tokens_per_second: float) -> float:

@@ -37,7 +37,8 @@ def selection_channel(selection: dict) -> dict:
                                            trials=selection["trials"], grid=selection["grid"])
 
 
-def side_channels(config, labels_from_data: bool, selection: dict | None, auto_recipe: bool = False) -> list[dict]:
+def side_channels(config, labels_from_data: bool, selection: dict | None, auto_recipe: bool = False,
+                  dp_length: bool = False) -> list[dict]:
     """The declared non-DP side channels of a run with `config` (a `finetune.TuneConfig`)."""
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
@@ -46,7 +47,8 @@ def side_channels(config, labels_from_data: bool, selection: dict | None, auto_r
     channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
                      "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
-                     "learning rate from it (and from public settings only)" if auto_recipe else "")})
+                     "learning rate from it (and from " + ("the example length chosen with DP, in the ledger, and " if dp_length else "")
+                     + "public settings only)" if auto_recipe else "")})
     channels.append({"name": "truncation count", "detail": f"training examples longer than {config.max_tokens} "
                      "tokens were truncated to it; how many is not released (an exact count would reveal whether one "
                      f"long example is in D_train): it stays in the private state ({COUNTS_FILE})"})
@@ -118,7 +120,8 @@ class RunReporter:
             **({"recipe": recipe.to_json()} if recipe else {}),
             "base_model": os.path.abspath(self.base_dir), "base_manifest_sha256": self.base_manifest_sha256,
         }
-        channels = side_channels(config, self.labels_from_data, self.selection, recipe is not None)
+        channels = side_channels(config, self.labels_from_data, self.selection, recipe is not None,
+                                 dp_length=bool(recipe is not None and recipe.example_length))
         if self.base_source:
             training["base_source"] = {k: v for k, v in self.base_source.items() if not k.startswith("hf_")}
             training["embedding_clipping"] = self.embedding_clipping

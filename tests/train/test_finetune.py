@@ -233,6 +233,53 @@ def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
         sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
 
 
+def test_auto_length_and_time_budget_are_chosen_once_composed_and_kept_on_resume(tiny_base, tmp_path, monkeypatch):
+    """--max-tokens auto: the length is one of the candidates, its selection is the ledger's first
+    entry (on D_train), the tuning's sigma is calibrated after it so that both meet the target.
+    --time-budget: the run's own step is timed (here at a fixed figure, for a deterministic plan)
+    and the recipe spends seconds x speed. A resumed run takes both from its checkpoint instead of
+    choosing (and spending) or measuring again."""
+    from dpsynth.train import recipe
+
+    timed = []
+
+    def fixed_speed(step, *, example_tokens, **_):
+        step()  # the run's compiled accumulation runs
+        timed.append(example_tokens)
+        return 4000.0
+
+    monkeypatch.setattr(recipe, "measure_speed", fixed_speed)
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, recipe="auto", max_tokens="auto", time_budget=1.5, steps=None, seed=5)
+    out = str(tmp_path / "auto_len")
+    part = finetune.dp_tune(base_dir, TRAIN, VALID, out, cfg, stop_after=1, progress_interval=1e9)
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, cfg, resume=True, progress_interval=1e9)
+    assert timed == [BASE_CFG.microbatch_size * 32]  # measured once, at microbatch x the chosen length
+    budget = res.report["training"]["recipe"]["time_budget"]
+    assert budget == {"seconds": 1.5, "example_tokens_per_second": 4000.0, "microbatch": 16, "token_budget": 6000.0}
+    want = recipe.auto_recipe(dataset_size=len(TRAIN), mode="lora", max_tokens=32, token_budget=6000.0)
+    assert (res.steps, res.report["training"]["expected_batch_size"]) == (want.steps, pytest.approx(want.batch_size))
+    chosen = res.report["training"]["recipe"]["example_length"]
+    length = chosen["max_tokens"]
+    assert length == 32  # (what seed 5 draws on this data: 90% of its rows fit 32 tokens)
+    assert length in chosen["candidates"] and min(chosen["candidates"]) >= 32 and max(chosen["candidates"]) <= 129
+    assert load_model(out).manifest["dp_tune"]["config"]["max_tokens"] == length
+    entries = res.report["ledger"]["entries"]
+    assert entries[0] == chosen["entry"] == {"mechanism": "exponential", "name": "recipe example length",
+                                             "epsilon": pytest.approx(0.08), "candidates": len(chosen["candidates"]),
+                                             "dataset": "D_train"}
+    assert [e["mechanism"] for e in entries].count("exponential") == 1  # the resume did not spend again
+    assert cfg.epsilon * 0.99 < res.epsilon["rdp"] <= cfg.epsilon * (1 + 1e-6)
+    manual = finetune.plan_run(dataclasses.replace(cfg, max_tokens=length, time_budget=None, token_budget=6000.0),
+                               len(TRAIN))
+    assert part.steps < res.steps == manual.steps
+    assert res.noise_multiplier > manual.noise_multiplier  # the tuning spends what the length left
+    assert any(w.startswith(f"example length {length} tokens") for w in res.report["training"]["recipe"]["why"])
+    with pytest.raises(finetune.TuneError, match="sweep"):
+        sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), dataclasses.replace(cfg, recipe="auto"),
+                    learning_rates=[0.1, 0.2], clip_norms=[1.0])
+
+
 def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     base_dir, _, _ = full_run
     out = str(tmp_path / "resumed")

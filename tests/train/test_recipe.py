@@ -101,3 +101,67 @@ def test_token_budget_from_the_measured_speed():
     assert recipe.token_budget_for(seconds=3600, example_tokens_per_second=speed) == 3.6e6
     with pytest.raises(recipe.RecipeError):
         recipe.token_budget_for(seconds=0, example_tokens_per_second=1.0)
+
+
+def test_choose_example_length_samples_the_exponential_mechanism():
+    """The chosen length's distribution is the exponential mechanism's (non-monotone scores:
+    exp(eps u / 2)) over the candidates the model allows; a non-private run takes the exact
+    quantile, and a single candidate reads nothing."""
+    import numpy as np
+
+    from dpsynth.dp import private_selection as ps
+
+    lengths = np.asarray([20] * 60 + [40] * 30 + [100] * 10)  # 90% within 48 tokens (the 40s: 48)
+    cands = recipe.length_candidates(max_positions=127, min_tokens=10)
+    assert cands == (32, 48, 64, 96, 128)
+    eps_total = 10.0
+    rng = np.random.default_rng(1)
+    draws = [recipe.choose_example_length(lengths, target_epsilon=eps_total, rng=rng, candidates=cands)
+             for _ in range(4000)]
+    eps = recipe.LENGTH_EPSILON_SHARE * eps_total
+    assert {d.epsilon for d in draws} == {eps}
+    assert draws[0].entry == {"mechanism": "exponential", "name": "recipe example length", "epsilon": eps,
+                              "candidates": len(cands), "dataset": "D_train"}
+    want = ps.DpSelection(epsilon=eps, monotone=False).probabilities(recipe.length_scores(lengths, cands))
+    got = np.bincount([cands.index(d.max_tokens) for d in draws], minlength=len(cands)) / len(draws)
+    assert np.all(np.abs(got - want) <= 4 * np.sqrt(want * (1 - want) / len(draws)) + 1e-3), (got, want)
+    exact = recipe.choose_example_length(lengths, target_epsilon=math.inf, rng=rng, candidates=cands)
+    assert exact.max_tokens == 48 and exact.entry is None and exact.epsilon is None
+    one = recipe.choose_example_length(lengths, target_epsilon=3.0, rng=rng, candidates=(32,))
+    assert one.max_tokens == 32 and one.entry is None and "only candidate" in one.why
+    assert recipe.LengthChoice.from_json(draws[0].to_json()) == draws[0]
+    with pytest.raises(recipe.RecipeError, match="no automatic example length"):
+        recipe.length_candidates(max_positions=20, min_tokens=10)
+
+
+def test_auto_length_is_refused_where_it_cannot_be_accounted():
+    with pytest.raises(finetune.TuneError, match="recipe 'auto'"):
+        finetune.TuneConfig(max_tokens="auto")
+    with pytest.raises(finetune.TuneError, match="RDP"):
+        finetune.TuneConfig(max_tokens="auto", recipe="auto", accountant="pld")
+    with pytest.raises(finetune.TuneError, match="example-level"):
+        finetune.TuneConfig(max_tokens="auto", recipe="auto", privacy_unit="user", max_examples_per_user=2)
+    cfg = finetune.TuneConfig(max_tokens="auto", recipe="auto")
+    with pytest.raises(finetune.TuneError, match="resolve"):
+        finetune.plan_run(cfg, 1000)  # the dry run cannot plan a length it has not chosen
+
+
+def test_a_plan_after_a_spent_selection_meets_the_target_together():
+    """sigma is calibrated on the composition of what was spent and the run: the ledger holding
+    both meets the target, and sigma is larger than without the spent entry."""
+    from dpsynth.dp.ledger import PrivacyLedger
+    from dpsynth.dp.plan import PrivacyPlan, plan_privacy
+
+    entry = {"mechanism": "exponential", "name": "recipe example length", "epsilon": 0.06, "candidates": 9,
+             "dataset": "D_train"}
+    kw = dict(dataset_size=4000, expected_batch_size=64, steps=100, epsilon=3.0)
+    alone, after = plan_privacy(**kw), plan_privacy(**kw, spent=(entry,))
+    assert after.noise_multiplier > alone.noise_multiplier
+    ledger = PrivacyLedger(delta=after.delta, target_epsilon=3.0)
+    ledger.record_selection(entry)
+    ledger.record_steps(after.ledger_entry(steps=100, clip_norm=1.0))
+    assert 3.0 * 0.995 < ledger.epsilon() <= 3.0 * (1 + 1e-6)
+    assert after.epsilons()["rdp"] == pytest.approx(ledger.epsilon(), rel=1e-9)
+    assert "spent" not in alone.to_json() and after.to_json()["spent"] == [entry]
+    assert PrivacyPlan.from_json(after.to_json()) == after and PrivacyPlan.from_json(alone.to_json()) == alone
+    assert [d[0] for d in after.differences(alone)] == ["noise_multiplier", "spent"]
