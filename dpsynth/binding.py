@@ -104,6 +104,16 @@ def subconfig(name: str, cls: type, keep: typing.Callable[[dataclasses.Field], b
     return out
 
 
+def int_or_auto(text: str) -> int | str:
+    """The flag type of an `int | "auto"` setting (`--microbatch-size N|auto`)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 def flag_name(field: str) -> str:
     """The command-line flag of a config field: `max_tokens` -> `--max-tokens`."""
     return "--" + field.replace("_", "-")

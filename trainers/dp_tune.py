@@ -35,10 +35,6 @@ def _float_or_inf(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number or 'inf', got {text!r}") from None
 
 
-def _int_or_auto(text: str) -> int | str:
-    return "auto" if text == "auto" else int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
@@ -64,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "privacy report's headline then says the delta is weak"},
         "accountant": {"choices": accounting.ACCOUNTANTS},
         "batch_size": {"help": "expected Poisson batch size"},
-        "microbatch_size": {"type": _int_or_auto, "metavar": "N|auto",
+        "microbatch_size": {"type": binding.int_or_auto, "metavar": "N|auto",
                             "help": "examples per compiled microbatch; auto: the largest whose compiled step fits the "
                                     "device memory less --memory-headroom (printed with its figures; CPU: --memory-limit)"},
         "steps": {"container": g},

@@ -3,6 +3,10 @@
     dpsynth pretrain --corpus runs/clean --tokenizer runs/tok.model --preset small --out runs/base \\
         --seq-len 512 --batch-size 16 --steps 2000
 
+`--microbatch-size auto` keeps the step's batch (--batch-size x --grad-accum sequences) and splits
+it into the largest equal microbatches whose compiled step fits the device memory less
+--memory-headroom (on CPU give --memory-limit); the choice is logged and recorded.
+
 Kill it at any time and re-run with `--resume`: it continues exactly from the last checkpoint
 (at most `--checkpoint-every` steps are lost). OUT becomes the model directory that
 `dpsynth dp-tune --base OUT` and `dpsynth generate` load.
@@ -24,7 +28,7 @@ import sys
 from dpsynth import binding, errors, logs, outdir
 from dpsynth.models.config import PRESETS
 from dpsynth.train.optim import OPTIMIZERS
-from dpsynth.train import pretrain
+from dpsynth.train import pretrain, resources
 from trainers import distributed
 
 
@@ -40,6 +44,13 @@ def _override(text: str) -> tuple[str, object]:
 
 # PretrainConfig fields without a flag (library callers and tests set them).
 _NOT_FLAGS = ("progress_interval", "eval_at_start")
+
+
+def _bytes(text: str) -> int:
+    try:
+        return resources.parse_bytes(text)
+    except resources.PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class _SetField(argparse.Action):
@@ -68,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         "model_overrides": {"flags": ("--set",), "type": _override, "action": _SetField, "metavar": "FIELD=VALUE",
                             "help": "override a ModelConfig field of the preset, e.g. --set d_model=128 (repeatable)"},
         "seq_len": {"help": "packed sequence length L"},
-        "batch_size": {"help": "sequences per microbatch"},
+        "batch_size": {"help": "sequences per microbatch (an optimizer step sees --batch-size x --grad-accum)"},
         "grad_accum": {"help": "microbatches per optimizer step"},
+        "microbatch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
+        "memory_limit": {"type": _bytes, "metavar": "BYTES"},
         "optimizer": {"choices": ("auto",) + OPTIMIZERS,
                       "help": "auto: Adam for tiny/small, Adafactor with min(0.01, 1/sqrt(step)) otherwise"},
         "valid_unit": {"choices": pretrain.VALID_UNITS,
@@ -98,8 +111,15 @@ def main(argv=None) -> int:
     distributed.start(args)
     config = binding.from_args(pretrain.PretrainConfig, args, [f.name for f in dataclasses.fields(pretrain.PretrainConfig)
                                                                 if f.name not in _NOT_FLAGS])
-    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain", config=vars(args),
-                      ignore=("eval_every", "eval_batches", "checkpoint_every"), primary=distributed.is_primary(args)):
+    # Settings added after run records existed enter the record only when set (so a default run's record,
+    # and so its resume, are as before); the memory budget of `--microbatch-size auto` does not change the
+    # output beyond the microbatch, which the checkpoints record (a resume keeps it).
+    unset = {f.name for f in dataclasses.fields(config)
+             if binding.UNLESS_DEFAULT in f.metadata and binding.is_default(config, f)}
+    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain",
+                      config={k: v for k, v in vars(args).items() if k not in unset},
+                      ignore=("eval_every", "eval_batches", "checkpoint_every", "memory_limit", "memory_headroom"),
+                      primary=distributed.is_primary(args)):
         summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,
                                         stop_after=args.stop_after)
     print(json.dumps(summary, indent=2, default=str))

@@ -56,13 +56,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth import binding
 from dpsynth.data import token_shards
 from dpsynth.data.tokenizers import BOS_ID, EOS_ID, Tokenizer
 from dpsynth.errors import DpsynthError
 from dpsynth.models import ModelConfig, Transformer, get_config
 from dpsynth.models import directory as model_dir
 from dpsynth.train.checkpoint import TrainCheckpointer
-from dpsynth.train import core, lm, loop, optim, release, sharding
+from dpsynth.train import core, lm, loop, optim, release, resources, sharding
 
 logger = logging.getLogger("dpsynth.pretrain")
 
@@ -87,6 +88,16 @@ class PretrainConfig:
       seq_len: packed sequence length L (must be <= the model's max_len).
       batch_size: rows per microbatch; a step sees `batch_size * grad_accum` rows.
       grad_accum: microbatches accumulated per optimizer step.
+      microbatch_size: None (default): the microbatch is `batch_size` rows. N: the step's
+        `batch_size * grad_accum` rows are split into equal microbatches of N rows (N divides
+        them; the same mean gradient up to float rounding). "auto": the largest such N whose
+        compiled step (accumulate and apply, or the fused step when N is the whole batch) fits
+        the device memory (or `memory_limit`) less `memory_headroom`, found before training from
+        XLA's memory analysis of the step compiled on abstract arrays (`auto_microbatch`); a
+        resumed run keeps its checkpoint's. The resolved N is recorded in the checkpoints and the
+        model manifest.
+      memory_limit, memory_headroom: the budget of microbatch_size "auto": bytes per device
+        (default: the device's; required on CPU) and the fraction of it left free.
       steps: total optimizer steps.
       optimizer: "adafactor", "adam" or "auto" (Adam for tiny/cpu/small, Adafactor otherwise).
       learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
@@ -113,6 +124,18 @@ class PretrainConfig:
     seq_len: int = 1024
     batch_size: int = 8
     grad_accum: int = 1
+    # Added after runs existed: left out of run records (and stage dicts) at their defaults.
+    microbatch_size: int | str | None = binding.setting(
+        None, unless_default=True,
+        help="rows per compiled microbatch: the step's --batch-size x --grad-accum rows are split into equal "
+             "microbatches of N (N divides them; default: --batch-size); auto: the largest such N whose compiled "
+             "step fits the device memory less --memory-headroom (logged with its figures; CPU: --memory-limit)")
+    memory_limit: int | None = binding.setting(
+        None, unless_default=True,
+        help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")
+    memory_headroom: float = binding.setting(
+        resources.DEFAULT_HEADROOM, unless_default=True,
+        help=f"--microbatch-size auto: fraction of the memory left free (default {resources.DEFAULT_HEADROOM})")
     steps: int = 1000
     optimizer: str = "auto"
     learning_rate: float | None = None
@@ -149,6 +172,30 @@ class PretrainConfig:
             raise PretrainError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.batch_size % self.mesh_data:
             raise PretrainError(f"batch_size {self.batch_size} must be divisible by the mesh data axis {self.mesh_data}")
+        m = self.microbatch_size
+        if m is not None and m != "auto":
+            if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+                raise PretrainError(f"microbatch_size must be a positive integer or 'auto', got {m!r}")
+            if self.step_rows % m or m % self.mesh_data:
+                raise PretrainError(f"microbatch_size {m} must divide the step's batch_size x grad_accum = "
+                                    f"{self.step_rows} rows and be a multiple of the mesh data axis {self.mesh_data}; "
+                                    f"divisors that are: {microbatch_candidates(self)}")
+        if self.memory_limit is not None and (not isinstance(self.memory_limit, int) or self.memory_limit <= 0):
+            raise PretrainError(f"memory_limit must be a positive number of bytes, got {self.memory_limit!r}")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise PretrainError(f"memory_headroom must be in [0, 1), got {self.memory_headroom}")
+
+    @property
+    def step_rows(self) -> int:
+        """Rows per optimizer step (`batch_size * grad_accum`, whatever the microbatch)."""
+        return self.batch_size * self.grad_accum
+
+    @property
+    def microbatch(self) -> int:
+        """Rows per compiled microbatch once resolved (`microbatch_size`, default `batch_size`)."""
+        if self.microbatch_size == "auto":
+            raise PretrainError("microbatch_size 'auto' is resolved by run_pretrain (resolve_microbatch) first")
+        return self.microbatch_size or self.batch_size
 
     @property
     def optimizer_name(self) -> str:
@@ -397,18 +444,20 @@ class _Throughput:
 
 
 def _validate(eval_fn, fns: core.TrainFunctions, state: core.TrainState, rows: PackedRows, cfg: PretrainConfig,
-              local: np.ndarray) -> dict[str, float]:
-    """Validation loss and perplexity over the first `eval_batches` batches of `rows` ({} when empty)."""
+              local: np.ndarray, per_call: int | None = None) -> dict[str, float]:
+    """Validation loss and perplexity over the first `eval_batches` batches of `rows` ({} when empty),
+    fed `per_call` rows at a time (default `batch_size`; `local`: this process's rows of each)."""
     if rows.num_rows == 0:
         return {}
+    per_call = per_call or cfg.batch_size
     ce = toks = 0.0
     n = min(rows.num_rows, cfg.eval_batches * cfg.batch_size)
-    for start in range(0, n, cfg.batch_size):
-        idx = np.arange(start, start + cfg.batch_size) % rows.num_rows
-        mask = (start + np.arange(cfg.batch_size) < n).astype(np.float32)
+    for start in range(0, n, per_call):
+        idx = np.arange(start, start + per_call) % rows.num_rows
+        mask = (start + np.arange(per_call) < n).astype(np.float32)
         batch = rows.rows(idx[local])
         batch["mask"] = mask[local]
-        aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=cfg.batch_size)))
+        aux = sharding.gather(eval_fn(state.params, state.frozen, fns.shard_batch(batch, global_rows=per_call)))
         ce += float(np.sum(np.asarray(aux["ce_sum"]) * mask))
         toks += float(np.sum(np.asarray(aux["tokens"]) * mask))
     loss = ce / max(toks, 1.0)
@@ -423,7 +472,9 @@ def _meta(cfg: PretrainConfig, model_config: ModelConfig, corpus_manifest_sha: s
             "batch_size": cfg.batch_size, "grad_accum": cfg.grad_accum, "seed": cfg.seed,
             "valid_fraction": cfg.valid_fraction, "valid_unit": cfg.valid_unit, "optimizer": cfg.optimizer_name, "steps": cfg.steps,
             "rows_consumed": step * cfg.batch_size * cfg.grad_accum, "corpus_manifest_sha256": corpus_manifest_sha,
-            "tokenizer_sha256": tokenizer_sha}
+            "tokenizer_sha256": tokenizer_sha,
+            # the resolved microbatch, when set (a default run's metadata is as before: microbatch = batch_size)
+            **({"microbatch_size": cfg.microbatch_size} if cfg.microbatch_size is not None else {})}
 
 
 def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
@@ -437,6 +488,12 @@ def _check_resume_meta(meta: dict, expected: dict, where: str) -> None:
             raise model_dir.CheckpointError(
                 f"{where}: checkpoint has {key}={meta.get(key)!r} but this run has {expected[key]!r}; an exact resume "
                 "needs the same corpus, tokenizer and flags (use a new --out to start over)")
+    ours = expected.get("microbatch_size", expected["batch_size"])  # "auto": resumes with the checkpoint's
+    theirs = meta.get("microbatch_size", meta.get("batch_size"))
+    if ours != "auto" and ours != theirs:
+        raise model_dir.CheckpointError(
+            f"{where}: checkpoint has microbatch_size={theirs!r} but this run has {ours!r}; resume with "
+            f"--microbatch-size {theirs} (or auto, which keeps the checkpoint's), or use a new --out to start over")
 
 
 def make_training(cfg: PretrainConfig, model_config: ModelConfig,
@@ -450,15 +507,111 @@ def make_training(cfg: PretrainConfig, model_config: ModelConfig,
     Returns:
       (loss_fn, train functions, initial `TrainState`, placed on `mesh` when given).
     """
+    model, loss_fn, fns = _train_functions(cfg, model_config, mesh)
+    init_key, step_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    variables = jax.jit(model.init)(init_key, _init_inputs(cfg))
+    params, frozen = lm.split_variables(variables, ("params",))
+    return loss_fn, fns, fns.init_state(params, frozen, rng=step_key, copy=False)
+
+
+def _train_functions(cfg: PretrainConfig, model_config: ModelConfig, mesh=None):
+    """(model, loss_fn, train functions) of `make_training`, without a state."""
     model = Transformer(model_config)
     optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
     loss_fn = lm.make_lm_loss(model, z_loss=cfg.z_loss)
-    fns = core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
-    init_key, step_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    variables = jax.jit(model.init)(init_key, jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32))
-    params, frozen = lm.split_variables(variables, ("params",))
-    return loss_fn, fns, fns.init_state(params, frozen, rng=step_key, copy=False)
+    return model, loss_fn, core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
+
+
+def _init_inputs(cfg: PretrainConfig) -> jax.Array:
+    return jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32)
+
+
+# ============================================================================ the automatic microbatch
+
+
+def microbatch_candidates(cfg: PretrainConfig) -> list[int]:
+    """The microbatches a step of `cfg` can be split into: divisors of `batch_size * grad_accum`
+    that are multiples of the mesh's data axis, ascending."""
+    return [m for m in range(cfg.mesh_data, cfg.step_rows + 1, cfg.mesh_data) if cfg.step_rows % m == 0]
+
+
+class _AbstractSteps:
+    """`cfg`'s step functions and state as `jax.ShapeDtypeStruct`s (what `make_training` builds, without
+    allocating a weight): compiles the steps at any microbatch for their memory figures."""
+
+    def __init__(self, cfg: PretrainConfig, model_config: ModelConfig, mesh=None):
+        self.cfg = cfg
+        model, _, self.fns = _train_functions(cfg, model_config, mesh)
+        variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), _init_inputs(cfg))
+        self.state = self.fns.abstract_state(*lm.split_variables(variables, ("params",)))
+        self._sharding = sharding.batch_sharding(mesh) if mesh is not None else None
+
+    def costs(self, microbatch: int, *, apply: bool = True) -> dict[str, resources.ProgramCost]:
+        """The programs a step of `microbatch`-row microbatches runs, compiled: "train" (the fused
+        step) when one microbatch is the whole step, else "accumulate" and (with `apply`) "apply"."""
+        batch = resources.abstract_batch(microbatch, self.cfg.seq_len, self._sharding, segment_ids=True)
+        if microbatch == self.cfg.step_rows:
+            return {"train": resources.program_cost("train", self.fns.lower("train", self.state, batch))}
+        acc = self.fns.abstract_accumulator(self.state)
+        out = {"accumulate": resources.program_cost("accumulate", self.fns.lower("accumulate", self.state, acc, batch))}
+        if apply:
+            out["apply"] = resources.program_cost("apply", self.fns.lower("apply", self.state, acc))
+        return out
+
+    def peak_bytes(self, microbatch: int) -> int:
+        """The largest peak of the programs a step at `microbatch` runs."""
+        return max(c.total_bytes for c in self.costs(microbatch).values())
+
+
+def compile_steps(cfg: PretrainConfig, model_config: ModelConfig, *, microbatch: int, mesh=None
+                  ) -> dict[str, resources.ProgramCost]:
+    """The pretraining programs of `cfg` at `microbatch` rows, compiled on abstract arrays (no weights,
+    no data): {"train"} when the microbatch is the step's whole batch, else {"accumulate", "apply"}."""
+    return _AbstractSteps(cfg, model_config, mesh).costs(microbatch)
+
+
+def auto_microbatch(cfg: PretrainConfig, model_config: ModelConfig, *, mesh=None, limit_bytes: int,
+                    headroom: float = resources.DEFAULT_HEADROOM) -> resources.MicrobatchChoice:
+    """`resources.largest_microbatch` over `microbatch_candidates(cfg)`: the largest whose compiled
+    step (max of accumulate and apply, or the fused step for the whole batch) fits `limit_bytes`
+    less `headroom`. Raises `resources.PlanError` (one line) when none fits."""
+    steps = _AbstractSteps(cfg, model_config, mesh)
+    applied: list[int] = []  # the apply step's peak does not depend on the microbatch: compiled once
+
+    def peak(m: int) -> int:
+        costs = steps.costs(m, apply=not applied)
+        if "apply" in costs:
+            applied.append(costs.pop("apply").total_bytes)
+        return max([c.total_bytes for c in costs.values()] + ([applied[0]] if "accumulate" in costs else []))
+
+    return resources.largest_microbatch(
+        peak, limit_bytes=limit_bytes, headroom=headroom, candidates=microbatch_candidates(cfg),
+        advice=f"use a shorter --seq-len, a smaller model, more devices (--mesh-data/--mesh-model) or a larger "
+               f"--memory-limit (the step's batch is --batch-size x --grad-accum = {cfg.step_rows} rows)")
+
+
+def resolve_microbatch(cfg: PretrainConfig, model_config: ModelConfig, *, mesh=None,
+                       resumed: dict | None = None) -> PretrainConfig:
+    """`cfg` with microbatch_size "auto" replaced by a number: the checkpoint's when resuming (`resumed`,
+    its metadata: a resumed run keeps its microbatch), else `auto_microbatch`'s choice (logged in one
+    line with its figures). Unchanged otherwise."""
+    if cfg.microbatch_size != "auto":
+        return cfg
+    if resumed is not None:
+        m = int(resumed.get("microbatch_size", resumed.get("batch_size")))
+        logger.info("microbatch auto: microbatch %d, the checkpoint's (a resumed run keeps its microbatch)", m)
+    else:
+        limit = resources.memory_limit(cfg.memory_limit)  # this process's first device
+        choice = auto_microbatch(cfg, model_config, mesh=mesh, limit_bytes=limit, headroom=cfg.memory_headroom)
+        logger.info("microbatch auto: %s; %d microbatch(es) per step of %d rows", choice.describe(),
+                    cfg.step_rows // choice.microbatch, cfg.step_rows)
+        m = choice.microbatch
+        if jax.process_count() > 1:  # every process runs process 0's choice (their devices could report other limits)
+            from jax.experimental import multihost_utils
+
+            m = int(multihost_utils.broadcast_one_to_all(np.int32(m)))
+    return dataclasses.replace(cfg, microbatch_size=m)
 
 
 def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: PretrainConfig, *,
@@ -489,8 +642,17 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     if train_rows.num_rows < cfg.batch_size:
         raise PretrainError(f"{corpus_dir}: only {train_rows.num_rows} training rows of {cfg.seq_len} tokens, fewer "
                             f"than --batch-size {cfg.batch_size}; use a smaller --batch-size/--seq-len or more text")
+    if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
+        raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
+                            f"all {jax.device_count()} devices of the {jax.process_count()} processes")
+    mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    if jax.process_count() == 1 and not os.path.isdir(ckpt_dir):
+        # nothing to resume or refuse: an automatic microbatch is found before anything is written (several
+        # processes search below, at one point of the code in each: the choice is broadcast)
+        cfg = resolve_microbatch(cfg, model_config, mesh=mesh)
     os.makedirs(out_dir, exist_ok=True)
-    checkpointer = TrainCheckpointer(os.path.join(out_dir, "checkpoints"))
+    checkpointer = TrainCheckpointer(ckpt_dir)
     half = release.status(out_dir)  # a model directory left half-written by a killed run: said, and rewritten
     if not resume and checkpointer.latest_step() is not None:
         raise PretrainError(f"{out_dir}/checkpoints: holds an earlier run (step {checkpointer.latest_step()}); "
@@ -499,15 +661,12 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
     if half:
         logger.warning("%s: %s; this run rewrites it", out_dir, half)
 
-    if jax.process_count() > 1 and cfg.mesh_data * cfg.mesh_model != jax.device_count():
-        raise PretrainError(f"multi-host run: --mesh-data {cfg.mesh_data} x --mesh-model {cfg.mesh_model} must use "
-                            f"all {jax.device_count()} devices of the {jax.process_count()} processes")
-    mesh = sharding.make_mesh(cfg.mesh_data, cfg.mesh_model) if cfg.mesh_data * cfg.mesh_model > 1 else None
+    meta = checkpointer.read_meta() if resume and checkpointer.latest_step() is not None else None
+    if meta is not None:
+        _check_resume_meta(meta, _meta(cfg, model_config, corpus_sha, tokenizer.sha256, 0), checkpointer.directory)
+    cfg = resolve_microbatch(cfg, model_config, mesh=mesh, resumed=meta)  # auto: the checkpoint's when resuming
     loss_fn, fns, state = make_training(cfg, model_config, mesh)
-    expected_meta = _meta(cfg, model_config, corpus_sha, tokenizer.sha256, 0)
-    if resume and checkpointer.latest_step() is not None:
-        meta = checkpointer.read_meta()
-        _check_resume_meta(meta, expected_meta, checkpointer.directory)
+    if meta is not None:
         restored, meta = checkpointer.restore(state)
         state = fns.place_state(restored)
         logger.info("resumed from step %d (%d rows consumed)", int(state.step), meta["rows_consumed"])
@@ -515,17 +674,21 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         logger.info("--resume: no checkpoint in %s, starting fresh", checkpointer.directory)
 
     eval_fn = jax.jit(lambda p, f, b: loss_fn(p, f, b, None)[1])
-    local = fns.process_rows(cfg.batch_size)  # the rows of every batch this process reads and feeds
+    micro = cfg.microbatch  # rows per microbatch (batch_size unless --microbatch-size)
+    num_micro = cfg.step_rows // micro
+    local = fns.process_rows(micro)  # the rows of every microbatch this process reads and feeds
+    eval_rows = min(cfg.batch_size, micro)  # validation batches no larger than a training microbatch
+    eval_local = fns.process_rows(eval_rows)
     primary = jax.process_index() == 0
 
     def evaluate(state, rows: PackedRows = valid_rows) -> dict[str, float]:
-        return _validate(eval_fn, fns, state, rows, cfg, local)
+        return _validate(eval_fn, fns, state, rows, cfg, eval_local, eval_rows)
 
     writer = _Writer(out_dir, cfg.tensorboard) if primary else _NullWriter()
     start_step = int(jax.device_get(state.step))
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_device()
     throughput = _Throughput(model_config.flops_per_token(cfg.seq_len), peak, mesh.size if mesh is not None else 1)
-    rows_per_step = cfg.batch_size * cfg.grad_accum
+    rows_per_step = cfg.step_rows
     valid_metrics: dict[str, float] = {}
     initial_valid = {}
     if cfg.eval_at_start and start_step == 0:
@@ -535,15 +698,14 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
 
     def batch(step: int) -> list[dict[str, np.ndarray]]:  # this process's rows of each microbatch
         idx = batch_indices(train_rows.num_rows, step * rows_per_step, rows_per_step, cfg.seed)
-        return [train_rows.rows(idx[i * cfg.batch_size: (i + 1) * cfg.batch_size][local])
-                for i in range(cfg.grad_accum)]
+        return [train_rows.rows(idx[i * micro: (i + 1) * micro][local]) for i in range(num_micro)]
 
-    def train_step(state, micro: list[dict[str, np.ndarray]]):
+    def train_step(state, microbatches: list[dict[str, np.ndarray]]):
         t0 = time.perf_counter()
-        if cfg.grad_accum == 1:
-            state, metrics = fns.train_step(state, fns.shard_batch(micro[0], global_rows=cfg.batch_size))
+        if num_micro == 1:
+            state, metrics = fns.train_step(state, fns.shard_batch(microbatches[0], global_rows=micro))
         else:
-            state, metrics = fns.accumulated_step(state, micro, global_rows=cfg.batch_size)
+            state, metrics = fns.accumulated_step(state, microbatches, global_rows=micro)
         throughput.add(metrics, t0)
         return state, metrics
 
@@ -592,6 +754,9 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
                "num_params": model_config.num_params(("params",)), "train_rows": train_rows.num_rows,
                "valid_rows": valid_rows.num_rows, "compile_s": throughput.compile_s, "train": throughput.last, "valid": valid_metrics, "initial_valid": initial_valid,
                "valid_groups": group_metrics, "finished": final_step >= cfg.steps}
+    # the microbatch, recorded when set (a default run's summary and manifest are as before)
+    recorded = {"microbatch_size": micro} if cfg.microbatch_size is not None else {}
+    summary.update(recorded)
     if final_step >= cfg.steps:
         variables = sharding.gather(lm.merge_variables(state.params, state.frozen))
         if primary:
@@ -599,7 +764,8 @@ def run_pretrain(corpus_dir: str, tokenizer_path: str, out_dir: str, config: Pre
         model_dir.save_model(out_dir, model_config, variables, tokenizer, created_by="dpsynth pretrain", extra_manifest={
             "corpus_manifest_sha256": corpus_sha, "steps": final_step, "seq_len": cfg.seq_len,
             "valid_perplexity": valid_metrics.get("perplexity"),
-            "valid_group_perplexity": {g: m.get("perplexity") for g, m in group_metrics.items()}, "train_tokens": final_step * rows_per_step * cfg.seq_len})
+            "valid_group_perplexity": {g: m.get("perplexity") for g, m in group_metrics.items()}, "train_tokens": final_step * rows_per_step * cfg.seq_len,
+            **recorded})
     checkpointer.close()
     return summary
 

@@ -11,7 +11,8 @@ reports, per device (`compiled.memory_analysis()`, `cost_analysis()`):
 
 `ACCELERATORS` holds datasheet figures (peak dense bf16 FLOP/s, HBM, bandwidth, with sources)
 for a roofline time, max(FLOPs / peak, bytes / bandwidth) per call: a lower bound (perfect
-overlap at peak throughput). `largest_microbatch` is the search behind `--microbatch-size auto`.
+overlap at peak throughput). `largest_microbatch` is the search behind `--microbatch-size auto`
+(`dpsynth dp-tune`, and `dpsynth pretrain` over the divisors of its step's batch).
 `dpsynth.train.tune_plan` applies all this to the exact step of a `dp_tune` run
 (`dpsynth.train.finetune.compile_steps`).
 
@@ -22,11 +23,12 @@ float32); compile on the device itself for its own figures (`--microbatch-size a
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -173,51 +175,67 @@ class MicrobatchChoice:
                 f"{self.headroom:.0%} headroom); tried " + ", ".join(f"{m}: {b / GIB:.3f} GiB" for m, b in self.tried))
 
 
-def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, headroom: float = DEFAULT_HEADROOM,
-                       maximum: int, multiple: int = 1) -> MicrobatchChoice:
-    """The largest microbatch m (a multiple of `multiple`, <= `maximum`) with
-    `peak_bytes(m) <= limit_bytes * (1 - headroom)`, assuming the peak grows with m.
+_ADVICE = "use a larger mesh, LoRA/prompt mode, a shorter --max-tokens or a larger --memory-limit"  # dp-tune's
 
-    Doubles from `multiple` until a microbatch does not fit (or `maximum`), then bisects between
-    the last that fits and the first that does not: O(log maximum) compilations.
+
+def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, headroom: float = DEFAULT_HEADROOM,
+                       maximum: int | None = None, multiple: int = 1, candidates: Sequence[int] | None = None,
+                       advice: str = _ADVICE) -> MicrobatchChoice:
+    """The largest microbatch m (a multiple of `multiple`, <= `maximum`; or one of `candidates`,
+    e.g. the divisors of a step's batch) with `peak_bytes(m) <= limit_bytes * (1 - headroom)`,
+    assuming the peak grows with m.
+
+    Doubles from the smallest candidate (to the smallest candidate >= twice the last) until one
+    does not fit (or the largest fits), then bisects the candidates between the last that fits
+    and the first that does not: O(log maximum) compilations.
 
     Raises:
-        PlanError: not even `multiple` fits (the message gives its peak and the budget).
+        PlanError: not even the smallest candidate fits (the message gives its peak, the budget
+            and `advice`).
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"headroom must be in [0, 1), got {headroom}")
     budget = int(limit_bytes * (1 - headroom))
-    maximum = max(multiple, (maximum // multiple) * multiple)
+    if candidates is None:
+        if maximum is None:
+            raise TypeError("largest_microbatch needs `maximum` or `candidates`")
+        maximum = max(multiple, (maximum // multiple) * multiple)
+        sizes: Sequence[int] = range(multiple, maximum + 1, multiple)
+    else:
+        sizes = sorted({int(c) for c in candidates})
+        if not sizes or sizes[0] < 1:
+            raise PlanError(f"no microbatch to try: candidates {list(candidates)}")
     tried: dict[int, int] = {}
 
-    def fits(m: int) -> bool:
+    def fits(i: int) -> bool:
+        m = sizes[i]
         if m not in tried:
             tried[m] = int(peak_bytes(m))
         return tried[m] <= budget
 
-    lo, hi = 0, None  # lo fits (0: none yet), hi does not
-    m = multiple
+    lo, hi = -1, None  # indices into sizes: lo fits (-1: none yet), hi does not
+    i, last = 0, len(sizes) - 1
     while True:
-        if fits(m):
-            lo = m
-            if m == maximum:
+        if fits(i):
+            lo = i
+            if i == last:
                 break
-            m = min(2 * m, maximum)
+            i = min(bisect.bisect_left(sizes, 2 * sizes[i]), last)
         else:
-            hi = m
+            hi = i
             break
-    if lo == 0:
-        raise PlanError(f"no microbatch fits: microbatch {multiple} needs {tried[multiple] / GIB:.3f} GiB per device, "
+    if lo < 0:
+        raise PlanError(f"no microbatch fits: microbatch {sizes[0]} needs {tried[sizes[0]] / GIB:.3f} GiB per device, "
                         f"more than {budget / GIB:.3f} GiB ({limit_bytes / GIB:.3f} GiB less {headroom:.0%} headroom); "
-                        "use a larger mesh, LoRA/prompt mode, a shorter --max-tokens or a larger --memory-limit")
-    while hi is not None and hi - lo > multiple:
-        mid = lo + ((hi - lo) // (2 * multiple)) * multiple
+                        + advice)
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
         if fits(mid):
             lo = mid
         else:
             hi = mid
-    return MicrobatchChoice(microbatch=lo, peak_bytes=tried[lo], budget_bytes=budget, limit_bytes=int(limit_bytes),
-                            headroom=headroom, tried=tuple(tried.items()))
+    return MicrobatchChoice(microbatch=sizes[lo], peak_bytes=tried[sizes[lo]], budget_bytes=budget,
+                            limit_bytes=int(limit_bytes), headroom=headroom, tried=tuple(tried.items()))
 
 
 def memory_limit(memory_limit: int | None, device: jax.Device | None = None) -> int:
@@ -299,10 +317,14 @@ def abstract_variables(model_config, param_dtype: str, base_params: Any = None) 
     return shapes
 
 
-def abstract_batch(rows: int, length: int, sharding=None) -> dict:
+def abstract_batch(rows: int, length: int, sharding=None, *, segment_ids: bool = False) -> dict:
     """An abstract LM microbatch as the trainers feed it ("inputs", "targets" int32 and "weights" float32
-    [rows, length], "mask" [rows]; `dp_tune`'s Prefix-LM rows), placed by `sharding` when given."""
+    [rows, length], "mask" [rows]; `dp_tune`'s Prefix-LM rows; with `segment_ids`, also "segment_ids"
+    int32 [rows, length], pretraining's packed rows), placed by `sharding` when given."""
     spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)  # noqa: E731
-    return {"inputs": spec((rows, length), jnp.int32), "targets": spec((rows, length), jnp.int32),
-            "weights": spec((rows, length), jnp.float32), "mask": spec((rows,), jnp.float32)}
+    batch = {"inputs": spec((rows, length), jnp.int32), "targets": spec((rows, length), jnp.int32),
+             "weights": spec((rows, length), jnp.float32), "mask": spec((rows,), jnp.float32)}
+    if segment_ids:
+        batch["segment_ids"] = spec((rows, length), jnp.int32)
+    return batch
 

@@ -93,6 +93,9 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
     for x, y in zip(jax.tree.leaves(a.variables), jax.tree.leaves(b.variables)):
         np.testing.assert_array_equal(x, y)
     assert a.manifest["steps"] == 6 and a.config.preset == "tiny"
+    # A default run records no microbatch of its own (its manifest and checkpoint metadata are as before).
+    assert "microbatch_size" not in a.manifest and "microbatch_size" not in full
+    assert set(_checkpoint_meta(part)) == DEFAULT_META_KEYS
     # Resuming with another preset / other flags is refused with a clear message.
     with pytest.raises(directory.CheckpointError, match="preset"):
         pretrain.run_pretrain(corpus, tok_path, part, pretrain.PretrainConfig(
@@ -157,6 +160,25 @@ def test_cli_valid_unit_and_groups_reach_the_config(tiny_corpus, tmp_path, capsy
                    "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["valid_groups"]["doc-"]["rows"] > 0
+    # The new settings stay out of a default run's record (so its resume and its owner check are as before).
+    record = json.load(open(tmp_path / "o" / "dpsynth_run.json"))
+    assert not {"microbatch_size", "memory_limit", "memory_headroom"} & set(record["config"])
+    assert "microbatch_size" not in out
+
+
+# The checkpoint metadata of a run with the default settings (before --microbatch-size existed, and now).
+DEFAULT_META_KEYS = {"preset", "model_config", "seq_len", "batch_size", "grad_accum", "seed", "valid_fraction",
+                     "valid_unit", "optimizer", "steps", "rows_consumed", "corpus_manifest_sha256", "tokenizer_sha256"}
+
+
+def _checkpoint_meta(out: str) -> dict:
+    from dpsynth.train.checkpoint import TrainCheckpointer
+
+    ckpt = TrainCheckpointer(os.path.join(out, "checkpoints"))
+    try:
+        return ckpt.read_meta()
+    finally:
+        ckpt.close()
 
 
 def _losses(out: str) -> dict[int, float]:
@@ -224,7 +246,8 @@ def test_cli_flags_are_bound_from_pretrain_config():
     p = cli.build_parser()
     options = {s for a in p._actions for s in a.option_strings}
     assert options == {"-h", "--help", "--corpus", "--tokenizer", "--out", "--preset", "--set", "--seq-len",
-                       "--batch-size", "--grad-accum", "--steps", "--optimizer", "--learning-rate", "--warmup-steps",
+                       "--batch-size", "--grad-accum", "--microbatch-size", "--memory-limit", "--memory-headroom",
+                       "--steps", "--optimizer", "--learning-rate", "--warmup-steps",
                        "--weight-decay", "--z-loss", "--valid-fraction", "--valid-unit", "--valid-group",
                        "--eval-every", "--eval-batches", "--checkpoint-every", "--log-every", "--seed", "--mesh-data",
                        "--mesh-model", "--peak-tflops", "--no-tensorboard", "--resume", "--stop-after",
@@ -234,6 +257,126 @@ def test_cli_flags_are_bound_from_pretrain_config():
     assert binding.from_args(pretrain.PretrainConfig, p.parse_args(req), names) == pretrain.PretrainConfig()
     got = binding.from_args(pretrain.PretrainConfig, p.parse_args(req + [
         "--set", "d_model=128", "--set", "name=x", "--set", "d_model=64", "--valid-group", "h/", "--valid-group", "e:",
-        "--no-tensorboard", "--preset", "small", "--learning-rate", "0.01", "--seq-len", "64"]), names)
+        "--no-tensorboard", "--preset", "small", "--learning-rate", "0.01", "--seq-len", "64",
+        "--microbatch-size", "auto", "--memory-limit", "2GiB", "--memory-headroom", "0.2"]), names)
     assert got == pretrain.PretrainConfig(model_overrides={"d_model": 64, "name": "x"}, valid_groups=("h/", "e:"),
-                                          tensorboard=False, preset="small", learning_rate=0.01, seq_len=64)
+                                          tensorboard=False, preset="small", learning_rate=0.01, seq_len=64,
+                                          microbatch_size="auto", memory_limit=2 * 2**30, memory_headroom=0.2)
+    assert binding.from_args(pretrain.PretrainConfig, p.parse_args(req + ["--microbatch-size", "4"]),
+                             names).microbatch_size == 4
+    for bad in (["--microbatch-size", "four"], ["--memory-limit", "lots"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(req + bad)
+
+
+# ---------------------------------------------------------------- --microbatch-size N|auto
+
+# A step of 8 rows (2 x 4): microbatches 1, 2, 4 (accumulate + apply) or 8 (the fused step).
+MICRO = {**SMALL, "grad_accum": 2, "steps": 2, "log_every": 1}
+
+
+def test_microbatch_setting_is_validated():
+    cfg = pretrain.PretrainConfig(**MICRO)
+    assert cfg.step_rows == 8 and cfg.microbatch == 4 and pretrain.microbatch_candidates(cfg) == [1, 2, 4, 8]
+    assert pretrain.PretrainConfig(**MICRO, microbatch_size=8).microbatch == 8
+    assert pretrain.microbatch_candidates(pretrain.PretrainConfig(**{**MICRO, "batch_size": 6}, mesh_data=2)) == [
+        2, 4, 6, 12]
+    for bad, match in ((3, "must divide"), (0, "positive integer"), ("big", "positive integer"), (True, "positive")):
+        with pytest.raises(pretrain.PretrainError, match=match):
+            pretrain.PretrainConfig(**MICRO, microbatch_size=bad)
+    with pytest.raises(pretrain.PretrainError, match="multiple of the mesh data axis 2"):
+        pretrain.PretrainConfig(**MICRO, microbatch_size=1, mesh_data=2)
+    with pytest.raises(pretrain.PretrainError, match="memory_headroom"):
+        pretrain.PretrainConfig(**MICRO, microbatch_size="auto", memory_headroom=1.0)
+    with pytest.raises(pretrain.PretrainError, match="resolved"):
+        pretrain.PretrainConfig(**MICRO, microbatch_size="auto").microbatch
+    # Resuming: another microbatch than the checkpoint's is refused; auto keeps the checkpoint's.
+    meta = {"preset": "tiny", "model_config": {}, "seq_len": 32, "batch_size": 4, "grad_accum": 2, "seed": 0,
+            "valid_fraction": 0.02, "valid_unit": "block", "optimizer": "adam", "steps": 2,
+            "corpus_manifest_sha256": "c", "tokenizer_sha256": "t"}
+    pretrain._check_resume_meta(meta, {**meta, "microbatch_size": 4}, "ckpt")  # a default run's checkpoint: 4 rows
+    pretrain._check_resume_meta({**meta, "microbatch_size": 2}, {**meta, "microbatch_size": "auto"}, "ckpt")
+    with pytest.raises(directory.CheckpointError, match="microbatch_size=2 but this run has 4"):
+        pretrain._check_resume_meta({**meta, "microbatch_size": 2}, meta, "ckpt")
+    resolved = pretrain.resolve_microbatch(pretrain.PretrainConfig(**MICRO, microbatch_size="auto"), None,
+                                           resumed={**meta, "microbatch_size": 2})
+    assert resolved.microbatch_size == 2
+
+
+def test_auto_microbatch_needs_a_memory_limit_on_cpu_and_refuses_when_none_fits(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, _ = tiny_corpus
+    argv = ["--corpus", corpus, "--tokenizer", tok_path, "--preset", "tiny", "--set", "num_layers=1", "--set",
+            "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--grad-accum", "2", "--steps", "2", "--no-tensorboard",
+            "--microbatch-size", "auto"]
+    rc = cli.main(argv + ["--out", str(tmp_path / "cpu")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--memory-limit" in err and "does not report its memory" in err and "\n" not in err
+    rc = cli.main(argv + ["--out", str(tmp_path / "none"), "--memory-limit", "100KB"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no microbatch fits: microbatch 1 needs" in err[0] and "--seq-len" in err[0]
+    assert not os.path.exists(tmp_path / "none") and not os.path.exists(tmp_path / "cpu")  # refused before training
+
+
+@pytest.mark.slow  # ~6 step compilations (~25 s on 2 loaded cores)
+def test_auto_microbatch_is_the_largest_that_fits(tiny_corpus):
+    _, _, tok = tiny_corpus
+    cfg = pretrain.PretrainConfig(**MICRO, microbatch_size="auto")
+    model_config = cfg.model_config(tok.vocab_size)
+    costs = pretrain.compile_steps(cfg, model_config, microbatch=4)
+    assert set(costs) == {"accumulate", "apply"}
+    assert set(pretrain.compile_steps(cfg, model_config, microbatch=8)) == {"train"}  # one microbatch: the fused step
+    limit = max(c.total_bytes for c in costs.values())  # microbatch 4 fits exactly
+    choice = pretrain.auto_microbatch(cfg, model_config, limit_bytes=limit, headroom=0.0)
+    tried = dict(choice.tried)
+    assert choice.microbatch == 4 and choice.peak_bytes == limit == choice.budget_bytes
+    assert tried[8] > choice.budget_bytes  # the next larger candidate was compiled and does not fit
+    assert all(b <= limit for m, b in tried.items() if m <= 4)
+    # The headroom is taken off the limit: half of twice that peak is the same budget.
+    halved = pretrain.auto_microbatch(cfg, model_config, limit_bytes=2 * limit, headroom=0.5)
+    assert halved.microbatch == 4 and halved.budget_bytes == limit
+    with pytest.raises(Exception, match="no microbatch fits") as e:
+        pretrain.auto_microbatch(cfg, model_config, limit_bytes=tried[1] - 1, headroom=0.0)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # four short runs and a search (~60 s)
+def test_cli_microbatch_auto_runs_logs_records_and_resumes(tiny_corpus, tmp_path, capsys):
+    from trainers import pretrain as cli
+
+    corpus, tok_path, tok = tiny_corpus
+    cfg = pretrain.PretrainConfig(**MICRO)
+    costs = pretrain.compile_steps(cfg, cfg.model_config(tok.vocab_size), microbatch=4)
+    limit = max(c.total_bytes for c in costs.values())
+    argv = ["--corpus", corpus, "--tokenizer", tok_path, "--preset", "tiny", "--set", "num_layers=1", "--set",
+            "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--grad-accum", "2", "--steps", "2", "--log-every", "1",
+            "--checkpoint-every", "1", "--no-tensorboard"]
+    auto = argv + ["--microbatch-size", "auto", "--memory-limit", str(limit), "--memory-headroom", "0"]
+    # Killed after step 1, resumed with another memory limit: the checkpoint's microbatch is kept.
+    assert cli.main(auto + ["--out", str(tmp_path / "auto"), "--stop-after", "1"]) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("microbatch auto:"))
+    assert "microbatch 4:" in line and "8: " in line and "2 microbatch(es) per step of 8 rows" in line
+    assert _checkpoint_meta(str(tmp_path / "auto"))["microbatch_size"] == 4
+    resumed = auto[:-4] + ["--memory-limit", "1GiB", "--memory-headroom", "0.5"]
+    assert cli.main(resumed + ["--out", str(tmp_path / "auto"), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "microbatch auto: microbatch 4, the checkpoint's" in captured.err
+    assert json.loads(captured.out)["microbatch_size"] == 4
+    model = directory.load_model(str(tmp_path / "auto"))
+    assert model.manifest["microbatch_size"] == 4
+    record = json.load(open(tmp_path / "auto" / "dpsynth_run.json"))
+    assert "microbatch_size" in record["config"] and "memory_limit" not in record["config"]
+    # The same microbatch given by hand: the same run, bit for bit; the default split (2 x 4) too.
+    assert cli.main(argv + ["--out", str(tmp_path / "four"), "--microbatch-size", "4"]) == 0
+    assert cli.main(argv + ["--out", str(tmp_path / "default")]) == 0
+    # The whole step as one microbatch (the fused step): the same mean gradient up to float rounding.
+    assert cli.main(argv + ["--out", str(tmp_path / "eight"), "--microbatch-size", "8"]) == 0
+    capsys.readouterr()
+    for name, tol in (("four", 0.0), ("default", 0.0), ("eight", 1e-5)):
+        assert _max_diff(directory.load_model(str(tmp_path / name)).variables, model.variables) <= tol, name
+    # Resuming with another microbatch than the checkpoint's is refused.
+    with pytest.raises(directory.CheckpointError, match="microbatch_size=4 but this run has 2"):
+        pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "auto"),
+                              pretrain.PretrainConfig(**MICRO, microbatch_size=2), resume=True)
