@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "lora_targets": {"choices": LORA_TARGETS},
         "prompt_init": {"choices": tune.PROMPT_INITS},
         "template": {"help": "label prompt; {label} is replaced by the label"},
-        "max_tokens": {"type": _int_or_auto, "metavar": "N|auto",
+        "max_tokens": {"type": binding.int_or_auto, "metavar": "N|auto",
                        "help": "tokens per example (BOS + prompt + text + EOS; longer are truncated); auto (with "
                                "--recipe auto): the candidate length nearest the 90%% quantile of D_train's, chosen "
                                f"with {100 * recipe_lib.LENGTH_EPSILON_SHARE:.0f}%% of --epsilon (composed into the ledger)"},
