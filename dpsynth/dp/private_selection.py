@@ -212,3 +212,100 @@ def guarantee(entries: Sequence[Mapping[str, Any]], delta: float, how: str) -> d
 def within_tuning(tuning_epsilon: float, selection_epsilon: float) -> bool:
     """Whether a parallel selection leaves the release at the tuning's epsilon (eps_s <= eps_t)."""
     return float(selection_epsilon) <= float(tuning_epsilon)
+
+
+# ---------------------------------------------------------------------- a selected release's report
+# One home for what a DP selection among candidates releases (`dpsynth select` among corpora,
+# `dpsynth dp-tune --sweep-select-epsilon` among sweep trials): the winner's privacy report with
+# every candidate's tuning entries and the selection's entry composed, as `guarantee` says.
+
+
+def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
+    """Every distinct candidate ledger's entries (each ledger once) and their common delta.
+
+    Raises ValueError for a candidate without a privacy report (a non-private corpus cannot be
+    selected into a DP release) or for different deltas.
+    """
+    import json
+
+    from dpsynth.dp import report as report_lib
+
+    seen, entries, deltas = set(), [], set()
+    for i, rep in enumerate(reports):
+        if not rep:
+            raise ValueError(f"candidate {i} has no privacy report: a non-private corpus cannot be selected with DP")
+        report_lib.check_report(dict(rep), f"candidate {i}'s privacy report")
+        deltas.add(float(rep["delta"]))
+        key = json.dumps(rep["ledger"]["entries"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            entries += [dict(e) for e in rep["ledger"]["entries"]]
+    if len(deltas) != 1:
+        raise ValueError(f"the candidates' privacy reports have different deltas {sorted(deltas)}")
+    return entries, deltas.pop()
+
+
+def reads_valid_without_dp(report: Mapping[str, Any]) -> bool:
+    """Whether the tuning's report declares a non-DP use of D_valid (a validation-based sweep selection)."""
+    return any(str(ch.get("name", "")).startswith("validation-based") or "selected-only" in str(ch.get("name", ""))
+               for ch in report.get("side_channels", []))
+
+
+def check_candidates(names: Sequence[str], scores: Sequence[float],
+                     reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
+    """`tuning_entries(reports)`, after checking one score and one report per candidate (>= 1)."""
+    if not (len(names) == len(scores) == len(reports)) or not names:
+        raise ValueError("a selection needs one score and one privacy report per candidate, and at least one candidate")
+    return tuning_entries(reports)
+
+
+def select_release(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapping[str, Any] | None],
+                   mech: DpSelection, *, split: str, rng: np.random.Generator, entry_name: str, selected_by: str,
+                   covers: str) -> tuple[int, dict, dict]:
+    """Selects one candidate with `mech` and builds the release's privacy report.
+
+    Returns (winner, the selection's ledger entry on D_valid, the winner's report refreshed with
+    every candidate's tuning entries and the selection's entry, its `epsilon` as `guarantee`
+    composes them, and a `selection` section). `covers` is appended to the report's coverage.
+    """
+    from dpsynth.dp import report as report_lib
+
+    entries, delta = check_candidates(names, scores, reports)
+    winner = mech.choose(scores, rng)
+    entry = mech.ledger_entry(len(names), name=entry_name, group=group_size(split))
+    how = composition(split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
+    g = guarantee(entries + [entry], delta, how)
+    tuning_eps = guarantee(entries, delta, SEQUENTIAL)["epsilon"]
+    rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
+    fmt = report_lib._fmt_eps
+    rep["epsilon"] = {k: fmt(v) for k, v in g["epsilon"].items()}
+    rep["covers"] = rep.get("covers", "") + "; and " + covers
+    acc = rep.get("accountant", "rdp")
+    rep["selection"] = {
+        "candidates": list(names), "selected": names[winner], "selected_by": selected_by,
+        **mech.to_json(), "split": split, "composition": how,
+        "within_tuning_epsilon": how == PARALLEL and within_tuning(tuning_eps.get(acc) or 0.0,
+                                                                   g["epsilon_by_dataset"][VALID].get(acc) or 0.0),
+        "epsilon_tuning": {k: fmt(v) for k, v in tuning_eps.items()},
+        "epsilon_by_dataset": {d: {k: fmt(v) for k, v in e.items()} for d, e in g["epsilon_by_dataset"].items()},
+        "epsilon_sequential": {k: fmt(v) for k, v in g["epsilon_sequential"].items()},
+        "guarantee": _guarantee_text(how, split),
+    }
+    return winner, entry, rep
+
+
+def _ledger(report, entries, delta):
+    from dpsynth.dp.ledger import PrivacyLedger
+
+    target = report["ledger"]["target_epsilon"]
+    return PrivacyLedger(delta=delta, target_epsilon=float(target), accountant=report["ledger"]["accountant"],
+                         entries=[dict(e) for e in entries])
+
+
+def _guarantee_text(how: str, split: str) -> str:
+    if how == PARALLEL:
+        return (f"D_valid was split from D data-independently ({split}) and the tuning did not read it: one record "
+                "changes D_train or D_valid, never both, so the release is (max(epsilon_tuning, epsilon_selection), "
+                "delta)-DP with respect to D (parallel composition)")
+    return (f"the split ({split}) is not data-independent or the tuning read D_valid without DP: the tuning and the "
+            "selection compose sequentially (every ledger entry composed)")

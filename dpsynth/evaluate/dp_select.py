@@ -22,7 +22,6 @@ read D_valid without DP, else their sequential composition. `selection.compositi
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -117,89 +116,26 @@ def correct_counts(corpus: corpora.Corpus, valid: Sequence[Mapping], config: Sel
     return float(res.test_mean["real_valid"]) * len(valid)
 
 
-def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
-    """Every distinct candidate ledger's entries (each ledger once) and their common delta.
-
-    Raises ValueError for a candidate without a privacy report (a non-private corpus cannot be
-    selected into a DP release) or for different deltas.
-    """
-    seen, entries, deltas = set(), [], set()
-    for i, rep in enumerate(reports):
-        if not rep:
-            raise ValueError(f"candidate {i} has no privacy report: a non-private corpus cannot be selected with DP")
-        report_lib.check_report(dict(rep), f"candidate {i}'s privacy report")
-        deltas.add(float(rep["delta"]))
-        key = json.dumps(rep["ledger"]["entries"], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            entries += [dict(e) for e in rep["ledger"]["entries"]]
-    if len(deltas) != 1:
-        raise ValueError(f"the candidates' privacy reports have different deltas {sorted(deltas)}")
-    return entries, deltas.pop()
-
-
-def reads_valid_without_dp(report: Mapping[str, Any]) -> bool:
-    """Whether the tuning's report declares a non-DP use of D_valid (a validation-based sweep selection)."""
-    return any(str(ch.get("name", "")).startswith("validation-based") or "selected-only" in str(ch.get("name", ""))
-               for ch in report.get("side_channels", []))
+tuning_entries = ps.tuning_entries  # (declared in `dpsynth.dp.private_selection`, shared with the dp-tune sweep)
+reads_valid_without_dp = ps.reads_valid_without_dp
 
 
 def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapping[str, Any] | None],
            config: SelectConfig, rng: np.random.Generator | None = None) -> Selection:
-    """DP-selects one candidate by its `scores` (counts on D_valid) and builds its privacy report."""
-    if not (len(names) == len(scores) == len(reports)) or not names:
-        raise ValueError("select needs one score and one privacy report per candidate, and at least one candidate")
-    entries, delta = tuning_entries(reports)
+    """DP-selects one candidate by its `scores` (counts on D_valid) and builds its privacy report
+    (`dpsynth.dp.private_selection.select_release`)."""
+    _, delta = ps.check_candidates(names, scores, reports)
     mech = ps.DpSelection(epsilon=config.epsilon, mechanism=config.mechanism,
                           delta=config.delta if config.delta is not None else delta)
     rng = rng if rng is not None else np.random.default_rng(config.seed if config.seed is not None
                                                             else seeds.secret_seed())
-    winner = mech.choose(scores, rng)
-    entry = mech.ledger_entry(len(names), name=f"dp_selection among {len(names)} corpora",
-                              group=ps.group_size(config.split))
-    how = ps.composition(config.split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
-    g = ps.guarantee(entries + [entry], delta, how)
-    tuning_eps = ps.guarantee(entries, delta, ps.SEQUENTIAL)["epsilon"]
-    rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
-    rep["epsilon"] = {k: _fmt(v) for k, v in g["epsilon"].items()}
-    rep["covers"] = (rep.get("covers", "") + "; and the choice of this corpus among the candidates on the real "
-                     "D_valid (DP, see `selection`)")
-    acc = rep.get("accountant", "rdp")
-    rep["selection"] = {
-        "candidates": list(names), "selected": names[winner], "selected_by":
-            f"correct predictions of a {config.classifier} (trained on each candidate's synthetic train split, "
-            "selected on its synthetic valid split) on the real D_valid, released through "
-            f"{mech.mechanism} selection at epsilon {config.epsilon:g}",
-        **mech.to_json(), "split": config.split, "composition": how,
-        "within_tuning_epsilon": how == ps.PARALLEL and ps.within_tuning(tuning_eps.get(acc) or 0.0,
-                                                                        g["epsilon_by_dataset"][ps.VALID].get(acc) or 0.0),
-        "epsilon_tuning": {k: _fmt(v) for k, v in tuning_eps.items()},
-        "epsilon_by_dataset": {d: {k: _fmt(v) for k, v in e.items()} for d, e in g["epsilon_by_dataset"].items()},
-        "epsilon_sequential": {k: _fmt(v) for k, v in g["epsilon_sequential"].items()},
-        "guarantee": _guarantee_text(how, config.split),
-    }
+    winner, entry, rep = ps.select_release(
+        names, scores, reports, mech, split=config.split, rng=rng, entry_name=f"dp_selection among {len(names)} corpora",
+        selected_by=f"correct predictions of a {config.classifier} (trained on each candidate's synthetic train split, "
+                    "selected on its synthetic valid split) on the real D_valid, released through "
+                    f"{mech.mechanism} selection at epsilon {config.epsilon:g}",
+        covers="the choice of this corpus among the candidates on the real D_valid (DP, see `selection`)")
     return Selection(tuple(names), winner, tuple(float(s) for s in scores), entry, mech.to_json(), rep)
-
-
-def _ledger(report, entries, delta):
-    from dpsynth.dp.ledger import PrivacyLedger
-
-    target = report["ledger"]["target_epsilon"]
-    return PrivacyLedger(delta=delta, target_epsilon=float(target), accountant=report["ledger"]["accountant"],
-                         entries=[dict(e) for e in entries])
-
-
-def _fmt(x):
-    return report_lib._fmt_eps(x)
-
-
-def _guarantee_text(how: str, split: str) -> str:
-    if how == ps.PARALLEL:
-        return (f"D_valid was split from D data-independently ({split}) and the tuning did not read it: one record "
-                "changes D_train or D_valid, never both, so the release is (max(epsilon_tuning, epsilon_selection), "
-                "delta)-DP with respect to D (parallel composition)")
-    return (f"the split ({split}) is not data-independent or the tuning read D_valid without DP: the tuning and the "
-            "selection compose sequentially (every ledger entry composed)")
 
 
 def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: SelectConfig,
