@@ -89,6 +89,7 @@ SAME_CONSTANT = {
     "NAMESPACE": "the Beam metrics namespace of two pipelines",
     "VALID_FRACTION": "two data sources' own validation split (the embedded reviews, TFDS), both the paper's 10%",
     "EXAMPLE_CHARS": "the experiment's stage report and the evaluation report each cut examples to a width",
+    "AUTO": "the value 'auto' of two unrelated settings (the MAUVE embedder, dp-tune's example length)",
 }
 # Constants found declared twice (issue 36; FORMATS with different contents): at most one literal
 # declaration each now, every other module imports it or derives it (FORMATS from the readers' REGISTRY).

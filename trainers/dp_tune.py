@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the same flags and --resume")
     p.add_argument("--sweep-lr", type=float, nargs="*", default=None, help="learning-rate grid (sweep)")
     p.add_argument("--sweep-clip", type=float, nargs="*", default=None, help="clipping-norm grid (sweep)")
+    p.add_argument("--sweep-select-epsilon", type=float, default=None, metavar="EPS",
+                   help="select the sweep's trial on D_valid with DP (exponential mechanism on the clipped validation "
+                        "loss, epsilon EPS on D_valid, in the ledger) instead of the non-DP lowest loss")
+    p.add_argument("--valid-split", choices=("files", "hash", "positional"), default="files",
+                   help="with --sweep-select-epsilon: how D_valid was split from D (files/hash: data-independent, the "
+                        "selection composes in parallel with the tuning; positional: sequentially)")
     p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
     p.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")
@@ -175,13 +181,16 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
     if args.stop_after is not None and args.stop_after < 1:
         raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
+    if args.sweep_select_epsilon is not None and not (args.sweep_lr or args.sweep_clip):
+        raise tune.TuneError("--sweep-select-epsilon selects among a sweep's trials: give --sweep-lr and/or --sweep-clip")
     if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
         raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
     if args.sweep_lr or args.sweep_clip:
         result, _ = sweep_lib.sweep(args.base, train.records, valid, args.out, config,
                                     learning_rates=args.sweep_lr or [config.learning_rate],
                                     clip_norms=args.sweep_clip or [config.clip_norm],
-                                    sweep_accounting=args.sweep_accounting, **kwargs)
+                                    sweep_accounting=args.sweep_accounting, select_epsilon=args.sweep_select_epsilon,
+                                    valid_split=args.valid_split, **kwargs)
     else:
         result = tune.dp_tune(args.base, train.records, valid, args.out, config, resume=args.resume,
                               stop_after=args.stop_after, **kwargs)

@@ -23,7 +23,7 @@ from dpsynth import binding, errors, logs
 
 # TuneConfig fields that do not change the compiled step (or that need the data): no flag here.
 _NOT_FLAGS = ("template", "full_lm", "label_dropout", "seed", "checkpoint_every", "privacy_unit",
-              "max_examples_per_user", "recipe", "token_budget", "max_batch_size")
+              "max_examples_per_user", "recipe", "token_budget", "time_budget", "max_batch_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "optimizer": {"choices": tune.OPTIMIZERS},
         "lora_targets": {"choices": LORA_TARGETS},
         "prompt_init": {"choices": tune.PROMPT_INITS},
-        "max_tokens": {"help": "tokens per example; rows are max_tokens - 1 long (the longest dp-tune pads to)"},
+        "max_tokens": {"type": int, "help": "tokens per example; rows are max_tokens - 1 long (the longest dp-tune pads to)"},
         "mechanism": {"choices": mechanisms.names()},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
