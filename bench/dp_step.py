@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from dpsynth.train import finetune as tune  # noqa: E402
+from dpsynth.dp.plan import plan_privacy  # noqa: E402
 from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
 from dpsynth.models import Transformer, get_config  # noqa: E402
 from dpsynth.train import core, lm  # noqa: E402
@@ -114,7 +115,8 @@ def measure_wordcnn(strategy_name: str, vocab: int, dim: int, b: int, t: int, re
         strategy, loss_fn = core.MeanGradient(), tr.classification_loss(model)
     else:
         dp = tr.DPConfig(epsilon=1.0, clip_norm=1.0, sparse_embedding=strategy_name == "sparse")
-        strategy = trainer.dp_strategy(dp, 1.0, float(b))
+        plan = plan_privacy(dataset_size=10 * b, expected_batch_size=float(b), steps=1, noise_multiplier=1.0)
+        strategy, _ = trainer.dp_mechanism(dp, plan, num_units=10 * b, seed=0)
         loss_fn = tr.embedded_loss(model, strategy.embedding) if strategy.embedding else tr.classification_loss(model)
     fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
     state = fns.init_state(params, {}, rng=0)

@@ -327,16 +327,20 @@ class Trainer:
             patience=config.patience, desc=desc)
         return _trial_result(best, tests_scores, best_epoch, epochs, steps)
 
-    def dp_strategy(self, dp: DPConfig, sigma: float, expected_batch_size: float):
-        """`DPSGDStrategy`; sparse-embedding clipping (same result, no per-example table copies)
-        when the model declares an embedding table and `dp.sparse_embedding`."""
-        from dpsynth.dp import sparse
-        from dpsynth.dp.strategy import DPSGDStrategy
+    def dp_mechanism(self, dp: DPConfig, plan, *, num_units: int, seed: int):
+        """(strategy, Poisson sampler) of `plan`, built by its registered mechanism
+        (`dpsynth.dp.mechanisms`); with sparse-embedding clipping (same result, no per-example
+        table copies) when the model declares an embedding table and `dp.sparse_embedding`."""
+        from dpsynth.dp import mechanisms, sparse
 
+        mech = mechanisms.get(plan.mechanism)
+        built = mech.build(plan, clip_norm=dp.clip_norm, num_units=num_units, microbatch_size=dp.microbatch_size,
+                           seed=seed, per_user=False)
         path = self.model.embedding_path if dp.sparse_embedding else None
-        spec = sparse.EmbeddingSpec(param_path=path, ids_key="x") if path else None
-        return DPSGDStrategy(clip_norm=dp.clip_norm, noise_multiplier=sigma,
-                             expected_batch_size=expected_batch_size, embedding=spec)
+        if not path:
+            return built.strategy, built.sampler
+        spec = sparse.EmbeddingSpec(param_path=path, ids_key="x")
+        return mech.sparse_embedding_strategy(plan, clip_norm=dp.clip_norm, embedding=spec), built.sampler
 
     def train_dp(self, train: Split, valid: Split, tests: Mapping[str, Split], config: TrainConfig,
                  dp: DPConfig, *, plan=None, seed: int | None = None, desc: str = "dp classifier") -> TrialResult:
@@ -361,9 +365,8 @@ class Trainer:
         if seed is None:
             seed = dp.seed if dp.seed is not None else seeds.secret_seed()
         q, sigma, total_steps = plan.sampling_probability, plan.noise_multiplier, plan.steps
-        strategy = self.dp_strategy(dp, sigma, plan.expected_batch_size)
+        strategy, sampler = self.dp_mechanism(dp, plan, num_units=n, seed=seed)
         fns = self.fns(strategy, key=("dp", dp.clip_norm, sigma, plan.expected_batch_size, strategy.embedding))
-        sampler = sampling.PoissonSampler(n, plan.expected_batch_size, dp.microbatch_size, seed=seed)
         steps_per_epoch = max(1, math.ceil(1.0 / q))
         examples = {"x": train.x, "y": train.y}
         state = self._init_state(fns, config, rng=jax.random.fold_in(seeds.jax_key(seed), _NOISE_STREAM))

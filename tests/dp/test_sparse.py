@@ -117,6 +117,7 @@ def test_strategy_sparse_equals_dense():
 def test_dp_wordcnn_step_sparse_equals_dense():
     """The DP-on-real WordCNN accumulate step: sparse path == dense vmap(grad) path."""
     from dpsynth.evaluate import classifiers, wordcnn
+    from dpsynth.dp.plan import plan_privacy
     from dpsynth.evaluate import trainer as tr
 
     cfg = classifiers.WordCNNConfig(vocab_words=30, embed_dim=8, filters=6, hidden=5, max_len=10)
@@ -134,7 +135,8 @@ def test_dp_wordcnn_step_sparse_equals_dense():
     sums = {}
     for sparse_embedding in (False, True):
         dp = tr.DPConfig(epsilon=1.0, clip_norm=clip_norm, sparse_embedding=sparse_embedding)
-        strategy = trainer.dp_strategy(dp, 1.0, 8.0)
+        plan = plan_privacy(dataset_size=80, expected_batch_size=8.0, steps=1, noise_multiplier=1.0)
+        strategy, _ = trainer.dp_mechanism(dp, plan, num_units=80, seed=0)
         assert (strategy.embedding is not None) == sparse_embedding
         fns = trainer.fns(strategy, key=("test", sparse_embedding))
         state = trainer._init_state(fns, config)
