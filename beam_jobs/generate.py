@@ -2,6 +2,7 @@
 
     dpsynth generate --model DIR --num-examples N [--valid-examples M] --out DIR \
         [--temperature 1.0] [--top-k 0] [--min-p 0] [--num-decodes 1] [--max-len 512] \
+        [--batch-size 16|auto [--memory-limit BYTES] [--memory-headroom 0.1]] \
         [--guidance W [--guidance-contrast others|null]] \
         [--label-distribution uniform|dp-histogram --label-source D_TRAIN --label-epsilon E] \
         [--format jsonl,parquet,tfrecord] [--train D_TRAIN [--audit-dir DIR]] [Beam flags...]
@@ -13,6 +14,7 @@ Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode=mult
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -21,6 +23,20 @@ from dpsynth.data import dead_letters, readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
 from dpsynth.generate.sampler_config import SamplingOptions
+from dpsynth.train import resources
+
+
+# The fields of GenerateConfig bound through `binding` (declared there, help included); the others have
+# flags of their own form below, or none.
+_BOUND = ("batch_size", "memory_limit", "memory_headroom")
+_NOT_BOUND = tuple(f.name for f in dataclasses.fields(GenerateConfig) if f.name not in _BOUND)
+
+
+def _bytes(text: str) -> int:
+    try:
+        return resources.parse_bytes(text)
+    except resources.PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="job seed (shard seeds derive from it)")
     binding.add_flags(p, SamplingOptions)  # --temperature, --top-k, --min-p, ...: declared by SamplerConfig
     p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per compiled sampler call")
+    binding.add_flags(p, GenerateConfig, skip=_NOT_BOUND, overrides={  # --batch-size, --memory-limit, --memory-headroom
+        "batch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
+        "memory_limit": {"type": _bytes, "metavar": "BYTES"},
+    })
     p.add_argument("--examples-per-shard", type=int, default=256, help="unit of work and of resume")
     p.add_argument("--cores-per-worker", type=int, default=0,
                    help="pin each worker process to this many cores of its machine (0: no pinning)")
@@ -83,11 +102,14 @@ def run(argv=None, test_pipeline=None) -> dict:
         seed=args.seed, sampling=binding.from_args(SamplingOptions, args),
         max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
         labels=labels, formats=formats, allow_non_private=args.allow_non_private,
-        cores_per_worker=args.cores_per_worker,
+        cores_per_worker=args.cores_per_worker, memory_limit=args.memory_limit, memory_headroom=args.memory_headroom,
     )
     private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
+    # The run record holds --batch-size as given ("auto" or N; generation_config.json holds the batch it
+    # resolved to); the memory budget of auto stays out of it (a rerun keeps its recorded batch), so a
+    # default run's record is as before.
     with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
-                      ignore=("format", "train", "min_shared_tokens"),
+                      ignore=("format", "train", "min_shared_tokens", "memory_limit", "memory_headroom"),
                       writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
         return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
                         train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)

@@ -9,17 +9,20 @@ Flow of `generate(config)`:
   1. Read the model directory's manifest (no weights): label set and label-prompt template
      (`dpsynth.train.prompts.labels_of` / `template_of`), maximum length, privacy report
      (refused without one unless `allow_non_private`).
-  2. Plan every shard up front: `ShardSpec(split, index, num_shards, start, labels, seed)`
+  2. `--batch-size auto` (`batch_size="auto"`): the largest batch whose compiled sampler call fits
+     the device memory, found on abstract arrays (`auto_batch.resolve_batch`; a rerun keeps the
+     batch its output directory records).
+  3. Plan every shard up front: `ShardSpec(split, index, num_shards, start, labels, seed)`
      with `seed = hash(job seed, split, index)` and the labels of its examples (exact,
      shuffled counts from the label distribution). A config hash covers everything that
      determines the output.
-  3. `DIR/generation_config.json` is written first; a directory holding another job's config
+  4. `DIR/generation_config.json` is written first; a directory holding another job's config
      is refused. Shards whose file already exists (complete) are skipped, so a rerun after a
      failure regenerates only the missing ones.
-  4. Beam: `Create(specs) | Reshuffle | ParDo(GenerateShardFn)`; each worker loads the model
+  5. Beam: `Create(specs) | Reshuffle | ParDo(GenerateShardFn)`; each worker loads the model
      once (`setup`), samples its shards in fixed-shape batches with the KV cache and writes
      `DIR/shards/{split}-{index:05d}-of-{n:05d}.jsonl` atomically (temporary file + rename).
-  5. The driver merges the shards in index order into `DIR/{split}.jsonl` (and Parquet /
+  6. The driver merges the shards in index order into `DIR/{split}.jsonl` (and Parquet /
      TFRecord when asked), writes `DIR/manifest.json`, copies the privacy report and writes
      `DIR/generation_report.json` (computed from the synthetic data alone). Only when asked
      (`train_path`), the memorisation audit against D_train (NOT DP) goes to an owner-only
@@ -27,7 +30,9 @@ Flow of `generate(config)`:
 
 Determinism: example i of a shard is sampled with key `fold_in(shard_key, i)`, and a shard's
 batches depend only on its spec, so the bytes of every output are the same whatever the
-runner, the number of workers or the order in which shards run.
+runner, the number of workers or the order in which shards run. The batch size changes no draw
+either, but it is in the config hash: another batch can change the output through float
+rounding alone (`auto_batch`).
 """
 
 from __future__ import annotations
@@ -136,6 +141,10 @@ def generate(
     dist = config.label_distribution
     if label_histogram is not None or (dist is not None and dist.source == "dp_histogram"):
         check_label_histogram(config.model_dir)  # refused before the draw and before anything is written
+    if config.batch_size == "auto":  # before the draw and before anything is written: a refusal spends and writes nothing
+        from dpsynth.generate.auto_batch import resolve_batch
+
+        config = resolve_batch(config)
     if label_histogram is not None:
         config = draw_label_histogram(config, label_histogram)
     info = read_model_info(config.model_dir)

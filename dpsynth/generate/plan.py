@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,9 +20,11 @@ from typing import Any
 from dpsynth.generate import labels as labels_lib
 from dpsynth.generate.model_info import GenerateError, ModelInfo, check_label_histogram, model_delta, read_model_info
 from dpsynth.generate.postprocess import PostprocessConfig
+from dpsynth import binding
 from dpsynth.binding import SettingError, flag_name
 from dpsynth.generate.sampler_config import SamplerConfig, SamplingOptions
 from dpsynth.train.prompts import NULL_LABEL
+from dpsynth.train.resources import DEFAULT_HEADROOM
 
 FORMAT = "dpsynth.synthetic"
 FORMAT_VERSION = 1
@@ -44,7 +47,18 @@ class GenerateConfig:
       sampling: the sampling options (`SamplingOptions`: temperature, top-k, min-p, guidance,
         ...; declared and validated by `SamplerConfig`).
       max_len: total tokens per example (prompt + text); None = min(512, the model's).
-      batch_size: prompts per compiled sampler call.
+      batch_size: prompts per compiled sampler call (and per call of the off_label scorer), or
+        "auto": the largest batch, at most a shard's examples, whose compiled sampler call
+        (prefill + KV-cache decode of this model, sampling settings, max_len and longest label
+        prompt; with the off_label filter also its scoring pass) fits `memory_limit` (default:
+        the device's memory) less `memory_headroom`, found by `generate` before anything is
+        written or drawn (`dpsynth.generate.auto_batch`). The resolved batch is the one
+        recorded (`generation_config.json`), and a rerun into the same output keeps it. Every
+        example has its own key, so the batch changes no draw; it can change the output only
+        through float rounding (a row's logits computed in another order at another batch
+        shape), which is why it stays in the config hash.
+      memory_limit, memory_headroom: the budget of batch_size "auto": bytes per device (None:
+        the device's `memory_stats()`; required on CPU) and the fraction left free.
       examples_per_shard: examples per output shard (the unit of work and of resume).
       labels: labels to generate (a subset of the model's; None = all of them).
       label_distribution: None = uniform over `labels`; else e.g. a DP label histogram.
@@ -71,7 +85,12 @@ class GenerateConfig:
     seed: int = 0
     sampling: SamplingOptions = SamplingOptions()
     max_len: int | None = None
-    batch_size: int = 16
+    batch_size: int | str = binding.setting(16, help="prompts per compiled sampler call; auto: the largest (at most "
+                                            "a shard's examples) whose compiled call fits the device memory less "
+                                            "--memory-headroom (logged with its figures; on CPU give --memory-limit), "
+                                            "recorded in generation_config.json. Each example has its own key, so the "
+                                            "batch changes the samples only by float rounding (a score's last digit, "
+                                            "rarely a token)")
     examples_per_shard: int = 256
     labels: tuple[str, ...] | None = None
     label_distribution: labels_lib.LabelDistribution | None = None
@@ -79,12 +98,24 @@ class GenerateConfig:
     allow_non_private: bool = False
     cores_per_worker: int = 0
     postprocess: PostprocessConfig | None = None
+    memory_limit: int | None = binding.setting(None, help="--batch-size auto: device memory to fit in (e.g. 80GB, "
+                                                          "16GiB; default: the device's)")
+    memory_headroom: float = binding.setting(DEFAULT_HEADROOM, help="--batch-size auto: fraction of the memory left "
+                                                                    f"free (default {DEFAULT_HEADROOM})")
 
     def __post_init__(self):
         if int(self.num_examples) != self.num_examples or self.num_examples <= 0:
             raise GenerateError(f"--num-examples must be a positive integer, got {self.num_examples}")
         if int(self.valid_examples) != self.valid_examples or self.valid_examples < 0:
             raise GenerateError(f"--valid-examples must be an integer >= 0, got {self.valid_examples}")
+        b = self.batch_size
+        if b != "auto" and (isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1):
+            raise GenerateError(f"--batch-size must be a positive integer or 'auto', got {b!r}")
+        if self.memory_limit is not None and (isinstance(self.memory_limit, bool) or not isinstance(self.memory_limit, int)
+                                              or self.memory_limit <= 0):
+            raise GenerateError(f"--memory-limit must be a positive number of bytes, got {self.memory_limit!r}")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise GenerateError(f"--memory-headroom must be in [0, 1), got {self.memory_headroom}")
         if self.examples_per_shard < 1:
             raise GenerateError(f"--examples-per-shard must be >= 1, got {self.examples_per_shard}")
         if self.cores_per_worker < 0:
@@ -97,9 +128,10 @@ class GenerateConfig:
         self.sampler_config(DEFAULT_MAX_LEN if self.max_len is None else self.max_len)  # validates the sampling flags early
 
     def sampler_config(self, max_len: int) -> SamplerConfig:
-        """The sampler of this job at `max_len` tokens per example (GenerateError naming the flag at fault)."""
+        """The sampler of this job at `max_len` tokens per example (GenerateError naming the flag at fault;
+        batch_size "auto" validates the sampling flags at batch 1: `make_plan` needs it resolved)."""
         try:
-            return self.sampling.sampler(max_len=max_len, batch_size=self.batch_size)
+            return self.sampling.sampler(max_len=max_len, batch_size=1 if self.batch_size == "auto" else self.batch_size)
         except SettingError as e:
             raise GenerateError(f"{flag_name(e.field)} {e.message}") from e
 
@@ -179,6 +211,8 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
             f"{info.model_dir}: {why}, so this model is not known to be DP; "
             "use a DP-tuned model directory, or pass --allow-non-private (the output is then marked non-private)"
         )
+    if config.batch_size == "auto":
+        raise GenerateError("--batch-size auto is resolved by `generate` first (`dpsynth.generate.auto_batch`)")
     max_len = min(DEFAULT_MAX_LEN, info.max_len) if config.max_len is None else config.max_len
     if max_len > info.max_len:
         raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")

@@ -281,14 +281,16 @@ class Sampler:
         b = self.config.prompt_bucket
         return max(b, -(-length // b) * b)
 
-    def lower(self, params, prompt_width: int):
+    def lower(self, params, prompt_width: int, num_contrasts: int = 1):
         """The compiled call `sample_batch` makes for `config.batch_size` prompts padded to
-        `prompt_width`, lowered on `params` (arrays or ShapeDtypeStructs; the resource plan)."""
+        `prompt_width`, lowered on `params` (arrays or ShapeDtypeStructs; the resource plan and
+        `--batch-size auto`); guided, with `num_contrasts` contrast prompts per row."""
         b, width = self.config.batch_size, self.bucket(prompt_width)
         args = [params, jax.ShapeDtypeStruct((b, width), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32),
                 jax.ShapeDtypeStruct((b, 2), jnp.uint32)]
         if self.config.guided:
-            args += [jax.ShapeDtypeStruct((b, 1, width), jnp.int32), jax.ShapeDtypeStruct((b, 1), jnp.int32)]
+            c = int(num_contrasts)
+            args += [jax.ShapeDtypeStruct((b, c, width), jnp.int32), jax.ShapeDtypeStruct((b, c), jnp.int32)]
         return self._fn.lower(*args)
 
     def sample_batch(self, params, prompts: np.ndarray, prompt_lengths: np.ndarray, keys: np.ndarray,

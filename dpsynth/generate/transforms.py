@@ -24,7 +24,7 @@ from dpsynth.generate import label_scores
 from dpsynth.generate.model_info import ModelBundle, load_bundle
 from dpsynth.generate.outputs import shard_complete
 from dpsynth.generate.plan import GenerationPlan, ShardSpec
-from dpsynth.generate.sampler import Sampler, example_keys, seed_to_key_data
+from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
 from dpsynth.train import prompts
 
 logger = logging.getLogger("dpsynth.generate")
@@ -80,6 +80,16 @@ def generate_shard(plan: GenerationPlan, bundle: ModelBundle, sampler: Sampler, 
     return {"name": spec.name, "split": spec.split, "num_examples": spec.count, "sha256": fileio.sha256_bytes(data)}
 
 
+def worker_sampler_config(sampler: SamplerConfig, tokenizer: Any) -> SamplerConfig:
+    """The plan's sampler as a worker runs it with the model's tokenizer: sampling restricted to the
+    ids it decodes, and the model's own special ids (an imported model's differ from dpsynth's)."""
+    ids = {}
+    if hasattr(tokenizer, "eos_id"):
+        ids = dict(eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                   banned_ids=tuple(sorted({tokenizer.pad_id, tokenizer.bos_id} - {tokenizer.eos_id})))
+    return dataclasses.replace(sampler, vocab_limit=getattr(tokenizer, "vocab_size", None), **ids)
+
+
 class GenerateShardFn(beam.DoFn):
     """Loads the model once per worker (`setup`) and generates whole shards."""
 
@@ -96,13 +106,7 @@ class GenerateShardFn(beam.DoFn):
 
             claim_cores(self._plan.cores_per_worker)
         self._bundle = self._loader(self._plan.model_dir)
-        tok = self._bundle.tokenizer
-        vocab = getattr(tok, "vocab_size", None)
-        ids = {}
-        if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
-            ids = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} -
-                                                                                      {tok.eos_id})))
-        self._sampler = Sampler(self._bundle.decoder, dataclasses.replace(self._plan.sampler, vocab_limit=vocab, **ids))
+        self._sampler = Sampler(self._bundle.decoder, worker_sampler_config(self._plan.sampler, self._bundle.tokenizer))
 
     def process(self, spec: ShardSpec):
         if shard_complete(self._plan, spec):

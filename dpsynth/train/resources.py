@@ -12,7 +12,8 @@ reports, per device (`compiled.memory_analysis()`, `cost_analysis()`):
 `ACCELERATORS` holds datasheet figures (peak dense bf16 FLOP/s, HBM, bandwidth, with sources)
 for a roofline time, max(FLOPs / peak, bytes / bandwidth) per call: a lower bound (perfect
 overlap at peak throughput). `largest_microbatch` is the search behind `--microbatch-size auto`
-(`dpsynth dp-tune`, and `dpsynth pretrain` over the divisors of its step's batch).
+(`dpsynth dp-tune`, and `dpsynth pretrain` over the divisors of its step's batch) and `dpsynth
+generate --batch-size auto` (the sampler's call, `dpsynth.generate.auto_batch`).
 `dpsynth.train.tune_plan` applies all this to the exact step of a `dp_tune` run
 (`dpsynth.train.finetune.compile_steps`).
 
@@ -169,8 +170,9 @@ class MicrobatchChoice:
     headroom: float
     tried: tuple[tuple[int, int], ...]  # (microbatch, peak bytes) in the order compiled
 
-    def describe(self) -> str:
-        return (f"microbatch {self.microbatch}: compiled step peak {self.peak_bytes / GIB:.3f} GiB <= budget "
+    def describe(self, name: str = "microbatch", program: str = "step") -> str:
+        """One line of figures: `name` is what was chosen ("batch" for generation), `program` what compiled."""
+        return (f"{name} {self.microbatch}: compiled {program} peak {self.peak_bytes / GIB:.3f} GiB <= budget "
                 f"{self.budget_bytes / GIB:.3f} GiB ({self.limit_bytes / GIB:.3f} GiB device memory less "
                 f"{self.headroom:.0%} headroom); tried " + ", ".join(f"{m}: {b / GIB:.3f} GiB" for m, b in self.tried))
 
@@ -180,7 +182,7 @@ _ADVICE = "use a larger mesh, LoRA/prompt mode, a shorter --max-tokens or a larg
 
 def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, headroom: float = DEFAULT_HEADROOM,
                        maximum: int | None = None, multiple: int = 1, candidates: Sequence[int] | None = None,
-                       advice: str = _ADVICE) -> MicrobatchChoice:
+                       advice: str = _ADVICE, name: str = "microbatch") -> MicrobatchChoice:
     """The largest microbatch m (a multiple of `multiple`, <= `maximum`; or one of `candidates`,
     e.g. the divisors of a step's batch) with `peak_bytes(m) <= limit_bytes * (1 - headroom)`,
     assuming the peak grows with m.
@@ -191,7 +193,7 @@ def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, he
 
     Raises:
         PlanError: not even the smallest candidate fits (the message gives its peak, the budget
-            and `advice`).
+            and `advice`; `name` is what is searched: "microbatch", "batch").
     """
     if not 0 <= headroom < 1:
         raise PlanError(f"headroom must be in [0, 1), got {headroom}")
@@ -204,7 +206,7 @@ def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, he
     else:
         sizes = sorted({int(c) for c in candidates})
         if not sizes or sizes[0] < 1:
-            raise PlanError(f"no microbatch to try: candidates {list(candidates)}")
+            raise PlanError(f"no {name} to try: candidates {list(candidates)}")
     tried: dict[int, int] = {}
 
     def fits(i: int) -> bool:
@@ -225,7 +227,7 @@ def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, he
             hi = i
             break
     if lo < 0:
-        raise PlanError(f"no microbatch fits: microbatch {sizes[0]} needs {tried[sizes[0]] / GIB:.3f} GiB per device, "
+        raise PlanError(f"no {name} fits: {name} {sizes[0]} needs {tried[sizes[0]] / GIB:.3f} GiB per device, "
                         f"more than {budget / GIB:.3f} GiB ({limit_bytes / GIB:.3f} GiB less {headroom:.0%} headroom); "
                         + advice)
     while hi is not None and hi - lo > 1:
@@ -238,13 +240,15 @@ def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, he
                             limit_bytes=int(limit_bytes), headroom=headroom, tried=tuple(tried.items()))
 
 
-def memory_limit(memory_limit: int | None, device: jax.Device | None = None) -> int:
-    """The memory budget of `--microbatch-size auto`: `memory_limit` when given, else the device's."""
+def memory_limit(memory_limit: int | None, device: jax.Device | None = None, *,
+                 flag: str = "--microbatch-size auto") -> int:
+    """The memory budget of `flag` (`--microbatch-size auto`, `--batch-size auto`): `memory_limit`
+    when given, else the device's."""
     if memory_limit is not None:
         return int(memory_limit)
     found = device_memory_limit(device)
     if found is None:
-        raise PlanError(f"--microbatch-size auto: the {jax.default_backend()} backend does not report its memory; "
+        raise PlanError(f"{flag}: the {jax.default_backend()} backend does not report its memory; "
                         "pass --memory-limit (e.g. 8GiB)")
     return found
 
