@@ -159,6 +159,9 @@ def _auto_recipe(n: int, mode: str, max_tokens: int, budget: float) -> Recipe:
 LENGTH_CANDIDATES = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 LENGTH_QUANTILE = 0.9  # the share of examples the chosen length keeps whole
 LENGTH_EPSILON_SHARE = 0.02  # of the target epsilon, spent on the example length (sigma rises by ~1-2%)
+# A candidate that keeps 10% of N more or fewer examples than the quantile is exp(eps/2 x 0.1 N)
+# times less likely; below exp(LENGTH_MIN_LOG_ODDS) the choice is said to be noisy.
+LENGTH_MIN_LOG_ODDS = 3.0
 AUTO = "auto"
 
 
@@ -205,6 +208,7 @@ class LengthChoice:
     candidates: tuple[int, ...]
     epsilon: float | None
     entry: dict | None
+    noisy: bool = False
 
     @property
     def why(self) -> str:
@@ -213,16 +217,19 @@ class LengthChoice:
         how = (f"chosen with the exponential mechanism at epsilon {self.epsilon:.3g} ({LENGTH_EPSILON_SHARE:.0%} of "
                "the target, composed into the ledger)" if self.epsilon is not None else "exact (a non-private run)")
         return (f"example length {self.max_tokens} tokens: the candidate of {list(self.candidates)} whose count of "
-                f"D_train rows at most that long is nearest {LENGTH_QUANTILE:.0%} of N, {how}")
+                f"D_train rows at most that long is nearest {LENGTH_QUANTILE:.0%} of N, {how}"
+                + (" (NOISY: too few examples for this epsilon to tell the candidates apart well; give --max-tokens "
+                   "for a small set)" if self.noisy else ""))
 
     def to_json(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "candidates": list(self.candidates), "quantile": LENGTH_QUANTILE,
-                "epsilon": self.epsilon, "entry": self.entry}
+                "epsilon": self.epsilon, "entry": self.entry, **({"noisy": True} if self.noisy else {})}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "LengthChoice":
         return cls(max_tokens=int(d["max_tokens"]), candidates=tuple(int(c) for c in d["candidates"]),
-                   epsilon=None if d["epsilon"] is None else float(d["epsilon"]), entry=d["entry"])
+                   epsilon=None if d["epsilon"] is None else float(d["epsilon"]), entry=d["entry"],
+                   noisy=bool(d.get("noisy", False)))
 
 
 def length_candidates(*, max_positions: int, min_tokens: int) -> tuple[int, ...]:
@@ -250,7 +257,8 @@ def choose_example_length(lengths, *, target_epsilon: float, rng, candidates: tu
         return LengthChoice(max_tokens=int(candidates[best]), candidates=tuple(candidates), epsilon=None, entry=None)
     eps = LENGTH_EPSILON_SHARE * float(target_epsilon)
     length, entry = dp_example_length(lengths, epsilon=eps, rng=rng, candidates=candidates)
-    return LengthChoice(max_tokens=length, candidates=tuple(candidates), epsilon=eps, entry=entry)
+    noisy = eps / 2 * 0.1 * len(lengths) < LENGTH_MIN_LOG_ODDS  # (N is public: the report records it)
+    return LengthChoice(max_tokens=length, candidates=tuple(candidates), epsilon=eps, entry=entry, noisy=noisy)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -130,6 +130,11 @@ def test_choose_example_length_samples_the_exponential_mechanism():
     one = recipe.choose_example_length(lengths, target_epsilon=3.0, rng=rng, candidates=(32,))
     assert one.max_tokens == 32 and one.entry is None and "only candidate" in one.why
     assert recipe.LengthChoice.from_json(draws[0].to_json()) == draws[0]
+    # 100 examples at epsilon 10 x 2%: a candidate 10% of N away is only e^1 less likely: said.
+    assert draws[0].noisy and "NOISY" in draws[0].why
+    spread = np.repeat([20] * 60 + [40] * 30 + [60] * 5 + [100] * 5, 40)  # N 4,000: 48 keeps 90%, 64 95%
+    big = recipe.choose_example_length(spread, target_epsilon=3.0, rng=rng, candidates=cands)
+    assert not big.noisy and big.max_tokens == 48 and "NOISY" not in big.why  # the runner-up is e^-6 as likely
     with pytest.raises(recipe.RecipeError, match="no automatic example length"):
         recipe.length_candidates(max_positions=20, min_tokens=10)
 
