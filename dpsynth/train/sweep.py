@@ -27,8 +27,10 @@ from dpsynth.dp.ledger import PrivacyLedger
 from dpsynth.owner_only import make_private_dir, write_private_json
 from dpsynth.models.sharding import sync
 from dpsynth.train import release
-from dpsynth.train.finetune import TuneConfig, TuneError, TuneResult, dp_tune, plan_for_records, resolve_state_dir
+from dpsynth.train.finetune import TuneResult, dp_tune
+from dpsynth.train.tune_config import TuneConfig, TuneError, plan_for_records
 from dpsynth.train.tune_report import NON_DP_LOSSES_NOTICE
+from dpsynth.train.tune_resume import resolve_state_dir
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
