@@ -10,7 +10,7 @@ guard), prints a table and one JSON line:
    parameters with the tied output layer, plus the causal attention score/value matmuls;
    the rematerialised forward of `1b` is not counted). MFU = model FLOP/s / the device's bf16
    peak. Target (issue 26): >= 40% for `1b`.
-2. **dp-lora**: the DP-LoRA step as `dp-tune --mode lora` builds it (`dpsynth.train.finetune`:
+2. **dp-lora**: the DP-LoRA step as `dp-tune --mode lora` builds it (`dpsynth.train.tune_model`:
    the tuned model config, adapters from `init_variables`, the Prefix-LM loss of
    `make_loss_fn`, its Adam; the core's `accumulated_step` over the padded microbatches of a
    Poisson batch from `dpsynth.dp.sampling.PoissonSampler`) with the library's
@@ -361,19 +361,20 @@ def unit_dp(preset: str, variant: str, opts, budget: Budget) -> dict:
     from dpsynth.dp import sampling
     from dpsynth.dp.strategy import DPSGDStrategy
     from dpsynth.models import Transformer
-    from dpsynth.train import core, finetune, lm
+    from dpsynth.train import core, lm, tune_config, tune_model
 
     size = SIZES[opts.sizes][preset].dp
-    tune = finetune.TuneConfig(mode="lora", batch_size=size.batch, microbatch_size=size.micro,
-                               max_tokens=size.seq, epsilon=3.0 if variant == "dp" else math.inf)
+    tune = tune_config.TuneConfig(mode="lora", batch_size=size.batch, microbatch_size=size.micro,
+                                  max_tokens=size.seq, epsilon=3.0 if variant == "dp" else math.inf)
     base_config = SIZES[opts.sizes][preset].model_config(preset)
-    model_config = finetune._tuned_model_config(base_config, tune)  # what dp_tune tunes
+    model_config = tune_model._tuned_model_config(base_config, tune)  # what dp_tune tunes
     base = jax.jit(Transformer(base_config).init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
-    variables = finetune.init_variables(model_config, base, tune)
-    params, frozen = lm.split_variables(variables, finetune.TRAINABLE[tune.mode])
+    variables = tune_model.init_variables(model_config, base, tune)
+    params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[tune.mode])
     strategy = (DPSGDStrategy(clip_norm=tune.clip_norm, noise_multiplier=NOISE_MULTIPLIER,
                               expected_batch_size=tune.batch_size) if variant == "dp" else core.MeanGradient())
-    fns = core.make_train_functions(finetune.make_loss_fn(model_config, tune), finetune.make_optimizer(tune), strategy)
+    fns = core.make_train_functions(tune_model.make_loss_fn(model_config, tune), tune_model.make_optimizer(tune),
+                                    strategy)
     holder = {"state": fns.init_state(params, frozen, rng=0, copy=False)}
     del base, variables, params, frozen
 

@@ -41,11 +41,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from dpsynth.train import finetune as tune  # noqa: E402
 from dpsynth.dp.plan import plan_privacy  # noqa: E402
 from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
 from dpsynth.models import Transformer, get_config  # noqa: E402
-from dpsynth.train import core, lm  # noqa: E402
+from dpsynth.train import core, lm, tune_config, tune_model  # noqa: E402
 
 
 def _batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
@@ -62,13 +61,13 @@ def _block(tree):
 
 
 def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap") -> dict:
-    config = tune.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
+    config = tune_config.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
     base_cfg = get_config(preset, max_len=max(t, 64))
-    model_cfg = tune._tuned_model_config(base_cfg, config)
+    model_cfg = tune_model._tuned_model_config(base_cfg, config)
     base = Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    variables = tune.init_variables(model_cfg, jax.device_get(base), config)
-    params, frozen = lm.split_variables(variables, tune.TRAINABLE[mode])
-    loss_fn = tune.make_loss_fn(model_cfg, config)
+    variables = tune_model.init_variables(model_cfg, jax.device_get(base), config)
+    params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])
+    loss_fn = tune_model.make_loss_fn(model_cfg, config)
     strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(b), clipping=clipping)
                 if strategy_name == "dp" else core.MeanGradient())
     fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)

@@ -104,7 +104,7 @@ def dp_lora_tokens_per_second(directory: str, steps: int, batch: int, seq: int) 
     from dpsynth.dp.strategy import DPSGDStrategy
     from dpsynth.models import ModelConfig, Transformer
     from dpsynth.models import hf_import
-    from dpsynth.train import core, finetune, lm
+    from dpsynth.train import core, lm, tune_config, tune_model
 
     source = hf_import.inspect(directory)
     imported = source.config.replace(lora_rank=8, dtype="bfloat16" if jax.default_backend() != "cpu" else "float32")
@@ -115,14 +115,14 @@ def dp_lora_tokens_per_second(directory: str, steps: int, batch: int, seq: int) 
     x = rng.integers(4, 300, (batch, seq + 1)).astype(np.int32)
     data = {"inputs": x[:, :-1], "targets": x[:, 1:], "weights": np.ones((batch, seq), np.float32),
             "mask": np.ones((batch,), np.float32)}
-    tune = finetune.TuneConfig(mode="lora", lora_rank=8)
+    tune = tune_config.TuneConfig(mode="lora", lora_rank=8)
     out = {}
     for name, cfg in (("imported", imported), ("native", native)):
         params = (hf_import.load_params(source) if name == "imported" else
                   Transformer(cfg.base()).init(jax.random.PRNGKey(0), x[:1, :8])["params"])
-        variables = finetune.init_variables(cfg, params, tune)
+        variables = tune_model.init_variables(cfg, params, tune)
         p, frozen = lm.split_variables(variables, ("lora",))
-        fns = core.make_train_functions(finetune.make_loss_fn(cfg, tune), finetune.make_optimizer(tune),
+        fns = core.make_train_functions(tune_model.make_loss_fn(cfg, tune), tune_model.make_optimizer(tune),
                                         DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=batch))
         state = fns.init_state(p, frozen, rng=0)
         state, _ = fns.accumulated_step(state, [data])  # compile

@@ -2,10 +2,10 @@
 
 For each preset x mode (default `cpu`, `small` x `full`, `lora`), in a fresh process:
 
-* predicted: `dpsynth.train.finetune.compile_steps` compiles the accumulate step of a `dp_tune`
+* predicted: `dpsynth.train.tune_model.compile_steps` compiles the accumulate step of a `dp_tune`
   run on abstract arrays; its total = arguments + outputs - donated aliases + temporaries
   (XLA's `memory_analysis()`);
-* measured: the same step (`finetune.planned_step`, real initialised weights, a random batch)
+* measured: the same step (`tune_model.planned_step`, real initialised weights, a random batch)
   runs once to compile and warm up, then once more while a thread samples the process's
   resident memory (/proc/self/statm) every 0.2 ms; measured = the bytes of its arguments (state,
   accumulator, batch: exact, from the arrays) + (peak RSS during the call - RSS before it).
@@ -49,18 +49,19 @@ def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
     import numpy as np
 
     from dpsynth.models.config import get_config
-    from dpsynth.train import finetune, lm, resources
+    from dpsynth.train import lm, resources, tune_config, tune_model
 
-    config = finetune.TuneConfig(mode=mode, epsilon=3.0, batch_size=4 * microbatch, microbatch_size=microbatch,
-                                 steps=10, max_tokens=tokens + 1, lora_rank=8)
-    plan = finetune.plan_run(config, 10_000)
+    config = tune_config.TuneConfig(mode=mode, epsilon=3.0, batch_size=4 * microbatch, microbatch_size=microbatch,
+                                    steps=10, max_tokens=tokens + 1, lora_rank=8)
+    plan = tune_config.plan_run(config, 10_000)
     base_config = get_config(preset)
-    predicted = finetune.compile_steps(base_config, config, plan, microbatch=microbatch, row_length=tokens,
-                                       apply=False).accumulate
-    model_config, fns = finetune.planned_step(base_config, config, plan)
+    predicted = tune_model.compile_steps(base_config, config, plan, microbatch=microbatch, row_length=tokens,
+                                         apply=False).accumulate
+    model_config, fns = tune_model.planned_step(base_config, config, plan)
     base = jax.jit(lambda k: __import__("dpsynth.models", fromlist=["Transformer"]).Transformer(
         model_config.base()).init(k, jax.numpy.zeros((1, 4), jax.numpy.int32))["params"])(jax.random.PRNGKey(0))
-    params, frozen = lm.split_variables(finetune.init_variables(model_config, base, config), finetune.TRAINABLE[mode])
+    params, frozen = lm.split_variables(tune_model.init_variables(model_config, base, config),
+                                        tune_config.TRAINABLE[mode])
     state = fns.init_state(params, frozen, rng=0, copy=False)
     del base, params, frozen
     rng = np.random.default_rng(0)

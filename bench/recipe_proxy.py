@@ -61,7 +61,7 @@ def run(args) -> int:
     from dpsynth.evaluate.scores import classification_scores
     from dpsynth.generate.label_scores import label_log_likelihoods, label_margins
     from dpsynth.generate.model_info import load_bundle
-    from dpsynth.train import finetune, prompts, recipe
+    from dpsynth.train import finetune, prompts, recipe, tune_config
 
     task = build_proxy_task([os.path.join(args.data, "public", "opinrank", "opinrank-*.jsonl.gz")], CITIES,
                             num_train=args.train, num_valid=0, num_test=args.test, seed=args.seed)
@@ -74,12 +74,12 @@ def run(args) -> int:
         base_cfg = dict(mode="lora", epsilon=args.epsilon, max_tokens=args.max_tokens, microbatch_size=32,
                         checkpoint_every=10_000, **lora)
         if b == "auto":
-            cfg = finetune.TuneConfig(**base_cfg, recipe="auto", token_budget=args.token_budget)
-            cfg, chosen = finetune.resolve_recipe(cfg, len(task.train))
-            cfg = finetune.TuneConfig(**base_cfg, batch_size=cfg.batch_size, steps=cfg.steps,
-                                      learning_rate=lr if lr is not None else cfg.learning_rate)
+            cfg = tune_config.TuneConfig(**base_cfg, recipe="auto", token_budget=args.token_budget)
+            cfg, chosen = tune_config.resolve_recipe(cfg, len(task.train))
+            cfg = tune_config.TuneConfig(**base_cfg, batch_size=cfg.batch_size, steps=cfg.steps,
+                                         learning_rate=lr if lr is not None else cfg.learning_rate)
         else:
-            cfg = finetune.TuneConfig(**base_cfg, batch_size=float(b), epochs=e, learning_rate=lr)
+            cfg = tune_config.TuneConfig(**base_cfg, batch_size=float(b), epochs=e, learning_rate=lr)
         out = os.path.join(args.out, f"{name}-eps{args.epsilon:g}-n{args.train}")
         result_file = os.path.join(out + ".private", "proxy_result.json")
         if os.path.exists(result_file):

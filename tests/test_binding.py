@@ -88,7 +88,7 @@ def _changes(name):
 
 
 def test_every_tune_config_field_has_a_cli_flag():
-    from dpsynth.train.finetune import TuneConfig
+    from dpsynth.train.tune_config import TuneConfig
     from trainers import dp_tune
 
     assert set(TUNE_VALUES) == {f.name for f in dataclasses.fields(TuneConfig)}
@@ -106,7 +106,7 @@ def test_every_tune_config_field_has_a_cli_flag():
 def test_every_tune_config_field_has_an_experiment_key():
     from dpsynth.experiment import stages
     from dpsynth.experiment.config import DPTuneConfig
-    from dpsynth.train.finetune import TuneConfig
+    from dpsynth.train.tune_config import TuneConfig
 
     trial = {"mode": "lora", "epsilon": 3.0, "learning_rate": 1e-3, "clip_norm": 1.0}
     node = {**trial, "loss": "prefix", "seed": 0}  # a dp_tune node's config: one point of each grid axis

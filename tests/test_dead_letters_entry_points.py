@@ -35,7 +35,7 @@ DP_FLAGS = ["--mode", "lora", "--epsilon", "4", "--batch-size", "8", "--steps", 
 
 def test_dp_tune(tiny_base, tmp_path, capsys):  # noqa: F811
     from dpsynth.dp import report
-    from dpsynth.train import finetune
+    from dpsynth.train import tune_resume
     from trainers import dp_tune
 
     base_dir, _ = tiny_base
@@ -45,14 +45,14 @@ def test_dp_tune(tiny_base, tmp_path, capsys):  # noqa: F811
                          "--max-dead-letters", "2"]) == 2
     err = capsys.readouterr().err
     assert "more than --max-dead-letters 2" in err and SECRET not in err
-    state = finetune.default_state_dir(str(refused))
+    state = tune_resume.default_state_dir(str(refused))
     assert len(_letters(os.path.join(state, "dead_letters.jsonl"))) == 3  # listed even when refused
     assert not os.path.exists(os.path.join(state, "checkpoints")) and not refused.exists()  # before any compute
     out = tmp_path / "out"
     assert dp_tune.main(["--base", base_dir, "--train", str(data), "--out", str(out), *DP_FLAGS]) == 0
     err = capsys.readouterr().err
     _says_three_of_400(err, "D_train (--train)")
-    letters = _letters(os.path.join(finetune.default_state_dir(str(out)), "dead_letters.jsonl"))
+    letters = _letters(os.path.join(tune_resume.default_state_dir(str(out)), "dead_letters.jsonl"))
     assert sorted(d["record"] for d in letters) == [11, 21, 31] and all(d["file"] == str(data) for d in letters)
     used = report.load_report(str(out))["training"]["dataset_size"]
     assert used == 397 and used + len(letters) == 400  # records in = used + dead-lettered

@@ -45,7 +45,7 @@ SAME_CLASS_NAME = {
 
 # (upstream, downstream) where the downstream config is built from the upstream one.
 FLOWS = (
-    ("dpsynth.experiment.config.DPTuneConfig", "dpsynth.train.finetune.TuneConfig"),
+    ("dpsynth.experiment.config.DPTuneConfig", "dpsynth.train.tune_config.TuneConfig"),
     ("dpsynth.experiment.config.PretrainConfig", "dpsynth.train.pretrain.PretrainConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.plan.GenerateConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),

@@ -4,7 +4,7 @@ Example:
     dpsynth dp-tune --base runs/pretrain/model --train train.jsonl --valid valid.jsonl \\
         --mode lora --epsilon 3 --out runs/dp_lora
 
-Binds flags to `dpsynth.train.finetune.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or
+Binds flags to `dpsynth.train.tune_config.TuneConfig` and calls `dpsynth.train.finetune.dp_tune` (or
 `dpsynth.train.sweep.sweep` with --sweep-lr/--sweep-clip). Input files are read with `dpsynth.data.readers.read_sensitive`
 (CSV, JSONL, Parquet; columns --text-column/--label-column); every rejected record (dead letter) is
 counted and explained on stderr and listed in the private state, and past --max-dead-letters the
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
     from dpsynth.models.config import LORA_TARGETS
-    from dpsynth.train import finetune as tune
+    from dpsynth.train import tune_config as tune
     from dpsynth.train import recipe as recipe_lib
 
     p = argparse.ArgumentParser(prog="dpsynth dp-tune", description=__doc__.split("\n\n")[0])
@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @errors.command("dp-tune")
 def main(argv: list[str] | None = None) -> int:
-    from dpsynth.train import finetune as tune
     from dpsynth.train import resources
+    from dpsynth.train import tune_config as tune
+    from dpsynth.train.tune_resume import resolve_state_dir
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         raise tune.TuneError("--privacy-unit user needs --user-column COL (the field holding the user id)")
     if args.user_column and args.privacy_unit != "user":
         raise tune.TuneError("--user-column is used with --privacy-unit user")
-    state_dir = tune.resolve_state_dir(args.out, args.state_dir)
+    state_dir = resolve_state_dir(args.out, args.state_dir)
     with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args),
                       writable=(("--state-dir", state_dir),), primary=distributed.is_primary(args),
                       secret=("seed",)):  # the release withholds the seed
@@ -163,6 +164,7 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     from dpsynth.train import finetune as tune
     from dpsynth.train import resources
     from dpsynth.train import sweep as sweep_lib
+    from dpsynth.train.tune_config import TuneError
 
     memory_limit = resources.parse_bytes(args.memory_limit) if args.memory_limit else None
 
@@ -180,11 +182,11 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
                   memory_headroom=args.memory_headroom,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
     if args.stop_after is not None and args.stop_after < 1:
-        raise tune.TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
+        raise TuneError(f"--stop-after must be >= 1, got {args.stop_after}")
     if args.sweep_select_epsilon is not None and not (args.sweep_lr or args.sweep_clip):
-        raise tune.TuneError("--sweep-select-epsilon selects among a sweep's trials: give --sweep-lr and/or --sweep-clip")
+        raise TuneError("--sweep-select-epsilon selects among a sweep's trials: give --sweep-lr and/or --sweep-clip")
     if (args.sweep_lr or args.sweep_clip) and (args.resume or args.stop_after is not None):
-        raise tune.TuneError("--resume/--stop-after apply to a single run, not to a sweep")
+        raise TuneError("--resume/--stop-after apply to a single run, not to a sweep")
     if args.sweep_lr or args.sweep_clip:
         result, _ = sweep_lib.sweep(args.base, train.records, valid, args.out, config,
                                     learning_rates=args.sweep_lr or [config.learning_rate],

@@ -29,7 +29,7 @@ _NOT_FLAGS = ("template", "full_lm", "label_dropout", "seed", "checkpoint_every"
 def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms
     from dpsynth.models.config import LORA_TARGETS
-    from dpsynth.train import finetune as tune
+    from dpsynth.train import tune_config as tune
     from dpsynth.train import resources
 
     p = argparse.ArgumentParser(prog="dpsynth plan", description=__doc__.split("\n\n")[0])
@@ -73,8 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import jax
 
-    from dpsynth.train import finetune as tune
-    from dpsynth.train import resources, tune_plan
+    from dpsynth.train import resources, tune_config, tune_model, tune_plan
 
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
@@ -85,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     if len(jax.devices()) < devices:
         raise resources.PlanError(f"mesh {args.mesh_data}x{args.mesh_model} needs {devices} devices, this host has "
                                   f"{len(jax.devices())}; pass --virtual-cpu to compile on virtual CPU devices")
-    names = [n for n in binding.add_flags(argparse.ArgumentParser(), tune.TuneConfig, skip=_NOT_FLAGS)]
-    config = binding.from_args(tune.TuneConfig, args, names)
+    names = [n for n in binding.add_flags(argparse.ArgumentParser(), tune_config.TuneConfig, skip=_NOT_FLAGS)]
+    config = binding.from_args(tune_config.TuneConfig, args, names)
     source = resources.resolve_model(args.model, dtype=args.dtype)
     plan = tune_plan.plan_tuning(source, config, dataset_size=args.dataset_size, mesh=(args.mesh_data, args.mesh_model),
                                  fsdp=args.fsdp, headroom=args.headroom, suggest=args.suggest)
     if args.generation_batch:  # the sampler's call (prefill + KV-cache decode loop), on one device
         from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel
 
-        model_config = tune._tuned_model_config(source.config, config)
+        model_config = tune_model._tuned_model_config(source.config, config)
         sampler = Sampler(TransformerDecodeModel(model_config),
                           SamplerConfig(max_len=config.max_tokens, batch_size=args.generation_batch))
         lowered = sampler.lower(resources.abstract_variables(model_config, source.param_dtype), 16)

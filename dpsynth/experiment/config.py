@@ -274,7 +274,7 @@ class PretrainConfig:
 class DPTuneConfig:
     """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes.
 
-    The library's `dpsynth.train.finetune.TuneConfig` is the tuner's one declaration of these
+    The library's `dpsynth.train.tune_config.TuneConfig` is the tuner's one declaration of these
     settings: every field here named like a `TuneConfig` field is that field (passed on by
     `stages.tune_config` unless null, so the tuner validates it again), the grid axes are lists
     of its `mode`, `epsilon`, `learning_rate` and `clip_norm`, `loss: full` is its `full_lm`,

@@ -8,7 +8,7 @@ cost is their composition. This module lists the releases and composes them exac
 dp-accounting (`dpsynth.dp.compose`):
 
 * `planned_releases` (the dry run): from the plan, with the privacy plans the stages will use
-  (`dpsynth.train.finetune.plan_run`, `dpsynth.dp.plan.plan_privacy`);
+  (`dpsynth.train.tune_config.plan_run`, `dpsynth.dp.plan.plan_privacy`);
 * `completed_releases` (the evaluate stage, i.e. the final report): from the ledgers the
   stages wrote (each model's `privacy_report.json`, each histogram's draw, each DP-on-real
   baseline's report).

@@ -281,7 +281,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
     `plan` is the node's `dpsynth.dp.plan.PrivacyPlan` (mechanism, bands, privacy unit), from
     which the dry run's composition takes each release's ledger entry.
 
-    Computed exactly as the tuner will (`dpsynth.train.finetune.plan_run`, i.e.
+    Computed exactly as the tuner will (`dpsynth.train.tune_config.plan_run`, i.e.
     `dpsynth.dp.plan.plan_privacy` on the node's `TuneConfig`); entries say why when nothing
     can be computed (data size unknown, tuner not installed, unreachable target).
     """
@@ -302,7 +302,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             row.update(memo[key])
             continue
         try:
-            from dpsynth.train import finetune  # JAX: only when a dry run plans DP tuning
+            from dpsynth.train.tune_config import plan_run  # only when a dry run plans DP tuning
 
             tc = stages.tune_config(c)
             num_users = None
@@ -310,7 +310,7 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
                 num_users = train_users(plan)
                 if num_users is None:
                     raise ValueError("the number of users of D_train is unknown")
-            p = finetune.plan_run(tc, num_train, num_users=num_users)
+            p = plan_run(tc, num_train, num_users=num_users)
             row.update(delta=p.delta, q=p.sampling_probability, steps=p.steps, noise_multiplier=p.noise_multiplier,
                        accountant=p.accountant, max_batch_size=p.max_batch_size, plan=p)
         except ImportError as e:

@@ -367,20 +367,20 @@ _NOT_TUNE_FIELDS = ("seed",)
 
 
 def tune_config(config: Mapping[str, Any]):
-    """The `dpsynth.train.finetune.TuneConfig` of a `dp_tune` config subset (also used by dry runs).
+    """The `dpsynth.train.tune_config.TuneConfig` of a `dp_tune` config subset (also used by dry runs).
 
     Every key named like a `TuneConfig` field is that field (a null value keeps the tuner's
     default); `loss: full` sets `full_lm`; `options` may set any field.
     """
-    from dpsynth.train import finetune as lib
+    from dpsynth.train.tune_config import TuneConfig
 
-    fields = {f.name for f in dataclasses.fields(lib.TuneConfig)}
+    fields = {f.name for f in dataclasses.fields(TuneConfig)}
     kwargs: dict[str, Any] = {k: v for k, v in config.items()
                               if k in fields and k not in _NOT_TUNE_FIELDS and v is not None}
     kwargs["epsilon"] = float(config["epsilon"])
     kwargs["full_lm"] = config["loss"] == "full"
     kwargs.update(config.get("options") or {})
-    return make_config(lib.TuneConfig, kwargs, "dp_tune.options")
+    return make_config(TuneConfig, kwargs, "dp_tune.options")
 
 
 def dp_tune(ctx: StageContext) -> dict[str, Any]:
@@ -389,7 +389,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
     Resumable: the tuner resumes from its checkpoint (ledger included, nothing double-counted).
     """
     from dpsynth.dp import report as report_lib
-    from dpsynth.train import finetune as lib
+    from dpsynth.train import finetune as lib, tune_report
 
     config = tune_config(ctx.config)
     sens = ctx.inputs["sensitive"]
@@ -421,7 +421,7 @@ def dp_tune(ctx: StageContext) -> dict[str, Any]:
         f"{result.delta:.3g}"
     )
     # The train/valid losses are computed on D_train/D_valid without DP: private state only.
-    losses = ctx.private_path(lib.tune_report.LOSSES_FILE)
+    losses = ctx.private_path(tune_report.LOSSES_FILE)
     write_private_json(losses, {"train_loss": result.train_loss, "valid_loss": result.valid_loss,
                                 "truncated_train": result.truncated_train, "dp": False, "notice": NON_DP_LOSSES_NOTICE})
     print(f"dp_tune: the train/valid losses (NOT DP) are in the owner-only {losses}", flush=True)

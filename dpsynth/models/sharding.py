@@ -37,7 +37,7 @@ LOGICAL_RULES: tuple[tuple[str, str | None], ...] = (
 
 # FSDP (ZeRO-3 style): parameters are also split over `data` along their `embed` dimension; XLA
 # gathers each where it is used. Per-device parameter memory falls by the data axis, at the cost of
-# those all-gathers (`dpsynth plan --fsdp`, `dpsynth.train.finetune.make_step_functions(fsdp=True)`).
+# those all-gathers (`dpsynth plan --fsdp`, `dpsynth.train.tune_model.make_step_functions(fsdp=True)`).
 FSDP_RULES: tuple[tuple[str, str | None], ...] = tuple(
     (name, DATA_AXIS if name == "embed" else axis) for name, axis in LOGICAL_RULES)
 

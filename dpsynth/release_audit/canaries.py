@@ -156,7 +156,7 @@ class Replay:
 
     model_dir: str
     base_dir: str | None
-    tune_config: Any  # dpsynth.train.finetune.TuneConfig, with a fresh secret seed
+    tune_config: Any  # dpsynth.train.tune_config.TuneConfig, with a fresh secret seed
     labels: tuple[str, ...]
     num_examples: int
     valid_examples: int
@@ -174,7 +174,7 @@ def replay_of(corpus_dir: str) -> Replay:
     from dpsynth.generate.postprocess import PostprocessConfig
     from dpsynth.generate.sampler_config import SamplingOptions
     from dpsynth.release_audit.run import AuditError
-    from dpsynth.train.finetune import TuneConfig
+    from dpsynth.train.tune_config import TuneConfig
 
     def read(path):
         try:

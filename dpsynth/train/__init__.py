@@ -8,5 +8,8 @@
 - `pretrain`: the pretraining loop behind `dpsynth pretrain`.
 - `prompts`: labeled examples as Prefix-LM rows (label prompt + text + EOS).
 - `finetune`: DP fine-tuning (`dpsynth dp-tune`): full, prompt and LoRA modes, sweeps, resume;
-  the DP mechanisms and the privacy plan come from `dpsynth.dp`.
+  the DP mechanisms and the privacy plan come from `dpsynth.dp`. Its parts: `tune_config`
+  (configuration, recipe, privacy plan), `tune_resume` (state directory, resume check), `tune_data`
+  (rows), `tune_model` (model, loss, step functions), `tune_loop` (the loop), `tune_report` (privacy
+  report) and `tune_plan` (resource plan).
 """

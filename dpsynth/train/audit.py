@@ -13,8 +13,9 @@ import jax
 import numpy as np
 
 from dpsynth.dp import sampling
-from dpsynth.train.finetune import TuneConfig, dp_tune
+from dpsynth.train.finetune import dp_tune
 from dpsynth.train.prompts import ExampleConfig, encode_examples, template_of
+from dpsynth.train.tune_config import TuneConfig
 
 
 def score_texts(model_dir: str, texts: Sequence[str], label: str, *, template: str | None = None,

@@ -15,7 +15,7 @@ overlap at peak throughput). `largest_microbatch` is the search behind `--microb
 (`dpsynth dp-tune`, and `dpsynth pretrain` over the divisors of its step's batch) and `dpsynth
 generate --batch-size auto` (the sampler's call, `dpsynth.generate.auto_batch`).
 `dpsynth.train.tune_plan` applies all this to the exact step of a `dp_tune` run
-(`dpsynth.train.finetune.compile_steps`).
+(`dpsynth.train.tune_model.compile_steps`).
 
 Caveat: the figures are those of the backend that compiles. On the CPU they are XLA:CPU's buffer
 assignment, which differs from an accelerator's (other fusions; bfloat16 arithmetic widened to
@@ -311,7 +311,7 @@ def _stored_dtype(variables_dir: str) -> str:
 def abstract_variables(model_config, param_dtype: str, base_params: Any = None) -> dict:
     """ShapeDtypeStructs of every collection of `Transformer(model_config)`; "params" in `param_dtype`
     (the stored base) or as `base_params` (an abstract tree) when given; adapters as
-    `finetune.init_variables` makes them."""
+    `tune_model.init_variables` makes them."""
     from dpsynth.models import Transformer
 
     shapes = dict(jax.eval_shape(Transformer(model_config).init, jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32)))

@@ -35,8 +35,10 @@ from dpsynth.dp.ledger import PrivacyLedger
 from dpsynth.owner_only import make_private_dir, write_private_json
 from dpsynth.models.sharding import sync
 from dpsynth.train import release
-from dpsynth.train.finetune import TuneConfig, TuneError, TuneResult, dp_tune, plan_for_records, resolve_state_dir
+from dpsynth.train.finetune import TuneResult, dp_tune
+from dpsynth.train.tune_config import TuneConfig, TuneError, plan_for_records
 from dpsynth.train.tune_report import NON_DP_LOSSES_NOTICE
+from dpsynth.train.tune_resume import resolve_state_dir
 
 logger = logging.getLogger("dpsynth.train.finetune")
 
@@ -52,14 +54,16 @@ def valid_score(model_dir: str, valid_records: Sequence[dict], config: TuneConfi
 
     from dpsynth.dp import sampling
     from dpsynth.models.directory import load_model
-    from dpsynth.train import finetune, lm
+    from dpsynth.train import lm
+    from dpsynth.train.tune_config import TRAINABLE
+    from dpsynth.train.tune_model import make_loss_fn
     from dpsynth.train.prompts import encode_examples, labels_of
 
     model = load_model(model_dir)
     enc = encode_examples(valid_records, model.tokenizer, labels_of(model.manifest), config.example_config(),
                           where="D_valid")
-    loss_fn = finetune.make_loss_fn(model.config, config)
-    params, frozen = lm.split_variables(model.variables, finetune.TRAINABLE[config.mode])
+    loss_fn = make_loss_fn(model.config, config)
+    params, frozen = lm.split_variables(model.variables, TRAINABLE[config.mode])
     clipped = jax.jit(lambda p, f, b: jax.numpy.sum(jax.numpy.minimum(
         loss_fn(p, f, b, jax.random.PRNGKey(0))[0], VALID_LOSS_BOUND) * b["mask"]))
     arrays, n, total = enc.arrays(), len(enc), 0.0

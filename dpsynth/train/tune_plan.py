@@ -1,6 +1,6 @@
 """The resource plan of a `dp_tune` run: per-device memory, FLOPs and time, compiled without weights.
 
-`plan_tuning` compiles the EXACT step functions a run executes (`dpsynth.train.finetune.compile_steps`:
+`plan_tuning` compiles the EXACT step functions a run executes (`dpsynth.train.tune_model.compile_steps`:
 `planned_step`'s tuned model config, loss, gradient strategy, optimizer and `dpsynth.train.core`
 entry points, donation and shardings) on abstract arrays, so it needs neither the weights nor the
 device: a Llama-3-8B `config.json` and 8 virtual CPU devices are enough (`dpsynth plan`). It
@@ -19,7 +19,8 @@ from typing import Any
 
 import jax
 
-from dpsynth.train import finetune
+from dpsynth.train.tune_config import plan_run
+from dpsynth.train.tune_model import compile_steps
 from dpsynth.train.resources import (ACCELERATORS, DEFAULT_HEADROOM, GIB, Accelerator, ModelSource, PlanError,
                                      ProgramCost, bytes_per_device, count)
 
@@ -47,13 +48,13 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
     data_axis = mesh[0]
     if config.microbatch_size % data_axis:
         raise PlanError(f"microbatch {config.microbatch_size} must be divisible by the mesh data axis {data_axis}")
-    plan = finetune.plan_run(config, dataset_size)
-    length = config.max_tokens - 1  # the longest row dp_tune pads to (`finetune._row_length`)
+    plan = plan_run(config, dataset_size)
+    length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data._row_length`)
     mesh_arg = mesh if mesh[0] * mesh[1] > 1 or fsdp else None
     common = dict(row_length=length, mesh=mesh_arg, fsdp=fsdp, param_dtype=source.param_dtype)
-    steps = finetune.compile_steps(source.config, config, plan, microbatch=config.microbatch_size, **common)
+    steps = compile_steps(source.config, config, plan, microbatch=config.microbatch_size, **common)
     # A second compilation at twice the microbatch: the peak's growth per example, for the suggestions.
-    double = (finetune.compile_steps(source.config, config, plan, microbatch=2 * config.microbatch_size, apply=False,
+    double = (compile_steps(source.config, config, plan, microbatch=2 * config.microbatch_size, apply=False,
                                      **common).accumulate if suggest else None)
     acc_c, app_c = steps.accumulate, steps.apply
     state = steps.state

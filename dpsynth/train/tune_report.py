@@ -39,7 +39,7 @@ def selection_channel(selection: dict) -> dict:
 
 def side_channels(config, labels_from_data: bool, selection: dict | None, auto_recipe: bool = False,
                   dp_length: bool = False) -> list[dict]:
-    """The declared non-DP side channels of a run with `config` (a `finetune.TuneConfig`)."""
+    """The declared non-DP side channels of a run with `config` (a `tune_config.TuneConfig`)."""
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
         channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
@@ -77,7 +77,7 @@ class RunReporter:
     """Builds a run's privacy report from its ledger so far (`reporter(ledger)`).
 
     Attributes:
-        config: the run's `finetune.TuneConfig` (recipe resolved); plan: its `PrivacyPlan`.
+        config: the run's `tune_config.TuneConfig` (recipe resolved); plan: its `PrivacyPlan`.
         recipe: the automatic recipe (`dpsynth.train.recipe.Recipe`) or None.
         labels, labels_from_data: the label set, and whether it was read from D_train.
         selection: the sweep's selection when this run is its winner, else None.

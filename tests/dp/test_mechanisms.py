@@ -92,7 +92,7 @@ def test_a_third_mechanism_builds_its_run(dpgd):
 
 def test_configs_accept_exactly_the_registered_mechanisms(dpgd):
     from dpsynth.experiment.config import ConfigError, from_dict
-    from dpsynth.train.finetune import TuneConfig, TuneError
+    from dpsynth.train.tune_config import TuneConfig, TuneError
 
     TuneConfig(mechanism="dpgd", batch_size=N)
     with pytest.raises(TuneError, match="--bands: is a BandMF setting"):
@@ -124,7 +124,9 @@ def test_the_sparse_embedding_strategy_comes_from_the_mechanism_and_the_tuner_bu
         if not mechanisms.get(name).supports_sparse_embedding:
             with pytest.raises(NotImplementedError):
                 mechanisms.get(name).sparse_embedding_strategy(plan, clip_norm=0.5, embedding="spec")
-    tuner = pathlib.Path(__file__).resolve().parents[2] / "dpsynth" / "train" / "finetune.py"
-    names = {n.id for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.Name)}
-    names |= {a.name for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert not names & {"DPSGDStrategy", "UserDPSGDStrategy", "BandMFStrategy"}
+    train = pathlib.Path(__file__).resolve().parents[2] / "dpsynth" / "train"
+    for tuner in [train / "finetune.py", *sorted(train.glob("tune_*.py"))]:  # the tuner and its modules
+        names = {n.id for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.Name)}
+        names |= {a.name for n in ast.walk(ast.parse(tuner.read_text())) if isinstance(n, ast.ImportFrom)
+                  for a in n.names}
+        assert not names & {"DPSGDStrategy", "UserDPSGDStrategy", "BandMFStrategy"}, tuner.name

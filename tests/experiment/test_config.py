@@ -184,9 +184,9 @@ TUNE_AXES = {"modes": "mode", "epsilons": "epsilon", "learning_rates": "learning
 
 
 def test_dp_tune_defaults_agree_with_the_tuner_except_where_documented():
-    from dpsynth.train import finetune
+    from dpsynth.train import tune_config
 
-    tune = {f.name: getattr(finetune.TuneConfig(), f.name) for f in dataclasses.fields(finetune.TuneConfig)}
+    tune = {f.name: getattr(tune_config.TuneConfig(), f.name) for f in dataclasses.fields(tune_config.TuneConfig)}
     exp = cfgmod.DPTuneConfig()
     shared = [f.name for f in dataclasses.fields(exp) if f.name in tune]
     assert set(TUNE_DEFAULTS_DIFFER) <= set(shared)
@@ -203,9 +203,9 @@ def test_dp_tune_defaults_agree_with_the_tuner_except_where_documented():
 
 def test_dp_tune_choices_are_the_tuners():
     from dpsynth.dp import accounting, plan
-    from dpsynth.train import finetune, recipe
+    from dpsynth.train import recipe, tune_config
 
-    assert cfgmod.MODES == finetune.MODES
+    assert cfgmod.MODES == tune_config.MODES
     assert cfgmod.ACCOUNTANTS == accounting.ACCOUNTANTS
     assert cfgmod.RECIPES == recipe.RECIPES
     assert set(plan.PRIVACY_UNITS) == {"example", "user"}

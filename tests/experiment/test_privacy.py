@@ -44,7 +44,7 @@ def test_dry_run_composes_every_model_and_one_histogram_per_model(data_files, tm
     kinds = root.composition.counts
     assert kinds == {"dp_tune": 2, "label_histogram": 2}  # 2 models x (2 samplings x 2 multiples) corpora: 2 draws
     # Independent reference: every DP-tuning run's planned events (the tuner's own plan,
-    # `finetune.plan_run`, as the dry-run rows give it) and the two histograms, composed.
+    # `tune_config.plan_run`, as the dry-run rows give it) and the two histograms, composed.
     events = []
     for row in rows:
         events.append(dp_accounting.SelfComposedDpEvent(
@@ -188,16 +188,16 @@ def _tuned_like_the_tuner(node, records, out_dir):
     the tuner's own plan and mechanism (`plan_for_records`, `build_run_mechanism`), one ledger record
     per step of the strategy that adds the noise (`strategy_ledger_entry`)."""
     from dpsynth.dp.mechanisms.run import build_run_mechanism
-    from dpsynth.train import finetune
+    from dpsynth.train import tune_config, tune_loop
 
     tc = stages.tune_config(node.config)
-    p = finetune.plan_for_records(tc, records)
+    p = tune_config.plan_for_records(tc, records)
     mech = build_run_mechanism(p, clip_norm=tc.clip_norm, microbatch_size=8, seed=7, num_rows=len(records),
-                               user_ids=finetune.user_ids(tc, records), max_examples_per_user=tc.max_examples_per_user)
+                               user_ids=tune_config.user_ids(tc, records), max_examples_per_user=tc.max_examples_per_user)
     ledger = ledger_lib.PrivacyLedger(delta=p.delta, target_epsilon=tc.epsilon, accountant=tc.accountant)
     for _ in range(p.steps):
-        entry = finetune.strategy_ledger_entry(p, mech.strategy, steps=1, clip_norm=tc.clip_norm,
-                                               strategy_sha256=mech.strategy_sha256)
+        entry = tune_loop.strategy_ledger_entry(p, mech.strategy, steps=1, clip_norm=tc.clip_norm,
+                                                strategy_sha256=mech.strategy_sha256)
         ledger.record_steps(entry)
     rep = report_lib.build_report(ledger, training={"mode": tc.mode}, contamination_sha256=None,
                                   **mech.report_kwargs())

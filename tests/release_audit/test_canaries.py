@@ -63,7 +63,7 @@ def test_replay_of_reads_the_recorded_configs(tmp_path):
 
 
 def _run(tiny_base, tmp_path, epsilon, repeats, steps):
-    from dpsynth.train.finetune import TuneConfig
+    from dpsynth.train.tune_config import TuneConfig
 
     base_dir, _ = tiny_base
     cfg = TuneConfig(mode="full", epsilon=epsilon, delta=1e-5, batch_size=16, steps=steps, microbatch_size=16,

@@ -59,7 +59,7 @@ def finetune_case(base_dir: str, out: str, modes: list[str], config: dict, train
     import hashlib
 
     from dpsynth.dp import report, sampling
-    from dpsynth.train import finetune
+    from dpsynth.train import finetune, tune_config
 
     writes = {"n": 0}
     batches: list[str] = []
@@ -80,7 +80,7 @@ def finetune_case(base_dir: str, out: str, modes: list[str], config: dict, train
         for mode in modes:
             writes["n"], batches[:] = 0, []
             res = finetune.dp_tune(base_dir, train, valid, f"{out}/{mode}",
-                                   finetune.TuneConfig(**{**config, "mode": mode}), mesh=tuple(mesh), resume=resume,
+                                   tune_config.TuneConfig(**{**config, "mode": mode}), mesh=tuple(mesh), resume=resume,
                                    stop_after=stop_after, progress_interval=1e9)
             out_modes[mode] = {"steps": res.steps, "train_loss": res.train_loss, "valid_loss": res.valid_loss,
                                "epsilon": res.epsilon, "report_writes": writes["n"], "batches": list(batches)}

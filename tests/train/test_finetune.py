@@ -16,7 +16,7 @@ from dpsynth.dp import clipping, report
 from dpsynth.dp.ledger import BudgetExceeded
 from dpsynth.models import get_config
 from dpsynth.models.directory import load_model
-from dpsynth.train import audit, finetune, lm, sweep
+from dpsynth.train import audit, finetune, lm, sweep, tune_config, tune_model, tune_resume
 from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
@@ -55,15 +55,15 @@ def _encoded_batch(seed, n=6):
 
 
 def _random_setup(mode, seed, rows="random"):
-    config = finetune.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
-    model_config = finetune._tuned_model_config(SMALL, config)
+    config = tune_config.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
+    model_config = tune_model._tuned_model_config(SMALL, config)
     from dpsynth.models import Transformer
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"]
-    variables = finetune.init_variables(model_config, base, config)
+    variables = tune_model.init_variables(model_config, base, config)
     # Random (non-zero) adapters so every trainable leaf gets gradient.
     variables = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), x.shape), variables)
-    params, frozen = lm.split_variables(variables, finetune.TRAINABLE[mode])
+    params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])
     rng = np.random.default_rng(seed)
     n, t = 5, 12
     targets = rng.integers(4, 64, (n, t)).astype(np.int32)
@@ -72,7 +72,7 @@ def _random_setup(mode, seed, rows="random"):
              "mask": np.ones(n, np.float32)}
     if rows == "encoded":
         batch = _encoded_batch(seed)
-    return finetune.make_loss_fn(model_config, config), params, frozen, batch
+    return tune_model.make_loss_fn(model_config, config), params, frozen, batch
 
 
 @pytest.mark.parametrize("rows", ["random", "encoded"])
@@ -108,7 +108,7 @@ def test_prefix_targets_get_no_gradient_through_the_model(rows):
     from dpsynth.models import Transformer
     from tests.train.reference import prefix_lm_loss
 
-    model_config = finetune._tuned_model_config(SMALL, finetune.TuneConfig(mode="lora", lora_rank=2))
+    model_config = tune_model._tuned_model_config(SMALL, tune_config.TuneConfig(mode="lora", lora_rank=2))
     logits = Transformer(model_config).apply(lm.merge_variables(params, frozen), batch["inputs"])
     expected = prefix_lm_loss(logits, batch["targets"], batch["weights"])
     np.testing.assert_allclose(loss_fn(params, frozen, batch, None)[0], expected, rtol=1e-5)
@@ -119,7 +119,7 @@ def test_prefix_targets_get_no_gradient_through_the_model(rows):
 # ---------------------------------------------------------------------------------- runs
 
 TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
-BASE_CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
+BASE_CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
                            checkpoint_every=2, lora_rank=2, learning_rate=1e-2)
 
 
@@ -142,7 +142,7 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
                                                         "public pretraining corpus", "other releases about the same data"}
     assert "valid_loss" not in rep["training"] and "valid_loss" not in json.dumps(rep)  # non-DP: private state only
     # The private state: a 0700 sibling outside the model dir, with the checkpoints and the non-DP losses.
-    state = finetune.default_state_dir(out)
+    state = tune_resume.default_state_dir(out)
     assert res.state_dir == state and state == os.path.abspath(out) + ".private"
     assert os.stat(state).st_mode & 0o777 == 0o700
     assert os.path.isdir(os.path.join(state, "checkpoints")) and not os.path.exists(os.path.join(out, "checkpoints"))
@@ -155,7 +155,7 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
     assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
     for a, b in zip(jax.tree.leaves(tuned.variables["params"]), jax.tree.leaves(base.variables["params"])):
         np.testing.assert_array_equal(a, b)
-    init = finetune.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
+    init = tune_model.init_variables(tuned.config, base.variables["params"], BASE_CFG)["lora"]
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(tuned.variables["lora"]), jax.tree.leaves(init)))
     assert math.isfinite(res.valid_loss)
 
@@ -212,16 +212,16 @@ def test_label_dropout_changes_no_dp_property(full_run, tmp_path):
     assert tuned.manifest["label_dropout"] == 0.5 and drop.report["training"]["label_dropout"] == 0.5
     assert "label_dropout" not in load_model(out).manifest and "label_dropout" not in res.report["training"]
     assert tuned.manifest["dp_tune"]["config"]["label_dropout"] == 0.5
-    with pytest.raises(finetune.TuneError, match="label_dropout"):
+    with pytest.raises(tune_config.TuneError, match="label_dropout"):
         dataclasses.replace(BASE_CFG, label_dropout=1.0)
 
 
 def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     cfg = dataclasses.replace(BASE_CFG, recipe="auto", token_budget=len(TRAIN) * 32 * 2.0, steps=None)
-    resolved, chosen = finetune.resolve_recipe(cfg, len(TRAIN))
+    resolved, chosen = tune_config.resolve_recipe(cfg, len(TRAIN))
     res = finetune.dp_tune(base_dir, TRAIN, VALID, str(tmp_path / "auto"), cfg, progress_interval=1e9)
-    plan = finetune.plan_run(cfg, len(TRAIN))  # what a dry run shows
+    plan = tune_config.plan_run(cfg, len(TRAIN))  # what a dry run shows
     training = res.report["training"]
     assert res.steps == chosen.steps == plan.steps and res.noise_multiplier == plan.noise_multiplier
     assert training["expected_batch_size"] == pytest.approx(chosen.batch_size) == plan.expected_batch_size
@@ -229,7 +229,7 @@ def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
     assert training["recipe"]["name"] == "auto" and training["recipe"]["why"] == list(chosen.why)
     assert res.epsilon["rdp"] <= cfg.epsilon
     assert any("automatic recipe" in c["detail"] for c in res.report["side_channels"])
-    with pytest.raises(finetune.TuneError, match="recipe"):
+    with pytest.raises(tune_config.TuneError, match="recipe"):
         sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
 
 
@@ -270,12 +270,12 @@ def test_auto_length_and_time_budget_are_chosen_once_composed_and_kept_on_resume
                                              "dataset": "D_train"}
     assert [e["mechanism"] for e in entries].count("exponential") == 1  # the resume did not spend again
     assert cfg.epsilon * 0.99 < res.epsilon["rdp"] <= cfg.epsilon * (1 + 1e-6)
-    manual = finetune.plan_run(dataclasses.replace(cfg, max_tokens=length, time_budget=None, token_budget=6000.0),
-                               len(TRAIN))
+    manual = tune_config.plan_run(dataclasses.replace(cfg, max_tokens=length, time_budget=None, token_budget=6000.0),
+                                  len(TRAIN))
     assert part.steps < res.steps == manual.steps
     assert res.noise_multiplier > manual.noise_multiplier  # the tuning spends what the length left
     assert any(w.startswith(f"example length {length} tokens") for w in res.report["training"]["recipe"]["why"])
-    with pytest.raises(finetune.TuneError, match="sweep"):
+    with pytest.raises(tune_config.TuneError, match="sweep"):
         sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), dataclasses.replace(cfg, recipe="auto"),
                     learning_rates=[0.1, 0.2], clip_norms=[1.0])
 
@@ -287,7 +287,7 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     assert part.steps == 2 and not os.path.exists(os.path.join(out, "manifest.json"))  # no model until done
     assert report.load_report(out)["training"]["steps"] == 2  # the report follows the checkpoints
     # The (secret) seed lives only in the private checkpoint; the resumed run must continue with it.
-    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(tune_resume.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
     res = finetune.dp_tune(base_dir, TRAIN, VALID, out, BASE_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
     out_full = str(tmp_path / "uninterrupted")
@@ -298,7 +298,7 @@ def test_resume_is_exact_for_params_and_ledger(full_run, tmp_path):
     ra, rb = report.load_report(out), report.load_report(out_full)
     assert ra["ledger"] == rb["ledger"] and ra["epsilon"] == rb["epsilon"]
     # Continuing with more steps is another privacy plan: refused before any step.
-    with pytest.raises(finetune.TuneError, match="steps: checkpoint 4, this run 8"):
+    with pytest.raises(tune_config.TuneError, match="steps: checkpoint 4, this run 8"):
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, steps=8), resume=True)
 
 
@@ -335,7 +335,7 @@ def _copy(src, tmp_path):
 
     dst = tmp_path / "copy"
     shutil.copytree(src, dst)
-    shutil.copytree(finetune.default_state_dir(str(src)), finetune.default_state_dir(str(dst)))
+    shutil.copytree(tune_resume.default_state_dir(str(src)), tune_resume.default_state_dir(str(dst)))
     return dst
 
 
@@ -360,7 +360,7 @@ def test_resume_with_another_privacy_plan_is_refused_before_any_compute(stopped_
     monkeypatch.setattr(checkpoint, "load_model", no_compute)
     records = TRAIN[:100] if change == "fewer examples" else TRAIN
     cfg = AUDIT_CFG if change == "fewer examples" else dataclasses.replace(AUDIT_CFG, **change)
-    with pytest.raises(finetune.TuneError) as e:
+    with pytest.raises(tune_config.TuneError) as e:
         finetune.dp_tune(base_dir, records, VALID, str(out), cfg, resume=True)
     msg = str(e.value)
     assert f"{field}: checkpoint {before!r}, this run {after!r}" in msg and "refusing to resume" in msg
@@ -373,7 +373,7 @@ def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(stopped_run, mo
     from dpsynth.models import directory as checkpoint  # where dp_tune loads the base model from
 
     monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
-    with pytest.raises(finetune.TuneError, match="checkpoints of an earlier run: pass --resume"):
+    with pytest.raises(tune_config.TuneError, match="checkpoints of an earlier run: pass --resume"):
         finetune.dp_tune(base_dir, TRAIN, VALID, str(out), AUDIT_CFG)
 
 
@@ -385,7 +385,7 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
 
     base_dir, _, src = stopped_run
     out = str(_copy(src, tmp_path))
-    plan = finetune.plan_run(AUDIT_CFG, len(TRAIN))
+    plan = tune_config.plan_run(AUDIT_CFG, len(TRAIN))
     used, recorded = [], []
     real_step, real_record = core.TrainFunctions.accumulated_step, PrivacyLedger.record_steps
 
@@ -402,7 +402,7 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
     try:  # 8 steps stopped after 2, resumed with 3 steps: refused now (it used to run with a fresh sigma)
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(AUDIT_CFG, steps=3), resume=True,
                          progress_interval=1e9)
-    except finetune.TuneError:
+    except tune_config.TuneError:
         pass
     res = finetune.dp_tune(base_dir, TRAIN, VALID, out, AUDIT_CFG, resume=True, progress_interval=1e9)
     assert used == recorded and len(used) == 6  # steps 2..7, each: sigma used == sigma recorded
@@ -411,7 +411,7 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
     rep = report.load_report(out)
     assert [e["noise_multiplier"] for e in rep["ledger"]["entries"]] == [plan.noise_multiplier]
     assert rep["epsilon"]["rdp"] <= 4.0 and rep["training"]["noise_multiplier"] == plan.noise_multiplier
-    meta = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()
+    meta = TrainCheckpointer(os.path.join(tune_resume.default_state_dir(out), "checkpoints")).read_meta()
     assert meta["privacy_plan"] == plan.to_json()  # the checkpoint stores the plan
 
 
@@ -439,7 +439,7 @@ def test_cli_stop_after_then_resume(stopped_run, tmp_path, capsys):
     (dict(clipping="ghost"), "--clipping ghost is for --mode full"),
 ])
 def test_bad_config(change, msg):
-    with pytest.raises(finetune.TuneError, match=msg):
+    with pytest.raises(tune_config.TuneError, match=msg):
         dataclasses.replace(BASE_CFG, **change)
 
 
@@ -461,14 +461,14 @@ def test_full_mode_ghost_clipping_trains_the_same_model(tiny_base, tmp_path):
 def test_bad_input_fails_before_any_compute(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     out = str(tmp_path / "out")
-    with pytest.raises(finetune.TuneError, match="empty"):
+    with pytest.raises(tune_config.TuneError, match="empty"):
         finetune.dp_tune(base_dir, [], VALID, out, BASE_CFG)
     bad_valid = VALID + [{"id": "z", "text": "x", "label": "meh"}]
-    with pytest.raises(finetune.TuneError, match="unknown label 'meh'"):
+    with pytest.raises(tune_config.TuneError, match="unknown label 'meh'"):
         finetune.dp_tune(base_dir, TRAIN, bad_valid, out, BASE_CFG)
-    with pytest.raises(finetune.TuneError, match="unreachable"):
+    with pytest.raises(tune_config.TuneError, match="unreachable"):
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, epsilon=1e-4, steps=10**6))
-    with pytest.raises(finetune.TuneError, match="max_len"):
+    with pytest.raises(tune_config.TuneError, match="max_len"):
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(BASE_CFG, max_tokens=1000))
     assert not os.path.exists(out)
 
@@ -519,8 +519,8 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
     out = str(tmp_path / "sweep")
     result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
                                  clip_norms=[1.0], progress_interval=1e9)
-    composed = finetune.plan_run(SWEEP_CFG, len(TRAIN), compositions=2)
-    single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
+    composed = tune_config.plan_run(SWEEP_CFG, len(TRAIN), compositions=2)
+    single = tune_config.plan_run(SWEEP_CFG, len(TRAIN))
     assert composed.noise_multiplier > single.noise_multiplier
     assert all(t["noise_multiplier"] == composed.noise_multiplier for t in trials)
     rep = report.load_report(out)
@@ -548,7 +548,7 @@ def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path)
     out = str(tmp_path / "sweep")
     result, trials = sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3, 3e-2],
                                  clip_norms=[1.0], sweep_accounting="selected-only", progress_interval=1e9)
-    single = finetune.plan_run(SWEEP_CFG, len(TRAIN))
+    single = tune_config.plan_run(SWEEP_CFG, len(TRAIN))
     assert all(t["noise_multiplier"] == single.noise_multiplier for t in trials)
     rep = report.load_report(out)
     assert sum(e["steps"] for e in rep["ledger"]["entries"]) == SWEEP_CFG.steps  # one trial accounted
@@ -559,7 +559,7 @@ def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path)
     assert not os.path.exists(os.path.join(out, "trials"))
     _assert_no_losses_released(out)
     assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
-    with pytest.raises(finetune.TuneError, match="sweep_accounting"):
+    with pytest.raises(tune_config.TuneError, match="sweep_accounting"):
         sweep.sweep(base_dir, TRAIN, VALID, out, SWEEP_CFG, learning_rates=[1e-3], clip_norms=[1.0],
                     sweep_accounting="paper")
 
@@ -592,7 +592,7 @@ def test_cli_fixed_seed_and_training_text_never_reach_out(tiny_base, tmp_path, c
             assert needle not in blob, f"{rel} contains {needle!r}"
     _assert_no_losses_released(out)
     # The overridden state dir is used (not the default sibling), owner-only, and holds the seed.
-    assert not os.path.exists(finetune.default_state_dir(str(out)))
+    assert not os.path.exists(tune_resume.default_state_dir(str(out)))
     assert os.stat(state).st_mode & 0o777 == 0o700
     meta = TrainCheckpointer(os.path.join(state, "checkpoints")).read_meta()
     assert meta["sampling_seed"] == seed
@@ -606,11 +606,11 @@ def test_prompt_initialisations():
     from dpsynth.models import Transformer
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    uni = finetune.TuneConfig(mode="prompt", prompt_length=5)
-    v = finetune.init_variables(finetune._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
+    uni = tune_config.TuneConfig(mode="prompt", prompt_length=5)
+    v = tune_model.init_variables(tune_model._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
     assert v.shape == (5, SMALL.d_model) and float(jnp.max(jnp.abs(v))) <= 0.01 and float(jnp.std(v)) > 0.003
     voc = dataclasses.replace(uni, prompt_init="vocab")
-    w = np.asarray(finetune.init_variables(finetune._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
+    w = np.asarray(tune_model.init_variables(tune_model._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
     table = np.asarray(base["embedding"])
     for row in w:  # every prompt vector is a (non-special) vocabulary embedding
         matches = np.where(np.all(table == row, axis=1))[0]
@@ -625,7 +625,7 @@ def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
     finetune.dp_tune(base_dir, TRAIN, VALID, out_b, BASE_CFG, progress_interval=1e9)
     la, lb = load_model(out_a).variables["lora"], load_model(out_b).variables["lora"]
     assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(la), jax.tree.leaves(lb)))
-    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out_b), "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(tune_resume.default_state_dir(out_b), "checkpoints")).read_meta()["sampling_seed"]
     assert seed.bit_length() > 32  # 64-bit entropy (fails with probability 2^-32)
     for name in ("privacy_report.json", "privacy_report.md", "manifest.json"):
         with open(os.path.join(out_b, name)) as f:
@@ -641,8 +641,8 @@ def test_default_seed_is_secret_and_never_released(full_run, tmp_path):
 
 def _audit(tiny_base, tmp_path, epsilon, steps, canaries):
     base_dir, _ = tiny_base
-    cfg = finetune.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16,
-                              max_tokens=32, learning_rate=1e-2, checkpoint_every=10**6, seed=1)
+    cfg = tune_config.TuneConfig(mode="full", epsilon=epsilon, batch_size=16, steps=steps, microbatch_size=16,
+                                 max_tokens=32, learning_rate=1e-2, checkpoint_every=10**6, seed=1)
     return audit.canary_audit(base_dir, make_records(48, 1), str(tmp_path / f"eps{epsilon}"), cfg,
                               num_canaries=canaries, repeats=1, canary_length=10, labels=["great", "other"])
 
@@ -682,7 +682,7 @@ def _tune_in(n, base_dir, out, modes, config, **kw):
 
 def _trainable_diff(a_dir, b_dir, mode):
     a, b = load_model(a_dir).variables, load_model(b_dir).variables
-    coll = finetune.TRAINABLE[mode][0]
+    coll = tune_config.TRAINABLE[mode][0]
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                for x, y in zip(jax.tree.leaves(a[coll]), jax.tree.leaves(b[coll])))
 
@@ -724,7 +724,7 @@ def test_secret_seed_shared_by_two_processes_never_logged_and_resumed_across_pro
         a, b = run[0]["modes"]["lora"], run[1]["modes"]["lora"]
         assert a["batches"] == b["batches"] and len(a["batches"]) == steps
     assert second[0]["modes"]["lora"]["steps"] == 4
-    state = finetune.default_state_dir(os.path.join(out, "lora"))
+    state = tune_resume.default_state_dir(os.path.join(out, "lora"))
     seed = TrainCheckpointer(os.path.join(state, "checkpoints")).read_meta()["sampling_seed"]
     assert seed.bit_length() > 32
     for r in first + second:

@@ -11,7 +11,7 @@ import pytest
 
 from dpsynth.dp import clipping, sparse
 from dpsynth.models import hf_export, hf_import
-from dpsynth.train import finetune, lm
+from dpsynth.train import finetune, lm, tune_config, tune_model
 from dpsynth.models.directory import load_model
 from tests.train.conftest import make_records
 
@@ -30,11 +30,11 @@ def llama_base(tmp_path_factory):
 
 def test_sparse_embedding_clipping_equals_dense_on_the_untied_model(llama_base):
     base = load_model(llama_base)
-    config = finetune.TuneConfig(mode="full", **CFG)
+    config = tune_config.TuneConfig(mode="full", **CFG)
     assert not base.config.tie_embeddings
-    spec = finetune.embedding_spec(base.config, config)
+    spec = tune_model.embedding_spec(base.config, config)
     assert spec is not None
-    sparse_loss = finetune.make_loss_fn(base.config, config)
+    sparse_loss = tune_model.make_loss_fn(base.config, config)
     assert isinstance(sparse_loss, sparse.EmbeddedLoss)
     dense_loss = lm.make_lm_loss(__import__("dpsynth.models", fromlist=["Transformer"]).Transformer(base.config),
                                  z_loss=config.z_loss)
@@ -53,13 +53,13 @@ def test_sparse_embedding_clipping_equals_dense_on_the_untied_model(llama_base):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
     # A tied model (Gemma) keeps the dense path: its table is also the output layer.
     gemma = hf_import.inspect(str(FIXTURES / "gemma")).config
-    assert finetune.embedding_spec(gemma, config) is None
+    assert tune_model.embedding_spec(gemma, config) is None
 
 
 @pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
 def test_dp_tune_every_mode_records_the_base_provenance(llama_base, tmp_path, mode):
     out = str(tmp_path / mode)
-    res = finetune.dp_tune(llama_base, TRAIN, VALID, out, finetune.TuneConfig(mode=mode, **CFG),
+    res = finetune.dp_tune(llama_base, TRAIN, VALID, out, tune_config.TuneConfig(mode=mode, **CFG),
                            progress_interval=1e9)
     assert res.steps == 2 and np.isfinite(res.valid_loss)
     rep = json.loads((tmp_path / mode / "privacy_report.json").read_text())
@@ -80,7 +80,7 @@ def test_imported_model_tune_generate_evaluate_export(llama_base, tmp_path):
     from dpsynth.generate.job import GenerateConfig, generate
 
     tuned = str(tmp_path / "lora")
-    finetune.dp_tune(llama_base, TRAIN, VALID, tuned, finetune.TuneConfig(mode="lora", **CFG), progress_interval=1e9)
+    finetune.dp_tune(llama_base, TRAIN, VALID, tuned, tune_config.TuneConfig(mode="lora", **CFG), progress_interval=1e9)
     synth = str(tmp_path / "synth")
     manifest = generate(GenerateConfig(model_dir=tuned, out_dir=synth, num_examples=6, valid_examples=2,
                                        examples_per_shard=4, batch_size=4, seed=1, max_len=24))

@@ -1,4 +1,5 @@
-"""The DP tuner at user level and with BandMF: reports, missing user column, exact resume."""
+"""The DP tuner at user level and with BandMF: reports, missing user column, exact resume; the
+names `dpsynth.train.finetune` keeps for user code."""
 
 import dataclasses
 import json
@@ -10,7 +11,7 @@ import pytest
 
 from dpsynth.dp import report
 from dpsynth.models.directory import load_model
-from dpsynth.train import finetune, tune_report
+from dpsynth.train import finetune, tune_config, tune_report, tune_resume
 from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.train.conftest import make_records
 
@@ -31,11 +32,11 @@ def with_users(records, heavy=30, seed=0):
 TRAIN = with_users(make_records(120, 1))
 VALID = make_records(20, 2, "v")
 USERS = len({r["user"] for r in TRAIN})
-USER_CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=6, steps=3, microbatch_size=16, max_tokens=32,
-                               checkpoint_every=2, lora_rank=2, learning_rate=1e-2, privacy_unit="user",
-                               max_examples_per_user=4)
-BANDMF_CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=12, steps=4, microbatch_size=16, max_tokens=32,
-                                 checkpoint_every=2, lora_rank=2, learning_rate=1e-2, mechanism="bandmf", bands=2)
+USER_CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=6, steps=3, microbatch_size=16, max_tokens=32,
+                                  checkpoint_every=2, lora_rank=2, learning_rate=1e-2, privacy_unit="user",
+                                  max_examples_per_user=4)
+BANDMF_CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=12, steps=4, microbatch_size=16, max_tokens=32,
+                                    checkpoint_every=2, lora_rank=2, learning_rate=1e-2, mechanism="bandmf", bands=2)
 
 
 @pytest.fixture(autouse=True)
@@ -86,11 +87,11 @@ def test_missing_user_ids_fail_before_compute(tiny_base, tmp_path, monkeypatch, 
 
     no_users = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
     monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("model loaded before the check"))
-    with pytest.raises(finetune.TuneError, match="no user id.*--user-column"):
+    with pytest.raises(tune_config.TuneError, match="no user id.*--user-column"):
         finetune.dp_tune(base_dir, no_users, VALID, str(tmp_path / "o"), USER_CFG)
-    with pytest.raises(finetune.TuneError, match="max_examples_per_user"):
+    with pytest.raises(tune_config.TuneError, match="max_examples_per_user"):
         dataclasses.replace(USER_CFG, max_examples_per_user=None)
-    with pytest.raises(finetune.TuneError, match="bands"):
+    with pytest.raises(tune_config.TuneError, match="bands"):
         dataclasses.replace(BANDMF_CFG, bands=None)
     # Through the CLI: a file without the user column is refused, naming the file.
     from trainers import dp_tune as cli
@@ -113,7 +114,7 @@ def test_bandmf_run_and_exact_resume(tiny_base, tmp_path):
     out = str(tmp_path / "resumed")
     part = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, stop_after=2, progress_interval=1e9)
     assert part.steps == 2
-    seed = TrainCheckpointer(os.path.join(finetune.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
+    seed = TrainCheckpointer(os.path.join(tune_resume.default_state_dir(out), "checkpoints")).read_meta()["sampling_seed"]
     res = finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, resume=True, progress_interval=1e9)
     assert res.steps == 4
     out_full = str(tmp_path / "uninterrupted")
@@ -255,7 +256,7 @@ def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_o
     monkeypatch.setenv("DPSYNTH_CACHE_DIR", str(other))
     real_load = checkpoint.load_model
     monkeypatch.setattr(checkpoint, "load_model", lambda *a, **k: pytest.fail("the model was loaded before the check"))
-    with pytest.raises(finetune.TuneError) as e:
+    with pytest.raises(tune_config.TuneError) as e:
         finetune.dp_tune(base_dir, records, VALID, out, BANDMF_CFG, resume=True, progress_interval=1e9)
     assert f"strategy_sha256: checkpoint {recorded!r}, this run {sha!r}" in str(e.value)
     assert "refusing to resume" in str(e.value)
@@ -277,13 +278,21 @@ def test_a_mechanism_registered_outside_the_library_runs_in_the_tuner(tiny_base,
     base_dir, _ = tiny_base
     train = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
     with mechanisms.registered(FullBatchDPGD()):
-        cfg = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=len(train), steps=2, microbatch_size=64,
-                                  max_tokens=32, lora_rank=2, learning_rate=1e-2, mechanism="dpgd", seed=1)
+        cfg = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=len(train), steps=2, microbatch_size=64,
+                                     max_tokens=32, lora_rank=2, learning_rate=1e-2, mechanism="dpgd", seed=1)
         res = finetune.dp_tune(base_dir, train, VALID, str(tmp_path / "m"), cfg, progress_interval=1e9)
-        plan = finetune.plan_run(cfg, len(train))
+        plan = tune_config.plan_run(cfg, len(train))
         rep = report.load_report(res.out_dir)  # its ledger is read through the registry
     assert res.steps == 2 and rep["mechanism"] == "dpgd" and rep["training"]["mechanism"] == "dpgd"
     assert [(e["mechanism"], e["steps"], e["sampling_probability"]) for e in rep["ledger"]["entries"]] == [("dpgd", 2, 1.0)]
     assert res.noise_multiplier == plan.noise_multiplier > 0 and rep["epsilon"]["rdp"] <= 4.0 * (1 + 1e-6)
     with open(os.path.join(res.out_dir, "privacy_report.md"), encoding="utf-8") as f:
         assert "2 full-batch DP-GD steps, q = 1" in f.read()
+
+
+def test_finetune_keeps_the_public_entry_points_of_its_split_modules():
+    """User code imports the tuner's entry points from `dpsynth.train.finetune`: the split (issue 36) keeps
+    them there (`__all__` names just these), the same objects as in their new home."""
+    assert finetune.TuneConfig is tune_config.TuneConfig and finetune.TuneError is tune_config.TuneError
+    assert finetune.plan_run is tune_config.plan_run
+    assert set(finetune.__all__) == {"TuneConfig", "TuneError", "TuneResult", "dp_tune", "plan_run"}

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dpsynth.train import finetune, recipe
+from dpsynth.train import recipe, tune_config
 
 
 @pytest.mark.parametrize("n", [50, 400, 4036, 5000, 120_000])
@@ -43,23 +43,23 @@ def test_errors():
         recipe.auto_recipe(dataset_size=0, mode="lora", max_tokens=64)
     with pytest.raises(recipe.RecipeError, match="mode"):
         recipe.auto_recipe(dataset_size=10, mode="bogus", max_tokens=64)
-    with pytest.raises(finetune.TuneError, match="recipe"):
-        finetune.TuneConfig(recipe="bogus")
-    with pytest.raises(finetune.TuneError, match="token_budget"):
-        finetune.TuneConfig(token_budget=1e6)  # a setting of the automatic recipe only
+    with pytest.raises(tune_config.TuneError, match="recipe"):
+        tune_config.TuneConfig(recipe="bogus")
+    with pytest.raises(tune_config.TuneError, match="token_budget"):
+        tune_config.TuneConfig(token_budget=1e6)  # a setting of the automatic recipe only
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 3.0, math.inf])
 def test_resolved_config_is_what_the_plan_uses(epsilon):
-    config = finetune.TuneConfig(mode="lora", epsilon=epsilon, recipe="auto", max_tokens=64, token_budget=5e6)
-    resolved, chosen = finetune.resolve_recipe(config, 4036)
+    config = tune_config.TuneConfig(mode="lora", epsilon=epsilon, recipe="auto", max_tokens=64, token_budget=5e6)
+    resolved, chosen = tune_config.resolve_recipe(config, 4036)
     assert (resolved.batch_size, resolved.steps, resolved.learning_rate) == (chosen.batch_size, chosen.steps,
                                                                              chosen.learning_rate)
-    plan = finetune.plan_run(config, 4036)  # the dry run resolves the same way
+    plan = tune_config.plan_run(config, 4036)  # the dry run resolves the same way
     assert plan.steps == chosen.steps and plan.expected_batch_size == pytest.approx(chosen.batch_size)
-    assert plan == finetune.plan_run(resolved, 4036)
-    manual, none = finetune.resolve_recipe(finetune.TuneConfig(), 4036)
-    assert none is None and manual == finetune.TuneConfig()
+    assert plan == tune_config.plan_run(resolved, 4036)
+    manual, none = tune_config.resolve_recipe(tune_config.TuneConfig(), 4036)
+    assert none is None and manual == tune_config.TuneConfig()
 
 
 def test_length_scores_have_sensitivity_one():
@@ -140,15 +140,15 @@ def test_choose_example_length_samples_the_exponential_mechanism():
 
 
 def test_auto_length_is_refused_where_it_cannot_be_accounted():
-    with pytest.raises(finetune.TuneError, match="recipe 'auto'"):
-        finetune.TuneConfig(max_tokens="auto")
-    with pytest.raises(finetune.TuneError, match="RDP"):
-        finetune.TuneConfig(max_tokens="auto", recipe="auto", accountant="pld")
-    with pytest.raises(finetune.TuneError, match="example-level"):
-        finetune.TuneConfig(max_tokens="auto", recipe="auto", privacy_unit="user", max_examples_per_user=2)
-    cfg = finetune.TuneConfig(max_tokens="auto", recipe="auto")
-    with pytest.raises(finetune.TuneError, match="resolve"):
-        finetune.plan_run(cfg, 1000)  # the dry run cannot plan a length it has not chosen
+    with pytest.raises(tune_config.TuneError, match="recipe 'auto'"):
+        tune_config.TuneConfig(max_tokens="auto")
+    with pytest.raises(tune_config.TuneError, match="RDP"):
+        tune_config.TuneConfig(max_tokens="auto", recipe="auto", accountant="pld")
+    with pytest.raises(tune_config.TuneError, match="example-level"):
+        tune_config.TuneConfig(max_tokens="auto", recipe="auto", privacy_unit="user", max_examples_per_user=2)
+    cfg = tune_config.TuneConfig(max_tokens="auto", recipe="auto")
+    with pytest.raises(tune_config.TuneError, match="resolve"):
+        tune_config.plan_run(cfg, 1000)  # the dry run cannot plan a length it has not chosen
 
 
 def test_a_plan_after_a_spent_selection_meets_the_target_together():

@@ -18,14 +18,14 @@ import pytest
 from dpsynth import fileio
 from dpsynth.dp import report
 from dpsynth.models.directory import load_model
-from dpsynth.train import finetune, release, sweep
+from dpsynth.train import finetune, release, sweep, tune_config, tune_resume
 from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
-CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
-                          checkpoint_every=2, lora_rank=2, learning_rate=1e-2, seed=99)
+CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
+                             checkpoint_every=2, lora_rank=2, learning_rate=1e-2, seed=99)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,7 +130,7 @@ def test_a_fresh_run_never_mixes_its_report_into_a_finished_model(finished, tmp_
     privacy report at its first checkpoint while that model's manifest and weights stayed."""
     base_dir, out = finished
     before = open(os.path.join(out, "privacy_report.json"), "rb").read()
-    with pytest.raises(finetune.TuneError, match="holds a finished model"):
+    with pytest.raises(tune_config.TuneError, match="holds a finished model"):
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(CFG, steps=6), stop_after=2,
                          state_dir=str(tmp_path / "other_state"), progress_interval=1e9)
     assert open(os.path.join(out, "privacy_report.json"), "rb").read() == before and release.is_complete(out)
@@ -192,7 +192,7 @@ def test_sigkill_dp_tune_after_a_checkpoint_then_resume_equals_an_uninterrupted_
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "dpsynth.cli", "dp-tune", "--base", base_dir, "--train", str(data), "--out", str(out),
            *DP_FLAGS]
-    step = _kill_after_first_checkpoint(cmd, os.path.join(finetune.default_state_dir(str(out)), "checkpoints"))
+    step = _kill_after_first_checkpoint(cmd, os.path.join(tune_resume.default_state_dir(str(out)), "checkpoints"))
     assert 0 < step < 40 and not os.path.exists(out / "manifest.json")
     assert dp_tune.main(["--base", base_dir, "--train", str(data), "--out", str(out), *DP_FLAGS, "--resume"]) == 0
     ref = tmp_path / "uninterrupted"

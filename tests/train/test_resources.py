@@ -1,5 +1,5 @@
 """Resource figures (`dpsynth.train.resources`), the tuning plan (`dpsynth.train.tune_plan`, `dpsynth plan`),
-`finetune.compile_steps` and `--microbatch-size auto`."""
+`tune_model.compile_steps` and `--microbatch-size auto`."""
 
 import dataclasses
 import json
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from dpsynth.models.config import get_config
-from dpsynth.train import core, finetune, resources, tune_plan
+from dpsynth.train import core, finetune, resources, tune_config, tune_data, tune_model, tune_plan
 from tests.train.conftest import make_records
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = make_records(60, 5)
-CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=16, steps=2, microbatch_size=8, max_tokens=32,
-                          lora_rank=2, learning_rate=1e-2, seed=3)
+CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=16, steps=2, microbatch_size=8, max_tokens=32,
+                             lora_rank=2, learning_rate=1e-2, seed=3)
 
 
 # ---------------------------------------------------------------- the automatic microbatch search
@@ -88,13 +88,13 @@ def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, m
     seen = _capture_first_step(monkeypatch)
     finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "out"), config, progress_interval=1e9, mesh=mesh)
     source = resources.resolve_model(base_dir)
-    plan = finetune.plan_run(config, len(TRAIN))
-    steps = finetune.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"],
-                                   mesh=mesh, param_dtype=source.param_dtype)
+    plan = tune_config.plan_run(config, len(TRAIN))
+    steps = tune_model.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"],
+                                     mesh=mesh, param_dtype=source.param_dtype)
     assert steps.accumulate.fingerprint == seen["fingerprint"]
     # another microbatch, mode or length is another program
-    other = finetune.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"] + 16,
-                                   mesh=mesh, apply=False)
+    other = tune_model.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"] + 16,
+                                     mesh=mesh, apply=False)
     assert other.accumulate.fingerprint != seen["fingerprint"]
 
 
@@ -114,7 +114,7 @@ def test_plan_reports_consistent_figures_per_device():
     assert pd["step_temporary_bytes"] == progs["accumulate"]["temp_bytes"] > 0
     assert plan["flops"]["per_example_token"] > 0
     run = plan["run"]
-    assert run["steps"] == finetune.plan_run(config, 320).steps and run["microbatches_per_step"] == 4
+    assert run["steps"] == tune_config.plan_run(config, 320).steps and run["microbatches_per_step"] == 4
     for row in plan["accelerators"]:
         assert row["fits"] and row["step_seconds"] > 0
         assert row["run_hours"] == pytest.approx(row["step_seconds"] * run["steps"] / 3600)
@@ -152,11 +152,11 @@ def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_
     base_dir, tok = tiny_base
     config = dataclasses.replace(CFG, microbatch_size="auto", batch_size=4)
     seen = _capture_first_step(monkeypatch)
-    plan = finetune.plan_run(config, len(TRAIN))
+    plan = tune_config.plan_run(config, len(TRAIN))
     labels = sorted({r["label"] for r in TRAIN})
-    length = finetune._encode(TRAIN, [], tok, labels, config).train_arrays["inputs"].shape[1]  # dp_tune's rows
-    limit = finetune.compile_steps(get_config("tiny", max_len=128), config, plan, microbatch=2, row_length=length,
-                                   apply=False).accumulate.total_bytes  # 2 fits (exactly), 3 does not
+    length = tune_data._encode(TRAIN, [], tok, labels, config).train_arrays["inputs"].shape[1]  # dp_tune's rows
+    limit = tune_model.compile_steps(get_config("tiny", max_len=128), config, plan, microbatch=2, row_length=length,
+                                     apply=False).accumulate.total_bytes  # 2 fits (exactly), 3 does not
     with caplog.at_level("INFO", logger="dpsynth.train.finetune"):
         res = finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "auto"), config, progress_interval=1e9,
                                memory_limit=limit, memory_headroom=0.0)
