@@ -367,7 +367,7 @@ def unit_dp(preset: str, variant: str, opts, budget: Budget) -> dict:
     tune = tune_config.TuneConfig(mode="lora", batch_size=size.batch, microbatch_size=size.micro,
                                   max_tokens=size.seq, epsilon=3.0 if variant == "dp" else math.inf)
     base_config = SIZES[opts.sizes][preset].model_config(preset)
-    model_config = tune_model._tuned_model_config(base_config, tune)  # what dp_tune tunes
+    model_config = tune_model.tuned_model_config(base_config, tune)  # what dp_tune tunes
     base = jax.jit(Transformer(base_config).init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
     variables = tune_model.init_variables(model_config, base, tune)
     params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[tune.mode])

@@ -63,7 +63,7 @@ def _block(tree):
 def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap") -> dict:
     config = tune_config.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
     base_cfg = get_config(preset, max_len=max(t, 64))
-    model_cfg = tune_model._tuned_model_config(base_cfg, config)
+    model_cfg = tune_model.tuned_model_config(base_cfg, config)
     base = Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     variables = tune_model.init_variables(model_cfg, jax.device_get(base), config)
     params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])

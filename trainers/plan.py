@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.generation_batch:  # the sampler's call (prefill + KV-cache decode loop), on one device
         from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel
 
-        model_config = tune_model._tuned_model_config(source.config, config)
+        model_config = tune_model.tuned_model_config(source.config, config)
         sampler = Sampler(TransformerDecodeModel(model_config),
                           SamplerConfig(max_len=config.max_tokens, batch_size=args.generation_batch))
         lowered = sampler.lower(resources.abstract_variables(model_config, source.param_dtype), 16)

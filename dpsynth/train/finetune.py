@@ -71,14 +71,14 @@ from dpsynth.owner_only import make_private_dir, write_private_json
 from dpsynth.train import recipe as recipe_lib
 from dpsynth.train import release, tune_report
 from dpsynth.train.prompts import manifest_fields
-from dpsynth.train.tune_config import (TRAINABLE, TuneConfig, TuneError, _Prepared, plan_for_records, plan_run,
+from dpsynth.train.tune_config import (TRAINABLE, TuneConfig, TuneError, Prepared, plan_for_records, plan_run,
                                        resolve_example_length, resolve_recipe, user_ids)
-from dpsynth.train.tune_data import _Data, _data_fingerprint, _encode
-from dpsynth.train.tune_loop import _train
-from dpsynth.train.tune_model import (_build_mechanism, _resolve_microbatch, _resolve_time_budget,
-                                      _tuned_model_config, embedding_spec, evaluate_loss, init_variables,
+from dpsynth.train.tune_data import TuneData, data_fingerprint, encode_data
+from dpsynth.train.tune_loop import train_run
+from dpsynth.train.tune_model import (build_mechanism, resolve_microbatch, resolve_time_budget,
+                                      tuned_model_config, embedding_spec, evaluate_loss, init_variables,
                                       make_eval_fn, make_loss_fn)
-from dpsynth.train.tune_resume import _read_resume_meta, resolve_state_dir, resume_differences
+from dpsynth.train.tune_resume import read_resume_meta, resolve_state_dir, resume_differences
 
 __all__ = ("TuneConfig", "TuneError", "TuneResult", "dp_tune", "plan_run")
 
@@ -117,7 +117,7 @@ def _released_config(config: TuneConfig) -> dict[str, Any]:
 
 
 def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compositions: int, mesh, out_dir: str,
-             state_dir: str | None, resume: bool, base_dir: str) -> _Prepared:
+             state_dir: str | None, resume: bool, base_dir: str) -> Prepared:
     """Every check that needs no model or compute: the data, the recipe and plan, the mesh, the
     directories, and a resume's accounted settings against its checkpoint (metadata read once)."""
     if not train_records:
@@ -138,10 +138,10 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
         raise TuneError("--max-tokens auto chooses the length once per run; a sweep's trials would each choose "
                         "(and spend) again: give --max-tokens N to a sweep")
     early = resume and (config.max_tokens == recipe_lib.AUTO or config.time_budget is not None)
-    resume_meta = _read_resume_meta(ckpt_dir) if early else None
+    resume_meta = read_resume_meta(ckpt_dir) if early else None
     config, length = resolve_example_length(config, base_dir, train_records, labels, resume_meta=resume_meta)
     timing, pending = None, None
-    if config.time_budget is not None:  # measured once (`_resolve_time_budget`); a resume takes the checkpoint's
+    if config.time_budget is not None:  # measured once (`resolve_time_budget`); a resume takes the checkpoint's
         if resume_meta is not None:
             if not resume_meta.get("time_budget"):
                 raise TuneError("--time-budget: the checkpoint was made without a time budget; resume with its flags")
@@ -177,7 +177,7 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
         logger.warning("%s: %s; this run %s it", out_dir, half,
                        "rewrites" if resume else "replaces")
     if resume and resume_meta is None:
-        resume_meta = _read_resume_meta(ckpt_dir)
+        resume_meta = read_resume_meta(ckpt_dir)
     if resume_meta is not None:  # the accounted settings must match the checkpoint's, checked before any compute
         diffs = resume_differences(resume_meta, config, plan)
         if diffs:
@@ -186,7 +186,7 @@ def _prepare(train_records: Sequence[dict], config: TuneConfig, *, labels, compo
                 "added and the noise accounted would disagree: "
                 + "; ".join(f"{name}: checkpoint {a!r}, this run {b!r}" for name, a, b in diffs)
                 + ". Resume with the checkpoint's settings, or start a fresh run in a new --out")
-    return _Prepared(config=config, recipe=recipe, length=length, plan=plan, labels=labels, labels_from_data=labels_from_data,
+    return Prepared(config=config, recipe=recipe, length=length, plan=plan, labels=labels, labels_from_data=labels_from_data,
                      train_users=train_users, state_dir=state_dir, ckpt_dir=ckpt_dir, resume_meta=resume_meta,
                      time_budget=timing, pending_seconds=pending)
 
@@ -246,8 +246,8 @@ def dp_tune(
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
         continuation) would exceed the budget.
 
-    The run: `_prepare` (checks before any compute) -> load and `_encode` the data (`tune_data`) ->
-    `_build_mechanism` (`tune_model`) -> `_train` (the one loop, checkpoints: `tune_loop`) -> `_write_outputs`.
+    The run: `_prepare` (checks before any compute) -> load and `encode_data` the data (`tune_data`) ->
+    `build_mechanism` (`tune_model`) -> `train_run` (the one loop, checkpoints: `tune_loop`) -> `_write_outputs`.
     """
     from dpsynth.models.directory import load_model
 
@@ -259,14 +259,14 @@ def dp_tune(
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
     base_params = jax.device_get(base.variables["params"])
-    model_config = _tuned_model_config(base.config, config)
+    model_config = tuned_model_config(base.config, config)
     if config.max_tokens - 1 > model_config.max_len:
         raise TuneError(f"max_tokens {config.max_tokens} needs {config.max_tokens - 1} positions but the model supports "
                         f"max_len {model_config.max_len}; lower --max-tokens")
-    data = _encode(train_records, valid_records, base.tokenizer, prep.labels, config)
-    prep = _resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
+    data = encode_data(train_records, valid_records, base.tokenizer, prep.labels, config)
+    prep = resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
                                headroom=memory_headroom)
-    prep = _resolve_time_budget(prep, train_records, data, model_config, base_params, mesh=mesh,
+    prep = resolve_time_budget(prep, train_records, data, model_config, base_params, mesh=mesh,
                                 compositions=compositions)
     config = prep.config
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
@@ -277,7 +277,7 @@ def dp_tune(
         run_seed = config.seed if config.seed is not None else seeds.shared_secret_seed()
     # The mechanism (strategy + batches) of the plan: user grouping and bounding, and the cyclic
     # sampler's groups, are functions of the secret seed, so a resume rebuilds the same ones.
-    mech, strategy = _build_mechanism(prep, model_config, run_seed=run_seed, num_rows=len(train_records), mesh=mesh)
+    mech, strategy = build_mechanism(prep, model_config, run_seed=run_seed, num_rows=len(train_records), mesh=mesh)
     # One source of truth for sigma: what the ledger, the budget check, the report and the
     # checkpoint record is read from the strategy object that adds the noise.
     sigma = float(getattr(strategy, "noise_multiplier", 0.0))
@@ -299,10 +299,10 @@ def dp_tune(
             **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": tune_report.NON_DP_COUNTS_NOTICE})
     fingerprint = hashlib.sha256(json.dumps(
         {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
-        sort_keys=True).encode() + _data_fingerprint(data.train_arrays).encode()
+        sort_keys=True).encode() + data_fingerprint(data.train_arrays).encode()
         + base.tokenizer.sha256.encode()).hexdigest()
     loss_fn = make_loss_fn(model_config, config)
-    state, ledger, losses, start = _train(
+    state, ledger, losses, start = train_run(
         prep, data, init_variables(model_config, base_params, config), loss_fn, mech, strategy,
         run_seed=run_seed, fingerprint=fingerprint, reporter=reporter, out_dir=out_dir, mesh=mesh,
         stop_after=stop_after, progress_interval=progress_interval)
@@ -310,7 +310,7 @@ def dp_tune(
                           base_dir=base_dir, model_config=model_config, out_dir=out_dir, sigma=sigma, t0=t0)
 
 
-def _write_outputs(prep: _Prepared, data: _Data, state, ledger: PrivacyLedger, losses: dict, start: int, *,
+def _write_outputs(prep: Prepared, data: TuneData, state, ledger: PrivacyLedger, losses: dict, start: int, *,
                    loss_fn, reporter: tune_report.RunReporter, base, base_dir: str, model_config, out_dir: str, sigma: float,
                    t0: float) -> TuneResult:
     """The private losses; then, when every planned step ran, the final report and the model (its

@@ -4,7 +4,7 @@
 `OPTIMIZERS`, `PROMPT_INITS`; `TRAINABLE`: the variable collections each mode trains); an automatic
 recipe (`resolve_recipe`) and example length (`resolve_example_length`: a DP quantile of D_train's
 lengths); the run's privacy plan (`plan_run`, `plan_for_records`; `user_ids` at user level); and
-`_Prepared`, what `dp_tune`'s checks before any compute decided (`dpsynth.train.finetune._prepare`).
+`Prepared`, what `dp_tune`'s checks before any compute decided (`dpsynth.train.finetune._prepare`).
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def resolve_example_length(config: TuneConfig, base_dir: str, records: Sequence[
 
 
 @dataclasses.dataclass(frozen=True)
-class _Prepared:
+class Prepared:
     """What the checks before any compute decided (`dpsynth.train.finetune._prepare`)."""
 
     config: TuneConfig  # with an automatic recipe (and example length) resolved
@@ -362,4 +362,4 @@ class _Prepared:
     ckpt_dir: str
     resume_meta: dict | None  # the checkpoint's metadata (read once), when resuming
     time_budget: recipe_lib.TimeBudget | None = None  # the measured token budget of `--time-budget`
-    pending_seconds: float | None = None  # a time budget still to measure (`_resolve_time_budget`)
+    pending_seconds: float | None = None  # a time budget still to measure (`resolve_time_budget`)

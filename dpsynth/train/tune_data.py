@@ -1,8 +1,8 @@
 """D_train / D_valid of a `dp_tune` run as padded Prefix-LM rows.
 
-`_encode` turns the records into `_Data` (`dpsynth.train.prompts` rows, plus the null-prompt copies
+`encode_data` turns the records into `TuneData` (`dpsynth.train.prompts` rows, plus the null-prompt copies
 of label dropout), padded to a multiple of `LENGTH_BUCKET` tokens (fewer compiled shapes);
-`_data_fingerprint` hashes the rows into the fingerprint a resume is checked against.
+`data_fingerprint` hashes the rows into the fingerprint a resume is checked against.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, 
 LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
 
 
-def _row_length(enc: EncodedExamples, limit: int) -> int:
+def row_length(enc: EncodedExamples, limit: int) -> int:
     need = enc.inputs.shape[1]
     return min(int(math.ceil(need / LENGTH_BUCKET) * LENGTH_BUCKET), limit)
 
@@ -34,7 +34,7 @@ def _pad_cols(a: np.ndarray, length: int) -> np.ndarray:
     return np.pad(a, ((0, 0), (0, length - a.shape[1])))
 
 
-def _data_fingerprint(arrays: dict[str, np.ndarray]) -> str:
+def data_fingerprint(arrays: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for k in sorted(arrays):
         h.update(k.encode())
@@ -43,7 +43,7 @@ def _data_fingerprint(arrays: dict[str, np.ndarray]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Data:
+class TuneData:
     """D_train / D_valid as padded Prefix-LM rows (rows N..2N-1: the null prompt, with label dropout)."""
 
     train: EncodedExamples
@@ -52,8 +52,8 @@ class _Data:
     valid_arrays: dict[str, np.ndarray] | None
 
 
-def _encode(train_records: Sequence[dict], valid_records: Sequence[dict], tokenizer, labels: list[str],
-            config: TuneConfig) -> _Data:
+def encode_data(train_records: Sequence[dict], valid_records: Sequence[dict], tokenizer, labels: list[str],
+            config: TuneConfig) -> TuneData:
     try:
         train = encode_examples(train_records, tokenizer, labels, config.example_config(), where="D_train")
         valid = (encode_examples(valid_records, tokenizer, labels, config.example_config(), where="D_valid")
@@ -62,14 +62,14 @@ def _encode(train_records: Sequence[dict], valid_records: Sequence[dict], tokeni
         raise TuneError(str(e)) from e
     if train.truncated:
         logger.info("D_train: %d of %d examples truncated to %d tokens", train.truncated, len(train), config.max_tokens)
-    length = _row_length(train, config.max_tokens - 1)
+    length = row_length(train, config.max_tokens - 1)
     null_train = None
     if config.label_dropout:  # rows N..2N-1: the same examples under the null prompt
         null_train = encode_null_examples(train_records, tokenizer, config.example_config(), where="D_train")
-        length = max(length, _row_length(null_train, config.max_tokens - 1))
+        length = max(length, row_length(null_train, config.max_tokens - 1))
     train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
     if null_train is not None:
         train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
-    valid_arrays = ({k: _pad_cols(v, _row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
+    valid_arrays = ({k: _pad_cols(v, row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
                     if valid else None)
-    return _Data(train=train, valid=valid, train_arrays=train_arrays, valid_arrays=valid_arrays)
+    return TuneData(train=train, valid=valid, train_arrays=train_arrays, valid_arrays=valid_arrays)

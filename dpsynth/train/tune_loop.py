@@ -1,4 +1,4 @@
-"""The training loop of a `dp_tune` run (`_train`, on `dpsynth.train.loop.run_loop`).
+"""The training loop of a `dp_tune` run (`train_run`, on `dpsynth.train.loop.run_loop`).
 
 From step 0, or from the checkpoint (its fingerprint, ledger and noise multiplier checked first),
 each step's Poisson batch (with label dropout) is gathered, stepped and recorded in the privacy
@@ -24,8 +24,8 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.users import gather_users
 from dpsynth.train import tune_report
 from dpsynth.train.prompts import label_dropout_rows
-from dpsynth.train.tune_config import TRAINABLE, TuneError, _Prepared
-from dpsynth.train.tune_data import _Data
+from dpsynth.train.tune_config import TRAINABLE, TuneError, Prepared
+from dpsynth.train.tune_data import TuneData
 from dpsynth.train.tune_model import make_step_functions
 from dpsynth.train.tune_resume import CHECKPOINT_FORMAT, accounted_settings
 
@@ -44,7 +44,7 @@ def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm:
     return entry
 
 
-def _train(prep: _Prepared, data: _Data, variables: dict, loss_fn, mech, strategy, *, run_seed: int,
+def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, strategy, *, run_seed: int,
            fingerprint: str, reporter: tune_report.RunReporter, out_dir: str, mesh, stop_after: int | None,
            progress_interval: float):
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns

@@ -1,12 +1,12 @@
 """The model side of a `dp_tune` run: what is trained, with which loss, by which compiled steps.
 
-The tuned model config of a mode (`_tuned_model_config`) and its initial variables
+The tuned model config of a mode (`tuned_model_config`) and its initial variables
 (`init_variables`); the optimizer (`make_optimizer`); the per-example loss (`make_loss_fn`, with the
 sparse clipping of an untied input table: `embedding_spec`); the run's mechanism and gradient strategy
-(`_build_mechanism`); the training core's step functions (`make_step_functions`), which
+(`build_mechanism`); the training core's step functions (`make_step_functions`), which
 `planned_step` and `compile_steps` build and compile on abstract arrays for the resource plan
 (`dpsynth.train.tune_plan`); the sizing of the step to the machine (`--microbatch-size auto`:
-`auto_microbatch`, `_resolve_microbatch`; `--time-budget`: `_resolve_time_budget`); and the non-DP
+`auto_microbatch`, `resolve_microbatch`; `--time-budget`: `resolve_time_budget`); and the non-DP
 validation loss (`make_eval_fn`, `evaluate_loss`).
 """
 
@@ -28,13 +28,13 @@ from dpsynth.dp.mechanisms.run import build_run_mechanism
 from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.users import UserColumnError
 from dpsynth.train import recipe as recipe_lib
-from dpsynth.train.tune_config import TRAINABLE, TuneConfig, TuneError, _Prepared, plan_for_records, resolve_recipe
-from dpsynth.train.tune_data import _Data
+from dpsynth.train.tune_config import TRAINABLE, TuneConfig, TuneError, Prepared, plan_for_records, resolve_recipe
+from dpsynth.train.tune_data import TuneData
 
 logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, whichever module logs
 
 
-def _tuned_model_config(base_config, config: TuneConfig):
+def tuned_model_config(base_config, config: TuneConfig):
     base = base_config.base()
     if config.mode == "lora":
         return base.replace(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
@@ -65,7 +65,7 @@ def init_variables(model_config, base_params: dict, config: TuneConfig) -> dict:
 
 def make_step_functions(loss_fn, config: TuneConfig, strategy, *, mesh: tuple[int, int] | None = None,
                         fsdp: bool = False):
-    """The training core's step functions of a run (`dpsynth.train.core.TrainFunctions`): what `_train`
+    """The training core's step functions of a run (`dpsynth.train.core.TrainFunctions`): what `train_run`
     steps with and what the resource plan (`dpsynth.train.resources`) compiles on abstract arrays.
     `fsdp`: parameters also split over the mesh's data axis (`dpsynth.models.sharding.FSDP_RULES`)."""
     from dpsynth.models.sharding import FSDP_RULES, LOGICAL_RULES
@@ -79,13 +79,13 @@ def make_step_functions(loss_fn, config: TuneConfig, strategy, *, mesh: tuple[in
 def planned_step(base_config, config: TuneConfig, plan: PrivacyPlan, *, mesh: tuple[int, int] | None = None,
                  fsdp: bool = False):
     """(tuned model config, step functions) of a run of `config` under the privacy `plan` on a base
-    model of `base_config`, built as `dp_tune` builds them (`_tuned_model_config`, `make_loss_fn`,
-    `_build_mechanism`, `make_step_functions`) but without data, weights or a secret seed (the
+    model of `base_config`, built as `dp_tune` builds them (`tuned_model_config`, `make_loss_fn`,
+    `build_mechanism`, `make_step_functions`) but without data, weights or a secret seed (the
     example-level strategy does not depend on it): what the resource plan compiles."""
-    model_config = _tuned_model_config(base_config, config)
-    prep = _Prepared(config=config, recipe=None, length=None, plan=plan, labels=[], labels_from_data=False, train_users=None,
+    model_config = tuned_model_config(base_config, config)
+    prep = Prepared(config=config, recipe=None, length=None, plan=plan, labels=[], labels_from_data=False, train_users=None,
                      state_dir="", ckpt_dir="", resume_meta=None)
-    _, strategy = _build_mechanism(prep, model_config, run_seed=0, num_rows=plan.dataset_size, mesh=mesh)
+    _, strategy = build_mechanism(prep, model_config, run_seed=0, num_rows=plan.dataset_size, mesh=mesh)
     return model_config, make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh, fsdp=fsdp)
 
 
@@ -207,8 +207,8 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
     return total / max(n, 1)
 
 
-def _resolve_microbatch(prep: _Prepared, base_config, base_params, data: _Data, *, mesh, memory_limit: int | None,
-                        headroom: float) -> _Prepared:
+def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData, *, mesh, memory_limit: int | None,
+                        headroom: float) -> Prepared:
     """`prep` with microbatch_size "auto" replaced by the largest microbatch whose compiled step (the
     run's own, on the abstract base and the data's row length) fits `memory_limit` less `headroom`;
     the choice and its figures are logged. Unchanged for a given microbatch."""
@@ -224,8 +224,8 @@ def _resolve_microbatch(prep: _Prepared, base_config, base_params, data: _Data, 
     return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=choice.microbatch))
 
 
-def _resolve_time_budget(prep: _Prepared, train_records: Sequence[dict], data: _Data, model_config, base_params, *,
-                         mesh, compositions: int) -> _Prepared:
+def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: TuneData, model_config, base_params, *,
+                         mesh, compositions: int) -> Prepared:
     """`prep` with a pending `--time-budget` turned into a token budget: the run's own accumulation
     step (its model, mode, clipping, microbatch and row length) is compiled and timed
     (`recipe.measure_speed`; process 0's figure on several processes), and the recipe and the plan
@@ -236,7 +236,7 @@ def _resolve_time_budget(prep: _Prepared, train_records: Sequence[dict], data: _
         return prep
     config = prep.config
     mb = config.microbatch_size
-    _, strategy = _build_mechanism(prep, model_config, run_seed=0, num_rows=len(train_records), mesh=mesh)
+    _, strategy = build_mechanism(prep, model_config, run_seed=0, num_rows=len(train_records), mesh=mesh)
     fns = make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh)
     params, frozen = lm.split_variables(init_variables(model_config, base_params, config), TRAINABLE[config.mode])
     state = fns.init_state(params, frozen, rng=jax.random.PRNGKey(0))
@@ -271,7 +271,7 @@ def _resolve_time_budget(prep: _Prepared, train_records: Sequence[dict], data: _
     return dataclasses.replace(prep, config=config, recipe=recipe, plan=plan, time_budget=timing, pending_seconds=None)
 
 
-def _build_mechanism(prep: _Prepared, model_config, *, run_seed: int, num_rows: int, mesh):
+def build_mechanism(prep: Prepared, model_config, *, run_seed: int, num_rows: int, mesh):
     """(the run's mechanism or None, the training core's gradient strategy), from the plan."""
     from dpsynth.train import core
 

@@ -49,7 +49,7 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
     if config.microbatch_size % data_axis:
         raise PlanError(f"microbatch {config.microbatch_size} must be divisible by the mesh data axis {data_axis}")
     plan = plan_run(config, dataset_size)
-    length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data._row_length`)
+    length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data.row_length`)
     mesh_arg = mesh if mesh[0] * mesh[1] > 1 or fsdp else None
     common = dict(row_length=length, mesh=mesh_arg, fsdp=fsdp, param_dtype=source.param_dtype)
     steps = compile_steps(source.config, config, plan, microbatch=config.microbatch_size, **common)

@@ -4,7 +4,7 @@ The private state directory (`default_state_dir`: the sibling `<out>.private/`; 
 the checkpoints' format tag, the accounted settings a checkpoint records (`accounted_settings`: the
 privacy plan, clipping norm, mode and contribution bound), the resume check against them
 (`resume_differences`, before any compute) and the one read of the latest checkpoint's metadata
-(`_read_resume_meta`).
+(`read_resume_meta`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def resolve_state_dir(out_dir: str, state_dir: str | None) -> str:
     return state_dir
 
 
-def _read_resume_meta(ckpt_dir: str) -> dict:
+def read_resume_meta(ckpt_dir: str) -> dict:
     """The latest checkpoint's metadata; CheckpointError when there is none."""
     from dpsynth.models.directory import CheckpointError
     from dpsynth.train.checkpoint import TrainCheckpointer

@@ -56,7 +56,7 @@ def _encoded_batch(seed, n=6):
 
 def _random_setup(mode, seed, rows="random"):
     config = tune_config.TuneConfig(mode=mode, lora_rank=2, prompt_length=3)
-    model_config = tune_model._tuned_model_config(SMALL, config)
+    model_config = tune_model.tuned_model_config(SMALL, config)
     from dpsynth.models import Transformer
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"]
@@ -108,7 +108,7 @@ def test_prefix_targets_get_no_gradient_through_the_model(rows):
     from dpsynth.models import Transformer
     from tests.train.reference import prefix_lm_loss
 
-    model_config = tune_model._tuned_model_config(SMALL, tune_config.TuneConfig(mode="lora", lora_rank=2))
+    model_config = tune_model.tuned_model_config(SMALL, tune_config.TuneConfig(mode="lora", lora_rank=2))
     logits = Transformer(model_config).apply(lm.merge_variables(params, frozen), batch["inputs"])
     expected = prefix_lm_loss(logits, batch["targets"], batch["weights"])
     np.testing.assert_allclose(loss_fn(params, frozen, batch, None)[0], expected, rtol=1e-5)
@@ -607,10 +607,10 @@ def test_prompt_initialisations():
 
     base = Transformer(SMALL).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     uni = tune_config.TuneConfig(mode="prompt", prompt_length=5)
-    v = tune_model.init_variables(tune_model._tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
+    v = tune_model.init_variables(tune_model.tuned_model_config(SMALL, uni), base, uni)["prompt"]["embedding"]
     assert v.shape == (5, SMALL.d_model) and float(jnp.max(jnp.abs(v))) <= 0.01 and float(jnp.std(v)) > 0.003
     voc = dataclasses.replace(uni, prompt_init="vocab")
-    w = np.asarray(tune_model.init_variables(tune_model._tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
+    w = np.asarray(tune_model.init_variables(tune_model.tuned_model_config(SMALL, voc), base, voc)["prompt"]["embedding"])
     table = np.asarray(base["embedding"])
     for row in w:  # every prompt vector is a (non-special) vocabulary embedding
         matches = np.where(np.all(table == row, axis=1))[0]

@@ -154,7 +154,7 @@ def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_
     seen = _capture_first_step(monkeypatch)
     plan = tune_config.plan_run(config, len(TRAIN))
     labels = sorted({r["label"] for r in TRAIN})
-    length = tune_data._encode(TRAIN, [], tok, labels, config).train_arrays["inputs"].shape[1]  # dp_tune's rows
+    length = tune_data.encode_data(TRAIN, [], tok, labels, config).train_arrays["inputs"].shape[1]  # dp_tune's rows
     limit = tune_model.compile_steps(get_config("tiny", max_len=128), config, plan, microbatch=2, row_length=length,
                                      apply=False).accumulate.total_bytes  # 2 fits (exactly), 3 does not
     with caplog.at_level("INFO", logger="dpsynth.train.finetune"):
