@@ -131,6 +131,37 @@ def _private_valid_loss(plan, key: str) -> float | None:
         return json.load(f).get("valid_loss")
 
 
+def _valid_label_scores(plan, key: str, valid_path: str, max_tokens: int) -> dict[str, float] | None:
+    """How well a DP-tuned model carries the label, read off the model on the real D_valid (NOT DP, see
+    NON_DP_FIGURE): the generative classifier argmax_y log p(x | prompt(y)) (balanced accuracy) and the
+    mean label margin log p(x | own) - max_other log p(x | other) in nats (`dpsynth.generate.label_scores`),
+    each review cut to the tokens the model was tuned on after its prompt."""
+    import numpy as np
+
+    from dpsynth import fileio
+    from dpsynth.evaluate.scores import classification_scores
+    from dpsynth.experiment.plan import stage_dir
+    from dpsynth.generate.label_scores import label_log_likelihoods, label_margins
+    from dpsynth.generate.sampler import TransformerDecodeModel
+    from dpsynth.models.directory import load_model
+    from dpsynth.train import prompts
+
+    model_dir = os.path.join(stage_dir(plan.root, plan.node(key)), "model")
+    if not os.path.exists(os.path.join(model_dir, "manifest.json")):
+        return None
+    loaded = load_model(model_dir)
+    labels = list(prompts.labels_of(loaded.manifest) or ())
+    template = prompts.template_of(loaded.manifest)
+    ids = {l: prompts.prompt_ids(loaded.tokenizer, template, l) for l in labels}
+    room = max_tokens - max(len(p) for p in ids.values())
+    records = [r for r in fileio.read_jsonl(valid_path) if r["label"] in labels]
+    samples = [np.asarray(loaded.tokenizer.encode(r["text"]), np.int32)[:room] for r in records]
+    ll = label_log_likelihoods(TransformerDecodeModel(loaded.config), loaded.variables, ids, samples, batch_size=64)
+    own = [labels.index(r["label"]) for r in records]
+    return {"balanced_accuracy": classification_scores(own, np.argmax(ll, axis=1)).balanced_accuracy,
+            "mean_margin": float(np.mean(label_margins(ll, own))), "examples": len(records)}
+
+
 # ----------------------------------------------------------------------------- the cpu scale
 #
 # The measured study of issue 12 (docs/paper_cpu.md): a generator pretrained on in-domain public
@@ -238,11 +269,31 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
         "generate_batch": 32, "label_sigma": 3.0,  # ~50 examples per label: sigma 30 could zero a label's weight
     },
 }
+# Issue 34's levers on long reviews (Yelp polarity, LoRA, epsilon 3, unguided and guided): what makes the
+# DP-tuned generator's own samples carry the label. Each changes one setting of the `yelp_polarity` run
+# (its DP model is the lever table's base row). Factors scale the scale's own token budget and example
+# length (the length also sets the generation and WordCNN length).
+CPU_LEVERS: dict[str, dict[str, Any]] = {
+    "lever_budget4x": {"token_budget_factor": 4},  # 4x the example-tokens: more DP steps
+    "lever_len2x": {"max_tokens_factor": 2},  # examples twice as long (the same token budget: fewer passes)
+    "lever_rank16": {"lora_rank": 16},  # LoRA rank 16 on all layers (the paper's 8-32; the default is 8)
+}
+
+
+def _lever_dp(lever: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    """A lever's `dp_tune` overrides at scale `s` (factors applied to the scale's budget and length)."""
+    out = {k: v for k, v in lever.items() if not k.endswith("_factor")}
+    if "token_budget_factor" in lever:
+        out["token_budget"] = lever["token_budget_factor"] * s["recipe"]["token_budget"]
+    if "max_tokens_factor" in lever:
+        out["max_tokens"] = lever["max_tokens_factor"] * s["max_tokens"]
+    return out
 CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
-                   "guidance_look", "null_contrast")
+                   "guidance_look", "null_contrast", *CPU_LEVERS)
 CPU_DATASET_OF = {"main": "yelp_sentences", "main_modes": "yelp_sentences", "main_x3": "yelp_sentences",
                   "main_repeats": "yelp_sentences", "yelp_polarity": "yelp_polarity", "sst2": "sst2",
-                  "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity"}
+                  "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity",
+                  **{name: "yelp_polarity" for name in CPU_LEVERS}}
 # The first look at the guidance weight (Yelp polarity, LoRA, epsilon 3; reuses its DP model): the
 # prototype on a held-out review set found w 1.5 > 3 > 0 (issue 22).
 CPU_GUIDANCE_LOOK = (1.0, 3.0)
@@ -286,16 +337,18 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, *, samplings=None,
                    multiples=(1,), replicates: int = 1, baselines: bool = True, classifiers: list[str] | None = None,
                    dp: dict | None = None) -> dict[str, Any]:
-        ev = _cpu_eval(s["max_tokens"], quick)
+        dp = dict(dp or {})
+        max_tokens = dp.pop("max_tokens", s["max_tokens"])
+        ev = _cpu_eval(max_tokens, quick)
         if classifiers:
             ev["classifiers"] = classifiers
         return {
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
             "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
             "pretrain": pretrain,
-            "dp_tune": {"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": s["max_tokens"],
-                        "replicates": replicates, **s["recipe"], **(dp or {})},
-            "generate": {"max_tokens": s["max_tokens"], "batch_size": s["generate_batch"], "multiples": list(multiples),
+            "dp_tune": {"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": max_tokens,
+                        "replicates": replicates, **s["recipe"], **dp},
+            "generate": {"max_tokens": max_tokens, "batch_size": s["generate_batch"], "multiples": list(multiples),
                          "samplings": samplings or guided, "label_distribution": "dp_histogram",
                          "label_noise_multiplier": s["label_sigma"]},
             "evaluate": {**ev, "baselines": baselines},
@@ -322,6 +375,9 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "main_repeats": experiment("main_repeats", "yelp_sentences", ["lora"], [3], replicates=s["replicates"],
                                    baselines=False),
         "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
+        # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
+        **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s))
+           for name, lever in CPU_LEVERS.items()},
     }
 
 
@@ -613,6 +669,33 @@ SET_TITLES = {"yelp_sentences": "Yelp sentences", "yelp_polarity": "Yelp polarit
 SET_EXPERIMENT = {"yelp_sentences": "main", "yelp_polarity": "yelp_polarity", "sst2": "sst2", "ag_news": "ag_news"}
 
 
+def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
+    """Section 8: issue 34's levers on long reviews, one row per DP run (the base is `yelp_polarity`'s)."""
+    names = [n for n in ("yelp_polarity", *CPU_LEVERS) if n in results]
+    if not any(n in CPU_LEVERS for n in names):
+        return []
+    w, s = CPU_GUIDANCE, CPU_SCALES[scale]
+    md = ["", "## 8. Levers on long reviews (Yelp polarity, LoRA, epsilon 3)", "",
+          "What makes the DP-tuned generator's own samples carry the label. Each lever changes one setting of the "
+          f"base run (recipe auto, {s['recipe']['token_budget']:,.0f} example-tokens, {s['max_tokens']} tokens, LoRA rank "
+          "8 on all layers). The label columns are read off the DP model on the real D_valid: the generative "
+          "classifier argmax_y log p(x | prompt(y)) (balanced accuracy, chance 0.5) and the mean label margin "
+          f"log p(x | own) - max log p(x | other) in nats ({NON_DP_FIGURE}s, computed without DP: they say which "
+          "lever pays without looking at the test set). The synthetic columns: WordCNN on the real test set.", "",
+          f"| lever | setting | DP steps | epsilon (composed) | label bal. acc. on D_valid ({NON_DP_FIGURE}) | mean label "
+          f"margin on D_valid ({NON_DP_FIGURE}) | synthetic w 0 | synthetic w {w:g} | MAUVE w 0 |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        res = results[n]
+        setting = "base" if n == "yelp_polarity" else ", ".join(f"{k} {v:g}" for k, v in _lever_dp(CPU_LEVERS[n], s).items())
+        w0, wg = _pick(res), _pick(res, guidance=w)
+        scores = next((v for v in res.get("label_scores", {}).values() if v), None) or {}
+        md.append(f"| {n} | {setting} | {_f((w0 or {}).get('steps'), 0)} | {_f((w0 or {}).get('reported_epsilon'))} | "
+                  f"{_f(scores.get('balanced_accuracy'))} | {_f(scores.get('mean_margin'))} | {_ab(w0)} | {_ab(wg)} | "
+                  f"{_f(_num(w0, 'mauve'))} |")
+    return md
+
+
 def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
     """The cpu study's Markdown (targets, every table of issue 22) and the printed ratio lines."""
     import numpy as np
@@ -747,6 +830,8 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
     md += ["", "## 7. Do the proxy metrics rank corpora as balanced accuracy does? (Spearman over every corpus)", ""]
     md.append(", ".join(f"{p} {_f(_spearman([_num(r, p) for r in every], accs))}"
                         for p in ("mauve", "bigram_mauve", "perplexity", "distinct_2")))
+    # 8. Levers on long reviews.
+    md += _render_levers(results, scale)
     return "\n".join(md) + "\n", ratios
 
 
@@ -789,7 +874,13 @@ def run(args) -> int:
                 stage_names[o.dir] = f"{name}: {key}"
             stage_times[o.dir] = o.seconds
         print(f"paper: experiment '{name}' done at {time.monotonic() - t0:.0f}s wall", flush=True)
+        label_scores = {}  # the lever table's figures: the DP model's label margin on the real D_valid (NOT DP)
+        if scale in CPU_SCALES and (name in CPU_LEVERS or name == "yelp_polarity"):
+            valid = result.outputs["sensitive"].path("data", "valid.jsonl")
+            label_scores = {t.dp_tune: _valid_label_scores(result.plan, t.dp_tune, valid, int(cfg.dp_tune.max_tokens))
+                            for t in result.plan.trials if _eps(t.epsilon) == 3.0 and not t.replicate}
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
+                         "label_scores": label_scores,
                          "report": os.path.realpath(result.report_dir),
                          "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
     if "main" not in results and scale not in CPU_SCALES:

@@ -88,3 +88,21 @@ def test_paper_tables_label_the_private_state_losses():
         md, _ = paper.render(results, ["wordcnn"], scale, "cmd")
         assert f"{loss:.3f}" in md  # the figure is shown...
         assert not unlabelled(md), unlabelled(md)  # ...and labelled wherever it is
+
+
+def test_paper_lever_table_labels_the_valid_label_scores():
+    """The cpu study's lever table shows each DP model's label margin on real D_valid (not DP): labelled."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import paper
+
+    row = {"trial": "t", "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": 0.0, "contrast": "others",
+           "replicate": 0, "wordcnn_accuracy": 0.7, "wordcnn_balanced_accuracy": 0.6, "steps": 30}
+    margin = 0.123456
+    results = {name: {"rows": [row], "metrics": {"baselines": []}, "valid_loss": {},
+                      "label_scores": {"dp": {"balanced_accuracy": 0.61, "mean_margin": margin}}}
+               for name in ("yelp_polarity", *paper.CPU_LEVERS)}
+    md, _ = paper.render_cpu(results, "cpu", "cmd")
+    assert "## 8. Levers on long reviews" in md and f"{margin:.3f}" in md
+    assert not unlabelled(md), unlabelled(md)

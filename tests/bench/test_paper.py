@@ -24,7 +24,22 @@ def test_every_cpu_experiment_is_a_valid_config_with_one_recipe(scale):
     for name, data in configs.items():
         cfg = from_dict(data)
         assert cfg.dp_tune.recipe == "auto", name  # one recipe, chosen by the software, on every set
-        assert cfg.dp_tune.max_tokens == cfg.generate.max_tokens == paper.CPU_SCALES[scale]["max_tokens"]
+        length = paper.CPU_SCALES[scale]["max_tokens"] * paper.CPU_LEVERS.get(name, {}).get("max_tokens_factor", 1)
+        assert cfg.dp_tune.max_tokens == cfg.generate.max_tokens == length, name
+
+
+@pytest.mark.parametrize("scale", sorted(paper.CPU_SCALES))
+def test_each_lever_changes_one_setting_of_the_long_review_run(scale):
+    """A lever's effect is read against `yelp_polarity`'s run: its config differs in that one setting only
+    (besides the name, the epsilon-3-only grid, no peers and, for the length, the lengths that follow it)."""
+    configs = paper.cpu_experiments(scale, "/nonexistent/data")
+    base = configs["yelp_polarity"]
+    for name, lever in paper.CPU_LEVERS.items():
+        cfg = configs[name]
+        assert cfg["sensitive"] == base["sensitive"] and cfg["pretrain"] == base["pretrain"], name
+        changed = {k for k in cfg["dp_tune"] if cfg["dp_tune"][k] != base["dp_tune"].get(k)} - {"epsilons"}
+        assert changed == set(paper._lever_dp(lever, paper.CPU_SCALES[scale])), name
+        assert cfg["generate"]["samplings"] == base["generate"]["samplings"], name
 
 
 def test_epsilon_flags_set_the_default_grid_and_per_experiment_grids():
