@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="job seed (shard seeds derive from it)")
     binding.add_flags(p, SamplingOptions)  # --temperature, --top-k, --min-p, ...: declared by SamplerConfig
-    p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
+    p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default: the length the model was DP-tuned on, from its "
+                   "privacy report; else min(512, model))")
     binding.add_flags(p, GenerateConfig, skip=_NOT_BOUND, overrides={  # --batch-size, --memory-limit, --memory-headroom
         "batch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
         "memory_limit": {"type": _bytes, "metavar": "BYTES"},

@@ -64,6 +64,8 @@ class ModelInfo:
       has_report: whether it has a privacy report at all.
       label_dropout: the probability with which DP tuning trained examples under the null
         prompt (0: the model never learned it; `dpsynth.train.prompts`).
+      tuned_len: the tokens per example DP tuning trained on (the privacy report's
+        `max_tokens_per_example`, public; None without a private report).
     """
 
     model_dir: str
@@ -74,6 +76,7 @@ class ModelInfo:
     private: bool
     has_report: bool = False
     label_dropout: float = 0.0
+    tuned_len: int | None = None
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -117,15 +120,18 @@ def read_model_info(model_dir: str) -> ModelInfo:
         template = prompts.template_of(manifest)
     except prompts.ExampleError as e:
         raise GenerateError(f"{manifest_path}: {e}") from e
+    private = report is not None and report.get("private") is not False
+    tuned = report.get("max_tokens_per_example") if private else None
     return ModelInfo(
         model_dir=model_dir,
         fingerprint=digest.hexdigest(),
         max_len=int(max_len),
         labels=prompts.labels_of(manifest),
         prompt_template=template,
-        private=report is not None and report.get("private") is not False,
+        private=private,
         has_report=report is not None,
         label_dropout=prompts.label_dropout_of(manifest),
+        tuned_len=int(tuned) if isinstance(tuned, int) and tuned >= 2 else None,
     )
 
 

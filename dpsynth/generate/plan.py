@@ -46,7 +46,9 @@ class GenerateConfig:
       seed: job seed; shard seeds are hashes of (seed, split, shard index).
       sampling: the sampling options (`SamplingOptions`: temperature, top-k, min-p, guidance,
         ...; declared and validated by `SamplerConfig`).
-      max_len: total tokens per example (prompt + text); None = min(512, the model's).
+      max_len: total tokens per example (prompt + text); None = the length DP tuning trained on
+        (the privacy report's `max_tokens_per_example`, e.g. what `--max-tokens auto` chose), or
+        min(512, the model's) for a model without one.
       batch_size: prompts per compiled sampler call (and per call of the off_label scorer), or
         "auto": the largest batch, at most a shard's examples, whose compiled sampler call
         (prefill + KV-cache decode of this model, sampling settings, max_len and longest label
@@ -213,7 +215,7 @@ def make_plan(config: GenerateConfig, info: ModelInfo) -> GenerationPlan:
         )
     if config.batch_size == "auto":
         raise GenerateError("--batch-size auto is resolved by `generate` first (`dpsynth.generate.auto_batch`)")
-    max_len = min(DEFAULT_MAX_LEN, info.max_len) if config.max_len is None else config.max_len
+    max_len = config.max_len if config.max_len is not None else min(info.tuned_len or DEFAULT_MAX_LEN, info.max_len)
     if max_len > info.max_len:
         raise GenerateError(f"--max-len {max_len} exceeds the model's max_len {info.max_len} ({info.model_dir}/config.json)")
     sampler = config.sampler_config(max_len)

@@ -166,14 +166,21 @@ AUTO = "auto"
 
 
 def length_scores(lengths, candidates=LENGTH_CANDIDATES, quantile: float = LENGTH_QUANTILE) -> list[float]:
-    """u(L) = -|#{examples of at most L tokens} - quantile N| per candidate L: sensitivity 1 under add-or-remove
-    (the count moves by 0 or 1, quantile N by quantile), not monotone."""
+    """u(L_i) = -max(0, k - c_i) - max(0, c_(i-1) - k + 1), with c_i = #{examples of at most L_i tokens}
+    (c_(-1) = 0) and k = ceil(quantile N) the rows to keep whole: 0 for the shortest candidate keeping
+    k rows (c_i >= k > c_(i-1)), lower by one per row that would have to move for another candidate
+    to be that one; a longer candidate keeping no more rows scores lower, so short data gets a short
+    length. Sensitivity 1 under add-or-remove (k moves by 0 or 1 and each count by 0 or 1, and only
+    one of the two terms can be non-zero), not monotone."""
     import numpy as np
 
     if not 0 < quantile < 1:
         raise RecipeError(f"the length quantile must be in (0, 1), got {quantile}")
     x = np.asarray(lengths, dtype=np.int64)
-    return [-abs(float(np.count_nonzero(x <= c)) - quantile * len(x)) for c in candidates]
+    keep = math.ceil(quantile * len(x) - 1e-9)
+    counts = [int(np.count_nonzero(x <= c)) for c in candidates]
+    below = [0] + counts[:-1]
+    return [float(-max(0, keep - c) - max(0, b - keep + 1)) for c, b in zip(counts, below)]
 
 
 def dp_example_length(lengths, *, epsilon: float, rng, candidates=LENGTH_CANDIDATES,
@@ -253,7 +260,7 @@ def choose_example_length(lengths, *, target_epsilon: float, rng, candidates: tu
     if len(candidates) == 1:  # nothing to choose: the data is not read
         return LengthChoice(max_tokens=int(candidates[0]), candidates=tuple(candidates), epsilon=None, entry=None)
     if math.isinf(target_epsilon):
-        best = int(np.argmax(length_scores(lengths, candidates)))  # (first of ties: the shortest)
+        best = int(np.argmax(length_scores(lengths, candidates)))  # (a tie only at an exact boundary: the shorter)
         return LengthChoice(max_tokens=int(candidates[best]), candidates=tuple(candidates), epsilon=None, entry=None)
     eps = LENGTH_EPSILON_SHARE * float(target_epsilon)
     length, entry = dp_example_length(lengths, epsilon=eps, rng=rng, candidates=candidates)

@@ -108,7 +108,8 @@ class FakeTokenizer:
         return "".join(chr(ord("a") + int(i) - 4) for i in ids if int(i) >= 4)
 
 
-def write_fake_model_dir(path, *, max_len=24, seed=1, private=True, labels=("great", "other"), template="{label}"):
+def write_fake_model_dir(path, *, max_len=24, seed=1, private=True, labels=("great", "other"), template="{label}",
+                         tuned_len=512):
     """A model directory the job can read (manifest, config, privacy report) plus fake tables."""
     import json
     import os
@@ -126,7 +127,8 @@ def write_fake_model_dir(path, *, max_len=24, seed=1, private=True, labels=("gre
 
         ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0)
         ledger.record_dpsgd(sampling_probability=0.05, noise_multiplier=1.0, steps=100, clip_norm=1.0, dataset_size=1000)
-        write_report(path, build_report(ledger, training={"mode": "lora"}, contamination_sha256=None))
+        write_report(path, build_report(ledger, training={"mode": "lora"}, contamination_sha256=None,
+                                        max_tokens_per_example=tuned_len))
     return path
 
 

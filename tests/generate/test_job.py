@@ -599,3 +599,21 @@ def test_label_histogram_on_a_user_level_model_is_refused_before_drawing_or_writ
     with pytest.raises(GenerateError, match="user-level"):  # a histogram drawn elsewhere: refused the same way
         generate(_config(model, out, label_distribution=hist), loader=load_fake_bundle)
     assert drawn == [] and not out.exists()  # nothing drawn, nothing written
+
+
+def test_length_defaults_to_what_the_model_was_tuned_on(tmp_path):
+    """Without --max-len a DP-tuned model samples at its privacy report's `max_tokens_per_example` (what
+    `dp-tune --max-tokens auto` chose), capped by the model; --max-len overrides; no report: min(512, model)."""
+    from dpsynth.generate.plan import make_plan
+
+    tuned = write_fake_model_dir(str(tmp_path / "tuned"), max_len=MAX_LEN, tuned_len=16)
+    info = read_model_info(tuned)
+    assert info.tuned_len == 16
+    assert make_plan(_config(tuned, tmp_path / "a"), info).sampler.max_len == 16
+    assert make_plan(_config(tuned, tmp_path / "b", max_len=20), info).sampler.max_len == 20
+    long = write_fake_model_dir(str(tmp_path / "long"), max_len=MAX_LEN, tuned_len=512)
+    assert make_plan(_config(long, tmp_path / "c"), read_model_info(long)).sampler.max_len == MAX_LEN
+    public = write_fake_model_dir(str(tmp_path / "public"), max_len=MAX_LEN, private=False)
+    info = read_model_info(public)
+    assert info.tuned_len is None
+    assert make_plan(_config(public, tmp_path / "d", allow_non_private=True), info).sampler.max_len == MAX_LEN

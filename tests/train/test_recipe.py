@@ -78,12 +78,33 @@ def test_length_scores_have_sensitivity_one():
                 assert max(abs(a - b) for a, b in zip(nb, base)) <= 1.0 + 1e-12
 
 
+def test_length_scores_prefer_the_shortest_length_that_keeps_the_quantile():
+    """The exact choice (the argmax) is the shortest candidate keeping >= 90% of the rows whole, on brute
+    force over random sets; a longer candidate that keeps no more rows scores lower (short data, short length)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    cands = recipe.LENGTH_CANDIDATES
+    for _ in range(200):
+        lengths = rng.integers(1, 700, size=int(rng.integers(1, 60)))
+        kept = [np.count_nonzero(lengths <= c) for c in cands]
+        # the shortest candidate keeping 90%; where none does, the shortest keeping as many as the longest
+        want = next((c for c, n in zip(cands, kept) if n >= recipe.LENGTH_QUANTILE * len(lengths)),
+                    next(c for c, n in zip(cands, kept) if n == kept[-1]))
+        scores = recipe.length_scores(lengths)
+        assert cands[int(np.argmax(scores))] == want, (sorted(lengths), scores)
+    short = recipe.length_scores([10] * 1000)  # every candidate keeps every row
+    assert short[0] == 0 and max(short[1:]) == -101, short  # 100 rows past the 900 to keep, plus one
+    chosen = [recipe.dp_example_length([10] * 4000, epsilon=0.06, rng=np.random.default_rng(s))[0] for s in range(20)]
+    assert chosen == [32] * 20  # at epsilon 3 x 2%: the next candidate is e^12 less likely
+
+
 def test_dp_example_length_finds_the_quantile_and_spends_its_epsilon():
     import numpy as np
 
     from dpsynth.dp.ledger import PrivacyLedger
 
-    lengths = [60] * 900 + [90] * 50 + [400] * 50  # 90% of the examples within 64 tokens
+    lengths = [60] * 920 + [90] * 40 + [400] * 40  # 92% of the examples within 64 tokens, 88% within 48
     chosen, entry = recipe.dp_example_length(lengths, epsilon=1.0, rng=np.random.default_rng(0))
     assert chosen == 64
     assert entry == {"mechanism": "exponential", "name": "recipe example length", "epsilon": 1.0,
@@ -132,9 +153,9 @@ def test_choose_example_length_samples_the_exponential_mechanism():
     assert recipe.LengthChoice.from_json(draws[0].to_json()) == draws[0]
     # 100 examples at epsilon 10 x 2%: a candidate 10% of N away is only e^1 less likely: said.
     assert draws[0].noisy and "NOISY" in draws[0].why
-    spread = np.repeat([20] * 60 + [40] * 30 + [60] * 5 + [100] * 5, 40)  # N 4,000: 48 keeps 90%, 64 95%
+    spread = np.repeat([20] * 60 + [40] * 36 + [60] * 2 + [100] * 2, 40)  # N 4,000: 48 keeps 96%, 32 60%
     big = recipe.choose_example_length(spread, target_epsilon=3.0, rng=rng, candidates=cands)
-    assert not big.noisy and big.max_tokens == 48 and "NOISY" not in big.why  # the runner-up is e^-6 as likely
+    assert not big.noisy and big.max_tokens == 48 and "NOISY" not in big.why  # 64 (241 rows off) is e^-7 as likely
     with pytest.raises(recipe.RecipeError, match="no automatic example length"):
         recipe.length_candidates(max_positions=20, min_tokens=10)
 
