@@ -55,7 +55,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       batch_size: 64                # expected (Poisson) batch size
       epochs: 1.0                   # or steps: N
       steps: null
-      max_tokens: 128               # prefix + target tokens per example
+      max_tokens: 128               # prefix + target tokens per example; auto (recipe auto): a DP quantile of D_train's
+                                    #   lengths at 2% of epsilon (docs/dp.md)
       loss: prefix                  # prefix | full
       label_dropout: 0.0            # p: examples train under the null prompt with probability p (guidance contrast null)
       lora_rank: 8
@@ -65,14 +66,15 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       max_examples_per_user: null   # K: rows kept per user (user level); delta then defaults to 1/|users|
       mechanism: dpsgd              # dpsgd | bandmf (banded correlated noise; needs bands)
       bands: null
-      options: {}
+      options: {}                   # any other TuneConfig field, e.g. {time_budget: 600}: seconds of DP-SGD steps
+                                    #   instead of token_budget (recipe auto; measured on the run's machine)
     generate:
       samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]   # each entry: the sampling options of
                                     #   dpsynth.generate.sampler_config.SamplerConfig (`SamplingOptions`: also min_p,
                                     #   guidance, guidance_contrast: others | null (needs dp_tune.label_dropout > 0))
       multiples: [1]                # synthetic train size = multiple x |train|
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
-      max_tokens: 128
+      max_tokens: 128               # null: the length the model was DP-tuned on (what dp_tune.max_tokens auto chose)
       batch_size: 32
       audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
@@ -110,7 +112,7 @@ from dpsynth.dp.accounting import ACCOUNTANTS
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import registry
 from dpsynth.generate.sampler_config import SamplingOptions
-from dpsynth.train.recipe import MODES, RECIPES
+from dpsynth.train.recipe import AUTO, MODES, RECIPES
 
 LOSSES = ("prefix", "full")
 FORMATS = ("auto",) + readers.LABELED_FORMATS  # auto: by suffix; the others: `dpsynth.data.readers.REGISTRY`
@@ -278,7 +280,11 @@ class DPTuneConfig:
     settings: every field here named like a `TuneConfig` field is that field (passed on by
     `stages.tune_config` unless null, so the tuner validates it again), the grid axes are lists
     of its `mode`, `epsilon`, `learning_rate` and `clip_norm`, `loss: full` is its `full_lm`,
-    and `options` sets any other field. Defaults agree with `TuneConfig`'s (delta, steps,
+    and `options` sets any other field (e.g. `options: {time_budget: 600}`: the tuner's own
+    setting, validated there). `max_tokens: auto` and `time_budget` (with `recipe: auto`) let
+    each run choose its example length (DP) and its token budget (this machine's speed) when it
+    starts; `generate.max_tokens: null` then samples at the chosen length.
+    Defaults agree with `TuneConfig`'s (delta, steps,
     accountant, recipe, token_budget, label_dropout, lora_rank, privacy_unit,
     max_examples_per_user, mechanism, bands; a test keeps them so) except where an experiment
     is deliberately smaller than `dpsynth dp-tune`'s paper-scale defaults: batch_size 64 (tuner
@@ -306,7 +312,7 @@ class DPTuneConfig:
     batch_size: int = 64
     epochs: float | None = 1.0
     steps: int | None = None
-    max_tokens: int = 128
+    max_tokens: int | str = 128
     loss: str = "prefix"
     label_dropout: float = _added(0.0)
     lora_rank: int = 8
@@ -368,7 +374,12 @@ class DPTuneConfig:
             _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
         if self.epochs is not None:
             _check(self.epochs > 0, f"{key}.epochs", f"must be > 0, got {self.epochs}")
-        _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
+        if isinstance(self.max_tokens, str):
+            _check(self.max_tokens == AUTO and self.recipe == "auto", f"{key}.max_tokens",
+                   f"must be a number >= 8, or auto with recipe: auto (a DP quantile of D_train's lengths), got "
+                   f"{self.max_tokens!r}")
+        else:
+            _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
         _choice(self.loss, LOSSES, f"{key}.loss")
         _check(0 <= self.label_dropout < 1, f"{key}.label_dropout", f"must be in [0, 1), got {self.label_dropout}")
         _check(self.lora_rank >= 1, f"{key}.lora_rank", f"must be >= 1, got {self.lora_rank}")
@@ -397,7 +408,7 @@ class GenerateConfig:
     samplings: tuple[SamplingOptions, ...] = (SamplingOptions(),)
     multiples: tuple[float, ...] = (1.0,)
     valid_fraction: float = 0.1
-    max_tokens: int = 128
+    max_tokens: int | None = 128  # null: the length the model was DP-tuned on (with dp_tune.max_tokens: auto)
     batch_size: int = 32
     audit_memorisation: bool = False
     label_distribution: str = _added("uniform")
@@ -423,7 +434,8 @@ class GenerateConfig:
         for i, m in enumerate(self.multiples):
             _check(m > 0 and math.isfinite(m), f"{key}.multiples[{i}]", f"must be > 0, got {m}")
         _check(0 < self.valid_fraction <= 1, f"{key}.valid_fraction", f"must be in (0, 1], got {self.valid_fraction}")
-        _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
+        _check(self.max_tokens is None or self.max_tokens >= 8, f"{key}.max_tokens",
+               f"must be >= 8 (or null: the length DP tuning trained on), got {self.max_tokens}")
         _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
 
 
@@ -560,8 +572,13 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, key)
+        inner = [a for a in args if a is not type(None)]
+        for tp_i in inner[:-1]:  # e.g. `int | str` (a number or "auto"): the first type the value is
+            try:
+                return _convert(tp_i, value, key)
+            except ConfigError:
+                pass
+        return _convert(inner[-1], value, key)
     if value is None:
         raise ConfigError(f"{key}: must not be null")
     if dataclasses.is_dataclass(tp):

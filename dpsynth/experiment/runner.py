@@ -305,6 +305,13 @@ def privacy_budgets(plan: Plan, config: ExperimentConfig, num_train: int | None)
             from dpsynth.train.tune_config import plan_run  # only when a dry run plans DP tuning
 
             tc = stages.tune_config(c)
+            chosen_at_run = [what for what, on in (("the example length (max_tokens auto: a DP quantile of D_train's "
+                                                    "lengths)", tc.max_tokens == "auto"),
+                                                   ("the token budget (time_budget: measured on the run's machine)",
+                                                    tc.time_budget is not None)) if on]
+            if chosen_at_run:
+                raise ValueError(f"steps and noise are planned when the run starts, after it chooses "
+                                 f"{' and '.join(chosen_at_run)}; the run meets epsilon {tc.epsilon:g} either way")
             num_users = None
             if tc.private and tc.privacy_unit == "user":
                 num_users = train_users(plan)

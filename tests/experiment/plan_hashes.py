@@ -70,6 +70,8 @@ def variants(data: str) -> dict[str, dict]:
         "demo-recipe": v(dp_tune={"recipe": "manual", "token_budget": None, "learning_rates": [0.001], "batch_size": 32, "epochs": 2}),
         "demo-split": v(sensitive={"embedded": True, "split": {"holdout": "hash", "valid_fraction": 0.2}},
                         public={"embedded": True, "plant": 0}),
+        "demo-auto-length": v(dp_tune={"max_tokens": "auto", "token_budget": None, "options": {"time_budget": 600}},
+                              generate={"max_tokens": None}),
         "demo-also": v(dedup={"min_tokens": 40, "also_against": {"sst2": paper.cpu_datasets(data)["sst2"]}}),
     }
 

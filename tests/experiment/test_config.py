@@ -82,6 +82,9 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"recipe": "auto", "learning_rates": [0.1, 0.2]}}, "dp_tune.recipe: auto chooses the learning rate"),
         ({"dp_tune": {"token_budget": 1e6}}, "dp_tune.token_budget: must be > 0 and goes with recipe: auto"),
         ({"dp_tune": {"label_dropout": 1.0}}, "dp_tune.label_dropout: must be in [0, 1)"),
+        ({"dp_tune": {"max_tokens": "auto"}}, "dp_tune.max_tokens: must be a number >= 8, or auto with recipe: auto"),
+        ({"dp_tune": {"recipe": "auto", "max_tokens": "long"}}, "dp_tune.max_tokens: must be a number >= 8, or auto"),
+        ({"generate": {"max_tokens": 4}}, "generate.max_tokens: must be >= 8 (or null"),
         ({"generate": {"samplings": [{"guidance": -1}]}}, "generate.samplings[0].guidance: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"guidance": 1, "guidance_contrast": "x"}]}},
          "generate.samplings[0].guidance_contrast: must be one of others, null"),
@@ -209,3 +212,26 @@ def test_dp_tune_choices_are_the_tuners():
     assert cfgmod.ACCOUNTANTS == accounting.ACCOUNTANTS
     assert cfgmod.RECIPES == recipe.RECIPES
     assert set(plan.PRIVACY_UNITS) == {"example", "user"}
+
+
+def test_auto_length_and_time_budget_reach_the_tuner_and_generation_follows_the_model(tmp_path):
+    """`dp_tune.max_tokens: auto` and `options: {time_budget: S}` are the tuner's own settings (each run chooses
+    them when it starts); `generate.max_tokens: null` hands generation no length, so it samples at the model's
+    tuned one."""
+    from dpsynth.experiment import stages
+    from dpsynth.experiment.plan import build_plan
+
+    cfg = from_dict({"dp_tune": {"recipe": "auto", "max_tokens": "auto", "options": {"time_budget": 90}},
+                     "generate": {"max_tokens": None}})
+    assert (cfg.dp_tune.max_tokens, cfg.generate.max_tokens) == ("auto", None)
+    assert from_dict(to_dict(cfg)) == cfg
+    plan = build_plan(cfg, str(tmp_path))
+    (tune,) = [n for n in plan.nodes if n.stage == "dp_tune"]
+    tc = stages.tune_config(tune.config)
+    assert (tc.max_tokens, tc.time_budget, tc.recipe) == ("auto", 90.0, "auto")
+    (gen,) = [n for n in plan.nodes if n.stage == "generate"]
+    assert gen.config["max_tokens"] is None
+    assert from_dict({"dp_tune": {"max_tokens": 96}}).dp_tune.max_tokens == 96  # a number stays a number
+    bad = from_dict({"dp_tune": {"options": {"time_budget": 90}}})  # the tuner validates it
+    with pytest.raises(ValueError, match="time_budget is a setting of the automatic recipe"):
+        stages.tune_config([n for n in build_plan(bad, str(tmp_path)).nodes if n.stage == "dp_tune"][0].config)
