@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--microbatch-size auto: fraction of the memory left free (default 0.10)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
+    p.add_argument("--fsdp", action="store_true",
+                   help="also shard the parameters and optimizer state over the data axis (FSDP; needs --mesh-data "
+                        ">= 2): the layout `dpsynth plan --fsdp` plans")
     distributed.add_flags(p)
     p.add_argument("--sweep-accounting", choices=selection.SWEEP_ACCOUNTINGS, default="composed",
                    help="composed (default): the k trials together meet --epsilon, the report covers all of them; "
@@ -179,7 +182,7 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
                   memory_limit=memory_limit,
-                  memory_headroom=args.memory_headroom,
+                  memory_headroom=args.memory_headroom, fsdp=args.fsdp,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
     if args.stop_after is not None and args.stop_after < 1:
         raise TuneError(f"--stop-after must be >= 1, got {args.stop_after}")

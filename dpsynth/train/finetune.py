@@ -207,6 +207,7 @@ def dp_tune(
     compositions: int = 1,
     progress_interval: float = 10.0,
     mesh: tuple[int, int] | None = None,
+    fsdp: bool = False,
     memory_limit: int | None = None,
     memory_headroom: float = 0.10,
 ) -> TuneResult:
@@ -233,6 +234,9 @@ def dp_tune(
             device. Required with several processes, over all of their devices. Every privacy
             unit and mechanism runs on it with the privacy of one device (one clipped term per
             unit, noise once on the global sum, BandMF noise state sharded and checkpointed).
+        fsdp: also shard the parameters (base and trainable) and the optimizer state over the
+            mesh's data axis (`dpsynth.models.sharding.FSDP_RULES`; the layout `dpsynth plan
+            --fsdp` plans): per-device parameter memory / data axis, the same updates.
         state_dir: the private state directory (created 0700): checkpoints with the secret seed,
             `losses.json` (non-DP train/valid losses). Default `<out_dir>.private/`; must lie
             outside `out_dir`.
@@ -252,6 +256,9 @@ def dp_tune(
     from dpsynth.models.directory import load_model
 
     t0 = time.monotonic()
+    if fsdp and (mesh is None or mesh[0] < 2):
+        raise TuneError("fsdp shards the parameters over the mesh's data axis: give a mesh with a data axis of 2 or "
+                        "more devices (--mesh-data D)")
     prep = _prepare(train_records, config, labels=labels, compositions=compositions, mesh=mesh, out_dir=out_dir,
                     state_dir=state_dir, resume=resume, base_dir=base_dir)
     config = prep.config
@@ -265,9 +272,9 @@ def dp_tune(
                         f"max_len {model_config.max_len}; lower --max-tokens")
     data = encode_data(train_records, valid_records, base.tokenizer, prep.labels, config)
     prep = resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
-                               headroom=memory_headroom)
+                               headroom=memory_headroom, fsdp=fsdp)
     prep = resolve_time_budget(prep, train_records, data, model_config, base_params, mesh=mesh,
-                                compositions=compositions)
+                                compositions=compositions, fsdp=fsdp)
     config = prep.config
     # The seed of the sampling stream and the noise keys: secret by default (see dpsynth.dp.seeds);
     # a resumed run continues with the seed stored in its (private) checkpoint.
@@ -305,7 +312,7 @@ def dp_tune(
     state, ledger, losses, start = train_run(
         prep, data, init_variables(model_config, base_params, config), loss_fn, mech, strategy,
         run_seed=run_seed, fingerprint=fingerprint, reporter=reporter, out_dir=out_dir, mesh=mesh,
-        stop_after=stop_after, progress_interval=progress_interval)
+        stop_after=stop_after, progress_interval=progress_interval, fsdp=fsdp)
     return _write_outputs(prep, data, state, ledger, losses, start, loss_fn=loss_fn, reporter=reporter, base=base,
                           base_dir=base_dir, model_config=model_config, out_dir=out_dir, sigma=sigma, t0=t0)
 

@@ -46,7 +46,7 @@ def strategy_ledger_entry(plan: PrivacyPlan, strategy, *, steps: int, clip_norm:
 
 def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, strategy, *, run_seed: int,
            fingerprint: str, reporter: tune_report.RunReporter, out_dir: str, mesh, stop_after: int | None,
-           progress_interval: float):
+           progress_interval: float, fsdp: bool = False):
     """The one training loop (`dpsynth.train.loop`), from step 0 or the checkpoint; returns
     (state, ledger, non-DP loss sums, first step run)."""
     from dpsynth.train import lm, loop
@@ -54,7 +54,7 @@ def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, st
 
     config, plan, ckpt_dir = prep.config, prep.plan, prep.ckpt_dir
     params, frozen = lm.split_variables(variables, TRAINABLE[config.mode])
-    fns = make_step_functions(loss_fn, config, strategy, mesh=mesh)
+    fns = make_step_functions(loss_fn, config, strategy, mesh=mesh, fsdp=fsdp)
     per_user = mech is not None and mech.per_user  # microbatches are [users, W] slot matrices
     mb_rows = mech.rows_per_microbatch if mech is not None else config.microbatch_size
     local = fns.process_rows(mb_rows)  # the rows (users) of every microbatch this process feeds

@@ -208,7 +208,7 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
 
 
 def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData, *, mesh, memory_limit: int | None,
-                        headroom: float) -> Prepared:
+                        headroom: float, fsdp: bool = False) -> Prepared:
     """`prep` with microbatch_size "auto" replaced by the largest microbatch whose compiled step (the
     run's own, on the abstract base and the data's row length) fits `memory_limit` less `headroom`;
     the choice and its figures are logged. Unchanged for a given microbatch."""
@@ -219,13 +219,14 @@ def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData,
 
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), base_params)
     choice = auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1], mesh=mesh,
-                             limit_bytes=resources.memory_limit(memory_limit), headroom=headroom, base_params=abstract)
+                             limit_bytes=resources.memory_limit(memory_limit), headroom=headroom, base_params=abstract,
+                             fsdp=fsdp)
     logger.info("microbatch auto: %s", choice.describe())
     return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=choice.microbatch))
 
 
 def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: TuneData, model_config, base_params, *,
-                         mesh, compositions: int) -> Prepared:
+                         mesh, compositions: int, fsdp: bool = False) -> Prepared:
     """`prep` with a pending `--time-budget` turned into a token budget: the run's own accumulation
     step (its model, mode, clipping, microbatch and row length) is compiled and timed
     (`recipe.measure_speed`; process 0's figure on several processes), and the recipe and the plan
@@ -237,7 +238,7 @@ def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: Tun
     config = prep.config
     mb = config.microbatch_size
     _, strategy = build_mechanism(prep, model_config, run_seed=0, num_rows=len(train_records), mesh=mesh)
-    fns = make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh)
+    fns = make_step_functions(make_loss_fn(model_config, config), config, strategy, mesh=mesh, fsdp=fsdp)
     params, frozen = lm.split_variables(init_variables(model_config, base_params, config), TRAINABLE[config.mode])
     state = fns.init_state(params, frozen, rng=jax.random.PRNGKey(0))
     rows = np.arange(mb) % len(data.train)

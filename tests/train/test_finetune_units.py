@@ -173,6 +173,29 @@ def test_bandmf_on_a_mesh_equals_one_device(tiny_base, tmp_path):
     assert report.load_report(on_mesh.out_dir)["mechanism"] == "bandmf"
 
 
+def test_fsdp_on_a_mesh_equals_one_device_and_needs_a_data_axis(tiny_base, tmp_path):
+    """Full DP fine-tuning with the parameters and optimizer state sharded over the data axis (FSDP,
+    4 x 2): the same losses, parameters, ledger and report as one device; without a data axis to
+    shard over it is refused before any compute."""
+    base_dir, _ = tiny_base
+    records = [{k: v for k, v in r.items() if k != "user"} for r in TRAIN]
+    cfg = tune_config.TuneConfig(mode="full", epsilon=4.0, batch_size=12, steps=2, microbatch_size=8, max_tokens=32,
+                                 learning_rate=1e-3, seed=3)
+    one = finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "one"), cfg, progress_interval=1e9)
+    on_mesh = finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "fsdp"), cfg, mesh=(4, 2), fsdp=True,
+                               progress_interval=1e9)
+    assert on_mesh.steps == one.steps and on_mesh.epsilon == one.epsilon
+    assert abs(on_mesh.train_loss - one.train_loss) < 1e-5 and abs(on_mesh.valid_loss - one.valid_loss) < 1e-5
+    a, b = load_model(one.out_dir).variables["params"], load_model(on_mesh.out_dir).variables["params"]
+    assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b))) < 1e-4
+    assert report.load_report(one.out_dir) == report.load_report(on_mesh.out_dir)
+    for mesh in (None, (1, 2)):
+        with pytest.raises(tune_config.TuneError, match="fsdp shards the parameters over the mesh's data axis"):
+            finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "no"), cfg, mesh=mesh, fsdp=True)
+    assert not os.path.exists(tmp_path / "no")
+
+
 def _in_processes(n, base_dir, out, config, train, mesh, **kw):
     from tests import multiprocess
 

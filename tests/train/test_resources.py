@@ -81,21 +81,27 @@ def _capture_first_step(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode,mesh", [("lora", None), pytest.param("full", (2, 1), marks=pytest.mark.slow)])
-def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, mode, mesh):
+@pytest.mark.parametrize("mode,mesh,fsdp", [("lora", None, False), ("lora", (2, 1), True),
+                                            pytest.param("full", (2, 1), False, marks=pytest.mark.slow)])
+def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, mode, mesh, fsdp):
     base_dir, _ = tiny_base
     config = dataclasses.replace(CFG, mode=mode)
     seen = _capture_first_step(monkeypatch)
-    finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "out"), config, progress_interval=1e9, mesh=mesh)
+    finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "out"), config, progress_interval=1e9, mesh=mesh, fsdp=fsdp)
     source = resources.resolve_model(base_dir)
     plan = tune_config.plan_run(config, len(TRAIN))
     steps = tune_model.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"],
-                                     mesh=mesh, param_dtype=source.param_dtype)
+                                     mesh=mesh, fsdp=fsdp, param_dtype=source.param_dtype)
     assert steps.accumulate.fingerprint == seen["fingerprint"]
     # another microbatch, mode or length is another program
     other = tune_model.compile_steps(source.config, config, plan, microbatch=seen["rows"], row_length=seen["length"] + 16,
-                                     mesh=mesh, apply=False)
+                                     mesh=mesh, fsdp=fsdp, apply=False)
     assert other.accumulate.fingerprint != seen["fingerprint"]
+    if fsdp:  # the FSDP layout is another program than the replicated one on the same mesh
+        replicated = tune_model.compile_steps(source.config, config, plan, microbatch=seen["rows"],
+                                              row_length=seen["length"], mesh=mesh, param_dtype=source.param_dtype,
+                                              apply=False)
+        assert replicated.accumulate.fingerprint != seen["fingerprint"]
 
 
 @pytest.mark.slow  # compiles the step for several device counts (~35 s)
