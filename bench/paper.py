@@ -277,6 +277,7 @@ CPU_LEVERS: dict[str, dict[str, Any]] = {
     "lever_budget4x": {"token_budget_factor": 4},  # 4x the example-tokens: more DP steps
     "lever_len2x": {"max_tokens_factor": 2},  # examples twice as long (the same token budget: fewer passes)
     "lever_rank16": {"lora_rank": 16},  # LoRA rank 16 on all layers (the paper's 8-32; the default is 8)
+    "lever_prompt": {"options": {"template": "A {label} review: "}},  # the label in words the corpus uses
 }
 
 
@@ -678,7 +679,7 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
     md = ["", "## 8. Levers on long reviews (Yelp polarity, LoRA, epsilon 3)", "",
           "What makes the DP-tuned generator's own samples carry the label. Each lever changes one setting of the "
           f"base run (recipe auto, {s['recipe']['token_budget']:,.0f} example-tokens, {s['max_tokens']} tokens, LoRA rank "
-          "8 on all layers). The label columns are read off the DP model on the real D_valid: the generative "
+          "8 on all layers, label prompt `[{label}] `). The label columns are read off the DP model on the real D_valid: the generative "
           "classifier argmax_y log p(x | prompt(y)) (balanced accuracy, chance 0.5) and the mean label margin "
           f"log p(x | own) - max log p(x | other) in nats ({NON_DP_FIGURE}s, computed without DP: they say which "
           "lever pays without looking at the test set). The synthetic columns: WordCNN on the real test set.", "",
@@ -687,7 +688,9 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
           "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         res = results[n]
-        setting = "base" if n == "yelp_polarity" else ", ".join(f"{k} {v:g}" for k, v in _lever_dp(CPU_LEVERS[n], s).items())
+        setting = "base" if n == "yelp_polarity" else ", ".join(
+            f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {json.dumps(v)}"
+            for k, v in _lever_dp(CPU_LEVERS[n], s).items())
         w0, wg = _pick(res), _pick(res, guidance=w)
         scores = next((v for v in res.get("label_scores", {}).values() if v), None) or {}
         md.append(f"| {n} | {setting} | {_f((w0 or {}).get('steps'), 0)} | {_f((w0 or {}).get('reported_epsilon'))} | "
