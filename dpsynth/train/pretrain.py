@@ -602,15 +602,15 @@ def resolve_microbatch(cfg: PretrainConfig, model_config: ModelConfig, *, mesh=N
         m = int(resumed.get("microbatch_size", resumed.get("batch_size")))
         logger.info("microbatch auto: microbatch %d, the checkpoint's (a resumed run keeps its microbatch)", m)
     else:
-        limit = resources.memory_limit(cfg.memory_limit)  # this process's first device
-        choice = auto_microbatch(cfg, model_config, mesh=mesh, limit_bytes=limit, headroom=cfg.memory_headroom)
-        logger.info("microbatch auto: %s; %d microbatch(es) per step of %d rows", choice.describe(),
-                    cfg.step_rows // choice.microbatch, cfg.step_rows)
-        m = choice.microbatch
-        if jax.process_count() > 1:  # every process runs process 0's choice (their devices could report other limits)
-            from jax.experimental import multihost_utils
+        def search() -> resources.MicrobatchChoice:
+            limit = resources.memory_limit(cfg.memory_limit)  # this process's first device
+            return auto_microbatch(cfg, model_config, mesh=mesh, limit_bytes=limit, headroom=cfg.memory_headroom)
 
-            m = int(multihost_utils.broadcast_one_to_all(np.int32(m)))
+        # Every process runs process 0's choice (their devices could report other limits); a search that
+        # fails on any process stops all of them (`resources.agreed_size`).
+        m, choice = resources.agreed_size(search)
+        logger.info("microbatch auto: %s; %d microbatch(es) per step of %d rows", choice.describe(),
+                    cfg.step_rows // m, cfg.step_rows)
     return dataclasses.replace(cfg, microbatch_size=m)
 
 

@@ -240,6 +240,31 @@ def largest_microbatch(peak_bytes: Callable[[int], int], *, limit_bytes: int, he
                             limit_bytes=int(limit_bytes), headroom=headroom, tried=tuple(tried.items()))
 
 
+def agreed_size(search: Callable[[], MicrobatchChoice]) -> tuple[int, MicrobatchChoice | None]:
+    """Runs an automatic size `search` on every process and returns (process 0's size, this process's
+    choice). With several processes each one's outcome is gathered before anyone goes on, so a
+    process whose search fails (its device reports less memory, say) makes every process raise the
+    same one-line `PlanError`, instead of failing alone while the others wait in the next collective.
+    """
+    if jax.process_count() == 1:
+        choice = search()
+        return choice.microbatch, choice
+    from jax.experimental import multihost_utils
+
+    try:
+        choice, failure = search(), None
+    except PlanError as e:
+        choice, failure = None, e
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(choice.microbatch if choice else 0))).reshape(-1)
+    if failure is not None:
+        raise failure
+    failed = [i for i, m in enumerate(sizes.tolist()) if m <= 0]
+    if failed:
+        raise PlanError(f"the automatic size search failed on process(es) {failed} (see their error); every process "
+                        "stops")
+    return int(sizes[0]), choice
+
+
 def memory_limit(memory_limit: int | None, device: jax.Device | None = None, *,
                  flag: str = "--microbatch-size auto") -> int:
     """The memory budget of `flag` (`--microbatch-size auto`, `--batch-size auto`): `memory_limit`

@@ -218,11 +218,15 @@ def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData,
     from dpsynth.train import resources
 
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), base_params)
-    choice = auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1], mesh=mesh,
-                             limit_bytes=resources.memory_limit(memory_limit), headroom=headroom, base_params=abstract,
-                             fsdp=fsdp)
+
+    def search() -> resources.MicrobatchChoice:
+        return auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1],
+                               mesh=mesh, limit_bytes=resources.memory_limit(memory_limit), headroom=headroom,
+                               base_params=abstract, fsdp=fsdp)
+
+    m, choice = resources.agreed_size(search)  # several processes: process 0's choice, or all stop together
     logger.info("microbatch auto: %s", choice.describe())
-    return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=choice.microbatch))
+    return dataclasses.replace(prep, config=dataclasses.replace(config, microbatch_size=m))
 
 
 def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: TuneData, model_config, base_params, *,

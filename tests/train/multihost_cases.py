@@ -87,3 +87,21 @@ def finetune_case(base_dir: str, out: str, modes: list[str], config: dict, train
     finally:
         report.write_report, sampling.PoissonSampler.microbatches = real_write, real_microbatches
     return {"process": jax.process_index(), "processes": jax.process_count(), "modes": out_modes}
+
+
+def agreed_size_case(sizes: list[int]) -> dict:
+    """`resources.agreed_size` with process i's search finding sizes[i] (0: its search fails)."""
+    from dpsynth.train import resources
+
+    def search():
+        m = sizes[jax.process_index()]
+        if m <= 0:
+            raise resources.PlanError(f"no microbatch fits on process {jax.process_index()}")
+        return resources.MicrobatchChoice(microbatch=m, peak_bytes=1, budget_bytes=2, limit_bytes=2, headroom=0.0,
+                                          tried=((m, 1),))
+
+    try:
+        size, _ = resources.agreed_size(search)
+    except resources.PlanError as e:
+        return {"process": jax.process_index(), "error": str(e)}
+    return {"process": jax.process_index(), "size": size}

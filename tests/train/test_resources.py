@@ -192,3 +192,19 @@ def test_real_shapes_lora_on_8_virtual_devices_with_fsdp(model, expect_params):
     base_bytes = plan["per_device"]["parameters_bytes"] - plan["per_device"]["trainable_bytes"]
     assert base_bytes == pytest.approx(2 * expect_params / 8, rel=0.02)  # bf16, split over 8 devices
     assert 0 < plan["per_device"]["total_bytes"] < 80e9
+
+
+def test_every_process_takes_process_0s_size_or_all_stop_together():
+    """Several processes: the automatic size is process 0's; a search that fails on one process makes
+    every process raise (none is left waiting in a collective for it)."""
+    from tests import multiprocess
+
+    agree = multiprocess.run("tests.train.multihost_cases:agreed_size_case", num_processes=2, devices=1,
+                             kwargs={"sizes": [8, 4]}, timeout=120)
+    assert [r["size"] for r in agree] == [8, 8]
+    fail = multiprocess.run("tests.train.multihost_cases:agreed_size_case", num_processes=2, devices=1,
+                            kwargs={"sizes": [8, 0]}, timeout=120)
+    assert fail[1]["error"] == "no microbatch fits on process 1"
+    assert "failed on process(es) [1]" in fail[0]["error"]
+    one = resources.agreed_size(lambda: resources.MicrobatchChoice(3, 1, 2, 2, 0.0, ((3, 1),)))
+    assert one[0] == 3 and one[1].microbatch == 3
