@@ -75,7 +75,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       multiples: [1]                # synthetic train size = multiple x |train|
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128               # null: the length the model was DP-tuned on (what dp_tune.max_tokens auto chose)
-      batch_size: 32
+      batch_size: 32                # or auto: the largest whose compiled sampler fits the device (options:
+                                    #   memory_limit, required on CPU, and memory_headroom)
       audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
       label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report)
@@ -409,7 +410,7 @@ class GenerateConfig:
     multiples: tuple[float, ...] = (1.0,)
     valid_fraction: float = 0.1
     max_tokens: int | None = 128  # null: the length the model was DP-tuned on (with dp_tune.max_tokens: auto)
-    batch_size: int = 32
+    batch_size: int | str = 32  # or auto: the largest that fits the device (options: memory_limit, memory_headroom)
     audit_memorisation: bool = False
     label_distribution: str = _added("uniform")
     label_noise_multiplier: float | None = _added(None, unless_default="label_distribution")
@@ -436,7 +437,8 @@ class GenerateConfig:
         _check(0 < self.valid_fraction <= 1, f"{key}.valid_fraction", f"must be in (0, 1], got {self.valid_fraction}")
         _check(self.max_tokens is None or self.max_tokens >= 8, f"{key}.max_tokens",
                f"must be >= 8 (or null: the length DP tuning trained on), got {self.max_tokens}")
-        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.batch_size == AUTO if isinstance(self.batch_size, str) else self.batch_size >= 1,
+               f"{key}.batch_size", f"must be >= 1 or auto, got {self.batch_size!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

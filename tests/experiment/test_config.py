@@ -85,6 +85,7 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"max_tokens": "auto"}}, "dp_tune.max_tokens: must be a number >= 8, or auto with recipe: auto"),
         ({"dp_tune": {"recipe": "auto", "max_tokens": "long"}}, "dp_tune.max_tokens: must be a number >= 8, or auto"),
         ({"generate": {"max_tokens": 4}}, "generate.max_tokens: must be >= 8 (or null"),
+        ({"generate": {"batch_size": "max"}}, "generate.batch_size: must be >= 1 or auto"),
         ({"generate": {"samplings": [{"guidance": -1}]}}, "generate.samplings[0].guidance: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"guidance": 1, "guidance_contrast": "x"}]}},
          "generate.samplings[0].guidance_contrast: must be one of others, null"),
@@ -232,6 +233,9 @@ def test_auto_length_and_time_budget_reach_the_tuner_and_generation_follows_the_
     (gen,) = [n for n in plan.nodes if n.stage == "generate"]
     assert gen.config["max_tokens"] is None
     assert from_dict({"dp_tune": {"max_tokens": 96}}).dp_tune.max_tokens == 96  # a number stays a number
+    auto = from_dict({"generate": {"batch_size": "auto", "options": {"memory_limit": 1 << 30}}})
+    (gen,) = [n for n in build_plan(auto, str(tmp_path / "b")).nodes if n.stage == "generate"]
+    assert gen.config["batch_size"] == "auto" and gen.config["options"] == {"memory_limit": 1 << 30}
     bad = from_dict({"dp_tune": {"options": {"time_budget": 90}}})  # the tuner validates it
     with pytest.raises(ValueError, match="time_budget is a setting of the automatic recipe"):
         stages.tune_config([n for n in build_plan(bad, str(tmp_path)).nodes if n.stage == "dp_tune"][0].config)
