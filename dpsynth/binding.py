@@ -90,14 +90,25 @@ def stage_dict(config: Any) -> dict[str, Any]:
 
 
 def subconfig(name: str, cls: type, keep: typing.Callable[[dataclasses.Field], bool], *, module: str,
-              namespace: Mapping[str, Any] | None = None, doc: str | None = None) -> type:
+              namespace: Mapping[str, Any] | None = None, doc: str | None = None,
+              preset: Mapping[str, Any] | None = None, extra: typing.Sequence[tuple] = ()) -> type:
     """A frozen, keyword-only dataclass `name` of the fields of `cls` that `keep` selects: the
     same names, types, defaults and metadata (one declaration, in `cls`); `namespace` adds
-    methods. It does not validate: building `cls` from it does."""
+    methods. `preset` replaces some defaults (a named preset over the library's, e.g. CPU-sized
+    experiment runs); `extra` appends `(name, type, field)` entries of the caller's own (such as
+    an `options` mapping). It does not validate: building `cls` from it does."""
     hints = typing.get_type_hints(cls)
-    fields = [(f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory,
-                                                        metadata=f.metadata))
-              for f in dataclasses.fields(cls) if keep(f)]
+    preset = dict(preset or {})
+    unknown = set(preset) - {f.name for f in dataclasses.fields(cls) if keep(f)}
+    if unknown:
+        raise TypeError(f"subconfig {name}: the preset names fields it does not keep: {sorted(unknown)}")
+
+    def field(f: dataclasses.Field) -> dataclasses.Field:
+        if f.name in preset:
+            return dataclasses.field(default=preset[f.name], metadata=f.metadata)
+        return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+
+    fields = [(f.name, hints[f.name], field(f)) for f in dataclasses.fields(cls) if keep(f)] + list(extra)
     out = dataclasses.make_dataclass(name, fields, namespace=dict(namespace or {}), frozen=True, kw_only=True)
     out.__module__ = module
     out.__doc__ = doc or f"The settings of `{cls.__name__}` selected for `{name}` (declared there)."

@@ -33,9 +33,6 @@ SAME_CLASS_NAME = {
     "GenerateConfig": "the experiment's `generate` section (grid axes, sizes as multiples) is not yet the job's "
                       "config plus a preset (issue 36 item 2, pending); its sampling entries already are the "
                       "library's `SamplingOptions`",
-    "PretrainConfig": "the experiment's `pretrain` section keeps its CPU-sized defaults in its own class (pending: "
-                      "a preset overlay of `dpsynth.train.pretrain.PretrainConfig`; its defaults enter the pinned "
-                      "stage hashes)",
     "SelectConfig": "the experiment's `select` section is off unless its epsilon is set (the library's always "
                     "selects) and sets the library's `dp_select.SelectConfig` through its `options` (its "
                     "epsilon and mechanism as the section's own keys: pending, issue 36 item 2)",
@@ -46,7 +43,6 @@ SAME_CLASS_NAME = {
 # (upstream, downstream) where the downstream config is built from the upstream one.
 FLOWS = (
     ("dpsynth.experiment.config.DPTuneConfig", "dpsynth.train.tune_config.TuneConfig"),
-    ("dpsynth.experiment.config.PretrainConfig", "dpsynth.train.pretrain.PretrainConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.plan.GenerateConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),
     ("dpsynth.experiment.config.EvaluateConfig", "dpsynth.evaluate.scoring.EvaluateConfig"),
@@ -60,26 +56,23 @@ _PENDING_DP_TUNE = ("the experiment's `dp_tune` section re-declares the tuner's 
                     "(batch 64, epochs 1, max tokens 128, prompt length 16) that enter the pinned stage hashes; "
                     "pending: TuneConfig plus a named preset (issue 36 item 2); "
                     "test_dp_tune_defaults_agree_with_the_tuner_except_where_documented pins the differences")
-_PENDING_PRETRAIN = ("the experiment's `pretrain` section (CPU-sized defaults in the pinned stage hashes); pending: "
-                     "the library config plus a preset")
 # (upstream, downstream) -> {field: why it is declared in both}.
 SHARED_FIELDS = {
     FLOWS[0]: {name: _PENDING_DP_TUNE for name in (
         "accountant", "allow_large_delta", "bands", "batch_size", "delta", "epochs", "label_dropout", "lora_rank", "max_examples_per_user",
         "max_tokens", "mechanism", "privacy_unit", "prompt_length", "recipe", "steps", "token_budget")},
-    FLOWS[1]: {name: _PENDING_PRETRAIN for name in ("batch_size", "learning_rate", "preset", "seq_len", "steps")},
-    FLOWS[2]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",
+    FLOWS[1]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",
                "label_distribution": "the experiment names a kind (uniform | dp_histogram) and draws the "
                                      "histogram in its own stage; the job takes the drawn distribution"},
-    FLOWS[3]: {"batch_size": "as above: the experiment's batch is the job's, handed to the sampler"},
-    FLOWS[4]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
+    FLOWS[2]: {"batch_size": "as above: the experiment's batch is the job's, handed to the sampler"},
+    FLOWS[3]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
                               "library's config is set through its `options`"},
-    FLOWS[5]: {"max_len": "the job's None means min(512, the model's), resolved per model into the sampler's",
+    FLOWS[4]: {"max_len": "the job's None means min(512, the model's), resolved per model into the sampler's",
                "batch_size": "the job's batch is the sampler's compiled batch; the job has no other"},
-    FLOWS[6]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
+    FLOWS[5]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
                      "still flat fields handed to the spec (pending: the families' own settings)"
                for name in ("freeze_backbone", "model_dir", "pooling", "wordcnn")},
-    FLOWS[7]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
+    FLOWS[6]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
                for name in ("pooling", "vocabulary")},
 }
 # Constant name -> why the same value is declared in several modules.
@@ -166,7 +159,14 @@ def test_every_flow_is_a_real_flow_and_every_config_is_walked():
     assert "dpsynth.generate.sampler_config.SamplingOptions" not in declared_configs()
     names = {f.name for f in dataclasses.fields(sampler_config.SamplingOptions)}
     assert names <= {f.name for f in dataclasses.fields(sampler_config.SamplerConfig)}
-    assert len(declared_configs()) >= 25
+    # The experiment's `pretrain` section is the library's PretrainConfig at a preset (`binding.subconfig`).
+    from dpsynth.train import pretrain
+
+    assert "dpsynth.experiment.config.PretrainConfig" not in declared_configs()
+    section = {f.name for f in dataclasses.fields(experiment_config.PretrainConfig)}
+    assert section - {"options"} <= {f.name for f in dataclasses.fields(pretrain.PretrainConfig)}
+    assert set(experiment_config.PRETRAIN_PRESET) == section - {"options"}
+    assert len(declared_configs()) >= 24
 
 
 def test_no_constant_is_declared_twice_with_one_value_except_the_listed_ones():

@@ -39,7 +39,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
             also_against: {}}       # name -> a `sensitive:` section: more sensitive sets to cut from the
                                     #   public corpus; experiments listing the same sets share dedup and pretraining
     pretrain: {preset: tiny, steps: 300, seq_len: 128, batch_size: 16, learning_rate: 0.001,
-               options: {}}         # options: extra keyword arguments of the pretrain library
+               options: {}}         # the pretrain library's PretrainConfig at PRETRAIN_PRESET; options: its other fields
     dp_tune:
       modes: [lora]                 # full | prompt | lora
       epsilons: [3]                 # > 0, or .inf / inf for the non-private baseline
@@ -254,23 +254,41 @@ class DedupConfig:
         return _build(SensitiveConfig, self.also_against[name], f"dedup.also_against.{name}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PretrainConfig:
-    """Pretraining of the decoder-only LM on the cleaned public corpus."""
+# The experiment's defaults for the pretraining library's settings: a named, CPU-sized preset over
+# `dpsynth.train.pretrain.PretrainConfig`'s own (which stay `dpsynth pretrain`'s), overridable in
+# the `pretrain:` section. These five values enter the pinned stage hashes.
+PRETRAIN_PRESET = {"preset": "tiny", "steps": 300, "seq_len": 128, "batch_size": 16, "learning_rate": 1e-3}
 
-    preset: str = "tiny"
-    steps: int = 300
-    seq_len: int = 128
-    batch_size: int = 16
-    learning_rate: float = 1e-3
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def validate(self, key: str) -> None:
-        _check(bool(self.preset), f"{key}.preset", "must name a model preset (tiny, small, 1b, 8b)")
-        _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
-        _check(self.seq_len >= 8, f"{key}.seq_len", f"must be >= 8, got {self.seq_len}")
-        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
-        _check(self.learning_rate > 0, f"{key}.learning_rate", f"must be > 0, got {self.learning_rate}")
+def _validate_pretrain(self, key: str) -> None:
+    """The library's validation (`PretrainConfig.__post_init__`, with `options`), its message named by key."""
+    from dpsynth.models import get_config
+    from dpsynth.train import pretrain
+
+    settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+    try:
+        get_config(self.preset)
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"{key}.preset: must name a model preset ({str(e).strip(chr(39))})") from None
+    try:
+        binding.make_config(pretrain.PretrainConfig, {**settings, **dict(self.options)}, key + ".options")
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        if message.startswith(key + ".options."):  # an unknown option: already named by key
+            raise ConfigError(message) from None
+        name = next((n for n in sorted(settings, key=len, reverse=True) if message.startswith(n + " ")), None)
+        raise ConfigError(f"{key}.{name}: {message[len(name) + 1:]}" if name else f"{key}.options: {message}") from None
+
+
+# Pretraining of the decoder-only LM on the cleaned public corpus: the library's settings (their one
+# declaration, default and validation) at the experiment's preset; `options` sets any other of them.
+PretrainConfig = binding.subconfig(
+    "PretrainConfig", __import__("dpsynth.train.pretrain", fromlist=["PretrainConfig"]).PretrainConfig,
+    lambda f: f.name in PRETRAIN_PRESET, module=__name__, preset=PRETRAIN_PRESET,
+    extra=[("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_pretrain},
+    doc="Pretraining (`dpsynth.train.pretrain.PretrainConfig`'s preset, steps, seq_len, batch_size and "
+        "learning_rate at `PRETRAIN_PRESET`; `options`: any other of its fields).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

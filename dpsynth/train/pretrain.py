@@ -162,6 +162,8 @@ class PretrainConfig:
                      "checkpoint_every", "log_every", "mesh_data", "mesh_model"):
             if getattr(self, name) <= 0:
                 raise PretrainError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.learning_rate is not None and not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise PretrainError(f"learning_rate must be > 0 (or None: the optimizer's default), got {self.learning_rate!r}")
         if self.optimizer not in ("auto",) + optim.OPTIMIZERS:
             raise PretrainError(f"optimizer must be auto|adafactor|adam, got {self.optimizer!r}")
         if self.valid_unit not in VALID_UNITS:

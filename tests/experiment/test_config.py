@@ -22,7 +22,7 @@ def test_full_config_parses_types():
             "name": "x",
             "dp_tune": {"modes": ["lora", "prompt"], "epsilons": [1, "3", ".inf", "inf"], "learning_rates": "1e-3"},
             "generate": {"samplings": [{"temperature": 0.5, "top_k": 40}], "multiples": 3},
-            "pretrain": {"preset": "small", "options": {"warmup": 10}},
+            "pretrain": {"preset": "small", "options": {"warmup_steps": 10}},
         }
     )
     assert cfg.dp_tune.modes == ("lora", "prompt")
@@ -30,7 +30,7 @@ def test_full_config_parses_types():
     assert cfg.dp_tune.learning_rates == (1e-3,)  # scalar -> one-element tuple; YAML string number
     assert cfg.generate.samplings == (cfgmod.SamplingConfig(temperature=0.5, top_k=40),)
     assert cfg.generate.multiples == (3.0,)
-    assert cfg.pretrain.options == {"warmup": 10}
+    assert cfg.pretrain.options == {"warmup_steps": 10}
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.pretrain.steps = 3  # type: ignore[misc]
 
@@ -56,7 +56,11 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"batch_size": "big"}}, "dp_tune.batch_size: expected an integer"),
         ({"generate": {"samplings": [{"temperature": -1}]}}, "generate.samplings[0].temperature: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"topk": 3}]}}, "generate.samplings[0].topk: unknown key (did you mean 'top_k'?)"),
-        ({"pretrain": {"steps": 0}}, "pretrain.steps: must be >= 1"),
+        ({"pretrain": {"steps": 0}}, "pretrain.steps: must be positive"),
+        ({"pretrain": {"learning_rate": -1}}, "pretrain.learning_rate: must be > 0"),
+        ({"pretrain": {"preset": "huge"}}, "pretrain.preset: must name a model preset"),
+        ({"pretrain": {"options": {"warmup": 10}}}, "pretrain.options.warmup: not an option of PretrainConfig"),
+        ({"pretrain": {"options": {"valid_unit": "page"}}}, "pretrain.options: valid_unit must be one of"),
         ({"generate": {"label_distribution": "counts"}}, "generate.label_distribution: must be one of uniform, dp_histogram"),
         ({"generate": {"label_distribution": "dp_histogram"}}, "generate.label_noise_multiplier: must be > 0"),
         ({"generate": {"label_noise_multiplier": 5}}, "generate.label_noise_multiplier: only applies to"),
