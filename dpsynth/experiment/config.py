@@ -113,6 +113,7 @@ from dpsynth.dp.accounting import ACCOUNTANTS
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import registry
 from dpsynth.generate.sampler_config import SamplingOptions
+from dpsynth.train import pretrain as pretrain_lib
 from dpsynth.train.recipe import AUTO, MODES, RECIPES
 
 LOSSES = ("prefix", "full")
@@ -263,7 +264,6 @@ PRETRAIN_PRESET = {"preset": "tiny", "steps": 300, "seq_len": 128, "batch_size":
 def _validate_pretrain(self, key: str) -> None:
     """The library's validation (`PretrainConfig.__post_init__`, with `options`), its message named by key."""
     from dpsynth.models import get_config
-    from dpsynth.train import pretrain
 
     settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
     try:
@@ -271,7 +271,7 @@ def _validate_pretrain(self, key: str) -> None:
     except (ValueError, KeyError) as e:
         raise ConfigError(f"{key}.preset: must name a model preset ({str(e).strip(chr(39))})") from None
     try:
-        binding.make_config(pretrain.PretrainConfig, {**settings, **dict(self.options)}, key + ".options")
+        binding.make_config(pretrain_lib.PretrainConfig, {**settings, **dict(self.options)}, key + ".options")
     except (ValueError, TypeError) as e:
         message = str(e)
         if message.startswith(key + ".options."):  # an unknown option: already named by key
@@ -283,7 +283,7 @@ def _validate_pretrain(self, key: str) -> None:
 # Pretraining of the decoder-only LM on the cleaned public corpus: the library's settings (their one
 # declaration, default and validation) at the experiment's preset; `options` sets any other of them.
 PretrainConfig = binding.subconfig(
-    "PretrainConfig", __import__("dpsynth.train.pretrain", fromlist=["PretrainConfig"]).PretrainConfig,
+    "PretrainConfig", pretrain_lib.PretrainConfig,
     lambda f: f.name in PRETRAIN_PRESET, module=__name__, preset=PRETRAIN_PRESET,
     extra=[("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
     namespace={"validate": _validate_pretrain},
