@@ -57,7 +57,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--multiples", type=_floats, default=dp_select.DEFAULT_MULTIPLES,
                    help="synthetic train sizes as multiples of |D_train| (the model's report's dataset size)")
     g.add_argument("--valid-fraction", type=float, default=0.1, help="synthetic valid = this x synthetic train")
-    g.add_argument("--max-len", type=int, default=None, help="total tokens per example (default min(512, model))")
+    g.add_argument("--max-len", type=int, default=None,
+                   help="total tokens per example (default: the length the model was DP-tuned on, from its privacy "
+                        "report; else min(512, model))")
     g.add_argument("--gen-batch-size", type=int, default=16, help="prompts per compiled sampler call")
     g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates")
     g.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of that histogram")
