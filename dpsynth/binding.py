@@ -91,22 +91,27 @@ def stage_dict(config: Any) -> dict[str, Any]:
 
 def subconfig(name: str, cls: type, keep: typing.Callable[[dataclasses.Field], bool], *, module: str,
               namespace: Mapping[str, Any] | None = None, doc: str | None = None,
-              preset: Mapping[str, Any] | None = None, extra: typing.Sequence[tuple] = ()) -> type:
+              preset: Mapping[str, Any] | None = None, extra: typing.Sequence[tuple] = (),
+              retype: Mapping[str, Any] | None = None, unless_default: typing.Collection[str] = ()) -> type:
     """A frozen, keyword-only dataclass `name` of the fields of `cls` that `keep` selects: the
     same names, types, defaults and metadata (one declaration, in `cls`); `namespace` adds
     methods. `preset` replaces some defaults (a named preset over the library's, e.g. CPU-sized
     experiment runs); `extra` appends `(name, type, field)` entries of the caller's own (such as
-    an `options` mapping). It does not validate: building `cls` from it does."""
-    hints = typing.get_type_hints(cls)
+    an `options` mapping). `retype` gives a field another type where the caller's values must keep
+    theirs (an experiment hashes `batch_size: 64`, not 64.0); `unless_default` marks fields whose
+    value enters the caller's cache keys only when set (`UNLESS_DEFAULT`). It does not validate:
+    building `cls` from it does."""
+    hints = {**typing.get_type_hints(cls), **dict(retype or {})}
     preset = dict(preset or {})
     unknown = set(preset) - {f.name for f in dataclasses.fields(cls) if keep(f)}
     if unknown:
         raise TypeError(f"subconfig {name}: the preset names fields it does not keep: {sorted(unknown)}")
 
     def field(f: dataclasses.Field) -> dataclasses.Field:
+        metadata = {**f.metadata, **({UNLESS_DEFAULT: True} if f.name in unless_default else {})}
         if f.name in preset:
-            return dataclasses.field(default=preset[f.name], metadata=f.metadata)
-        return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+            return dataclasses.field(default=preset[f.name], metadata=metadata)
+        return dataclasses.field(default=f.default, default_factory=f.default_factory, metadata=metadata)
 
     fields = [(f.name, hints[f.name], field(f)) for f in dataclasses.fields(cls) if keep(f)] + list(extra)
     out = dataclasses.make_dataclass(name, fields, namespace=dict(namespace or {}), frozen=True, kw_only=True)

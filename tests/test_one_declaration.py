@@ -42,7 +42,6 @@ SAME_CLASS_NAME = {
 
 # (upstream, downstream) where the downstream config is built from the upstream one.
 FLOWS = (
-    ("dpsynth.experiment.config.DPTuneConfig", "dpsynth.train.tune_config.TuneConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.plan.GenerateConfig"),
     ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),
     ("dpsynth.experiment.config.EvaluateConfig", "dpsynth.evaluate.scoring.EvaluateConfig"),
@@ -52,27 +51,20 @@ FLOWS = (
     ("dpsynth.evaluate.scoring.EvaluateConfig", "dpsynth.evaluate.backbone.BackboneSettings"),
     ("dpsynth.evaluate.train_classifier.ClassifyConfig", "dpsynth.evaluate.backbone.BackboneSettings"),
 )
-_PENDING_DP_TUNE = ("the experiment's `dp_tune` section re-declares the tuner's settings with CPU-sized defaults "
-                    "(batch 64, epochs 1, max tokens 128, prompt length 16) that enter the pinned stage hashes; "
-                    "pending: TuneConfig plus a named preset (issue 36 item 2); "
-                    "test_dp_tune_defaults_agree_with_the_tuner_except_where_documented pins the differences")
 # (upstream, downstream) -> {field: why it is declared in both}.
 SHARED_FIELDS = {
-    FLOWS[0]: {name: _PENDING_DP_TUNE for name in (
-        "accountant", "allow_large_delta", "bands", "batch_size", "delta", "epochs", "label_dropout", "lora_rank", "max_examples_per_user",
-        "max_tokens", "mechanism", "privacy_unit", "prompt_length", "recipe", "steps", "token_budget")},
-    FLOWS[1]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",
+    FLOWS[0]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",
                "label_distribution": "the experiment names a kind (uniform | dp_histogram) and draws the "
                                      "histogram in its own stage; the job takes the drawn distribution"},
-    FLOWS[2]: {"batch_size": "as above: the experiment's batch is the job's, handed to the sampler"},
-    FLOWS[3]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
+    FLOWS[1]: {"batch_size": "as above: the experiment's batch is the job's, handed to the sampler"},
+    FLOWS[2]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
                               "library's config is set through its `options`"},
-    FLOWS[4]: {"max_len": "the job's None means min(512, the model's), resolved per model into the sampler's",
+    FLOWS[3]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
                "batch_size": "the job's batch is the sampler's compiled batch; the job has no other"},
-    FLOWS[5]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
+    FLOWS[4]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
                      "still flat fields handed to the spec (pending: the families' own settings)"
                for name in ("freeze_backbone", "model_dir", "pooling", "wordcnn")},
-    FLOWS[6]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
+    FLOWS[5]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
                for name in ("pooling", "vocabulary")},
 }
 # Constant name -> why the same value is declared in several modules.
@@ -166,7 +158,16 @@ def test_every_flow_is_a_real_flow_and_every_config_is_walked():
     section = {f.name for f in dataclasses.fields(experiment_config.PretrainConfig)}
     assert section - {"options"} <= {f.name for f in dataclasses.fields(pretrain.PretrainConfig)}
     assert set(experiment_config.PRETRAIN_PRESET) == section - {"options"}
-    assert len(declared_configs()) >= 24
+    # ... and `dp_tune` the tuner's TuneConfig settings at a preset, plus the grid axes.
+    from dpsynth.train import tune_config
+
+    assert "dpsynth.experiment.config.DPTuneConfig" not in declared_configs()
+    tuner = {f.name for f in dataclasses.fields(tune_config.TuneConfig)}
+    section = {f.name for f in dataclasses.fields(experiment_config.DPTuneConfig)}
+    assert section & tuner == set(experiment_config.DP_TUNE_SETTINGS) >= set(experiment_config.DP_TUNE_PRESET)
+    assert section - tuner == {"modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms",
+                               "replicates", "loss", "options"}  # the grid axes and the experiment's own keys
+    assert len(declared_configs()) >= 23
 
 
 def test_no_constant_is_declared_twice_with_one_value_except_the_listed_ones():

@@ -40,7 +40,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
                                     #   public corpus; experiments listing the same sets share dedup and pretraining
     pretrain: {preset: tiny, steps: 300, seq_len: 128, batch_size: 16, learning_rate: 0.001,
                options: {}}         # the pretrain library's PretrainConfig at PRETRAIN_PRESET; options: its other fields
-    dp_tune:
+    dp_tune:                        # the tuner's TuneConfig settings at DP_TUNE_PRESET, plus the grid axes
       modes: [lora]                 # full | prompt | lora
       epsilons: [3]                 # > 0, or .inf / inf for the non-private baseline
       delta: null                   # default 1 / |train|; above 1/N refused unless allow_large_delta: true
@@ -114,6 +114,7 @@ from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import registry
 from dpsynth.generate.sampler_config import SamplingOptions
 from dpsynth.train import pretrain as pretrain_lib
+from dpsynth.train import tune_config as tune_config_lib
 from dpsynth.train.recipe import AUTO, MODES, RECIPES
 
 LOSSES = ("prefix", "full")
@@ -276,8 +277,7 @@ def _validate_pretrain(self, key: str) -> None:
         message = str(e)
         if message.startswith(key + ".options."):  # an unknown option: already named by key
             raise ConfigError(message) from None
-        name = next((n for n in sorted(settings, key=len, reverse=True) if message.startswith(n + " ")), None)
-        raise ConfigError(f"{key}.{name}: {message[len(name) + 1:]}" if name else f"{key}.options: {message}") from None
+        raise ConfigError(_named(key, message, PRETRAIN_PRESET, self.options)) from None
 
 
 # Pretraining of the decoder-only LM on the cleaned public corpus: the library's settings (their one
@@ -291,128 +291,123 @@ PretrainConfig = binding.subconfig(
         "learning_rate at `PRETRAIN_PRESET`; `options`: any other of its fields).")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DPTuneConfig:
-    """DP fine-tuning; `modes`, `epsilons`, `learning_rates`, `clip_norms` are grid axes.
+# The experiment's defaults for the tuner's settings: a named, CPU-sized preset over
+# `dpsynth.train.tune_config.TuneConfig`'s own (which stay `dpsynth dp-tune`'s paper-scale ones),
+# overridable in the `dp_tune:` section. These values enter the pinned stage hashes.
+DP_TUNE_PRESET = {"batch_size": 64, "epochs": 1.0, "max_tokens": 128, "prompt_length": 16}
+# The tuner's settings that are keys of the `dp_tune:` section (any other goes through `options`).
+DP_TUNE_SETTINGS = ("delta", "recipe", "token_budget", "batch_size", "epochs", "steps", "max_tokens", "label_dropout",
+                    "lora_rank", "prompt_length", "accountant", "privacy_unit", "max_examples_per_user", "mechanism",
+                    "bands", "allow_large_delta")
+# Settings added after stage caches existed: they enter the `dp_tune` hashes only when set.
+_DP_TUNE_ADDED = ("recipe", "token_budget", "label_dropout", "privacy_unit", "max_examples_per_user", "mechanism",
+                  "bands", "allow_large_delta")
 
-    The library's `dpsynth.train.tune_config.TuneConfig` is the tuner's one declaration of these
-    settings: every field here named like a `TuneConfig` field is that field (passed on by
-    `stages.tune_config` unless null, so the tuner validates it again), the grid axes are lists
-    of its `mode`, `epsilon`, `learning_rate` and `clip_norm`, `loss: full` is its `full_lm`,
-    and `options` sets any other field (e.g. `options: {time_budget: 600}`: the tuner's own
-    setting, validated there). `max_tokens: auto` and `time_budget` (with `recipe: auto`) let
-    each run choose its example length (DP) and its token budget (this machine's speed) when it
-    starts; `generate.max_tokens: null` then samples at the chosen length.
-    Defaults agree with `TuneConfig`'s (delta, steps,
-    accountant, recipe, token_budget, label_dropout, lora_rank, privacy_unit,
-    max_examples_per_user, mechanism, bands; a test keeps them so) except where an experiment
-    is deliberately smaller than `dpsynth dp-tune`'s paper-scale defaults: batch_size 64 (tuner
-    1024), epochs 1.0 (10.0), learning_rates (1e-3,) (3e-3), max_tokens 128 (512) and
-    prompt_length 16 (20): a CPU-sized grid point. They stay as they are because the
-    experiment's values enter the `dp_tune` stage hashes (the tuner's defaults never do), so
-    changing one would move every cached run that relies on it.
 
-    `mode_learning_rates` replaces the `learning_rates` axis for the modes it names (the
-    modes want different step sizes: e.g. `{full: [0.001], prompt: [0.03]}`).
-    `privacy_unit: user` (with `max_examples_per_user` and `sensitive.user_column`) makes the
-    unit of privacy a person; `mechanism: bandmf` with `bands` uses BandMF correlated noise.
-    `allow_large_delta: true` accepts a `delta` above 1/N (refused otherwise: it protects nobody).
-    """
+def _validate_dp_tune(self, key: str) -> None:
+    """The grid axes here; every tuner setting by the tuner (`TuneConfig.__post_init__`, once per
+    mode, with `options`), its message named by key."""
+    from dpsynth.train.tune_config import TuneConfig
 
-    modes: tuple[str, ...] = ("lora",)
-    epsilons: tuple[float, ...] = (3.0,)
-    delta: float | None = None
-    learning_rates: tuple[float, ...] = (1e-3,)
-    mode_learning_rates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    clip_norms: tuple[float, ...] = (1.0,)
-    replicates: int = 1
-    recipe: str = _added("manual")
-    token_budget: float | None = _added(None)
-    batch_size: int = 64
-    epochs: float | None = 1.0
-    steps: int | None = None
-    max_tokens: int | str = 128
-    loss: str = "prefix"
-    label_dropout: float = _added(0.0)
-    lora_rank: int = 8
-    prompt_length: int = 16
-    accountant: str = "rdp"
-    privacy_unit: str = _added("example")
-    max_examples_per_user: int | None = _added(None)
-    mechanism: str = _added(mechanisms.DEFAULT)
-    bands: int | None = _added(None)
-    allow_large_delta: bool = _added(False)
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    _nonempty(self.modes, f"{key}.modes")
+    for i, mode in enumerate(self.modes):
+        _choice(mode, MODES, f"{key}.modes[{i}]")
+    _nonempty(self.epsilons, f"{key}.epsilons")
+    for i, eps in enumerate(self.epsilons):
+        _check(eps > 0 and not math.isnan(eps), f"{key}.epsilons[{i}]", f"must be > 0 or inf, got {eps}")
+    _nonempty(self.learning_rates, f"{key}.learning_rates")
+    for i, lr in enumerate(self.learning_rates):
+        _check(lr > 0, f"{key}.learning_rates[{i}]", f"must be > 0, got {lr}")
+    for mode, lrs in self.mode_learning_rates.items():
+        sub = f"{key}.mode_learning_rates.{mode}"
+        _choice(mode, MODES, sub)
+        _check(mode in self.modes, sub, f"names a mode that is not in {key}.modes")
+        values = _listed(lrs)
+        _nonempty(values, sub)
+        for i, lr in enumerate(values):
+            try:
+                ok = not isinstance(lr, bool) and 0 < float(lr) < math.inf  # YAML 1.1 reads 1e-3 as a string
+            except (TypeError, ValueError):
+                ok = False
+            _check(ok, f"{sub}[{i}]", f"must be a number > 0, got {lr!r}")
+    _check(self.replicates >= 1, f"{key}.replicates", f"must be >= 1, got {self.replicates}")
+    _choice(self.recipe, RECIPES, f"{key}.recipe")
+    if self.recipe == "auto":
+        _check(len(self.learning_rates) == 1 and not self.mode_learning_rates, f"{key}.recipe",
+               "auto chooses the learning rate itself: drop learning_rates / mode_learning_rates (or use recipe: manual)")
+    _nonempty(self.clip_norms, f"{key}.clip_norms")
+    for i, c in enumerate(self.clip_norms):
+        _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
+    if (self.steps is None) == (self.epochs is None):
+        raise ConfigError(f"{key}: give exactly one of `epochs` and `steps` (set the other to null)")
+    _choice(self.loss, LOSSES, f"{key}.loss")
+    settings = {n: getattr(self, n) for n in DP_TUNE_SETTINGS if getattr(self, n) is not None}
+    for mode in self.modes:
+        try:
+            binding.make_config(TuneConfig, {**settings, "mode": mode, "epsilon": self.epsilons[0],
+                                             "clip_norm": self.clip_norms[0], "full_lm": self.loss == "full",
+                                             **dict(self.options)}, key + ".options")
+        except (ValueError, TypeError) as e:
+            message = str(e)
+            if message.startswith(key + ".options."):  # an unknown option: already named by key
+                raise ConfigError(message) from None
+            raise ConfigError(_named(key, message, DP_TUNE_SETTINGS, self.options)) from None
 
-    def validate(self, key: str) -> None:
-        _choice(self.privacy_unit, ("example", "user"), f"{key}.privacy_unit")
-        _choice(self.mechanism, mechanisms.names(), f"{key}.mechanism")
-        if self.privacy_unit == "user":
-            _check(self.max_examples_per_user is not None and self.max_examples_per_user >= 1,
-                   f"{key}.max_examples_per_user", "must be >= 1 with privacy_unit: user")
-        problem = mechanisms.get(self.mechanism).check_settings(bands=self.bands, max_batch_size=None)
-        if problem:
-            _check(False, f"{key}.{problem[0]}", problem[1])
-        _nonempty(self.modes, f"{key}.modes")
-        for i, mode in enumerate(self.modes):
-            _choice(mode, MODES, f"{key}.modes[{i}]")
-        _nonempty(self.epsilons, f"{key}.epsilons")
-        for i, eps in enumerate(self.epsilons):
-            _check(eps > 0 and not math.isnan(eps), f"{key}.epsilons[{i}]", f"must be > 0 or inf, got {eps}")
-        if self.delta is not None:
-            _check(0.0 < self.delta < 1.0, f"{key}.delta", f"must be in (0, 1), got {self.delta}")
-        _nonempty(self.learning_rates, f"{key}.learning_rates")
-        for i, lr in enumerate(self.learning_rates):
-            _check(lr > 0, f"{key}.learning_rates[{i}]", f"must be > 0, got {lr}")
-        for mode, lrs in self.mode_learning_rates.items():
-            sub = f"{key}.mode_learning_rates.{mode}"
-            _choice(mode, MODES, sub)
-            _check(mode in self.modes, sub, f"names a mode that is not in {key}.modes")
-            values = _listed(lrs)
-            _nonempty(values, sub)
-            for i, lr in enumerate(values):
-                try:
-                    ok = not isinstance(lr, bool) and 0 < float(lr) < math.inf  # YAML 1.1 reads 1e-3 as a string
-                except (TypeError, ValueError):
-                    ok = False
-                _check(ok, f"{sub}[{i}]", f"must be a number > 0, got {lr!r}")
-        _check(self.replicates >= 1, f"{key}.replicates", f"must be >= 1, got {self.replicates}")
-        _choice(self.recipe, RECIPES, f"{key}.recipe")
-        if self.recipe == "auto":
-            _check(len(self.learning_rates) == 1 and not self.mode_learning_rates, f"{key}.recipe",
-                   "auto chooses the learning rate itself: drop learning_rates / mode_learning_rates (or use recipe: manual)")
-        _check(self.token_budget is None or (self.recipe == "auto" and self.token_budget > 0), f"{key}.token_budget",
-               f"must be > 0 and goes with recipe: auto, got {self.token_budget}")
-        _nonempty(self.clip_norms, f"{key}.clip_norms")
-        for i, c in enumerate(self.clip_norms):
-            _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
-        _check(self.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {self.batch_size}")
-        if (self.steps is None) == (self.epochs is None):
-            raise ConfigError(f"{key}: give exactly one of `epochs` and `steps` (set the other to null)")
-        if self.steps is not None:
-            _check(self.steps >= 1, f"{key}.steps", f"must be >= 1, got {self.steps}")
-        if self.epochs is not None:
-            _check(self.epochs > 0, f"{key}.epochs", f"must be > 0, got {self.epochs}")
-        if isinstance(self.max_tokens, str):
-            _check(self.max_tokens == AUTO and self.recipe == "auto", f"{key}.max_tokens",
-                   f"must be a number >= 8, or auto with recipe: auto (a DP quantile of D_train's lengths), got "
-                   f"{self.max_tokens!r}")
-        else:
-            _check(self.max_tokens >= 8, f"{key}.max_tokens", f"must be >= 8, got {self.max_tokens}")
-        _choice(self.loss, LOSSES, f"{key}.loss")
-        _check(0 <= self.label_dropout < 1, f"{key}.label_dropout", f"must be in [0, 1), got {self.label_dropout}")
-        _check(self.lora_rank >= 1, f"{key}.lora_rank", f"must be >= 1, got {self.lora_rank}")
-        _check(self.prompt_length >= 1, f"{key}.prompt_length", f"must be >= 1, got {self.prompt_length}")
-        _choice(self.accountant, ACCOUNTANTS, f"{key}.accountant")
 
-    def learning_rates_for(self, mode: str) -> tuple[float | None, ...]:
-        """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`);
-        `(None,)` with the automatic recipe, which chooses it."""
-        if self.recipe == "auto":
-            return (None,)
-        if mode not in self.mode_learning_rates:
-            return self.learning_rates
-        return tuple(float(x) for x in _listed(self.mode_learning_rates[mode]))
+def _named(key: str, message: str, settings, options) -> str:
+    """A library's validation message with the YAML key of the setting it starts with ("steps must
+    be ...", "--bands: must be ...", an `options` entry's name) or else the section's key."""
+    names = [(n, f"{key}.{n}") for n in settings] + [(n, f"{key}.options.{n}") for n in options]
+    for name, where in sorted(names, key=lambda x: len(x[0]), reverse=True):
+        for prefix in (name + " ", f"--{name.replace('_', '-')}: "):
+            if message.startswith(prefix):
+                return f"{where}: {message[len(prefix):]}"
+    return f"{key}: {message}"
+
+
+def _learning_rates_for(self, mode: str) -> tuple[float | None, ...]:
+    """The learning-rate axis of `mode` (its `mode_learning_rates` entry, else `learning_rates`);
+    `(None,)` with the automatic recipe, which chooses it."""
+    if self.recipe == "auto":
+        return (None,)
+    if mode not in self.mode_learning_rates:
+        return self.learning_rates
+    return tuple(float(x) for x in _listed(self.mode_learning_rates[mode]))
+
+
+# DP fine-tuning: the tuner's settings (`DP_TUNE_SETTINGS`: their one declaration, default and
+# validation are `TuneConfig`'s) at the experiment's preset, plus the grid axes: lists of its
+# `mode`, `epsilon`, `learning_rate` and `clip_norm`, independent repeats, `loss` (full = its
+# `full_lm`) and `options` (any other TuneConfig field, e.g. `time_budget`).
+DPTuneConfig = binding.subconfig(
+    "DPTuneConfig", tune_config_lib.TuneConfig, lambda f: f.name in DP_TUNE_SETTINGS, module=__name__,
+    preset=DP_TUNE_PRESET, unless_default=_DP_TUNE_ADDED,
+    # Experiment values keep their types in the hashes (`batch_size: 64`), and epochs is null with steps.
+    retype={"batch_size": int, "epochs": float | None},
+    extra=[("modes", tuple[str, ...], dataclasses.field(default=("lora",))),
+           ("epsilons", tuple[float, ...], dataclasses.field(default=(3.0,))),
+           ("learning_rates", tuple[float, ...], dataclasses.field(default=(1e-3,))),
+           ("mode_learning_rates", Mapping[str, Any], dataclasses.field(default_factory=dict)),
+           ("clip_norms", tuple[float, ...], dataclasses.field(default=(1.0,))),
+           ("replicates", int, dataclasses.field(default=1)),
+           ("loss", str, dataclasses.field(default="prefix")),
+           ("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_dp_tune, "learning_rates_for": _learning_rates_for},
+    doc="""DP fine-tuning (`dpsynth.train.tune_config.TuneConfig` at `DP_TUNE_PRESET`, plus the grid axes).
+
+    Keys: the tuner's settings in `DP_TUNE_SETTINGS` (delta, recipe, token_budget, batch_size,
+    epochs, steps, max_tokens, label_dropout, lora_rank, prompt_length, accountant, privacy_unit,
+    max_examples_per_user, mechanism, bands, allow_large_delta): declared, defaulted and
+    validated by `TuneConfig`, except the experiment's CPU-sized preset (batch_size 64, epochs 1,
+    max_tokens 128, prompt_length 16; the tuner's paper-scale defaults stay `dpsynth dp-tune`'s)
+    and "exactly one of epochs and steps". The grid axes `modes`, `epsilons`, `learning_rates`
+    (1e-3; per mode `mode_learning_rates`, e.g. `{full: [0.001], prompt: [0.03]}`) and
+    `clip_norms`; `replicates` (independent repeats); `loss: full` is the tuner's `full_lm`;
+    `options` sets any other `TuneConfig` field (e.g. `time_budget: 600`, `microbatch_size`).
+    `max_tokens: auto` and `options.time_budget` (with `recipe: auto`) let each run choose its
+    example length (DP) and its token budget (this machine's speed) when it starts;
+    `generate.max_tokens: null` then samples at the chosen length.
+    """)
 
 
 # One sampling setting of the generator (a grid point): the sampling options of the library's

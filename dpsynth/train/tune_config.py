@@ -197,6 +197,8 @@ class TuneConfig:
             if self.private and self.accountant != "rdp":
                 raise TuneError("max_tokens 'auto' is a pure-DP selection that only the RDP accountant composes: "
                                 "pass --accountant rdp, or give --max-tokens N")
+        elif isinstance(self.max_tokens, str) or isinstance(self.max_tokens, bool):
+            raise TuneError(f"max_tokens must be a number of tokens or 'auto', got {self.max_tokens!r}")
         else:
             ExampleConfig(template=self.template, max_tokens=self.max_tokens, full_lm=self.full_lm)
         if self.token_budget is not None and not self.token_budget > 0:

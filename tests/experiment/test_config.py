@@ -46,7 +46,7 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"epsilons": [1, -1]}}, "dp_tune.epsilons[1]: must be > 0"),
         ({"dp_tune": {"epsilons": []}}, "dp_tune.epsilons: must list at least one value"),
         ({"dp_tune": {"modes": ["lora", "adapter"]}}, "dp_tune.modes[1]: must be one of full, prompt, lora"),
-        ({"dp_tune": {"delta": 2}}, "dp_tune.delta: must be in (0, 1)"),
+        ({"dp_tune": {"delta": 2}}, "dp_tune.delta: must be in the open interval (0, 1)"),
         ({"dp_tune": {"mode_learning_rates": {"adapter": [0.1]}}}, "dp_tune.mode_learning_rates.adapter: must be one of"),
         ({"dp_tune": {"mode_learning_rates": {"full": [0.1]}}}, "dp_tune.mode_learning_rates.full: names a mode that is not in"),
         ({"dp_tune": {"mode_learning_rates": {"lora": [0.1, -1]}}}, "dp_tune.mode_learning_rates.lora[1]: must be a number > 0"),
@@ -60,7 +60,7 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"pretrain": {"learning_rate": -1}}, "pretrain.learning_rate: must be > 0"),
         ({"pretrain": {"preset": "huge"}}, "pretrain.preset: must name a model preset"),
         ({"pretrain": {"options": {"warmup": 10}}}, "pretrain.options.warmup: not an option of PretrainConfig"),
-        ({"pretrain": {"options": {"valid_unit": "page"}}}, "pretrain.options: valid_unit must be one of"),
+        ({"pretrain": {"options": {"valid_unit": "page"}}}, "pretrain.options.valid_unit: must be one of"),
         ({"generate": {"label_distribution": "counts"}}, "generate.label_distribution: must be one of uniform, dp_histogram"),
         ({"generate": {"label_distribution": "dp_histogram"}}, "generate.label_noise_multiplier: must be > 0"),
         ({"generate": {"label_noise_multiplier": 5}}, "generate.label_noise_multiplier: only applies to"),
@@ -76,18 +76,18 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
                         "split": {"holdout": "hash", "test_fraction": 0.1}}}, "sensitive.test: give a test file"),
         ({"evaluate": {"classifiers": ["bert"]}}, "evaluate.classifiers[0]: must be one of wordcnn, backbone"),
         ({"seed": None}, "seed: must not be null"),
-        ({"dp_tune": {"privacy_unit": "person"}}, "dp_tune.privacy_unit: must be one of example, user"),
-        ({"dp_tune": {"privacy_unit": "user"}}, "dp_tune.max_examples_per_user: must be >= 1"),
+        ({"dp_tune": {"privacy_unit": "person"}}, "dp_tune.privacy_unit: must be 'example' or 'user'"),
+        ({"dp_tune": {"privacy_unit": "user"}}, "dp_tune.privacy_unit: 'user' needs max_examples_per_user >= 1"),
         ({"dp_tune": {"privacy_unit": "user", "max_examples_per_user": 4}}, "dp_tune.privacy_unit: user needs sensitive.user_column"),
-        ({"dp_tune": {"mechanism": "bandmf"}}, "dp_tune.bands: must be >= 1"),
+        ({"dp_tune": {"mechanism": "bandmf"}}, "dp_tune.bands: must be >= 1 with mechanism 'bandmf'"),
         ({"dp_tune": {"bands": 4}}, "dp_tune.bands: is a BandMF setting"),
         ({"sensitive": {"user_column": "author"}}, "sensitive.user_column: the embedded reviews have no user column"),
         ({"dp_tune": {"recipe": "magic"}}, "dp_tune.recipe: must be one of manual, auto"),
         ({"dp_tune": {"recipe": "auto", "learning_rates": [0.1, 0.2]}}, "dp_tune.recipe: auto chooses the learning rate"),
-        ({"dp_tune": {"token_budget": 1e6}}, "dp_tune.token_budget: must be > 0 and goes with recipe: auto"),
+        ({"dp_tune": {"token_budget": 1e6}}, "dp_tune.token_budget: is a setting of the automatic recipe"),
         ({"dp_tune": {"label_dropout": 1.0}}, "dp_tune.label_dropout: must be in [0, 1)"),
-        ({"dp_tune": {"max_tokens": "auto"}}, "dp_tune.max_tokens: must be a number >= 8, or auto with recipe: auto"),
-        ({"dp_tune": {"recipe": "auto", "max_tokens": "long"}}, "dp_tune.max_tokens: must be a number >= 8, or auto"),
+        ({"dp_tune": {"max_tokens": "auto"}}, "dp_tune.max_tokens: 'auto' is chosen by the automatic recipe"),
+        ({"dp_tune": {"recipe": "auto", "max_tokens": "long"}}, "dp_tune.max_tokens: must be a number of tokens or 'auto'"),
         ({"generate": {"max_tokens": 4}}, "generate.max_tokens: must be >= 8 (or null"),
         ({"generate": {"batch_size": "max"}}, "generate.batch_size: must be >= 1 or auto"),
         ({"generate": {"samplings": [{"guidance": -1}]}}, "generate.samplings[0].guidance: must be a finite number >= 0"),
@@ -198,6 +198,7 @@ def test_dp_tune_defaults_agree_with_the_tuner_except_where_documented():
     exp = cfgmod.DPTuneConfig()
     shared = [f.name for f in dataclasses.fields(exp) if f.name in tune]
     assert set(TUNE_DEFAULTS_DIFFER) <= set(shared)
+    assert {name: exp_default for name, (exp_default, _) in TUNE_DEFAULTS_DIFFER.items()} == cfgmod.DP_TUNE_PRESET
     for name in shared:
         want = TUNE_DEFAULTS_DIFFER.get(name, (tune[name], tune[name]))
         assert (getattr(exp, name), tune[name]) == want, name
@@ -240,6 +241,5 @@ def test_auto_length_and_time_budget_reach_the_tuner_and_generation_follows_the_
     auto = from_dict({"generate": {"batch_size": "auto", "options": {"memory_limit": 1 << 30}}})
     (gen,) = [n for n in build_plan(auto, str(tmp_path / "b")).nodes if n.stage == "generate"]
     assert gen.config["batch_size"] == "auto" and gen.config["options"] == {"memory_limit": 1 << 30}
-    bad = from_dict({"dp_tune": {"options": {"time_budget": 90}}})  # the tuner validates it
-    with pytest.raises(ValueError, match="time_budget is a setting of the automatic recipe"):
-        stages.tune_config([n for n in build_plan(bad, str(tmp_path)).nodes if n.stage == "dp_tune"][0].config)
+    with pytest.raises(ConfigError, match="dp_tune.options.time_budget: is a setting of the automatic recipe"):
+        from_dict({"dp_tune": {"options": {"time_budget": 90}}})  # the tuner validates it, when the file loads
