@@ -33,9 +33,6 @@ SAME_CLASS_NAME = {
     "GenerateConfig": "the experiment's `generate` section (grid axes, sizes as multiples) is not yet the job's "
                       "config plus a preset (issue 36 item 2, pending); its sampling entries already are the "
                       "library's `SamplingOptions`",
-    "SelectConfig": "the experiment's `select` section is off unless its epsilon is set (the library's always "
-                    "selects) and sets the library's `dp_select.SelectConfig` through its `options` (its "
-                    "epsilon and mechanism as the section's own keys: pending, issue 36 item 2)",
     "EvaluateConfig": "the experiment's `evaluate` section (classifiers, baselines, options) is a selector of the "
                       "library's `EvaluateConfig`, which `options` sets field by field",
 }
@@ -167,7 +164,13 @@ def test_every_flow_is_a_real_flow_and_every_config_is_walked():
     assert section & tuner == set(experiment_config.DP_TUNE_SETTINGS) >= set(experiment_config.DP_TUNE_PRESET)
     assert section - tuner == {"modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms",
                                "replicates", "loss", "options"}  # the grid axes and the experiment's own keys
-    assert len(declared_configs()) >= 23
+    # ... and `select` the library's dp_select.SelectConfig (epsilon null: no selection).
+    from dpsynth.evaluate import dp_select
+
+    assert "dpsynth.experiment.config.SelectConfig" not in declared_configs()
+    assert {f.name for f in dataclasses.fields(experiment_config.SelectConfig)} - {"options"} <= {
+        f.name for f in dataclasses.fields(dp_select.SelectConfig)}
+    assert len(declared_configs()) >= 22
 
 
 def test_no_constant_is_declared_twice_with_one_value_except_the_listed_ones():

@@ -77,6 +77,10 @@ class SelectConfig:
     seed: int | None = None
 
     def __post_init__(self):
+        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or not 0 < self.epsilon < float("inf"):
+            raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if self.mechanism not in ps.MECHANISMS:
+            raise ValueError(f"mechanism must be one of {ps.MECHANISMS}, got {self.mechanism!r}")
         if self.split not in ps.SPLITS:
             raise ValueError(f"split must be one of {ps.SPLITS}, got {self.split!r}")
         if self.cnn not in tc.CNN_SIZES:

@@ -111,6 +111,7 @@ from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp import mechanisms
 from dpsynth.dp.accounting import ACCOUNTANTS
 from dpsynth.errors import DpsynthError
+from dpsynth.evaluate import dp_select as dp_select_lib
 from dpsynth.evaluate import registry
 from dpsynth.generate.sampler_config import SamplingOptions
 from dpsynth.train import pretrain as pretrain_lib
@@ -468,20 +469,31 @@ class EvaluateConfig:
             _choice(c, registry.names(), f"{key}.classifiers[{i}]")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SelectConfig:
-    """DP selection of one corpus per DP run (mode, epsilon, replicate) on the real D_valid
-    (`dpsynth.evaluate.dp_select`): off unless `epsilon` is set; `options` are
-    `dp_select.SelectConfig` fields (classifier, cnn, repeats, max_epochs)."""
+def _validate_select(self, key: str) -> None:
+    """Off without an epsilon; else the library's validation (`dp_select.SelectConfig`, with `options`;
+    its split follows `sensitive:`), its message named by key."""
+    if self.epsilon is None:
+        return
+    try:
+        binding.make_config(dp_select_lib.SelectConfig, {"epsilon": self.epsilon, "mechanism": self.mechanism,
+                                                         **dict(self.options)}, key + ".options")
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        if message.startswith(key + ".options."):
+            raise ConfigError(message) from None
+        raise ConfigError(_named(key, message, ("epsilon", "mechanism"), self.options)) from None
 
-    epsilon: float | None = None
-    mechanism: str = "exponential"
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def validate(self, key: str) -> None:
-        _check(self.epsilon is None or (self.epsilon > 0 and math.isfinite(self.epsilon)), f"{key}.epsilon",
-               f"must be a finite number > 0 (or null: no selection), got {self.epsilon}")
-        _choice(self.mechanism, ("exponential", "gaussian"), f"{key}.mechanism")
+# DP selection of one corpus per DP run (mode, epsilon, replicate) on the real D_valid: the library's
+# `dpsynth.evaluate.dp_select.SelectConfig` (its epsilon and mechanism as keys, any other field
+# through `options`: classifier, cnn, repeats, max_epochs), off unless `epsilon` is set.
+SelectConfig = binding.subconfig(
+    "SelectConfig", dp_select_lib.SelectConfig, lambda f: f.name in ("epsilon", "mechanism"), module=__name__,
+    preset={"epsilon": None}, retype={"epsilon": float | None},
+    extra=[("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_select},
+    doc="DP selection on the real D_valid (`dpsynth.evaluate.dp_select.SelectConfig`'s epsilon and mechanism; "
+        "`options`: its other fields); off unless `epsilon` is set.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
