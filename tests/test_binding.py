@@ -136,3 +136,23 @@ def test_add_flags_other_option_strings_keep_the_field_as_dest():
     assert binding.from_args(Run, p.parse_args([])) == Run()
     assert binding.from_args(Run, p.parse_args(["--no-tensorboard", "-g", "a", "b"])) == Run(tensorboard=False,
                                                                                              groups=["a", "b"])
+
+
+def test_subconfig_keeps_the_library_declaration_with_a_preset_retype_and_hash_marks():
+    """`subconfig` copies the kept fields (names, types, metadata) from the library config; `preset`
+    replaces their defaults, `retype` their types, `unless_default` marks them hashed only when set,
+    `extra` appends the caller's own fields; a preset for a field it does not keep is refused."""
+    Sub = binding.subconfig("Sub", Small, lambda f: f.name in ("rate", "count", "name"), module=__name__,
+                            preset={"rate": 0.25}, retype={"count": int | str | None}, unless_default=("name",),
+                            extra=[("options", dict, dataclasses.field(default_factory=dict))])
+    assert [f.name for f in dataclasses.fields(Sub)] == ["rate", "count", "name", "options"]
+    assert Sub() == Sub(rate=0.25, count=None, name="a", options={})
+    assert Small().rate == 0.5  # the library's default is untouched
+    hints = {f.name: f.type for f in dataclasses.fields(Sub)}
+    assert hints["count"] == (int | str | None) and hints["rate"] is float
+    assert binding.stage_dict(Sub()) == {"rate": 0.25, "count": None, "options": {}}  # name: hashed only when set
+    assert binding.stage_dict(Sub(name="b"))["name"] == "b"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Sub().rate = 1.0
+    with pytest.raises(TypeError, match="preset names fields it does not keep"):
+        binding.subconfig("Bad", Small, lambda f: f.name == "rate", module=__name__, preset={"verbose": True})
