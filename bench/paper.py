@@ -852,6 +852,8 @@ def run(args) -> int:
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
+    if args.label_repeats:
+        return run_label_repeats(args, configs, root, scale)
     results: dict[str, dict[str, Any]] = {}
     stage_times: dict[str, float] = {}  # stage directory -> seconds (shared stages once)
     stage_names: dict[str, str] = {}  # stage directory -> "experiment: stage key"
@@ -913,6 +915,51 @@ def run(args) -> int:
     return 0
 
 
+def run_label_repeats(args, configs: dict[str, dict[str, Any]], root: str, scale: str) -> int:
+    """`--label-repeats N`: each `--only` experiment DP-tuned N times (independent secret noise seeds:
+    `dp_tune.replicates`; the first is the experiment's own model) and stopped there; each model's
+    label accuracy and margin on the real D_valid (`_valid_label_scores`, non-DP study-author
+    figures), per repeat and as mean +- std: is a lever's effect larger than the seed spread?"""
+    import numpy as np
+
+    from dpsynth.experiment.config import from_dict
+    from dpsynth.experiment.runner import report_result, run_experiment
+
+    rows = []
+    for name in dict.fromkeys(args.only or []):
+        if name not in configs:
+            print(f"paper: no experiment '{name}' at scale {scale}", file=sys.stderr)
+            return 2
+        data = copy.deepcopy(configs[name])
+        data["dp_tune"]["replicates"] = int(args.label_repeats)
+        cfg = from_dict(data)
+        print(f"\n##### paper: experiment '{name}', {args.label_repeats} DP repeats, until dp_tune", flush=True)
+        result = run_experiment(cfg, root=root, jobs=args.jobs, until="dp_tune")
+        code = report_result(result)
+        if code:
+            return code
+        valid = result.outputs["sensitive"].path("data", "valid.jsonl")
+        models = dict.fromkeys(t.dp_tune for t in result.plan.trials)
+        scores = [_valid_label_scores(result.plan, key, valid, int(cfg.dp_tune.max_tokens)) for key in models]
+        rows.append((name, [s for s in scores if s]))
+    ms = lambda v: f"{np.mean(v):.3f} +- {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"  # noqa: E731
+    md = ["## Label accuracy and margin on the real D_valid over independent DP repeats (non-DP study-author figures)",
+          "", f"Command: `python bench/paper.py {' '.join(sys.argv[1:])}`", "",
+          f"| experiment | repeats | label bal. acc. per repeat ({NON_DP_FIGURE}) | mean +- std | mean label margin per "
+          f"repeat, nats ({NON_DP_FIGURE}) | mean +- std |", "|---|---|---|---|---|---|"]
+    for name, scores in rows:
+        acc = [s["balanced_accuracy"] for s in scores]
+        margin = [s["mean_margin"] for s in scores]
+        md.append(f"| {name} | {len(scores)} | {', '.join(f'{a:.3f}' for a in acc)} | {ms(acc)} | "
+                  f"{', '.join(f'{m:.3f}' for m in margin)} | {ms(margin)} |")
+    text = "\n".join(md) + "\n"
+    out = args.out or os.path.join(root, "label_repeats.md")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print("\n" + text + f"\nresults: {out}")
+    return 0
+
+
 def _epsilon_grids(items: list[str] | None) -> dict[str, list]:
     """`--epsilons` -> {"": default grid, experiment: its grid}."""
     out: dict[str, list] = {}
@@ -945,6 +992,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only these experiments, in this order (the tables need 'main')")
     p.add_argument("--also-guidance", nargs="+", type=float, default=[], metavar="W",
                    help=f"cpu scale: guidance weights to generate with on every set besides 0 and {CPU_GUIDANCE:g}")
+    p.add_argument("--label-repeats", type=int, default=None, metavar="N",
+                   help="cpu scale: DP-tune each --only experiment N times (independent noise seeds), stop there, and "
+                        "table each model's label accuracy and margin on the real D_valid (non-DP study-author figures)")
     p.add_argument("--epsilons", nargs="+", default=None, metavar="EPS|SET=EPS,EPS",
                    help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf), and per set "
                         "(e.g. `3 inf main=3`: main at 3 only); cached stages are reused")

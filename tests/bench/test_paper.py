@@ -64,3 +64,33 @@ def test_only_runs_in_the_order_given_and_refuses_an_unknown_experiment(tmp_path
     assert ran == ["paper-quick-sst2"]  # sst2 first, as given
     assert paper.main(["--scale", "quick", "--data", str(tmp_path), "--only", "x3"]) == 2
     assert "no experiment 'x3' at scale quick" in capsys.readouterr().err
+
+
+def test_label_repeats_tune_each_experiment_n_times_and_stop_at_dp_tune(tmp_path, monkeypatch):
+    """`--label-repeats N`: every --only experiment with N DP repeats, run until dp_tune only, and a table of
+    each model's D_valid label scores labelled as non-DP figures (per repeat, mean +- std)."""
+    from types import SimpleNamespace
+
+    from tests.test_nondp_figures import unlabelled
+
+    calls = []
+
+    def fake_run(cfg, **kw):
+        calls.append((cfg.name, cfg.dp_tune.replicates, kw["until"]))
+        trials = [SimpleNamespace(dp_tune=f"dp_tune[r{r}]") for r in range(cfg.dp_tune.replicates) for _ in (0, 1)]
+        sens = SimpleNamespace(path=lambda *p: str(tmp_path / "valid.jsonl"))
+        return SimpleNamespace(plan=SimpleNamespace(trials=trials), outputs={"sensitive": sens})
+
+    monkeypatch.setattr("dpsynth.experiment.runner.run_experiment", fake_run)
+    monkeypatch.setattr("dpsynth.experiment.runner.report_result", lambda result: 0)
+    seen = []
+    monkeypatch.setattr(paper, "_valid_label_scores", lambda plan, key, valid, max_tokens: seen.append(key) or
+                        {"balanced_accuracy": 0.5 + 0.1 * len(seen), "mean_margin": 0.25})
+    out = tmp_path / "repeats.md"
+    assert paper.main(["--scale", "quick", "--data", str(tmp_path), "--only", "yelp_polarity", "lever_rank16",
+                       "--label-repeats", "3", "--out", str(out)]) == 0
+    assert calls == [("paper-quick-yelp_polarity", 3, "dp_tune"), ("paper-quick-lever_rank16", 3, "dp_tune")]
+    assert seen == ["dp_tune[r0]", "dp_tune[r1]", "dp_tune[r2]"] * 2  # each model once, not once per sampling
+    md = out.read_text()
+    assert "| yelp_polarity | 3 | 0.600, 0.700, 0.800 | 0.700 +- 0.100 |" in md
+    assert not unlabelled(md), unlabelled(md)
