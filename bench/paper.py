@@ -141,7 +141,7 @@ def _valid_label_scores(plan, key: str, valid_path: str, max_tokens: int) -> dic
     from dpsynth import fileio
     from dpsynth.evaluate.scores import classification_scores
     from dpsynth.experiment.plan import stage_dir
-    from dpsynth.generate.label_scores import label_log_likelihoods, label_margins
+    from dpsynth.generate.label_scores import label_margins, record_log_likelihoods
     from dpsynth.generate.sampler import TransformerDecodeModel
     from dpsynth.models.directory import load_model
     from dpsynth.train import prompts
@@ -151,13 +151,9 @@ def _valid_label_scores(plan, key: str, valid_path: str, max_tokens: int) -> dic
         return None
     loaded = load_model(model_dir)
     labels = list(prompts.labels_of(loaded.manifest) or ())
-    template = prompts.template_of(loaded.manifest)
-    ids = {l: prompts.prompt_ids(loaded.tokenizer, template, l) for l in labels}
-    room = max_tokens - max(len(p) for p in ids.values())
     records = [r for r in fileio.read_jsonl(valid_path) if r["label"] in labels]
-    samples = [np.asarray(loaded.tokenizer.encode(r["text"]), np.int32)[:room] for r in records]
-    ll = label_log_likelihoods(TransformerDecodeModel(loaded.config), loaded.variables, ids, samples, batch_size=64)
-    own = [labels.index(r["label"]) for r in records]
+    ll, own = record_log_likelihoods(TransformerDecodeModel(loaded.config), loaded.variables, loaded.tokenizer,
+                                     prompts.template_of(loaded.manifest), labels, records, max_tokens)
     return {"balanced_accuracy": classification_scores(own, np.argmax(ll, axis=1)).balanced_accuracy,
             "mean_margin": float(np.mean(label_margins(ll, own))), "examples": len(records)}
 

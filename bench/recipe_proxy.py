@@ -59,7 +59,7 @@ def run(args) -> int:
 
     from dpsynth.data.proxy import build_proxy_task
     from dpsynth.evaluate.scores import classification_scores
-    from dpsynth.generate.label_scores import label_log_likelihoods, label_margins
+    from dpsynth.generate.label_scores import label_margins, record_log_likelihoods
     from dpsynth.generate.model_info import load_bundle
     from dpsynth.train import finetune, prompts, recipe, tune_config
 
@@ -99,12 +99,8 @@ def run(args) -> int:
             res = finetune.dp_tune(args.base, task.train, [], out, cfg, labels=list(task.labels), progress_interval=60.0)
             tune_s = time.monotonic() - t0
         bundle = load_bundle(out)
-        template = prompts.DEFAULT_TEMPLATE
-        prompt_ids = {l: prompts.prompt_ids(bundle.tokenizer, template, l) for l in task.labels}
-        room = args.max_tokens - max(len(p) for p in prompt_ids.values())
-        samples = [np.asarray(bundle.tokenizer.encode(r["text"]), np.int32)[:room] for r in task.test]
-        ll = label_log_likelihoods(bundle.decoder, bundle.params, prompt_ids, samples, batch_size=64)
-        own = [task.labels.index(r["label"]) for r in task.test]
+        ll, own = record_log_likelihoods(bundle.decoder, bundle.params, bundle.tokenizer, prompts.DEFAULT_TEMPLATE,
+                                         task.labels, task.test, args.max_tokens)
         row = {"name": name, **lora, "batch": res.report["training"]["expected_batch_size"], "steps": res.steps,
                "epochs": res.report["training"]["epochs"], "learning_rate": cfg.learning_rate,
                "sigma": res.noise_multiplier, "epsilon": res.epsilon.get("rdp"),

@@ -108,8 +108,7 @@ from typing import Any
 from dpsynth import binding
 from dpsynth.data import readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.dp import mechanisms
-from dpsynth.dp.accounting import ACCOUNTANTS
+from dpsynth.dp.accounting import ACCOUNTANTS  # noqa: F401 (the section's accountants are the tuner's)
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import dp_select as dp_select_lib
 from dpsynth.evaluate import registry
@@ -272,13 +271,7 @@ def _validate_pretrain(self, key: str) -> None:
         get_config(self.preset)
     except (ValueError, KeyError) as e:
         raise ConfigError(f"{key}.preset: must name a model preset ({str(e).strip(chr(39))})") from None
-    try:
-        binding.make_config(pretrain_lib.PretrainConfig, {**settings, **dict(self.options)}, key + ".options")
-    except (ValueError, TypeError) as e:
-        message = str(e)
-        if message.startswith(key + ".options."):  # an unknown option: already named by key
-            raise ConfigError(message) from None
-        raise ConfigError(_named(key, message, PRETRAIN_PRESET, self.options)) from None
+    _library_check(pretrain_lib.PretrainConfig, {**settings, **dict(self.options)}, key, settings, self.options)
 
 
 # Pretraining of the decoder-only LM on the cleaned public corpus: the library's settings (their one
@@ -308,8 +301,6 @@ _DP_TUNE_ADDED = ("recipe", "token_budget", "label_dropout", "privacy_unit", "ma
 def _validate_dp_tune(self, key: str) -> None:
     """The grid axes here; every tuner setting by the tuner (`TuneConfig.__post_init__`, once per
     mode, with `options`), its message named by key."""
-    from dpsynth.train.tune_config import TuneConfig
-
     _nonempty(self.modes, f"{key}.modes")
     for i, mode in enumerate(self.modes):
         _choice(mode, MODES, f"{key}.modes[{i}]")
@@ -344,15 +335,21 @@ def _validate_dp_tune(self, key: str) -> None:
     _choice(self.loss, LOSSES, f"{key}.loss")
     settings = {n: getattr(self, n) for n in DP_TUNE_SETTINGS if getattr(self, n) is not None}
     for mode in self.modes:
-        try:
-            binding.make_config(TuneConfig, {**settings, "mode": mode, "epsilon": self.epsilons[0],
-                                             "clip_norm": self.clip_norms[0], "full_lm": self.loss == "full",
-                                             **dict(self.options)}, key + ".options")
-        except (ValueError, TypeError) as e:
-            message = str(e)
-            if message.startswith(key + ".options."):  # an unknown option: already named by key
-                raise ConfigError(message) from None
-            raise ConfigError(_named(key, message, DP_TUNE_SETTINGS, self.options)) from None
+        _library_check(tune_config_lib.TuneConfig, {
+            **settings, "mode": mode, "epsilon": self.epsilons[0], "clip_norm": self.clip_norms[0],
+            "full_lm": self.loss == "full", **dict(self.options)}, key, DP_TUNE_SETTINGS, self.options)
+
+
+def _library_check(cls: type, kwargs: Mapping[str, Any], key: str, settings, options) -> None:
+    """Builds the library's `cls` from a section's values (its validation, the one there is); a
+    refusal becomes a `ConfigError` named by the YAML key of the setting or option at fault."""
+    try:
+        binding.make_config(cls, kwargs, key + ".options")
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        if message.startswith(key + ".options."):  # an unknown option: already named by key
+            raise ConfigError(message) from None
+        raise ConfigError(_named(key, message, settings, options)) from None
 
 
 def _named(key: str, message: str, settings, options) -> str:
@@ -474,14 +471,8 @@ def _validate_select(self, key: str) -> None:
     its split follows `sensitive:`), its message named by key."""
     if self.epsilon is None:
         return
-    try:
-        binding.make_config(dp_select_lib.SelectConfig, {"epsilon": self.epsilon, "mechanism": self.mechanism,
-                                                         **dict(self.options)}, key + ".options")
-    except (ValueError, TypeError) as e:
-        message = str(e)
-        if message.startswith(key + ".options."):
-            raise ConfigError(message) from None
-        raise ConfigError(_named(key, message, ("epsilon", "mechanism"), self.options)) from None
+    _library_check(dp_select_lib.SelectConfig, {"epsilon": self.epsilon, "mechanism": self.mechanism,
+                                                **dict(self.options)}, key, ("epsilon", "mechanism"), self.options)
 
 
 # DP selection of one corpus per DP run (mode, epsilon, replicate) on the real D_valid: the library's

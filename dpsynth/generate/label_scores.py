@@ -94,6 +94,23 @@ def label_log_likelihoods(decoder: Any, params: Any, prompts: Mapping[str, np.nd
     return out
 
 
+def record_log_likelihoods(decoder: Any, params: Any, tokenizer: Any, template: str, labels: Sequence[str],
+                           records: Sequence[Mapping[str, Any]], max_tokens: int, *,
+                           batch_size: int = 64) -> tuple[np.ndarray, list[int]]:
+    """`label_log_likelihoods` of labelled text records ({"text", "label"}, each label in `labels`)
+    under the label prompts of `template`, every text cut to the tokens an example of `max_tokens`
+    leaves after the longest prompt; and each record's own label column. What a generative
+    classifier of the model reads (argmax per row) and `label_margins` take."""
+    from dpsynth.train import prompts
+
+    labels = list(labels)
+    ids = {l: prompts.prompt_ids(tokenizer, template, l) for l in labels}
+    room = max_tokens - max(len(p) for p in ids.values())
+    samples = [np.asarray(tokenizer.encode(r["text"]), np.int32)[:room] for r in records]
+    loglik = label_log_likelihoods(decoder, params, ids, samples, batch_size=batch_size)
+    return loglik, [labels.index(r["label"]) for r in records]
+
+
 def label_margins(loglik: np.ndarray, own: Sequence[int]) -> np.ndarray:
     """margin = loglik[i, own[i]] - max over the other columns (+inf with a single label)."""
     loglik = np.asarray(loglik, np.float64)

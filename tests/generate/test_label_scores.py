@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dpsynth.generate.job import generate
-from dpsynth.generate.label_scores import label_log_likelihoods, label_margins
+from dpsynth.generate.label_scores import label_log_likelihoods, label_margins, record_log_likelihoods
 from dpsynth.generate.postprocess import PostprocessConfig, filter_samples, label_quotas
 from dpsynth.train import prompts
 from tests.generate.fakes import (BigramDecoder, FakeTokenizer, load_fake_bundle, make_tables, score_reference,
@@ -29,6 +29,22 @@ def test_log_likelihoods_equal_brute_force_at_any_batching():
     # vocab_limit renormalises over the allowed ids only.
     limited = label_log_likelihoods(BigramDecoder(), params, prompt_ids, [np.array([4, 5], np.int32)], vocab_limit=11)
     assert not np.allclose(limited, label_log_likelihoods(BigramDecoder(), params, prompt_ids, [np.array([4, 5], np.int32)]))
+
+
+def test_record_log_likelihoods_score_each_text_cut_to_the_example_length():
+    """Labelled records: each text under every label prompt, cut to max_tokens less the longest prompt, equal to
+    scoring the prompts and cut token ids directly; the own-label column of each record."""
+    table, pos_bias = make_tables(12, 40, seed=3)
+    params = {"table": table, "pos_bias": pos_bias}
+    tok, template, labels = FakeTokenizer(), "{label}", ["ab", "cdeg"]
+    records = [{"text": "abcdefghabc", "label": "cdeg"}, {"text": "hh", "label": "ab"}]
+    ll, own = record_log_likelihoods(BigramDecoder(), params, tok, template, labels, records, max_tokens=10)
+    ids = {l: prompts.prompt_ids(tok, template, l) for l in labels}
+    room = 10 - max(len(p) for p in ids.values())
+    assert room < len(records[0]["text"])  # the first text is cut
+    want = label_log_likelihoods(BigramDecoder(), params, ids, [tok.encode(r["text"])[:room] for r in records])
+    np.testing.assert_allclose(ll, want)
+    assert own == [1, 0]
 
 
 def test_margins():
