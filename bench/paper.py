@@ -274,7 +274,15 @@ CPU_LEVERS: dict[str, dict[str, Any]] = {
     "lever_len2x": {"max_tokens_factor": 2},  # examples twice as long (the same token budget: fewer passes)
     "lever_rank16": {"lora_rank": 16},  # LoRA rank 16 on all layers (the paper's 8-32; the default is 8)
     "lever_prompt": {"options": {"template": "A {label} review: "}},  # the label in words the corpus uses
+    "lever_pretrain2x": {"pretrain_steps_factor": 2},  # a generator pretrained on 2x the tokens (same size)
 }
+
+
+def _lever_pretrain(lever: dict[str, Any], pretrain: dict[str, Any]) -> dict[str, Any]:
+    """A lever's `pretrain` section: the scale's, with its steps scaled (a longer-pretrained generator)."""
+    if "pretrain_steps_factor" not in lever:
+        return pretrain
+    return {**pretrain, "steps": int(lever["pretrain_steps_factor"] * pretrain["steps"])}
 
 
 def _lever_dp(lever: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
@@ -333,7 +341,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, *, samplings=None,
                    multiples=(1,), replicates: int = 1, baselines: bool = True, classifiers: list[str] | None = None,
-                   dp: dict | None = None) -> dict[str, Any]:
+                   dp: dict | None = None, pretrained: dict | None = None) -> dict[str, Any]:
         dp = dict(dp or {})
         max_tokens = dp.pop("max_tokens", s["max_tokens"])
         ev = _cpu_eval(max_tokens, quick)
@@ -342,7 +350,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         return {
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
             "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
-            "pretrain": pretrain,
+            "pretrain": pretrained or pretrain,
             "dp_tune": {"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": max_tokens,
                         "replicates": replicates, **s["recipe"], **dp},
             "generate": {"max_tokens": max_tokens, "batch_size": s["generate_batch"], "multiples": list(multiples),
@@ -373,7 +381,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
                                    baselines=False),
         "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
         # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
-        **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s))
+        **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s),
+                            pretrained=_lever_pretrain(lever, pretrain))
            for name, lever in CPU_LEVERS.items()},
     }
 
@@ -675,7 +684,7 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
     md = ["", "## 8. Levers on long reviews (Yelp polarity, LoRA, epsilon 3)", "",
           "What makes the DP-tuned generator's own samples carry the label. Each lever changes one setting of the "
           f"base run (recipe auto, {s['recipe']['token_budget']:,.0f} example-tokens, {s['max_tokens']} tokens, LoRA rank "
-          "8 on all layers, label prompt `[{label}] `). The label columns are read off the DP model on the real D_valid: the generative "
+          f"8 on all layers, label prompt `[{{label}}] `, a generator pretrained {s['pretrain']['steps']:,} steps). The label columns are read off the DP model on the real D_valid: the generative "
           "classifier argmax_y log p(x | prompt(y)) (balanced accuracy, chance 0.5) and the mean label margin "
           f"log p(x | own) - max log p(x | other) in nats ({NON_DP_FIGURE}s, computed without DP: they say which "
           "lever pays without looking at the test set). The synthetic columns: WordCNN on the real test set.", "",
@@ -684,9 +693,11 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
           "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         res = results[n]
-        setting = "base" if n == "yelp_polarity" else ", ".join(
-            f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {json.dumps(v)}"
-            for k, v in _lever_dp(CPU_LEVERS[n], s).items())
+        changed = {} if n == "yelp_polarity" else _lever_dp(CPU_LEVERS[n], s)
+        if n in CPU_LEVERS and "pretrain_steps_factor" in CPU_LEVERS[n]:
+            changed["pretraining steps"] = _lever_pretrain(CPU_LEVERS[n], s["pretrain"])["steps"]
+        setting = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {json.dumps(v)}"
+                            for k, v in changed.items()) or "base"
         w0, wg = _pick(res), _pick(res, guidance=w)
         scores = next((v for v in res.get("label_scores", {}).values() if v), None) or {}
         md.append(f"| {n} | {setting} | {_f((w0 or {}).get('steps'), 0)} | {_f((w0 or {}).get('reported_epsilon'))} | "

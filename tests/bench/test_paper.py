@@ -36,7 +36,9 @@ def test_each_lever_changes_one_setting_of_the_long_review_run(scale):
     base = configs["yelp_polarity"]
     for name, lever in paper.CPU_LEVERS.items():
         cfg = configs[name]
-        assert cfg["sensitive"] == base["sensitive"] and cfg["pretrain"] == base["pretrain"], name
+        assert cfg["sensitive"] == base["sensitive"], name
+        assert cfg["pretrain"] == paper._lever_pretrain(lever, base["pretrain"]), name
+        assert (cfg["pretrain"] != base["pretrain"]) == ("pretrain_steps_factor" in lever), name
         changed = {k for k in cfg["dp_tune"] if cfg["dp_tune"][k] != base["dp_tune"].get(k)} - {"epsilons"}
         assert changed == set(paper._lever_dp(lever, paper.CPU_SCALES[scale])), name
         assert cfg["generate"]["samplings"] == base["generate"]["samplings"], name
