@@ -75,7 +75,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args)):
+    with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args), parser=build_parser()):
         run(argv)
     return 0
 

@@ -109,7 +109,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     # The run record holds --batch-size as given ("auto" or N; generation_config.json holds the batch it
     # resolved to); the memory budget of auto stays out of it (a rerun keeps its recorded batch), so a
     # default run's record is as before.
-    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args),
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args), parser=build_parser(),
                       ignore=("format", "train", "min_shared_tokens", "memory_limit", "memory_headroom"),
                       writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
         return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,

@@ -138,7 +138,7 @@ def run(argv=None, test_pipeline=None) -> dict:
 def main(argv=None) -> int:
     args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args),
+    with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args), parser=parser(),
                       writable=(("--out (its dead letters)", os.path.dirname(dead_letters.default_path(args.out))),)):
         out = run(argv)
     print(out["summary"])

@@ -17,7 +17,9 @@ before any compute. The claim
    files show. Another kind (a model directory as the `--out` of `generate`), another command
    of the same kind (`pretrain` into a DP-tuned model) or another configuration (another
    `--seed`) is refused, naming the flags that differ; the same command with the same
-   configuration continues (a resume after a kill, or an identical rerun);
+   configuration continues (a resume after a kill, or an identical rerun), also when the
+   directory's record predates flags added to dpsynth since and this run leaves them at their
+   defaults (an upgrade does not strand a half-finished run);
 4. writes the run record (once, when the directory is new).
 
 The commands write their own manifest last, so a reader sees a finished run or none (and
@@ -172,9 +174,23 @@ def _describe(found: Mapping[str, Any]) -> str:
     return f"{what} of `dpsynth {found['command']}`" if found.get("command") else what
 
 
-def check_owner(directory: str, record: Mapping[str, Any], flag: str = "--out") -> None:
+def _differing(theirs: Mapping[str, str], ours: Mapping[str, str], defaults: Mapping[str, str]) -> list[str]:
+    """The flags whose recorded digests differ. A flag one record lacks (added to dpsynth after the
+    older run was recorded) differs only if the other record holds a value other than its default."""
+    def same(k: str) -> bool:
+        if k in theirs and k in ours:
+            return theirs[k] == ours[k]
+        return k in defaults and (theirs.get(k) or ours.get(k)) == defaults[k]
+    return sorted(k for k in set(theirs) | set(ours) if not same(k))
+
+
+def check_owner(directory: str, record: Mapping[str, Any], flag: str = "--out",
+                defaults: Mapping[str, str] | None = None) -> None:
     """Raises `OutDirError` unless `directory` is new, holds nothing dpsynth wrote, or holds a run
-    of the same command and configuration as `record` (a resume, or an identical rerun)."""
+    of the same command and configuration as `record` (a resume, or an identical rerun).
+
+    `defaults` (the "config" of a run record with every flag at its default): a run recorded by an
+    older dpsynth, before a flag existed, matches a run that leaves that flag at its default."""
     found = owner(directory)
     if found is None:
         return
@@ -187,8 +203,9 @@ def check_owner(directory: str, record: Mapping[str, Any], flag: str = "--out") 
         raise OutDirError(f"{head} without a {RUN_FILE} (an older dpsynth, or a copy), so this run cannot tell "
                           f"whether it has the same configuration: choose another {flag}, or delete the directory")
     if found["config_sha256"] != record["config_sha256"]:
-        theirs, ours = found.get("config") or {}, record["config"]
-        differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        differ = _differing(found.get("config") or {}, record["config"], defaults or {})
+        if not differ and found.get("config"):
+            return  # recorded by an older dpsynth: the flags added since are at their defaults
         flags = ", ".join("--" + k.replace("_", "-") for k in differ) or "its configuration"
         raise OutDirError(f"{head} with another configuration (differs in {flags}); rerun with the same flags to "
                           f"resume it, or choose another {flag}")
@@ -231,7 +248,7 @@ def _lock_holder(fd: int) -> str:
 @contextlib.contextmanager
 def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | None = None,
           ignore: Iterable[str] = (), writable: Iterable[tuple[str, str | None]] = (),
-          primary: bool = True, secret: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
+          primary: bool = True, secret: Iterable[str] = (), parser: Any = None) -> Iterator[dict[str, Any]]:
     """Holds `out_dir` for this run (module docstring); yields the run record.
 
     Args:
@@ -243,25 +260,29 @@ def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | 
         writable: (flag, directory) pairs the run also writes (checked, not created).
         primary: False in every process of a multi-host run but one: only the writability is checked.
         secret: flags whose values the output withholds (recorded as set or unset, `run_record`).
+        parser: the command's argparse parser: its defaults let a run recorded by an older dpsynth
+            (without the flags added since) be resumed while those flags stay at their defaults.
 
     Raises:
         OutDirError: an unwritable directory, a concurrent run, or a directory of another kind,
             command or configuration.
     """
     record = run_record(kind, command, config, ignore, secret)
+    defaults = None if parser is None else run_record(
+        kind, command, {k: parser.get_default(k) for k in config or {}}, ignore, secret)["config"]
     check_writable(out_dir)
     for flag, path in writable:
         check_writable(path or "", flag)
     if is_url(out_dir) or not primary:
         yield record
         return
-    check_owner(out_dir, record)  # before the lock file is made in another run's directory (again under the lock)
+    check_owner(out_dir, record, defaults=defaults)  # before the lock file is made in another run's directory (again under the lock)
     created, fd = _lock(out_dir)
     record_path, wrote = os.path.join(out_dir, RUN_FILE), False
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        check_owner(out_dir, record)
+        check_owner(out_dir, record, defaults=defaults)
         if not os.path.exists(record_path):
             fileio.write_json(record_path, record)
             wrote = True

@@ -94,6 +94,42 @@ def test_another_configuration_is_refused_naming_the_flags(tmp_path):
             pytest.fail("refused")
 
 
+def _parser(**extra_defaults):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-examples", type=int, default=10)
+    for name, default in extra_defaults.items():
+        p.add_argument("--" + name.replace("_", "-"), default=default)
+    return p
+
+
+def test_a_run_recorded_before_a_flag_existed_resumes_while_the_new_flag_is_at_its_default(tmp_path):
+    """An upgrade adds `--min-p` (default None): the older run's record lacks it. The same run resumes;
+    a new flag at another value, a changed old flag or a flag that no longer exists is refused."""
+    out = tmp_path / "out"
+    with _claim(out):  # the older dpsynth: no --min-p
+        (out / "train.jsonl").write_text("{}\n")
+    newer = _parser(min_p=None)
+    with _claim(out, config={**CFG, "min_p": None}, parser=newer):
+        pass
+    with pytest.raises(OutDirError, match=r"differs in --min-p\)"):
+        with _claim(out, config={**CFG, "min_p": 0.1}, parser=newer):
+            pytest.fail("refused")
+    with pytest.raises(OutDirError, match=r"differs in --seed\)"):
+        with _claim(out, config={**CFG, "seed": 8, "min_p": None}, parser=newer):
+            pytest.fail("refused")
+    without_num_examples = {k: v for k, v in CFG.items() if k != "num_examples"}
+    with pytest.raises(OutDirError, match=r"differs in --num-examples\)"):  # a flag the newer code lacks
+        with _claim(out, config=without_num_examples, parser=newer):
+            pytest.fail("refused")
+    with pytest.raises(OutDirError, match=r"differs in --min-p\)"):  # no parser: every flag counts
+        with _claim(out, config={**CFG, "min_p": None}):
+            pytest.fail("refused")
+    assert (out / "train.jsonl").read_text() == "{}\n"
+
+
 @pytest.mark.parametrize("kind,command", [(outdir.MODEL, "pretrain"), (outdir.EVALUATION, "evaluate"),
                                           (outdir.MODEL, "dp-tune")])
 def test_another_kind_or_command_is_refused_and_nothing_is_touched(tmp_path, kind, command):

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     run.check_location(args.out, args.corpus)  # before any read or compute
     if not os.path.exists(args.out):
         make_private_dir(args.out)  # 0700 before the claim writes its run record there
-    with outdir.claim(args.out, kind=outdir.AUDIT, command="audit", config=vars(args)):
+    with outdir.claim(args.out, kind=outdir.AUDIT, command="audit", config=vars(args), parser=build_parser()):
         run.check_out(args.out, args.corpus)
         canary_run = None
         if args.canaries:

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.user_column and args.privacy_unit != "user":
         raise tune.TuneError("--user-column is used with --privacy-unit user")
     state_dir = resolve_state_dir(args.out, args.state_dir)
-    with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args),
+    with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args), parser=build_parser(),
                       writable=(("--state-dir", state_dir),), primary=distributed.is_primary(args),
                       secret=("seed",)):  # the release withholds the seed
         return _tune(args, config, state_dir)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.HF_MODEL, command="export-model", config=vars(args)):
+    with outdir.claim(args.out, kind=outdir.HF_MODEL, command="export-model", config=vars(args), parser=build_parser()):
         record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
     print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
     return 0

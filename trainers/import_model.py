@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.MODEL, command="import-model", config=vars(args)):
+    with outdir.claim(args.out, kind=outdir.MODEL, command="import-model", config=vars(args), parser=build_parser()):
         manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
     src = manifest["source"]
     print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "

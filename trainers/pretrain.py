@@ -111,13 +111,7 @@ def main(argv=None) -> int:
     distributed.start(args)
     config = binding.from_args(pretrain.PretrainConfig, args, [f.name for f in dataclasses.fields(pretrain.PretrainConfig)
                                                                 if f.name not in _NOT_FLAGS])
-    # Settings added after run records existed enter the record only when set (so a default run's record,
-    # and so its resume, are as before); the memory budget of `--microbatch-size auto` does not change the
-    # output beyond the microbatch, which the checkpoints record (a resume keeps it).
-    unset = {f.name for f in dataclasses.fields(config)
-             if binding.UNLESS_DEFAULT in f.metadata and binding.is_default(config, f)}
-    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain",
-                      config={k: v for k, v in vars(args).items() if k not in unset},
+    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain", config=vars(args), parser=build_parser(),
                       ignore=("eval_every", "eval_batches", "checkpoint_every", "memory_limit", "memory_headroom"),
                       primary=distributed.is_primary(args)):
         summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     config = binding.from_args(dp_select.SelectConfig, args)
     # --out is one run's corpus (kind, lock, writable before any compute: `dpsynth.outdir`).
-    with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args),
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args), parser=parser(),
                       writable=(("private state", dead_letters.private_dir(args.out)),), secret=("seed",)):
         policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                         prefix="dpsynth select: ")

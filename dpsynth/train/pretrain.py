@@ -62,6 +62,7 @@ from dpsynth.data.tokenizers import BOS_ID, EOS_ID, Tokenizer
 from dpsynth.errors import DpsynthError
 from dpsynth.models import ModelConfig, Transformer, get_config
 from dpsynth.models import directory as model_dir
+from dpsynth.models.sharding import FSDP_RULES, LOGICAL_RULES
 from dpsynth.train.checkpoint import TrainCheckpointer
 from dpsynth.train import core, lm, loop, optim, release, resources, sharding
 
@@ -113,6 +114,9 @@ class PretrainConfig:
       log_every: steps between metric lines / TensorBoard points.
       seed: seeds initialization, data order and the step keys.
       mesh_data, mesh_model: device mesh shape; 1 x 1 = no mesh (single device).
+      fsdp: also shard the parameters and optimizer state over the mesh's data axis
+        (`dpsynth.models.sharding.FSDP_RULES`, the layout of `dpsynth plan --fsdp`; needs
+        mesh_data >= 2); the same updates as without.
       peak_tflops: per-device peak for the MFU estimate (default: looked up by device kind).
       tensorboard: write TensorBoard event files to OUT/tb.
       progress_interval: seconds between progress lines.
@@ -152,6 +156,10 @@ class PretrainConfig:
     seed: int = 0
     mesh_data: int = 1
     mesh_model: int = 1
+    fsdp: bool = binding.setting(
+        False, unless_default=True,
+        help="also shard the parameters and optimizer state over the data axis (FSDP; needs --mesh-data >= 2): "
+             "per-device parameter memory / --mesh-data, the same updates")
     peak_tflops: float | None = None
     tensorboard: bool = True
     progress_interval: float = 5.0
@@ -172,6 +180,9 @@ class PretrainConfig:
             raise PretrainError(f"valid_groups must be a list of non-empty id prefixes, got {self.valid_groups!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise PretrainError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.fsdp and self.mesh_data < 2:
+            raise PretrainError(f"fsdp shards the parameters over the mesh's data axis: needs mesh_data >= 2, got "
+                                f"{self.mesh_data}")
         if self.batch_size % self.mesh_data:
             raise PretrainError(f"batch_size {self.batch_size} must be divisible by the mesh data axis {self.mesh_data}")
         m = self.microbatch_size
@@ -522,7 +533,8 @@ def _train_functions(cfg: PretrainConfig, model_config: ModelConfig, mesh=None):
     optimizer = optim.make_optimizer(cfg.optimizer_name, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
     loss_fn = lm.make_lm_loss(model, z_loss=cfg.z_loss)
-    return model, loss_fn, core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh)
+    return model, loss_fn, core.make_train_functions(loss_fn, optimizer, core.MeanGradient(), mesh=mesh,
+                                                     rules=FSDP_RULES if cfg.fsdp else LOGICAL_RULES)
 
 
 def _init_inputs(cfg: PretrainConfig) -> jax.Array:

@@ -105,6 +105,42 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
                               resume=True)
 
 
+def test_fsdp_on_a_mesh_equals_one_device_and_resumes(tiny_corpus, tmp_path):
+    """Parameters and optimizer state sharded over the data axis (FSDP, 4 x 2): the same losses, validation
+    perplexity and parameters as one device; its sharded checkpoint resumes to the same model; the layout
+    really splits the parameters over `data`; without a data axis it is refused."""
+    from dpsynth.data.tokenizers import Tokenizer
+    from dpsynth.train import sharding
+
+    corpus, tok_path, _ = tiny_corpus
+    base = {**SMALL, "batch_size": 8, "steps": 4, "log_every": 1, "checkpoint_every": 2}
+    one = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "one"), pretrain.PretrainConfig(**base))
+    cfg = pretrain.PretrainConfig(**base, mesh_data=4, mesh_model=2, fsdp=True)
+    fsdp = pretrain.run_pretrain(corpus, tok_path, str(tmp_path / "fsdp"), cfg)
+    assert fsdp["valid"]["perplexity"] == pytest.approx(one["valid"]["perplexity"], rel=1e-5)
+    ref, got = _losses(str(tmp_path / "one")), _losses(str(tmp_path / "fsdp"))
+    assert {2, 3, 4} <= set(ref) & set(got)  # (a window holding only the compilation logs no loss)
+    assert all(abs(got[k] - ref[k]) < 1e-5 for k in set(ref) & set(got))
+    fsdp_vars = directory.load_model(str(tmp_path / "fsdp")).variables
+    assert _max_diff(fsdp_vars, directory.load_model(str(tmp_path / "one")).variables) < 1e-4
+    # Killed after step 2 (a sharded checkpoint), resumed: the uninterrupted FSDP run's model.
+    part = str(tmp_path / "part")
+    pretrain.run_pretrain(corpus, tok_path, part, cfg, stop_after=2)
+    pretrain.run_pretrain(corpus, tok_path, part, cfg, resume=True)
+    assert _max_diff(directory.load_model(part).variables, fsdp_vars) < 1e-6
+    # The layout: with fsdp some parameter is split over the data axis; without it none is.
+    model_config = cfg.model_config(Tokenizer.load(tok_path).vocab_size)
+    mesh = sharding.make_mesh(4, 2)
+
+    def data_sharded(c):
+        state = pretrain.make_training(c, model_config, mesh)[2]
+        return [x.sharding.spec for x in jax.tree.leaves(state.params) if "data" in str(x.sharding.spec)]
+
+    assert data_sharded(cfg) and not data_sharded(dataclasses.replace(cfg, fsdp=False))
+    with pytest.raises(pretrain.PretrainError, match="fsdp shards the parameters over the mesh's data axis"):
+        pretrain.PretrainConfig(**base, mesh_model=2, fsdp=True)
+
+
 def test_bad_input_errors(tiny_corpus, tmp_path):
     corpus, tok_path, tok = tiny_corpus
     cfg = pretrain.PretrainConfig(**SMALL)
@@ -160,10 +196,23 @@ def test_cli_valid_unit_and_groups_reach_the_config(tiny_corpus, tmp_path, capsy
                    "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["valid_groups"]["doc-"]["rows"] > 0
-    # The new settings stay out of a default run's record (so its resume and its owner check are as before).
-    record = json.load(open(tmp_path / "o" / "dpsynth_run.json"))
-    assert not {"microbatch_size", "memory_limit", "memory_headroom"} & set(record["config"])
     assert "microbatch_size" not in out
+    # A run recorded by a dpsynth without --microbatch-size (its record lacks the flag) is this run: the rerun
+    # continues (dpsynth.outdir: flags added since count only when set).
+    from dpsynth import outdir
+
+    path = tmp_path / "o" / "dpsynth_run.json"
+    record = json.load(open(path))
+    assert "microbatch_size" in record["config"] and not {"memory_limit", "memory_headroom"} & set(record["config"])
+    older = {k: v for k, v in record["config"].items() if k != "microbatch_size"}
+    path.write_text(json.dumps({**record, "config": older, "config_sha256": outdir._digest(older)}))
+    argv_o = ["--corpus", corpus, "--tokenizer", tok_path, "--out", str(tmp_path / "o"), "--preset", "tiny", "--set",
+              "num_layers=1", "--set", "d_ff=64", "--seq-len", "32", "--batch-size", "4", "--steps", "2",
+              "--valid-fraction", "0.3", "--valid-unit", "document", "--valid-group", "doc-", "--no-tensorboard"]
+    assert cli.main([*argv_o, "--resume"]) == 0  # (the run is finished: the resume has nothing to do)
+    capsys.readouterr()
+    assert cli.main([*argv_o, "--microbatch-size", "2"]) == 2
+    assert "differs in --microbatch-size" in capsys.readouterr().err
 
 
 # The checkpoint metadata of a run with the default settings (before --microbatch-size existed, and now).
@@ -250,7 +299,7 @@ def test_cli_flags_are_bound_from_pretrain_config():
                        "--steps", "--optimizer", "--learning-rate", "--warmup-steps",
                        "--weight-decay", "--z-loss", "--valid-fraction", "--valid-unit", "--valid-group",
                        "--eval-every", "--eval-batches", "--checkpoint-every", "--log-every", "--seed", "--mesh-data",
-                       "--mesh-model", "--peak-tflops", "--no-tensorboard", "--resume", "--stop-after",
+                       "--mesh-model", "--fsdp", "--peak-tflops", "--no-tensorboard", "--resume", "--stop-after",
                        "--distributed", "--coordinator-address", "--num-processes", "--process-id", "--verbose"}
     names = [f.name for f in dataclasses.fields(pretrain.PretrainConfig) if f.name not in cli._NOT_FLAGS]
     req = ["--corpus", "c", "--tokenizer", "t", "--out", "o"]
