@@ -5,15 +5,17 @@ For each preset x mode (default `cpu`, `small` x `full`, `lora`), in a fresh pro
 * predicted: `dpsynth.train.tune_model.compile_steps` compiles the accumulate step of a `dp_tune`
   run on abstract arrays; its total = arguments + outputs - donated aliases + temporaries
   (XLA's `memory_analysis()`);
-* measured: the same step (`tune_model.planned_step`, real initialised weights, a random batch)
-  runs once to compile and warm up, then once more while a thread samples the process's
-  resident memory (/proc/self/statm) every 0.2 ms; measured = the bytes of its arguments (state,
-  accumulator, batch: exact, from the arrays) + (peak RSS during the call - RSS before it).
-  glibc's mmap threshold is pinned (MALLOC_MMAP_THRESHOLD_) so that freed buffers leave the
-  RSS and the second call's temporaries show.
+* measured: the same step (`tune_model.planned_step`, real initialised weights, a random batch),
+  compiled ahead, runs once while the kernel's resident high-water mark (VmHWM, reset through
+  /proc/self/clear_refs just before; where that cannot be reset, a thread samples
+  /proc/self/statm every 0.2 ms) records its peak; measured = the bytes of its arguments (state,
+  accumulator, batch: exact, from the arrays) + (peak RSS during the execution - RSS before it).
+  It is the first execution's: XLA:CPU keeps part of a step's working memory for its later
+  executions, whose rise (reported as `steady_rise_bytes`) therefore misses it. glibc's mmap
+  threshold is pinned (MALLOC_MMAP_THRESHOLD_) so that freed buffers leave the RSS.
 
 On an accelerator (GPU/TPU) the measured figure is the device's own
-`memory_stats()["peak_bytes_in_use"]` after the second call (each unit in its own process, so the
+`memory_stats()["peak_bytes_in_use"]` after the second execution (each unit in its own process, so the
 peak is that step's alone), and the plan compiles for that device: this is the check of the
 plan on a lent device (docs/scaling.md says how to run it there, e.g. `--presets small 1b`).
 
@@ -43,6 +45,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak() -> bool:
+    """Resets the kernel's resident high-water mark of this process (Linux >= 4.0); False if it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int:
+    """The kernel's resident high-water mark (VmHWM) of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
     """Predicted and measured bytes of one accumulate step (run in its own process)."""
     import jax
@@ -70,37 +88,58 @@ def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
              "weights": np.ones((microbatch, tokens), np.float32), "mask": np.ones((microbatch,), np.float32)}
     batch = fns.shard_batch(batch)
     acc = fns.init_accumulator(state)
-    acc, _ = fns.accumulate_step(state, acc, batch)  # compile + warm up
-    jax.block_until_ready(acc)
+    # Compiled ahead (the program `accumulate_step` runs), so the first execution's memory is the step's own
+    # and not the compiler's.
+    step = fns.lower("accumulate", state, acc, batch).compile()
     arguments = resources.bytes_per_device((state, acc, batch))
-    peak = [0]
-    done = threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.0002)
-
     device = jax.devices()[0]
     on_cpu = device.platform == "cpu"
-    before = _rss()
-    thread = threading.Thread(target=sample)
+
+    def execute() -> tuple[int, float]:
+        """(the resident-memory rise during one execution, its seconds)."""
+        nonlocal acc
+        peak, done = [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], _rss())
+                time.sleep(0.0002)
+
+        before = _rss()
+        kernel_peak = on_cpu and _reset_peak()
+        thread = threading.Thread(target=sample)
+        if on_cpu and not kernel_peak:
+            thread.start()
+        t0 = time.perf_counter()
+        acc, _ = step(state, acc, batch)
+        jax.block_until_ready(acc)
+        seconds = time.perf_counter() - t0
+        done.set()
+        if kernel_peak:  # exact: the kernel's high-water mark, reset just before the call
+            peak[0] = _peak_rss()
+        elif on_cpu:
+            thread.join()
+        return max(0, peak[0] - before), seconds
+
+    # The runtime's process-wide one-time set-up (thread pools, kernel libraries) happens on another
+    # program's first execution, not counted as the step's.
+    warm = jax.numpy.ones((256, 256), jax.numpy.float32)
+    jax.block_until_ready(jax.jit(lambda x: jax.nn.softmax(x @ x) @ x)(warm))
+    first_rise, _ = execute()
+    steady_rise, seconds = execute()
     if on_cpu:
-        thread.start()
-    t0 = time.perf_counter()
-    acc, _ = fns.accumulate_step(state, acc, batch)
-    jax.block_until_ready(acc)
-    seconds = time.perf_counter() - t0
-    done.set()
-    if on_cpu:
-        thread.join()
-        measured = arguments + max(0, peak[0] - before)
+        # XLA:CPU keeps part of a step's working memory after its first execution for the next ones (e.g.
+        # 91 of the LoRA step's 165 MiB on the `cpu` preset), so a later execution's rise misses it: the
+        # step's peak is the first execution's.
+        measured = arguments + first_rise
     else:  # the device's own high-water mark (this process ran only this step)
         measured = int(device.memory_stats()["peak_bytes_in_use"])
     return {"preset": preset, "mode": mode, "microbatch": microbatch, "tokens": tokens,
             "predicted_bytes": predicted.total_bytes, "predicted_temp_bytes": predicted.temp_bytes,
             "argument_bytes": arguments, "measured_bytes": measured, "ratio": predicted.total_bytes / measured,
-            "step_seconds": seconds, "device": device.device_kind}
+            "first_rise_bytes": first_rise, "steady_rise_bytes": steady_rise, "step_seconds": seconds,
+            "device": device.device_kind, "peak_source": "device" if not on_cpu else (
+                "VmHWM" if os.path.exists("/proc/self/clear_refs") else "sampled")}
 
 
 def main(argv=None) -> int:
