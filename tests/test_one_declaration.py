@@ -30,17 +30,12 @@ CONFIG_SUFFIXES = ("Config", "Spec", "Settings", "Options")
 
 # Class name -> why two config classes carry it.
 SAME_CLASS_NAME = {
-    "GenerateConfig": "the experiment's `generate` section (grid axes, sizes as multiples) is not yet the job's "
-                      "config plus a preset (issue 36 item 2, pending); its sampling entries already are the "
-                      "library's `SamplingOptions`",
     "EvaluateConfig": "the experiment's `evaluate` section (classifiers, baselines, options) is a selector of the "
                       "library's `EvaluateConfig`, which `options` sets field by field",
 }
 
 # (upstream, downstream) where the downstream config is built from the upstream one.
 FLOWS = (
-    ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.plan.GenerateConfig"),
-    ("dpsynth.experiment.config.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),
     ("dpsynth.experiment.config.EvaluateConfig", "dpsynth.evaluate.scoring.EvaluateConfig"),
     ("dpsynth.generate.plan.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),
     ("dpsynth.evaluate.scoring.EvaluateConfig", "dpsynth.evaluate.train_classifier.ClassifierSpec"),
@@ -50,18 +45,14 @@ FLOWS = (
 )
 # (upstream, downstream) -> {field: why it is declared in both}.
 SHARED_FIELDS = {
-    FLOWS[0]: {"batch_size": "the experiment's CPU-sized batch (32 vs the job's 16), in the pinned stage hashes",
-               "label_distribution": "the experiment names a kind (uniform | dp_histogram) and draws the "
-                                     "histogram in its own stage; the job takes the drawn distribution"},
-    FLOWS[1]: {"batch_size": "as above: the experiment's batch is the job's, handed to the sampler"},
-    FLOWS[2]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
+    FLOWS[0]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
                               "library's config is set through its `options`"},
-    FLOWS[3]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
+    FLOWS[1]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
                "batch_size": "the job's batch is the sampler's compiled batch; the job has no other"},
-    FLOWS[4]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
+    FLOWS[2]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
                      "still flat fields handed to the spec (pending: the families' own settings)"
                for name in ("freeze_backbone", "model_dir", "pooling", "wordcnn")},
-    FLOWS[5]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
+    FLOWS[3]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
                for name in ("pooling", "vocabulary")},
 }
 # Constant name -> why the same value is declared in several modules.
@@ -164,6 +155,16 @@ def test_every_flow_is_a_real_flow_and_every_config_is_walked():
     assert section & tuner == set(experiment_config.DP_TUNE_SETTINGS) >= set(experiment_config.DP_TUNE_PRESET)
     assert section - tuner == {"modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms",
                                "replicates", "loss", "options"}  # the grid axes and the experiment's own keys
+    # ... and `generate` the job's batch_size at a preset, plus the grid axes and the experiment's own keys.
+    from dpsynth.generate import plan as generate_plan
+
+    assert "dpsynth.experiment.config.GenerateConfig" not in declared_configs()
+    job = {f.name for f in dataclasses.fields(generate_plan.GenerateConfig)}
+    section = {f.name for f in dataclasses.fields(experiment_config.GenerateConfig)}
+    # label_distribution: the same name, another setting (the section names a kind, uniform | dp_histogram,
+    # whose draw its own stage makes; the job takes the drawn distribution), set by the stage, never an option.
+    assert section & job == {"batch_size", "label_distribution"}
+    assert "label_distribution" in experiment_config.GENERATE_STAGE_SET
     # ... and `select` the library's dp_select.SelectConfig (epsilon null: no selection).
     from dpsynth.evaluate import dp_select
 

@@ -80,7 +80,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
       label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report)
-      options: {}
+      options: {}                   # any other dpsynth.generate.plan.GenerateConfig field (its batch_size is
+                                    #   the section's, at the preset 32), validated by it when the file loads
     evaluate:
       classifiers: [wordcnn]        # wordcnn | backbone
       baselines: true               # real data and DP-on-real at the same epsilons
@@ -112,6 +113,7 @@ from dpsynth.dp.accounting import ACCOUNTANTS  # noqa: F401 (the section's accou
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import dp_select as dp_select_lib
 from dpsynth.evaluate import registry
+from dpsynth.generate import plan as generate_plan_lib
 from dpsynth.generate.sampler_config import SamplingOptions
 from dpsynth.train import pretrain as pretrain_lib
 from dpsynth.train import tune_config as tune_config_lib
@@ -357,7 +359,7 @@ def _named(key: str, message: str, settings, options) -> str:
     be ...", "--bands: must be ...", an `options` entry's name) or else the section's key."""
     names = [(n, f"{key}.{n}") for n in settings] + [(n, f"{key}.options.{n}") for n in options]
     for name, where in sorted(names, key=lambda x: len(x[0]), reverse=True):
-        for prefix in (name + " ", f"--{name.replace('_', '-')}: "):
+        for prefix in (name + " ", f"--{name.replace('_', '-')}: ", f"--{name.replace('_', '-')} "):
             if message.startswith(prefix):
                 return f"{where}: {message[len(prefix):]}"
     return f"{key}: {message}"
@@ -413,43 +415,69 @@ DPTuneConfig = binding.subconfig(
 SamplingConfig = SamplingOptions
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GenerateConfig:
-    """Synthetic-data generation; `samplings` and `multiples` are grid axes."""
+# The generation job's settings that the stage sets itself (from the grid point, the model and the
+# sizes): not `options`.
+GENERATE_STAGE_SET = ("model_dir", "out_dir", "num_examples", "valid_examples", "seed", "sampling", "max_len",
+                      "batch_size", "allow_non_private", "label_distribution")
 
-    samplings: tuple[SamplingOptions, ...] = (SamplingOptions(),)
-    multiples: tuple[float, ...] = (1.0,)
-    valid_fraction: float = 0.1
-    max_tokens: int | None = 128  # null: the length the model was DP-tuned on (with dp_tune.max_tokens: auto)
-    batch_size: int | str = 32  # or auto: the largest that fits the device (options: memory_limit, memory_headroom)
-    audit_memorisation: bool = False
-    label_distribution: str = _added("uniform")
-    label_noise_multiplier: float | None = _added(None, unless_default="label_distribution")
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def validate(self, key: str) -> None:
-        _choice(self.label_distribution, LABEL_DISTRIBUTIONS, f"{key}.label_distribution")
-        if self.label_distribution == "dp_histogram":
-            _check(self.label_noise_multiplier is not None and self.label_noise_multiplier > 0,
-                   f"{key}.label_noise_multiplier", "must be > 0 with `label_distribution: dp_histogram` "
-                   f"(sigma of the Gaussian mechanism on the label counts), got {self.label_noise_multiplier}")
-        else:
-            _check(self.label_noise_multiplier is None, f"{key}.label_noise_multiplier",
-                   "only applies to `label_distribution: dp_histogram`")
-        _nonempty(self.samplings, f"{key}.samplings")
-        for i, s in enumerate(self.samplings):
-            try:
-                s.validate()
-            except binding.SettingError as e:
-                raise ConfigError(f"{key}.samplings[{i}].{e.field}: {e.message}") from None
-        _nonempty(self.multiples, f"{key}.multiples")
-        for i, m in enumerate(self.multiples):
-            _check(m > 0 and math.isfinite(m), f"{key}.multiples[{i}]", f"must be > 0, got {m}")
-        _check(0 < self.valid_fraction <= 1, f"{key}.valid_fraction", f"must be in (0, 1], got {self.valid_fraction}")
-        _check(self.max_tokens is None or self.max_tokens >= 8, f"{key}.max_tokens",
-               f"must be >= 8 (or null: the length DP tuning trained on), got {self.max_tokens}")
-        _check(self.batch_size == AUTO if isinstance(self.batch_size, str) else self.batch_size >= 1,
-               f"{key}.batch_size", f"must be >= 1 or auto, got {self.batch_size!r}")
+def _validate_generate(self, key: str) -> None:
+    """The experiment's own keys here; `batch_size` and every `options` entry by the job's config
+    (`dpsynth.generate.plan.GenerateConfig.__post_init__`), its message named by key."""
+    _choice(self.label_distribution, LABEL_DISTRIBUTIONS, f"{key}.label_distribution")
+    if self.label_distribution == "dp_histogram":
+        _check(self.label_noise_multiplier is not None and self.label_noise_multiplier > 0,
+               f"{key}.label_noise_multiplier", "must be > 0 with `label_distribution: dp_histogram` "
+               f"(sigma of the Gaussian mechanism on the label counts), got {self.label_noise_multiplier}")
+    else:
+        _check(self.label_noise_multiplier is None, f"{key}.label_noise_multiplier",
+               "only applies to `label_distribution: dp_histogram`")
+    _nonempty(self.samplings, f"{key}.samplings")
+    for i, s in enumerate(self.samplings):
+        try:
+            s.validate()
+        except binding.SettingError as e:
+            raise ConfigError(f"{key}.samplings[{i}].{e.field}: {e.message}") from None
+    _nonempty(self.multiples, f"{key}.multiples")
+    for i, m in enumerate(self.multiples):
+        _check(m > 0 and math.isfinite(m), f"{key}.multiples[{i}]", f"must be > 0, got {m}")
+    _check(0 < self.valid_fraction <= 1, f"{key}.valid_fraction", f"must be in (0, 1], got {self.valid_fraction}")
+    _check(self.max_tokens is None or self.max_tokens >= 8, f"{key}.max_tokens",
+           f"must be >= 8 (or null: the length DP tuning trained on), got {self.max_tokens}")
+    for name in self.options:
+        _check(name not in GENERATE_STAGE_SET, f"{key}.options.{name}",
+               "is set by the experiment (the grid point, the model, the sizes, generate.max_tokens / batch_size)")
+    _library_check(generate_plan_lib.GenerateConfig, {"model_dir": "", "out_dir": "", "num_examples": 1,
+                                                      "batch_size": self.batch_size, **dict(self.options)},
+                   key, ("batch_size",), self.options)
+
+
+# Synthetic-data generation: the job's `batch_size` (declared, defaulted and validated by
+# `dpsynth.generate.plan.GenerateConfig`) at the experiment's CPU-sized preset (32), the grid axes
+# `samplings` (the library's `SamplingOptions`) and `multiples`, the experiment's own keys, and
+# `options` (any other job setting, e.g. `examples_per_shard`, `memory_limit`, `postprocess`).
+GenerateConfig = binding.subconfig(
+    "GenerateConfig", generate_plan_lib.GenerateConfig, lambda f: f.name == "batch_size", module=__name__,
+    preset={"batch_size": 32},
+    extra=[("samplings", tuple[SamplingOptions, ...], dataclasses.field(default=(SamplingOptions(),))),
+           ("multiples", tuple[float, ...], dataclasses.field(default=(1.0,))),
+           ("valid_fraction", float, dataclasses.field(default=0.1)),
+           # null: the length the model was DP-tuned on (with dp_tune.max_tokens: auto); the job's max_len
+           ("max_tokens", int | None, dataclasses.field(default=128)),
+           ("audit_memorisation", bool, dataclasses.field(default=False)),
+           ("label_distribution", str, _added("uniform")),
+           ("label_noise_multiplier", float | None, _added(None, unless_default="label_distribution")),
+           ("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_generate},
+    doc="""Synthetic-data generation (`dpsynth.generate.plan.GenerateConfig`'s batch_size at 32, plus the grid).
+
+    Keys: `samplings` and `multiples` (grid axes: sampling options; synthetic train size as a
+    multiple of |D_train|), `valid_fraction` (synthetic valid size as a fraction of train),
+    `max_tokens` (the job's max_len; null: the length DP tuning chose), `batch_size` (the job's, or
+    auto with `options.memory_limit`), `audit_memorisation`, `label_distribution` (uniform |
+    dp_histogram) with `label_noise_multiplier`, and `options`: any other job setting, validated
+    by the job's config when the file loads.
+    """)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

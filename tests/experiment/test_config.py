@@ -89,7 +89,13 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"dp_tune": {"max_tokens": "auto"}}, "dp_tune.max_tokens: 'auto' is chosen by the automatic recipe"),
         ({"dp_tune": {"recipe": "auto", "max_tokens": "long"}}, "dp_tune.max_tokens: must be a number of tokens or 'auto'"),
         ({"generate": {"max_tokens": 4}}, "generate.max_tokens: must be >= 8 (or null"),
-        ({"generate": {"batch_size": "max"}}, "generate.batch_size: must be >= 1 or auto"),
+        ({"generate": {"batch_size": "max"}}, "generate.batch_size: must be a positive integer or 'auto'"),
+        ({"generate": {"batch_size": 0}}, "generate.batch_size: must be a positive integer or 'auto'"),
+        # `options` are the job's settings, validated by the job's config when the file loads
+        ({"generate": {"options": {"examples_per_shard": 0}}}, "generate.options.examples_per_shard: must be >= 1"),
+        ({"generate": {"options": {"formats": ["csv"]}}}, "generate: --format must include jsonl"),  # (the flag's name)
+        ({"generate": {"options": {"shards": 3}}}, "generate.options.shards: not an option of GenerateConfig"),
+        ({"generate": {"options": {"seed": 3}}}, "generate.options.seed: is set by the experiment"),
         ({"generate": {"samplings": [{"guidance": -1}]}}, "generate.samplings[0].guidance: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"guidance": 1, "guidance_contrast": "x"}]}},
          "generate.samplings[0].guidance_contrast: must be one of others, null"),
