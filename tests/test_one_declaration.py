@@ -29,14 +29,10 @@ PACKAGE = ROOT / "dpsynth"
 CONFIG_SUFFIXES = ("Config", "Spec", "Settings", "Options")
 
 # Class name -> why two config classes carry it.
-SAME_CLASS_NAME = {
-    "EvaluateConfig": "the experiment's `evaluate` section (classifiers, baselines, options) is a selector of the "
-                      "library's `EvaluateConfig`, which `options` sets field by field",
-}
+SAME_CLASS_NAME: dict[str, str] = {}
 
 # (upstream, downstream) where the downstream config is built from the upstream one.
 FLOWS = (
-    ("dpsynth.experiment.config.EvaluateConfig", "dpsynth.evaluate.scoring.EvaluateConfig"),
     ("dpsynth.generate.plan.GenerateConfig", "dpsynth.generate.sampler_config.SamplerConfig"),
     ("dpsynth.evaluate.scoring.EvaluateConfig", "dpsynth.evaluate.train_classifier.ClassifierSpec"),
     ("dpsynth.evaluate.train_classifier.ClassifyConfig", "dpsynth.evaluate.train_classifier.ClassifierSpec"),
@@ -45,14 +41,12 @@ FLOWS = (
 )
 # (upstream, downstream) -> {field: why it is declared in both}.
 SHARED_FIELDS = {
-    FLOWS[0]: {"classifiers": "the experiment's section selects the classifiers; everything else of the "
-                              "library's config is set through its `options`"},
-    FLOWS[1]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
+    FLOWS[0]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
                "batch_size": "the job's batch is the sampler's compiled batch; the job has no other"},
-    FLOWS[2]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
+    FLOWS[1]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
                      "still flat fields handed to the spec (pending: the families' own settings)"
                for name in ("freeze_backbone", "model_dir", "pooling", "wordcnn")},
-    FLOWS[3]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
+    FLOWS[2]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
                for name in ("pooling", "vocabulary")},
 }
 # Constant name -> why the same value is declared in several modules.
@@ -165,6 +159,13 @@ def test_every_flow_is_a_real_flow_and_every_config_is_walked():
     # whose draw its own stage makes; the job takes the drawn distribution), set by the stage, never an option.
     assert section & job == {"batch_size", "label_distribution"}
     assert "label_distribution" in experiment_config.GENERATE_STAGE_SET
+    # ... and `evaluate` the library's classifier list plus `baselines` and `options`.
+    from dpsynth.evaluate import scoring
+
+    assert "dpsynth.experiment.config.EvaluateConfig" not in declared_configs()
+    section = {f.name for f in dataclasses.fields(experiment_config.EvaluateConfig)}
+    assert section & {f.name for f in dataclasses.fields(scoring.EvaluateConfig)} == {"classifiers"}
+    assert section - {"classifiers"} == {"baselines", "options"}
     # ... and `select` the library's dp_select.SelectConfig (epsilon null: no selection).
     from dpsynth.evaluate import dp_select
 

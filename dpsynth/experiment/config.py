@@ -113,6 +113,7 @@ from dpsynth.dp.accounting import ACCOUNTANTS  # noqa: F401 (the section's accou
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import dp_select as dp_select_lib
 from dpsynth.evaluate import registry
+from dpsynth.evaluate import scoring as scoring_lib
 from dpsynth.generate import plan as generate_plan_lib
 from dpsynth.generate.sampler_config import SamplingOptions
 from dpsynth.train import pretrain as pretrain_lib
@@ -480,18 +481,34 @@ GenerateConfig = binding.subconfig(
     """)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EvaluateConfig:
-    """The batch metric report over every trial's synthetic data."""
+# The evaluation's settings that the stage sets itself (the pretrained model, the grid's epsilons,
+# `baselines`): not `options`.
+EVALUATE_STAGE_SET = ("classifiers", "model_dir", "dp_epsilons", "real_baseline")
 
-    classifiers: tuple[str, ...] = ("wordcnn",)
-    baselines: bool = True
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def validate(self, key: str) -> None:
-        _nonempty(self.classifiers, f"{key}.classifiers")
-        for i, c in enumerate(self.classifiers):
-            _choice(c, registry.names(), f"{key}.classifiers[{i}]")
+def _validate_evaluate(self, key: str) -> None:
+    """`classifiers` and every `options` entry by the library's `EvaluateConfig` (with the stage's
+    pretrained model as its model_dir), its message named by key."""
+    _nonempty(self.classifiers, f"{key}.classifiers")
+    for i, c in enumerate(self.classifiers):
+        _choice(c, registry.names(), f"{key}.classifiers[{i}]")
+    for name in self.options:
+        _check(name not in EVALUATE_STAGE_SET, f"{key}.options.{name}",
+               "is set by the experiment (evaluate.classifiers / baselines, the pretrained model, the grid's epsilons)")
+    _library_check(scoring_lib.EvaluateConfig, {"classifiers": tuple(self.classifiers), "model_dir": "the pretrained model",
+                                            **dict(self.options)}, key, ("classifiers",), self.options)
+
+
+# The batch metric report over every trial's synthetic data: the library's classifier list
+# (`dpsynth.evaluate.scoring.EvaluateConfig`, declared and validated there), `baselines` (the
+# real-data and DP-on-real peers at the grid's epsilons) and `options` (any other of its fields).
+EvaluateConfig = binding.subconfig(
+    "EvaluateConfig", scoring_lib.EvaluateConfig, lambda f: f.name == "classifiers", module=__name__,
+    extra=[("baselines", bool, dataclasses.field(default=True)),
+           ("options", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_evaluate},
+    doc="The batch metric report (`dpsynth.evaluate.scoring.EvaluateConfig`'s classifiers; `baselines`: the "
+        "real-data and DP-on-real peers; `options`: its other fields, validated by it when the file loads).")
 
 
 def _validate_select(self, key: str) -> None:

@@ -75,6 +75,11 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"sensitive": {"embedded": False, "train": "a.csv", "test": "b.csv",
                         "split": {"holdout": "hash", "test_fraction": 0.1}}}, "sensitive.test: give a test file"),
         ({"evaluate": {"classifiers": ["bert"]}}, "evaluate.classifiers[0]: must be one of wordcnn, backbone"),
+        # `options` are the library's EvaluateConfig fields, validated by it when the file loads
+        ({"evaluate": {"options": {"dp_sweep_accounting": "all"}}}, "evaluate.options.dp_sweep_accounting: must be one of"),
+        ({"evaluate": {"options": {"wordcnn": {"filters": 8, "kernels": 3}}}},
+         "evaluate.options.wordcnn.kernels: not an option of WordCNNConfig"),
+        ({"evaluate": {"options": {"model_dir": "/elsewhere"}}}, "evaluate.options.model_dir: is set by the experiment"),
         ({"seed": None}, "seed: must not be null"),
         ({"dp_tune": {"privacy_unit": "person"}}, "dp_tune.privacy_unit: must be 'example' or 'user'"),
         ({"dp_tune": {"privacy_unit": "user"}}, "dp_tune.privacy_unit: 'user' needs max_examples_per_user >= 1"),
