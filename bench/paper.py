@@ -675,6 +675,10 @@ SET_TITLES = {"yelp_sentences": "Yelp sentences", "yelp_polarity": "Yelp polarit
 SET_EXPERIMENT = {"yelp_sentences": "main", "yelp_polarity": "yelp_polarity", "sst2": "sst2", "ag_news": "ag_news"}
 
 
+def _with_epsilon(scores: dict[str, float] | None, epsilon: float) -> dict[str, float] | None:
+    return None if scores is None else {**scores, "epsilon": epsilon}
+
+
 def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
     """Section 8: issue 34's levers on long reviews, one row per DP run (the base is `yelp_polarity`'s)."""
     names = [n for n in ("yelp_polarity", *CPU_LEVERS) if n in results]
@@ -691,15 +695,20 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
           f"| lever | setting | DP steps | epsilon (composed) | label bal. acc. on D_valid ({NON_DP_FIGURE}) | mean label "
           f"margin on D_valid ({NON_DP_FIGURE}) | synthetic w 0 | synthetic w {w:g} | MAUVE w 0 |",
           "|---|---|---|---|---|---|---|---|---|"]
-    for n in names:
+    rows = [(n, 3.0) for n in names]
+    base = results.get("yelp_polarity") or {}
+    if any(r["epsilon"] == math.inf for r in base.get("rows", ())) or any(
+            (v or {}).get("epsilon") == math.inf for v in base.get("label_scores", {}).values()):
+        rows.insert(1, ("yelp_polarity", math.inf))  # the base recipe without noise: the ceiling DP approaches
+    for n, eps in rows:
         res = results[n]
         changed = {} if n == "yelp_polarity" else _lever_dp(CPU_LEVERS[n], s)
         if n in CPU_LEVERS and "pretrain_steps_factor" in CPU_LEVERS[n]:
             changed["pretraining steps"] = _lever_pretrain(CPU_LEVERS[n], s["pretrain"])["steps"]
         setting = ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {json.dumps(v)}"
-                            for k, v in changed.items()) or "base"
-        w0, wg = _pick(res), _pick(res, guidance=w)
-        scores = next((v for v in res.get("label_scores", {}).values() if v), None) or {}
+                            for k, v in changed.items()) or ("base" if eps == 3.0 else "base without DP (epsilon inf)")
+        w0, wg = _pick(res, epsilon=eps), _pick(res, epsilon=eps, guidance=w)
+        scores = next((v for v in res.get("label_scores", {}).values() if v and v.get("epsilon", 3.0) == eps), None) or {}
         md.append(f"| {n} | {setting} | {_f((w0 or {}).get('steps'), 0)} | {_f((w0 or {}).get('reported_epsilon'))} | "
                   f"{_f(scores.get('balanced_accuracy'))} | {_f(scores.get('mean_margin'))} | {_ab(w0)} | {_ab(wg)} | "
                   f"{_f(_num(w0, 'mauve'))} |")
@@ -889,8 +898,10 @@ def run(args) -> int:
         label_scores = {}  # the lever table's figures: the DP model's label margin on the real D_valid (NOT DP)
         if scale in CPU_SCALES and (name in CPU_LEVERS or name == "yelp_polarity"):
             valid = result.outputs["sensitive"].path("data", "valid.jsonl")
-            label_scores = {t.dp_tune: _valid_label_scores(result.plan, t.dp_tune, valid, int(cfg.dp_tune.max_tokens))
-                            for t in result.plan.trials if _eps(t.epsilon) == 3.0 and not t.replicate}
+            models = {t.dp_tune: _eps(t.epsilon) for t in result.plan.trials
+                      if _eps(t.epsilon) in (3.0, math.inf) and not t.replicate}  # (each model once)
+            label_scores = {key: _with_epsilon(_valid_label_scores(result.plan, key, valid, int(cfg.dp_tune.max_tokens)),
+                                               eps) for key, eps in models.items()}
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
                          "label_scores": label_scores,
                          "report": os.path.realpath(result.report_dir),

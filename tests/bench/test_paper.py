@@ -5,6 +5,7 @@ from paths, never read)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -96,3 +97,25 @@ def test_label_repeats_tune_each_experiment_n_times_and_stop_at_dp_tune(tmp_path
     md = out.read_text()
     assert "| yelp_polarity | 3 | 0.600, 0.700, 0.800 | 0.700 +- 0.100 |" in md
     assert not unlabelled(md), unlabelled(md)
+
+
+def test_lever_table_adds_the_no_dp_ceiling_row_when_the_base_ran_at_epsilon_inf():
+    """With the base run at epsilon inf too, section 8 shows its row (the ceiling) with that model's own
+    D_valid label scores, beside the epsilon-3 base; without it, no such row."""
+    def row(eps, acc):
+        return {"trial": f"t{eps}", "mode": "lora", "epsilon": eps, "multiple": 1, "guidance": 0.0, "contrast": "others",
+                "replicate": 0, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": acc, "steps": 100}
+
+    base = {"rows": [row(3.0, 0.61), row(math.inf, 0.83)], "metrics": {"baselines": []}, "valid_loss": {},
+            "label_scores": {"dp3": {"balanced_accuracy": 0.589, "mean_margin": 0.179, "epsilon": 3.0},
+                             "dpinf": {"balanced_accuracy": 0.912, "mean_margin": 1.234, "epsilon": math.inf}}}
+    lever = {"rows": [row(3.0, 0.5)], "metrics": {"baselines": []}, "valid_loss": {},
+             "label_scores": {"dp": {"balanced_accuracy": 0.652, "mean_margin": 0.21, "epsilon": 3.0}}}
+    md = "\n".join(paper._render_levers({"yelp_polarity": base, "lever_rank16": lever}, "cpu"))
+    lines = [x for x in md.splitlines() if x.startswith("| yelp_polarity |") or x.startswith("| lever_rank16 |")]
+    assert len(lines) == 3 and "| base |" in lines[0] and "0.589" in lines[0] and "0.610 / 0.610" in lines[0]
+    assert "base without DP (epsilon inf)" in lines[1] and "0.912 | 1.234" in lines[1] and "0.830 / 0.830" in lines[1]
+    assert "0.652" in lines[2]
+    base3 = {**base, "rows": [row(3.0, 0.61)], "label_scores": {"dp3": base["label_scores"]["dp3"]}}
+    md = "\n".join(paper._render_levers({"yelp_polarity": base3, "lever_rank16": lever}, "cpu"))
+    assert "epsilon inf" not in md
