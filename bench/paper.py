@@ -222,6 +222,12 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
     }}
 
 
+def _cpu_select_options(max_len: int, quick: bool) -> dict[str, Any]:
+    """The DP selection's classifier (`dpsynth.evaluate.dp_select.SelectConfig`): a small WordCNN per candidate,
+    its hyperparameters chosen on the candidate's synthetic valid split."""
+    return {"cnn": "small", "max_epochs": 3 if not quick else 1, "repeats": 1}
+
+
 # The cpu study, second version (issue 22): ONE recipe for every set, chosen by the software.
 #   * DP tuning: `recipe: auto` (dpsynth.train.recipe: expected batch, steps and learning rate from
 #     |D_train|, the mode and max_tokens) under one token budget per run, calibrated on the public proxy
@@ -293,20 +299,35 @@ def _lever_dp(lever: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     if "max_tokens_factor" in lever:
         out["max_tokens"] = lever["max_tokens_factor"] * s["max_tokens"]
     return out
+# Study v3 (issue 34, item 4): on every set the corpus released is the one chosen with DP on the real
+# D_valid (`select:`, exponential mechanism on the count of correct predictions) among candidates of
+# the set's epsilon-3 LoRA model: guidance weights x temperatures (x multiples of |D_train| on the main
+# set), beside each candidate's own test accuracy; DP-on-real's sweep selected on D_valid by the same
+# kind of DP selection (`evaluate.options.dp_select_epsilon`), so the comparison stays fair.
+CPU_V3_GUIDANCE = (0.0, 1.5, 3.0, 6.0)
+CPU_V3_TEMPERATURES = (1.0, 1.2)
+CPU_V3_SETS = {"v3_yelp_sentences": "yelp_sentences", "v3_yelp_polarity": "yelp_polarity", "v3_sst2": "sst2",
+               "v3_ag_news": "ag_news"}
+CPU_V3_MULTIPLES = {"v3_yelp_sentences": (1, 3)}  # the number of synthetic examples as a candidate axis
+# The selection's epsilon. Where D_valid is split from D independently of the data (a hash, own files)
+# it composes in parallel with the tuning: the release stays at the tuning's epsilon 3. Yelp polarity's
+# D_valid is its last 10% (the paper's positional split): the selection composes sequentially there, and
+# the report shows the sum (a hash split would change the dedup, hence the pretraining, of this cache).
+CPU_V3_SELECT_EPSILON = {"default": 1.0, "yelp_polarity": 0.3}
 CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
-                   "guidance_look", "null_contrast", *CPU_LEVERS)
+                   "guidance_look", "null_contrast", *CPU_LEVERS, *CPU_V3_SETS)
 CPU_DATASET_OF = {"main": "yelp_sentences", "main_modes": "yelp_sentences", "main_x3": "yelp_sentences",
                   "main_repeats": "yelp_sentences", "yelp_polarity": "yelp_polarity", "sst2": "sst2",
                   "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity",
-                  **{name: "yelp_polarity" for name in CPU_LEVERS}}
+                  **{name: "yelp_polarity" for name in CPU_LEVERS}, **CPU_V3_SETS}
 # The first look at the guidance weight (Yelp polarity, LoRA, epsilon 3; reuses its DP model): the
 # prototype on a held-out review set found w 1.5 > 3 > 0 (issue 22).
 CPU_GUIDANCE_LOOK = (1.0, 3.0)
 CPU_LABEL_DROPOUT = 0.1  # the null-contrast lever: label dropout in DP tuning, guidance against the null prompt
 
 
-def _sampling(w: float, contrast: str = "others") -> dict[str, Any]:
-    out: dict[str, Any] = {"temperature": 1.0, "top_k": 0, "num_decodes": 1}
+def _sampling(w: float, contrast: str = "others", temperature: float = 1.0) -> dict[str, Any]:
+    out: dict[str, Any] = {"temperature": float(temperature), "top_k": 0, "num_decodes": 1}
     if w:
         out.update(guidance=float(w), guidance_contrast=contrast)
     return out
@@ -341,13 +362,18 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
 
     def experiment(name: str, dataset: str, modes: list[str], epsilons: list, *, samplings=None,
                    multiples=(1,), replicates: int = 1, baselines: bool = True, classifiers: list[str] | None = None,
-                   dp: dict | None = None, pretrained: dict | None = None) -> dict[str, Any]:
+                   dp: dict | None = None, pretrained: dict | None = None, select: float | None = None
+                   ) -> dict[str, Any]:
         dp = dict(dp or {})
         max_tokens = dp.pop("max_tokens", s["max_tokens"])
         ev = _cpu_eval(max_tokens, quick)
         if classifiers:
             ev["classifiers"] = classifiers
-        return {
+        more = {}
+        if select is not None:  # the released corpus chosen with DP on D_valid; DP-on-real's sweep likewise
+            more["select"] = {"epsilon": float(select), "options": _cpu_select_options(max_tokens, quick)}
+            ev["options"]["dp_select_epsilon"] = float(select)
+        return {**more,
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
             "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
             "pretrain": pretrained or pretrain,
@@ -380,6 +406,12 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         "main_repeats": experiment("main_repeats", "yelp_sentences", ["lora"], [3], replicates=s["replicates"],
                                    baselines=False),
         "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
+        # Study v3: the DP-selected corpus among guidance x temperature (x multiple) candidates, on every set.
+        **{name: experiment(name, dataset, ["lora"], [3], select=CPU_V3_SELECT_EPSILON.get(
+                                dataset, CPU_V3_SELECT_EPSILON["default"]),
+                            samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
+                            multiples=CPU_V3_MULTIPLES.get(name, (1,)))
+           for name, dataset in CPU_V3_SETS.items()},
         # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
         **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s),
                             pretrained=_lever_pretrain(lever, pretrain))
@@ -488,6 +520,7 @@ def _rows_by_trial(metrics: dict[str, Any], trials: list[dict[str, Any]]) -> lis
         row.update(trial=t["id"], mode=t["mode"], epsilon=_eps(t["epsilon"]), multiple=t["multiple"],
                    learning_rate=t["learning_rate"], guidance=float((t.get("sampling") or {}).get("guidance", 0.0)),
                    contrast=(t.get("sampling") or {}).get("guidance_contrast", "others"), replicate=t.get("replicate", 0),
+                   temperature=float((t.get("sampling") or {}).get("temperature", 1.0)),
                    reported_epsilon=t.get("reported_epsilon"), steps=t.get("steps"))
         out.append(row)
     return out
@@ -715,6 +748,65 @@ def _render_levers(results: dict[str, dict[str, Any]], scale: str) -> list[str]:
     return md
 
 
+def _release_epsilon(selection: dict[str, Any]) -> float | None:
+    """The selected corpus's epsilon (RDP where reported) from a select stage's summary."""
+    eps = selection.get("epsilon")
+    if isinstance(eps, dict):
+        eps = eps.get("rdp", next(iter(eps.values()), None))
+    return None if eps is None else _eps(eps)
+
+
+def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Section 9: study v3, the corpus chosen with DP on D_valid on every set, beside every candidate."""
+    names = [n for n in CPU_V3_SETS if n in results]
+    if not names:
+        return []
+    md = ["", "## 9. Study v3: the corpus chosen with DP on the real D_valid (LoRA, tuning epsilon 3)", "",
+          "Each set's epsilon-3 model generates candidate corpora (guidance weight x temperature, x multiple of "
+          "|D_train| on Yelp sentences); `select` trains a small WordCNN on each (its settings chosen on the "
+          "candidate's synthetic valid split), counts its correct predictions on the real D_valid and releases one "
+          "through the exponential mechanism (sensitivity 1). The release's epsilon composes the tuning, the DP "
+          "label histogram and the selection (in parallel where D_valid is split from D independently of the data, "
+          "else sequentially). DP-on-real's sweep is selected on D_valid by a DP selection too. Test accuracy / "
+          "balanced accuracy of the WordCNN on the real test set; the candidates' figures are shown to compare the "
+          "choice with what it could have chosen, not used by it.", "",
+          "| set | selection (epsilon, composition) | release epsilon | selected | selected | best candidate | "
+          "within 1 point of the best | DP-on-real (DP-selected) | real | beats DP-on-real, balanced >= chance + 5 | "
+          "unguided balanced >= chance + 10 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    detail = []
+    for n in names:
+        res = results[n]
+        labels = set(res.get("test_labels") or ())
+        chance = 1 / len(labels) if labels else 0.5
+        sel = next(iter(res.get("selections", {}).values()), {})
+        picked = next(iter(res.get("selected_rows") or ()), None)
+        cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == 3.0]
+        best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)
+        peer = _peer(res, "dp_on_real", 3.0)
+        acc = lambda r, k="wordcnn_accuracy": None if not r or r.get(k) is None else float(r[k])  # noqa: E731
+        within = None if acc(picked) is None or acc(best) is None else acc(best) - acc(picked) <= 0.01 + 1e-9
+        beats = (None if acc(picked) is None or acc(peer, "accuracy") is None else
+                 acc(picked) > acc(peer, "accuracy") and acc(picked, "wordcnn_balanced_accuracy") >= chance + 0.05)
+        unguided = [r for r in cands if r["guidance"] == 0.0 and r.get("temperature", 1.0) == 1.0
+                    and float(r["multiple"]) == 1.0]
+        ung = acc(unguided[0], "wordcnn_balanced_accuracy") if unguided else None
+        yes = lambda v: "-" if v is None else ("met" if v else "**not met**")  # noqa: E731
+        sel_eps = CPU_V3_SELECT_EPSILON.get(CPU_V3_SETS[n], CPU_V3_SELECT_EPSILON["default"])
+        md.append(f"| {SET_TITLES.get(CPU_V3_SETS[n], n)} | {sel_eps:g}, "
+                  f"{sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | {sel.get('selected', '-')} | "
+                  f"{_ab(picked)} | {_ab(best)} ({(best or {}).get('trial', '-')}) | {yes(within)} | "
+                  f"{_ab(peer, '')} | {_ab(_peer(res, 'real'), '')} | {yes(beats)} | "
+                  f"{yes(None if ung is None else ung >= chance + 0.10)} |")
+        detail += ["", f"Candidates of {SET_TITLES.get(CPU_V3_SETS[n], n)} (test figures, not seen by the selection):", "",
+                   "| candidate | guidance | temperature | multiple | accuracy / balanced | MAUVE |", "|---|---|---|---|---|---|"]
+        for r in sorted(cands, key=lambda r: (float(r["multiple"]), r.get("temperature", 1.0), r["guidance"])):
+            mark = " (selected)" if r["trial"] == sel.get("selected") else ""
+            detail.append(f"| {r['trial']}{mark} | {r['guidance']:g} | {r.get('temperature', 1.0):g} | "
+                          f"{float(r['multiple']):g} | {_ab(r)} | {_f(_num(r, 'mauve'))} |")
+    return md + detail
+
+
 def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
     """The cpu study's Markdown (targets, every table of issue 22) and the printed ratio lines."""
     import numpy as np
@@ -851,6 +943,8 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
                         for p in ("mauve", "bigram_mauve", "perplexity", "distinct_2")))
     # 8. Levers on long reviews.
     md += _render_levers(results, scale)
+    # 9. Study v3: the DP-selected corpus.
+    md += _render_v3(results)
     return "\n".join(md) + "\n", ratios
 
 
@@ -904,6 +998,12 @@ def run(args) -> int:
                                                eps) for key, eps in models.items()}
         results[name] = {"rows": _rows_by_trial(metrics, trials), "metrics": metrics, "valid_loss": valid_loss,
                          "label_scores": label_scores,
+                         # the DP selections (select[...] stages: the winner, its composition and epsilon) and
+                         # the selected corpora's metric rows (corpus "selected-<group>")
+                         "selections": {key: dict(o.summary) for key, o in result.outputs.items()
+                                        if key.startswith("select[")},
+                         "selected_rows": [r for r in metrics.get("corpora", [])
+                                           if str(r.get("corpus", "")).startswith("selected-")],
                          "report": os.path.realpath(result.report_dir),
                          "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
     if "main" not in results and scale not in CPU_SCALES:

@@ -119,3 +119,48 @@ def test_lever_table_adds_the_no_dp_ceiling_row_when_the_base_ran_at_epsilon_inf
     base3 = {**base, "rows": [row(3.0, 0.61)], "label_scores": {"dp3": base["label_scores"]["dp3"]}}
     md = "\n".join(paper._render_levers({"yelp_polarity": base3, "lever_rank16": lever}, "cpu"))
     assert "epsilon inf" not in md
+
+
+def test_v3_runs_select_on_every_set_and_reuse_the_sets_models():
+    """Study v3: each set's experiment selects with DP among guidance x temperature candidates of its epsilon-3
+    model (x multiples on the main set), DP-on-real's sweep selected with DP too; the tuning and the unguided
+    and w 1.5 candidates are the set's own experiment's (one cache)."""
+    configs = paper.cpu_experiments("cpu", "/nonexistent/data")
+    for name, dataset in paper.CPU_V3_SETS.items():
+        cfg, own = configs[name], configs[paper.SET_EXPERIMENT[dataset]]
+        assert cfg["sensitive"] == own["sensitive"] and cfg["pretrain"] == own["pretrain"]
+        assert {k: v for k, v in cfg["dp_tune"].items() if k != "epsilons"} == {
+            k: v for k, v in own["dp_tune"].items() if k != "epsilons"} and cfg["dp_tune"]["epsilons"] == [3]
+        samplings = cfg["generate"]["samplings"]
+        assert len(samplings) == len(paper.CPU_V3_GUIDANCE) * len(paper.CPU_V3_TEMPERATURES)
+        assert all(s in samplings for s in own["generate"]["samplings"])  # w 0 and w 1.5 at t 1: cached corpora
+        assert cfg["select"]["epsilon"] == cfg["evaluate"]["options"]["dp_select_epsilon"] > 0
+        assert from_dict(cfg).select.epsilon == cfg["select"]["epsilon"]
+    assert configs["v3_yelp_sentences"]["generate"]["multiples"] == [1, 3]
+    assert configs["v3_yelp_polarity"]["select"]["epsilon"] < configs["v3_sst2"]["select"]["epsilon"]
+
+
+def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_targets():
+    def row(trial, w, t, acc, bal):
+        return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": t,
+                "contrast": "others", "replicate": 0, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": bal}
+
+    rows = [row("u", 0.0, 1.0, 0.70, 0.66), row("g3", 3.0, 1.0, 0.80, 0.79), row("g6", 6.0, 1.2, 0.81, 0.80)]
+    res = {"rows": rows, "test_labels": ["a", "b"], "label_scores": {},
+           "metrics": {"baselines": [{"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0,
+                                      "accuracy": 0.75, "balanced_accuracy": 0.74},
+                                     {"baseline": "real", "classifier": "wordcnn", "accuracy": 0.9,
+                                      "balanced_accuracy": 0.9}]},
+           "selections": {"select[lora-eps3]": {"selected": "g3", "composition": "parallel",
+                                                "epsilon": {"rdp": 3.002, "pld": None}}},
+           "selected_rows": [{"corpus": "selected-lora-eps3", "wordcnn_accuracy": 0.80,
+                              "wordcnn_balanced_accuracy": 0.79}]}
+    md = "\n".join(paper._render_v3({"v3_sst2": res}))
+    line = next(x for x in md.splitlines() if x.startswith("| SST-2 |"))
+    assert "| 1, parallel | 3.002 | g3 | 0.800 / 0.790 | 0.810 / 0.800 (g6) | met |" in line
+    assert line.endswith("| 0.750 / 0.740 | 0.900 / 0.900 | met | met |")  # 0.66 >= 0.5 + 0.10
+    assert "| g3 (selected) | 3 | 1 | 1 | 0.800 / 0.790 |" in md and "| g6 | 6 | 1.2 | 1 |" in md
+    res["selected_rows"][0].update(wordcnn_accuracy=0.70, wordcnn_balanced_accuracy=0.52)
+    line = next(x for x in paper._render_v3({"v3_sst2": res}) if x.startswith("| SST-2 |"))
+    assert line.count("**not met**") == 2  # 11 points below the best; below DP-on-real
+    assert paper._render_v3({"sst2": res}) == []
