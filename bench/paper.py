@@ -770,8 +770,9 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
           "else sequentially). DP-on-real's sweep is selected on D_valid by a DP selection too. Test accuracy / "
           "balanced accuracy of the WordCNN on the real test set; the candidates' figures are shown to compare the "
           "choice with what it could have chosen, not used by it.", "",
-          "| set | selection (epsilon, composition) | release epsilon | selected | selected | best candidate | "
-          "within 1 point of the best | DP-on-real (DP-selected) | real | beats DP-on-real, balanced >= chance + 5 | "
+          "| set | selection (epsilon, composition) | release epsilon | selected candidate | selected: accuracy / "
+          "balanced | best candidate | within 1 point of the best | DP-on-real (DP-selected) | real | beats DP-on-real, "
+          "balanced >= chance + 5 | "
           "unguided balanced >= chance + 10 |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     detail = []
