@@ -222,7 +222,7 @@ def _cpu_eval(max_len: int, quick: bool) -> dict[str, Any]:
     }}
 
 
-def _cpu_select_options(max_len: int, quick: bool) -> dict[str, Any]:
+def _cpu_select_options(quick: bool) -> dict[str, Any]:
     """The DP selection's classifier (`dpsynth.evaluate.dp_select.SelectConfig`): a small WordCNN per candidate,
     its hyperparameters chosen on the candidate's synthetic valid split."""
     return {"cnn": "small", "max_epochs": 3 if not quick else 1, "repeats": 1}
@@ -371,7 +371,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             ev["classifiers"] = classifiers
         more = {}
         if select is not None:  # the released corpus chosen with DP on D_valid; DP-on-real's sweep likewise
-            more["select"] = {"epsilon": float(select), "options": _cpu_select_options(max_tokens, quick)}
+            more["select"] = {"epsilon": float(select), "options": _cpu_select_options(quick)}
             ev["options"]["dp_select_epsilon"] = float(select)
         return {**more,
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
