@@ -85,7 +85,8 @@ def run(argv=None, test_pipeline=None) -> dict:
 
     `test_pipeline`: the test hook of `dpsynth.beam.pipeline.run_pipeline`.
     """
-    args, beam_args = build_parser().parse_known_args(argv)
+    ap = build_parser()
+    args, beam_args = ap.parse_known_args(argv)
     labels = tuple(l.strip() for l in args.labels.split(",") if l.strip()) if args.labels else None
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if "jsonl" not in formats:
@@ -109,7 +110,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     # The run record holds --batch-size as given ("auto" or N; generation_config.json holds the batch it
     # resolved to); the memory budget of auto stays out of it (a rerun keeps its recorded batch), so a
     # default run's record is as before.
-    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args), parser=build_parser(),
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args), parser=ap,
                       ignore=("format", "train", "min_shared_tokens", "memory_limit", "memory_headroom"),
                       writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
         return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,

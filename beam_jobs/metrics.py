@@ -136,9 +136,10 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 @errors.command("evaluate", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    args, _ = parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    ap = parser()
+    args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args), parser=parser(),
+    with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args), parser=ap,
                       writable=(("--out (its dead letters)", os.path.dirname(dead_letters.default_path(args.out))),)):
         out = run(argv)
     print(out["summary"])

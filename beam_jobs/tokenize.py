@@ -70,9 +70,10 @@ def run(argv=None, test_pipeline=None) -> dict:
 
 @errors.command("tokenize", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    args, _ = build_parser().parse_known_args(argv)  # --verbose first: Beam's modules log at import
+    ap = build_parser()
+    args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.TOKENS, command="tokenize", config=vars(args), parser=build_parser()):
+    with outdir.claim(args.out, kind=outdir.TOKENS, command="tokenize", config=vars(args), parser=ap):
         run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)
     return 0
 

@@ -95,6 +95,8 @@ def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
     device = jax.devices()[0]
     on_cpu = device.platform == "cpu"
 
+    sources = []  # where each execution's peak came from
+
     def execute() -> tuple[int, float]:
         """(the resident-memory rise during one execution, its seconds)."""
         nonlocal acc
@@ -119,6 +121,7 @@ def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
             peak[0] = _peak_rss()
         elif on_cpu:
             thread.join()
+        sources.append("device" if not on_cpu else ("VmHWM" if kernel_peak else "sampled"))
         return max(0, peak[0] - before), seconds
 
     # The runtime's process-wide one-time set-up (thread pools, kernel libraries) happens on another
@@ -138,8 +141,7 @@ def measure_one(preset: str, mode: str, microbatch: int, tokens: int) -> dict:
             "predicted_bytes": predicted.total_bytes, "predicted_temp_bytes": predicted.temp_bytes,
             "argument_bytes": arguments, "measured_bytes": measured, "ratio": predicted.total_bytes / measured,
             "first_rise_bytes": first_rise, "steady_rise_bytes": steady_rise, "step_seconds": seconds,
-            "device": device.device_kind, "peak_source": "device" if not on_cpu else (
-                "VmHWM" if os.path.exists("/proc/self/clear_refs") else "sampled")}
+            "device": device.device_kind, "peak_source": sources[0]}
 
 
 def main(argv=None) -> int:

@@ -75,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     from dpsynth.owner_only import make_private_dir
     from dpsynth.release_audit import canaries, run
 
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     run.check_location(args.out, args.corpus)  # before any read or compute
     if not os.path.exists(args.out):
         make_private_dir(args.out)  # 0700 before the claim writes its run record there
-    with outdir.claim(args.out, kind=outdir.AUDIT, command="audit", config=vars(args), parser=build_parser()):
+    with outdir.claim(args.out, kind=outdir.AUDIT, command="audit", config=vars(args), parser=ap):
         run.check_out(args.out, args.corpus)
         canary_run = None
         if args.canaries:

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     from dpsynth.train import tune_config as tune
     from dpsynth.train.tune_resume import resolve_state_dir
 
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     distributed.start(args)  # multi-host: before any other JAX call
     config = binding.from_args(tune.TuneConfig, args)
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.user_column and args.privacy_unit != "user":
         raise tune.TuneError("--user-column is used with --privacy-unit user")
     state_dir = resolve_state_dir(args.out, args.state_dir)
-    with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args), parser=build_parser(),
+    with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args), parser=ap,
                       writable=(("--state-dir", state_dir),), primary=distributed.is_primary(args),
                       secret=("seed",)):  # the release withholds the seed
         return _tune(args, config, state_dir)

@@ -28,9 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 @errors.command("export-model", also=(OSError,))  # every failure we foresee: one line, no traceback
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth export-model --model MODEL_DIR --format hf --out DIR [--adapter-only]`."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.HF_MODEL, command="export-model", config=vars(args), parser=build_parser()):
+    with outdir.claim(args.out, kind=outdir.HF_MODEL, command="export-model", config=vars(args), parser=ap):
         record = hf_export.export_model(args.model, args.out, adapter_only=args.adapter_only)
     print(f"exported {args.model} ({record['mode']}, {record['family']}) to {args.out}")
     return 0

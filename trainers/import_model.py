@@ -27,9 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
 @errors.command("import-model", also=(OSError,))  # every failure we foresee: one line, no traceback
 def main(argv: list[str] | None = None) -> int:
     """`dpsynth import-model --hf DIR --out MODEL_DIR [--dtype bfloat16]`."""
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    with outdir.claim(args.out, kind=outdir.MODEL, command="import-model", config=vars(args), parser=build_parser()):
+    with outdir.claim(args.out, kind=outdir.MODEL, command="import-model", config=vars(args), parser=ap):
         manifest = hf_import.import_model(args.hf, args.out, dtype=args.dtype)
     src = manifest["source"]
     print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from {args.hf} into "

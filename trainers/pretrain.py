@@ -106,12 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
 # also: the library's plain ValueErrors and a missing file, as one line too
 @errors.command("pretrain", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     distributed.start(args)
     config = binding.from_args(pretrain.PretrainConfig, args, [f.name for f in dataclasses.fields(pretrain.PretrainConfig)
                                                                 if f.name not in _NOT_FLAGS])
-    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain", config=vars(args), parser=build_parser(),
+    with outdir.claim(args.out, kind=outdir.MODEL, command="pretrain", config=vars(args), parser=ap,
                       ignore=("eval_every", "eval_batches", "checkpoint_every", "memory_limit", "memory_headroom"),
                       primary=distributed.is_primary(args)):
         summary = pretrain.run_pretrain(args.corpus, args.tokenizer, args.out, config, resume=args.resume,

@@ -76,11 +76,12 @@ def main(argv=None) -> int:
     from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora, dp_select
 
-    args, beam_args = parser().parse_known_args(argv)
+    ap = parser()
+    args, beam_args = ap.parse_known_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     config = binding.from_args(dp_select.SelectConfig, args)
     # --out is one run's corpus (kind, lock, writable before any compute: `dpsynth.outdir`).
-    with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args), parser=parser(),
+    with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args), parser=ap,
                       writable=(("private state", dead_letters.private_dir(args.out)),), secret=("seed",)):
         policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                         prefix="dpsynth select: ")
