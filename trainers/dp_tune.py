@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "with --max-tokens auto it also chooses the example length"},
         "clipping": {"help": "per-example clipping: vmap (per-example gradients) or ghost (full mode: norms from "
                              "activations and output gradients, no per-example gradient copies; same privacy)"},
+        "reserve_selection_epsilon": {"metavar": "EPSILON",
+                                      "help": "the epsilon of a later `dpsynth select` on a D_valid split from D "
+                                              "positionally (it composes sequentially, at twice this epsilon): "
+                                              "--epsilon then covers both (more noise here); 0: none (own files or "
+                                              "a hash split compose in parallel and need none)"},
         "token_budget": {"help": "example-tokens an automatic recipe may process (default "
                                  f"{recipe_lib.DEFAULT_TOKEN_BUDGET:,})"},
         "time_budget": {"metavar": "SECONDS",

@@ -114,7 +114,8 @@ def main(argv=None) -> int:
         dp_select.write_selection(args.out, selection, paths)
         print(json.dumps({"selected": selection.winner_name, "candidates": len(paths),
                           "epsilon": selection.report["epsilon"],
-                          "composition": selection.report["selection"]["composition"], "out": args.out}))
+                          "composition": selection.report["selection"]["composition"],
+                          "within_target": selection.report["selection"]["within_target"], "out": args.out}))
     return 0
 
 

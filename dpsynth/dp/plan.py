@@ -37,7 +37,7 @@ from dpsynth.dp.users import PRIVACY_UNITS
 # The fields whose change between a checkpoint and a resume changes what is accounted.
 PLAN_FIELDS = ("dataset_size", "expected_batch_size", "steps", "noise_multiplier", "target_epsilon", "delta",
                "accountant", "max_batch_size", "compositions", "mechanism", "bands", "privacy_unit",
-               "spent")
+               "spent", "reserved")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +63,11 @@ class PrivacyPlan:
             e.g. the DP choice of the example length (`dpsynth.train.recipe.dp_example_length`):
             the target covers them and the run together (sigma is calibrated on their
             composition). Empty for most runs (then absent from `to_json`).
+        reserved: ledger entries spent on the same data AFTER the run that the target covers too
+            (a later DP selection on D_valid that composes sequentially with the run:
+            `dpsynth.dp.private_selection.reserved_entry`). Sigma is calibrated on spent + run +
+            reserved, so that the release holding them all meets the target; the run never records
+            them (whoever spends them does). Empty for most runs (then absent from `to_json`).
     """
 
     dataset_size: int
@@ -79,6 +84,7 @@ class PrivacyPlan:
     bands: int = 1
     privacy_unit: str = "example"
     spent: tuple[dict, ...] = ()
+    reserved: tuple[dict, ...] = ()
 
     @property
     def private(self) -> bool:
@@ -141,13 +147,20 @@ class PrivacyPlan:
 
         return [ledger.event_of(e, accountant or self.accountant) for e in self.spent]
 
+    def reserved_events(self, accountant: str | None = None) -> list:
+        """The DpEvents of the `reserved` entries, for `accountant`."""
+        from dpsynth.dp import ledger
+
+        return [ledger.event_of(e, accountant or self.accountant) for e in self.reserved]
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["target_epsilon"] = "inf" if math.isinf(self.target_epsilon) else self.target_epsilon
-        if not self.spent:  # (absent when empty: the plans and fingerprints of runs without it hold)
-            del d["spent"]
-        else:
-            d["spent"] = [dict(e) for e in self.spent]
+        for name in ("spent", "reserved"):
+            if not getattr(self, name):  # (absent when empty: the plans and fingerprints of runs without it hold)
+                del d[name]
+            else:
+                d[name] = [dict(e) for e in getattr(self, name)]
         return d
 
     @classmethod
@@ -155,6 +168,7 @@ class PrivacyPlan:
         d = dict(d)
         d["target_epsilon"] = math.inf if d["target_epsilon"] == "inf" else float(d["target_epsilon"])
         d["spent"] = tuple(dict(e) for e in d.get("spent", ()))
+        d["reserved"] = tuple(dict(e) for e in d.get("reserved", ()))
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def differences(self, other: PrivacyPlan, *, rel_tol: float = 1e-9) -> list[tuple[str, Any, Any]]:
@@ -188,6 +202,7 @@ def plan_privacy(
     privacy_unit: str = "example",
     allow_large_delta: bool = False,
     spent: tuple[dict, ...] = (),
+    reserved: tuple[dict, ...] = (),
 ) -> PrivacyPlan:
     """The privacy plan of a DP-SGD (or BandMF) run.
 
@@ -207,6 +222,8 @@ def plan_privacy(
         allow_large_delta: accept a delta above 1/N (`accounting.weak_delta`; refused otherwise).
         spent: ledger entries already spent on the same data that the target must cover too
             (`PrivacyPlan.spent`); sigma is calibrated on their composition with the run.
+        reserved: ledger entries to be spent on the same data after the run that the target must
+            cover too (`PrivacyPlan.reserved`); composed in the calibration, never recorded by the run.
 
     Raises:
         accounting.PrivacyConfigError: bad or unreachable parameters.
@@ -244,15 +261,22 @@ def plan_privacy(
                        sampling_probability=q, steps=int(steps), delta=delta, target_epsilon=math.inf,
                        noise_multiplier=0.0, accountant=accountant, max_batch_size=max_batch_size,
                        compositions=int(compositions), mechanism=mechanism, bands=bands, privacy_unit=privacy_unit,
-                       spent=tuple(dict(e) for e in spent))
+                       spent=tuple(dict(e) for e in spent), reserved=tuple(dict(e) for e in reserved))
     try:
         before = plan.spent_events(accountant)
     except (ValueError, KeyError) as e:
         raise accounting.PrivacyConfigError(f"spent: not a ledger entry ({e})") from None
+    try:
+        after = plan.reserved_events(accountant)
+    except (ValueError, KeyError) as e:
+        raise accounting.PrivacyConfigError(f"reserved: not a ledger entry ({e})") from None
+    if any(isinstance(e, dp_accounting.UnsupportedDpEvent) for e in after):
+        raise accounting.PrivacyConfigError(f"a reserved pure-DP selection is composed by the RDP accountant only, not "
+                                            f"{accountant!r}: pass accountant rdp")
 
-    def make_event(sigma: float):  # all k runs of the plan together, after what was spent
+    def make_event(sigma: float):  # all k runs of the plan together, after what was spent, before what is reserved
         run = plan.event(int(steps), sigma, compositions=int(compositions))
-        return dp_accounting.ComposedDpEvent(before + [run]) if before else run
+        return dp_accounting.ComposedDpEvent(before + [run] + after) if before or after else run
 
     if epsilon is not None:
         target = float(epsilon)

@@ -173,6 +173,23 @@ def group_size(split: str) -> int:
     return 1 if split in DATA_INDEPENDENT_SPLITS else 2
 
 
+RESERVED_NAME = "reserved: a DP selection on D_valid after the tuning"
+
+
+def reserved_entry(epsilon: float) -> dict[str, Any]:
+    """The ledger entry a tuning run reserves for a later exponential-mechanism selection at
+    `epsilon` that composes SEQUENTIALLY with it (a positional split, or a D_valid the tuning read):
+    accounted as a positional split's selection (twice `epsilon`, `group_size`), which also covers
+    the group-1 case. `dpsynth.dp.plan.plan_privacy(reserved=...)` calibrates the tuning's sigma on
+    the run composed with it, so that the selected release meets the tuning's target."""
+    return DpSelection(epsilon=epsilon).ledger_entry(1, name=RESERVED_NAME, group=group_size(POSITIONAL))
+
+
+def reserved_epsilon(report: Mapping[str, Any]) -> float:
+    """The selection epsilon a tuning's privacy report reserved (0.0 when none)."""
+    return float((report.get("training") or {}).get("reserve_selection_epsilon") or 0.0)
+
+
 def entries_by_dataset(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
     """Ledger entries grouped by their `dataset` (default D_train)."""
     out: dict[str, list[dict]] = {}
@@ -290,8 +307,17 @@ def select_release(names: Sequence[str], scores: Sequence[float], reports: Seque
         "epsilon_by_dataset": {d: {k: fmt(v) for k, v in e.items()} for d, e in g["epsilon_by_dataset"].items()},
         "epsilon_sequential": {k: fmt(v) for k, v in g["epsilon_sequential"].items()},
         "guarantee": _guarantee_text(how, split),
+        # The smallest selection epsilon the candidates' tunings reserved (`reserved_entry`), and whether
+        # the release (tuning + selection, as composed above) stays within the tuning's target epsilon.
+        "reserved_by_tuning": min(reserved_epsilon(r) for r in reports),
+        "within_target": _within(g["epsilon"].get(acc), report_lib.ledger_of(dict(reports[winner])).target_epsilon),
     }
     return winner, entry, rep
+
+
+def _within(epsilon: float | None, target: float, rel_tol: float = 1e-6) -> bool:
+    """epsilon <= target up to the calibration's tolerance (None: not composed by the accountant)."""
+    return epsilon is not None and epsilon <= target * (1.0 + rel_tol)
 
 
 def _ledger(report, entries, delta):

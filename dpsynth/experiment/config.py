@@ -87,7 +87,9 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       baselines: true               # real data and DP-on-real at the same epsilons
       options: {}                   # e.g. {mauve_seeds: [0], dp_epochs: 3} (dpsynth.evaluate.scoring.EvaluateConfig)
     select:                         # DP selection on the real D_valid of one corpus per DP run (off by default)
-      epsilon: null                 # e.g. 1: exponential mechanism on correct predictions (dpsynth.evaluate.dp_select)
+      epsilon: null                 # e.g. 1: exponential mechanism on correct predictions (dpsynth.evaluate.dp_select);
+                                    #   with a positional D_valid each private dp_tune run reserves it
+                                    #   (reserve_selection_epsilon), so the release meets dp_tune.epsilons
       mechanism: exponential        # exponential | gaussian
       options: {}                   # e.g. {cnn: small, max_epochs: 3, repeats: 1}
 

@@ -296,6 +296,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length", "replicates")}
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in stage_dict(config.generate).items() if k not in ("samplings", "multiples")}
+    reserve = reserved_selection_epsilon(config)
     trials: list[Trial] = []
     for mode in config.dp_tune.modes:
         for eps in config.dp_tune.epsilons:
@@ -307,6 +308,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                         tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed}
                         if lr is not None:
                             tune_cfg["learning_rate"] = lr
+                        if reserve and not math.isinf(float(eps)):  # the target covers the later selection
+                            tune_cfg["reserve_selection_epsilon"] = reserve
                         if rep:  # a repeat: its own node (the tuner draws a fresh secret noise seed)
                             tune_cfg["replicate"] = rep
                         if mode == "lora":
@@ -359,6 +362,16 @@ def valid_split_kind(section) -> str:
     if not section.embedded and section.valid:
         return "files"
     return "hash" if split.get("holdout") == "hash" else "positional"
+
+
+def reserved_selection_epsilon(config: ExperimentConfig) -> float:
+    """The selection epsilon each private `dp_tune` run reserves (`TuneConfig.reserve_selection_epsilon`):
+    `select.epsilon` when the exponential-mechanism selection composes sequentially with the tuning (a
+    positional D_valid), so that the selected release meets `dp_tune.epsilons`; else 0 (none, or a
+    data-independent split, which composes in parallel)."""
+    if config.select.epsilon is None or config.select.mechanism != "exponential":
+        return 0.0
+    return float(config.select.epsilon) if valid_split_kind(config.sensitive) == "positional" else 0.0
 
 
 def _select_nodes(config: ExperimentConfig, trials: Sequence[Trial], sensitive: str, add) -> list[tuple[str, str]]:

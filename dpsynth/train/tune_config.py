@@ -96,6 +96,14 @@ class TuneConfig:
             (default: per-example gradients) or "ghost" (full mode only, example-level DP-SGD or
             BandMF: the same clipped sum without per-example gradient copies, `dpsynth.dp.ghost`).
             The same mechanism and accounting either way.
+        reserve_selection_epsilon: the epsilon of a later DP selection on D_valid (`dpsynth select`,
+            exponential mechanism) that composes SEQUENTIALLY with this run: D_valid split from D
+            positionally (e.g. its last 10%), so that one record may change both D_train and
+            D_valid. The target epsilon then covers both: sigma is calibrated on the run composed
+            with the selection accounted at twice this epsilon (group privacy of a positional
+            split, `dpsynth.dp.private_selection.reserved_entry`; RDP accountant), and the privacy
+            report records the reservation. 0 (default): nothing reserved; a data-independent split
+            (own files, a hash) composes in parallel and needs none.
     """
 
     mode: str = "lora"
@@ -131,6 +139,7 @@ class TuneConfig:
     time_budget: float | None = None
     allow_large_delta: bool = False
     clipping: str = "vmap"
+    reserve_selection_epsilon: float = 0.0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -218,6 +227,15 @@ class TuneConfig:
         if not 0.0 <= self.label_dropout < 1.0:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
+        r = self.reserve_selection_epsilon
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < math.inf:
+            raise TuneError(f"reserve_selection_epsilon must be a finite number >= 0, got {r!r}")
+        object.__setattr__(self, "reserve_selection_epsilon", float(r))
+        if r and not self.private:
+            raise TuneError("reserve_selection_epsilon: a non-private run (epsilon inf) has no budget to reserve from")
+        if r and self.accountant != "rdp":
+            raise TuneError("reserve_selection_epsilon: the reserved pure-DP selection is composed by the RDP "
+                            "accountant only: pass --accountant rdp")
         from dpsynth.dp.clipping import METHODS as clipping_methods
 
         if self.clipping not in clipping_methods:
@@ -240,7 +258,7 @@ class TuneConfig:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
         for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None), ("time_budget", None),
-                          ("allow_large_delta", False), ("clipping", "vmap")):
+                          ("allow_large_delta", False), ("clipping", "vmap"), ("reserve_selection_epsilon", 0.0)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
         return d
@@ -290,9 +308,19 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
                              mechanism=config.mechanism if config.private else mechanisms.DEFAULT,
                              bands=config.bands if config.private else None,
                              privacy_unit="user" if user else "example",
-                             allow_large_delta=config.allow_large_delta, spent=spent if config.private else ())
+                             allow_large_delta=config.allow_large_delta, spent=spent if config.private else (),
+                             reserved=reserved_entries(config))
     except accounting.PrivacyConfigError as e:
         raise TuneError(str(e)) from e
+
+
+def reserved_entries(config: TuneConfig) -> tuple[dict, ...]:
+    """The ledger entries the run's target covers after it (`TuneConfig.reserve_selection_epsilon`)."""
+    if not (config.private and config.reserve_selection_epsilon):
+        return ()
+    from dpsynth.dp import private_selection
+
+    return (private_selection.reserved_entry(config.reserve_selection_epsilon),)
 
 
 def user_ids(config: TuneConfig, records: Sequence[dict], where: str = "D_train") -> list[str] | None:

@@ -156,3 +156,71 @@ def test_positional_split_accounts_the_selection_for_two_records():
     assert g.ledger_entry(3, group=2)["noise_multiplier"] == pytest.approx(g.noise_multiplier(3) / 2)
     with pytest.raises(ValueError):
         ps.group_size("last10")
+
+
+# ---------------------------------------------------------------------- a selection reserved by the tuning
+
+
+def _tuned_report(reserve: float, epsilon: float = 3.0):
+    """The privacy report of a tuning planned with `reserve_selection_epsilon = reserve` (its ledger
+    holds what the run spends, the reservation only in `training`)."""
+    from dpsynth.dp import report as report_lib
+    from dpsynth.train.tune_config import TuneConfig, plan_run
+
+    config = TuneConfig(epsilon=epsilon, batch_size=64, steps=200, reserve_selection_epsilon=reserve)
+    plan = plan_run(config, 4000)
+    ledger = PrivacyLedger(delta=plan.delta, target_epsilon=plan.target_epsilon,
+                           entries=[plan.ledger_entry(steps=plan.steps, clip_norm=1.0)])
+    training = {"dataset_size": 4000, **({"reserve_selection_epsilon": reserve} if reserve else {})}
+    return plan, report_lib.build_report(ledger, training=training, contamination_sha256=None)
+
+
+@pytest.mark.parametrize("reserve", [0.1, 0.3, 0.5])
+def test_reserved_selection_keeps_a_sequential_release_within_the_target(reserve):
+    """The property: tune with a reservation r, select at r on a positional split (sequential, at 2r):
+    the composed release is (target, delta)-DP; a selection above the reservation is not."""
+    plan, rep = _tuned_report(reserve)
+    assert plan.reserved == (ps.reserved_entry(reserve),) and ps.reserved_entry(reserve)["epsilon"] == 2 * reserve
+    # the run alone spends less than the target; the run and the reserved selection meet it
+    assert plan.epsilons()["rdp"] < 3.0
+    both = PrivacyLedger(delta=plan.delta, target_epsilon=3.0, entries=[
+        plan.ledger_entry(steps=plan.steps, clip_norm=1.0), ps.reserved_entry(reserve)]).epsilons()["rdp"]
+    assert 3.0 * (1 - 1e-3) <= both <= 3.0
+    rng = np.random.default_rng(0)
+    for eps_s, within in ((reserve, True), (reserve / 2, True), (2 * reserve, False)):
+        _, entry, out = ps.select_release(["a", "b"], [10, 12], [rep, rep], ps.DpSelection(epsilon=eps_s),
+                                          split=ps.POSITIONAL, rng=rng, entry_name="sel", selected_by="x", covers="y")
+        assert out["selection"]["composition"] == ps.SEQUENTIAL and entry["epsilon"] == 2 * eps_s
+        assert out["selection"]["reserved_by_tuning"] == reserve
+        assert out["selection"]["within_target"] is within
+        assert (float(out["epsilon"]["rdp"]) <= 3.0) is within
+
+
+def test_a_reservation_costs_noise_and_nothing_without_one():
+    plain, rep0 = _tuned_report(0.0)
+    reserved, _ = _tuned_report(0.3)
+    assert reserved.noise_multiplier > plain.noise_multiplier and not plain.reserved
+    assert "reserved" not in plain.to_json() and reserved.to_json()["reserved"] == [ps.reserved_entry(0.3)]
+    assert type(reserved).from_json(reserved.to_json()) == reserved
+    assert [d[0] for d in plain.differences(reserved)] == ["noise_multiplier", "reserved"]
+    _, _, out = ps.select_release(["a"], [1], [rep0], ps.DpSelection(epsilon=0.3), split=ps.POSITIONAL,
+                                  rng=np.random.default_rng(0), entry_name="sel", selected_by="x", covers="y")
+    assert out["selection"]["reserved_by_tuning"] == 0.0 and out["selection"]["within_target"] is False
+
+
+def test_reservation_settings_are_checked():
+    from dpsynth.dp.plan import plan_privacy
+    from dpsynth.train.tune_config import TuneConfig, TuneError
+
+    for bad in (-0.1, math.inf, math.nan, "0.3", True):
+        with pytest.raises(TuneError, match="reserve_selection_epsilon"):
+            TuneConfig(reserve_selection_epsilon=bad)
+    with pytest.raises(TuneError, match="non-private"):
+        TuneConfig(epsilon=math.inf, reserve_selection_epsilon=0.3)
+    with pytest.raises(TuneError, match="RDP"):
+        TuneConfig(accountant="pld", reserve_selection_epsilon=0.3)
+    assert "reserve_selection_epsilon" not in TuneConfig().to_json()  # fingerprints of earlier runs hold
+    assert TuneConfig(reserve_selection_epsilon=1).to_json()["reserve_selection_epsilon"] == 1.0
+    with pytest.raises(PrivacyConfigError, match="RDP"):
+        plan_privacy(dataset_size=1000, expected_batch_size=10, steps=10, epsilon=3.0, accountant="pld",
+                     reserved=(ps.reserved_entry(0.3),))

@@ -256,10 +256,23 @@ def test_select_nodes_only_when_asked_and_one_per_private_dp_run(data_files, tmp
         assert len(n.inputs["synthetic"]) == 3
     ev = plan.node("evaluate")
     assert set(ev.inputs["selected"]) == {n.key for n in selects}
-    # nothing upstream changes; the evaluate node reads the selected corpora
+    # A positional D_valid: the selection composes sequentially, so each private tuning reserves it (its
+    # target covers the selection: `TuneConfig.reserve_selection_epsilon`); the non-private one does not.
+    tunes = {n.key: n for n in plan.nodes if n.stage == "dp_tune"}
+    for key, n in tunes.items():
+        assert n.config.get("reserve_selection_epsilon") == (None if "epsinf" in key else 0.5)
+    changed = {k for k, n in tunes.items() if n.hash != base.node(k).hash}
+    assert changed == {k for k in tunes if "epsinf" not in k}
+    # A data-independent split: nothing upstream changes; the evaluate node reads the selected corpora
+    kw = {"dp_tune": {"epsilons": [1, 3, float("inf")]}, "sensitive": {"split": {"holdout": "hash"}}}
+    base = build_plan(grid_config(data_files, **kw), str(tmp_path / "run"))
+    plan = build_plan(grid_config(data_files, **kw, select={"epsilon": 0.5}), str(tmp_path / "run"))
     same = {n.key: n.hash for n in base.nodes}
     assert all(same[n.key] == n.hash for n in plan.nodes if n.key in same and n.stage != "evaluate")
-    assert ev.hash != base.node("evaluate").hash
+    assert plan.node("evaluate").hash != base.node("evaluate").hash
+    # a Gaussian selection reserves nothing (the reservation is the exponential mechanism's entry)
+    gauss = build_plan(grid_config(data_files, select={"epsilon": 0.5, "mechanism": "gaussian"}), str(tmp_path / "r"))
+    assert not any("reserve_selection_epsilon" in n.config for n in gauss.nodes if n.stage == "dp_tune")
 
 
 def test_select_split_kind_follows_the_sensitive_config(data_files, tmp_path):

@@ -233,6 +233,29 @@ def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
         sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), cfg, learning_rates=[0.1], clip_norms=[1.0])
 
 
+def test_reserved_selection_is_calibrated_reported_and_not_recorded(tiny_base, tmp_path):
+    """`reserve_selection_epsilon`: sigma is the plan's (calibrated on the run and the reserved
+    selection together), the ledger holds only what the run spent (less than the target), the report
+    says what is reserved, and a resume with another reservation is refused (another plan)."""
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.dp import report as report_lib
+
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, reserve_selection_epsilon=0.2)
+    out = str(tmp_path / "reserved")
+    finetune.dp_tune(base_dir, TRAIN, VALID, out, cfg, stop_after=2, progress_interval=1e9)
+    with pytest.raises(tune_config.TuneError, match="reserved"):
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(cfg, reserve_selection_epsilon=0.1),
+                         resume=True, progress_interval=1e9)
+    res = finetune.dp_tune(base_dir, TRAIN, VALID, out, cfg, resume=True, progress_interval=1e9)
+    plan = tune_config.plan_run(cfg, len(TRAIN))
+    assert res.noise_multiplier == plan.noise_multiplier > tune_config.plan_run(BASE_CFG, len(TRAIN)).noise_multiplier
+    assert all(e["name"] != ps.RESERVED_NAME for e in res.report["ledger"]["entries"])
+    assert res.epsilon["rdp"] < cfg.epsilon
+    assert ps.reserved_epsilon(res.report) == 0.2 and res.report["training"]["reserved"] == [ps.reserved_entry(0.2)]
+    assert "reserved (not spent by this run" in report_lib.render_markdown(res.report)
+
+
 def test_auto_length_and_time_budget_are_chosen_once_composed_and_kept_on_resume(tiny_base, tmp_path, monkeypatch):
     """--max-tokens auto: the length is one of the candidates, its selection is the ledger's first
     entry (on D_train), the tuning's sigma is calibrated after it so that both meet the target.
