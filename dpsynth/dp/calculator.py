@@ -30,7 +30,7 @@ import sys
 
 from dpsynth import errors, logs
 from dpsynth.dp import accounting
-from dpsynth.dp import mechanisms
+from dpsynth.dp import mechanisms, private_selection
 from dpsynth.dp.plan import plan_privacy
 from dpsynth.dp.users import PRIVACY_UNITS
 
@@ -74,12 +74,15 @@ def compute(
     bands: int | None = None,
     max_examples_per_user: int | None = None,
     allow_large_delta: bool = False,
+    reserve_selection_epsilon: float = 0.0,
 ) -> dict:
     """Every input and result of one calculation, as a JSON-ready dict.
 
     Exactly one of `steps`/`epochs` and one of `noise_multiplier`/`epsilon` must be given;
     `dataset_size` at example level, `num_users` at user level. A delta above 1/N is refused
     unless `allow_large_delta` (the result then carries a `delta_warning`).
+    `reserve_selection_epsilon`: the epsilon of a later DP selection on a positionally split D_valid
+    that the target covers too (`dpsynth.dp.private_selection.reserved_entry`; RDP only).
 
     Raises:
         accounting.PrivacyConfigError: invalid or unreachable parameters.
@@ -100,10 +103,14 @@ def compute(
         units = dataset_size
     if epsilon is not None:
         accounting.check_epsilon(epsilon)
+    reserve = float(reserve_selection_epsilon or 0.0)
+    if reserve < 0 or not math.isfinite(reserve):
+        raise accounting.PrivacyConfigError(f"--reserve-selection-epsilon must be a finite number >= 0, got {reserve}")
     plan = plan_privacy(dataset_size=units, expected_batch_size=batch_size, steps=steps, epochs=epochs,
                         epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, accountant=accountant,
                         mechanism=mechanism, bands=bands, privacy_unit=privacy_unit,
-                        allow_large_delta=allow_large_delta)
+                        allow_large_delta=allow_large_delta,
+                        reserved=(private_selection.reserved_entry(reserve),) if reserve else ())
     user = privacy_unit == "user"
     result = {
         "privacy_unit": privacy_unit,
@@ -130,6 +137,8 @@ def compute(
         result.update(target_epsilon=plan.target_epsilon, calibrated_with=accountant)
     eps = plan.epsilons()
     result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
+    if reserve:
+        result.update(reserve_selection_epsilon=reserve, epsilon_with_reserved_rdp=plan.epsilon_with_reserved("rdp"))
     if not user and max_examples_per_user is not None:
         if plan.mechanism != mechanisms.DEFAULT:
             raise accounting.PrivacyConfigError(f"--max-examples-per-user at example level is only analysed for "
@@ -161,6 +170,10 @@ def _format(result: dict) -> str:
         f"epsilon (PLD)       {result['epsilon_pld']:.6g}",
         f"adjacency           {result['adjacency']}",
     ]
+    if "reserve_selection_epsilon" in result:
+        lines.append(f"reserved selection  epsilon {result['reserve_selection_epsilon']:g} on D_valid (accounted at "
+                     f"{2 * result['reserve_selection_epsilon']:g}: positional split); with it, epsilon (RDP) "
+                     f"{result['epsilon_with_reserved_rdp']:.6g}")
     mechanism = mechanisms.get(result["mechanism"]).plan_line(result["bands"])
     if mechanism:
         lines.append(f"mechanism           {mechanism}")
@@ -195,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mechanism", choices=mechanisms.names(), default=mechanisms.DEFAULT,
                    help="dpsgd (iid noise, default) or bandmf (banded correlated noise, cyclic Poisson sampling)")
     p.add_argument("--bands", type=int, default=None, help="BandMF bands b (= the sampling cycle length)")
+    p.add_argument("--reserve-selection-epsilon", type=float, default=0.0, metavar="EPSILON",
+                   help="the epsilon of a later `dpsynth select` on a positionally split D_valid (sequential, at "
+                        "twice this epsilon) that --epsilon covers too, as `dp-tune --reserve-selection-epsilon`")
     p.add_argument("--json", action="store_true", help="print one JSON object with every input and result")
     logs.add_flags(p)
     return p
@@ -210,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         accountant=args.accountant, privacy_unit=args.privacy_unit, num_users=args.num_users,
         mechanism=args.mechanism, bands=args.bands,
         max_examples_per_user=args.max_examples_per_user, allow_large_delta=args.allow_large_delta,
+        reserve_selection_epsilon=args.reserve_selection_epsilon,
     )
     print(json.dumps(result, sort_keys=True) if args.json else _format(result))
     return 0

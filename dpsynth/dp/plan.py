@@ -141,6 +141,15 @@ class PrivacyPlan:
                 out[name] = None
         return out
 
+    def epsilon_with_reserved(self, accountant: str | None = None) -> float:
+        """Epsilon of what was spent, one run of T steps (all `compositions`) and what is reserved,
+        composed: what the release that spends the reservation will hold (<= the target)."""
+        if not self.private:
+            return math.inf
+        acc = accountant or self.accountant
+        run = self.event(self.steps, self.noise_multiplier, compositions=self.compositions)
+        return accounting.epsilon_of_events(self.spent_events(acc) + [run] + self.reserved_events(acc), self.delta, acc)
+
     def spent_events(self, accountant: str | None = None) -> list:
         """The DpEvents of the `spent` entries, for `accountant`."""
         from dpsynth.dp import ledger

@@ -120,3 +120,20 @@ def test_a_large_delta_is_refused_one_line_and_allowed_with_a_weak_headline(caps
     assert rc == 0 and "WEAK DELTA" in json.loads(out)["delta_warning"]
     rc, out, _ = run(capsys, *argv[:-2])  # the default delta: no warning
     assert rc == 0 and "WEAK" not in out
+
+
+def test_reserved_selection_matches_the_tuners_plan(capsys):
+    """`--reserve-selection-epsilon`: the same sigma as `dp-tune` with the same reservation, the run alone
+    below the target, the run and the reserved selection together at it; PLD refused in one line."""
+    from dpsynth.train.tune_config import TuneConfig, plan_run
+
+    argv = ["--dataset-size", "4036", "--batch-size", "234.5", "--steps", "100", "--epsilon", "3", "--json"]
+    assert calculator.main(argv + ["--reserve-selection-epsilon", "0.3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    plan = plan_run(TuneConfig(batch_size=234.5, steps=100, reserve_selection_epsilon=0.3), 4036)
+    assert out["noise_multiplier"] == plan.noise_multiplier
+    assert out["epsilon_rdp"] < 2.9 and 2.99 <= out["epsilon_with_reserved_rdp"] <= 3.0
+    assert calculator.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["noise_multiplier"] < plan.noise_multiplier
+    assert calculator.main(argv + ["--reserve-selection-epsilon", "0.3", "--accountant", "pld"]) == 2
+    assert "RDP accountant only" in capsys.readouterr().err
