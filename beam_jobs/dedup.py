@@ -19,8 +19,7 @@ import sys
 
 from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
-from dpsynth.data import dead_letters, readers
-from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
+from dpsynth.data import read_config, readers
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
 
@@ -32,19 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="K", help="cut shared sequences of >= K tokens")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label", help="'' for unlabeled sensitive text")
     p.add_argument("--num-shards", type=int, default=None, help="public shards (default: one per --shard-mb)")
     p.add_argument("--shard-mb", type=float, default=64.0)
-    p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES)
     p.add_argument("--tfds-data-dir", default=None)
     p.add_argument("--threads", type=int, default=1, help="native threads per worker")
     p.add_argument("--state-dir", default=None, help="the private state directory (the sensitive token corpora, their "
                    "dead letters, the sensitive index; created 0700, never publish it); default: OUT.private next to --out")
-    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of the --sensitive files: " + readers.ENCODING_HELP)
     p.add_argument("--public-encoding", default=readers.DEFAULT_ENCODING, help="of the --public files (default utf-8)")
-    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                   help=dead_letters.LIMIT_HELP + " (here: per corpus, in its token directory)")
+    read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
+                          notes={"label_column": "'' for unlabeled sensitive text", "encoding": "of the --sensitive files",
+                                 "max_dead_letters": "here: per corpus, in its token directory"})
     p.add_argument("--allow-unread-sensitive", action="store_true",
                    help="go on when a sensitive record cannot be read (refused by default: the dedup cannot cut a "
                         "public copy of it); the report then lists those records as not protected")

@@ -19,7 +19,7 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.generate.job import DpLabelHistogram, GenerateConfig, generate
 from dpsynth.generate.sampler_config import SamplingOptions
@@ -60,13 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",
                    help="uniform (no privacy cost) or a DP label histogram of --label-source")
     p.add_argument("--label-source", default=None, help="D_train file(s) for the DP label histogram")
-    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                   help=dead_letters.LIMIT_HELP + " (here: --label-source; OUT.private/dead_letters.jsonl)")
+    read_config.add_flags(p, "encoding", "max_dead_letters",
+                          notes={"encoding": "of --label-source",
+                                 "max_dead_letters": "here: --label-source; OUT.private/dead_letters.jsonl"})
     p.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of the histogram (sensitivity 1)")
     p.add_argument("--label-epsilon", type=float, default=None, help="calibrate sigma for this epsilon (alone)")
     p.add_argument("--label-delta", type=float, default=None, help="delta for --label-epsilon (default: the model's)")
-    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING,
-                   help="of --label-source: " + readers.ENCODING_HELP)
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a --label-delta above 1/N (N = --label-source records), which protects nobody")
     p.add_argument("--format", default="jsonl", help="comma-separated: jsonl (always), parquet, tfrecord")

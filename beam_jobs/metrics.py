@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpsynth import errors, logs, outdir
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 
 if TYPE_CHECKING:
     from dpsynth.evaluate.scoring import EvaluateConfig
@@ -67,9 +67,9 @@ def parser() -> argparse.ArgumentParser:
     from dpsynth.evaluate import registry
 
     registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
-    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                    help=dead_letters.LIMIT_HELP + " (here: per real split; OUT.private/dead_letters.jsonl)")
-    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of the real splits: " + readers.ENCODING_HELP)
+    read_config.add_flags(ap, "encoding", "max_dead_letters",
+                          notes={"encoding": "of the real splits",
+                                 "max_dead_letters": "here: per real split; OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
     return ap
 

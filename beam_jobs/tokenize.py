@@ -17,8 +17,7 @@ import sys
 
 from dpsynth import errors, logs, outdir
 from dpsynth.beam import jobs
-from dpsynth.data import dead_letters, readers
-from dpsynth.data.readers import DEFAULT_MAX_DOCUMENT_BYTES
+from dpsynth.data import read_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,16 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output token corpus directory")
     p.add_argument("--kind", choices=("public", "sensitive"), default="public", help="sensitive = labeled dataset")
     p.add_argument("--name", default=None, help="corpus name in the manifest (default: input stem)")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label", help="'' for unlabeled sensitive text")
     p.add_argument("--num-shards", type=int, default=None, help="default: one per --shard-mb of input")
     p.add_argument("--shard-mb", type=float, default=64.0, help="target input MB per shard")
-    p.add_argument("--max-document-bytes", type=int, default=DEFAULT_MAX_DOCUMENT_BYTES,
-                   help="larger documents are dead-lettered")
     p.add_argument("--tfds-data-dir", default=None, help="prepared TFDS data_dir for tfds:NAME inputs")
-    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
-    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                   help=dead_letters.LIMIT_HELP + " (here: OUT/dead_letters.jsonl)")
+    read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
+                          notes={"label_column": "'' for unlabeled sensitive text",
+                                 "max_dead_letters": "here: OUT/dead_letters.jsonl"})
     logs.add_flags(p)
     return p
 

@@ -25,7 +25,7 @@ import json
 import sys
 
 from dpsynth import errors, logs
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -57,12 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--canary-examples", type=int, default=None,
                    help="synthetic examples of the rerun (default: the corpus's own count)")
     g.add_argument("--ngram-order", type=int, default=3, help="n of the attacker's n-gram LM")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help="of --train, --test and --valid: "
-                   + readers.ENCODING_HELP)
-    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                   help=dead_letters.LIMIT_HELP + " (here: OUT/dead_letters.jsonl)")
+    read_config.add_flags(p, "text_column", "label_column", "encoding", "max_dead_letters",
+                          notes={"encoding": "of --train, --test and --valid",
+                                 "max_dead_letters": "here: OUT/dead_letters.jsonl"})
     logs.add_flags(p)
     return p
 

@@ -20,7 +20,7 @@ import json
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -64,9 +64,8 @@ def parser() -> argparse.ArgumentParser:
     registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
-    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                    help=dead_letters.LIMIT_HELP + " (here: OUT.private/dead_letters.jsonl)")
-    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
+    read_config.add_flags(ap, "encoding", "max_dead_letters",
+                          notes={"max_dead_letters": "here: OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
     return ap
 

@@ -24,7 +24,7 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 from trainers import distributed
 
 
@@ -134,11 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-accounting", choices=selection.SWEEP_ACCOUNTINGS, default="composed",
                    help="composed (default): the k trials together meet --epsilon, the report covers all of them; "
                         "selected-only: the paper's way, only the selected trial is accounted (said in the report)")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                   help=dead_letters.LIMIT_HELP + " (here: the private state directory's dead_letters.jsonl)")
-    p.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
+    read_config.add_flags(p, "text_column", "label_column", "encoding", "max_dead_letters",
+                          notes={"max_dead_letters": "here: the private state directory's dead_letters.jsonl"})
     logs.add_flags(p)
     return p
 

@@ -23,7 +23,7 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters, readers
+from dpsynth.data import dead_letters, read_config
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -64,9 +64,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates")
     g.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of that histogram")
     g.add_argument("--gen-seed", type=int, default=0, help="generation job seed")
-    ap.add_argument("--max-dead-letters", default=dead_letters.DEFAULT_LIMIT, metavar="N|P%",
-                    help=dead_letters.LIMIT_HELP + " (here: --valid; OUT.private/dead_letters.jsonl)")
-    ap.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
+    read_config.add_flags(ap, "encoding", "max_dead_letters",
+                          notes={"max_dead_letters": "here: --valid; OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
     return ap
 

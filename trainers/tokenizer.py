@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from dpsynth import errors, logs
-from dpsynth.data import readers
+from dpsynth.data import read_config
 from dpsynth.data.tokenizer_training import DEFAULT_SAMPLE_BYTES, train_public_tokenizer
 
 
@@ -24,13 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--corpus", nargs="+", required=True, metavar="PATH", help="public corpus files/dirs/globs")
     t.add_argument("--vocab-size", type=int, required=True, metavar="N")
     t.add_argument("--out", required=True, metavar="MODEL", help="where to write the .model file")
-    t.add_argument("--text-column", default="text", help="text field of .jsonl/.parquet inputs")
     t.add_argument("--max-sample-mb", type=float, default=DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
                    help="sample at most this many MiB of lines (peak ~0.3 GB + ~25x this, docs/data.md)")
     t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
     t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--encoding", default=readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
+    read_config.add_flags(t, "text_column", "encoding")
     logs.add_flags(t)
     return p
 
