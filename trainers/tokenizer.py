@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import errors, logs
+from dpsynth import binding, errors, logs
 from dpsynth.data import read_config
-from dpsynth.data.tokenizer_training import DEFAULT_SAMPLE_BYTES, train_public_tokenizer
+from dpsynth.data.tokenizer_training import TokenizerConfig, train_public_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,13 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train on a sample of a public corpus", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--corpus", nargs="+", required=True, metavar="PATH", help="public corpus files/dirs/globs")
-    t.add_argument("--vocab-size", type=int, required=True, metavar="N")
     t.add_argument("--out", required=True, metavar="MODEL", help="where to write the .model file")
-    t.add_argument("--max-sample-mb", type=float, default=DEFAULT_SAMPLE_BYTES / 2**20, metavar="MB",
-                   help="sample at most this many MiB of lines (peak ~0.3 GB + ~25x this, docs/data.md)")
-    t.add_argument("--max-sentences", type=int, default=1_000_000, help="and at most this many lines")
-    t.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
-    t.add_argument("--seed", type=int, default=0)
+    binding.add_flags(t, TokenizerConfig, overrides={"vocab_size": {"required": True, "metavar": "N"},
+                                                     "max_sample_mb": {"metavar": "MB"}})
     read_config.add_flags(t, "text_column", "encoding")
     logs.add_flags(t)
     return p
@@ -38,11 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    train_public_tokenizer(
-        args.corpus, vocab_size=args.vocab_size, out=args.out, text_column=args.text_column,
-        max_sentences=args.max_sentences, max_sample_bytes=max(1, int(args.max_sample_mb * 2**20)),
-        model_type=args.model_type, seed=args.seed, encoding=args.encoding,
-    )
+    try:
+        config = binding.from_args(TokenizerConfig, args)
+    except binding.SettingError as e:
+        raise errors.DpsynthError(f"{binding.flag_name(e.field)}: {e.message}") from None
+    train_public_tokenizer(args.corpus, out=args.out, config=config, text_column=args.text_column,
+                           encoding=args.encoding)
     return 0
 
 

@@ -28,6 +28,7 @@ from dpsynth.beam.dedup import PUBLIC
 from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import dead_letters, readers, token_shards
+from dpsynth.data.tokenizer_training import TokenizerConfig
 from dpsynth.data.tokenizers import Tokenizer
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 
@@ -284,11 +285,8 @@ RELEASED_TOKENS_DIR = "clean_tokens"
 def release_tokenizer(
     clean_corpus: Sequence[str] | str,
     *,
-    vocab_size: int,
     out_dir: str,
-    max_sentences: int = 1_000_000,
-    model_type: str = "unigram",
-    seed: int = 0,
+    config: TokenizerConfig = TokenizerConfig(),
     num_shards: int | None = None,
     beam_args: Sequence[str] | None = None,
     test_pipeline: PipelineFactory | None = None,
@@ -311,8 +309,7 @@ def release_tokenizer(
     if "://" not in out_dir:
         os.makedirs(out_dir, exist_ok=True)
     tokenizer_path = FileSystems.join(out_dir, RELEASED_TOKENIZER)
-    tokenizer = train_public_tokenizer(clean_corpus, vocab_size=vocab_size, out=tokenizer_path,
-                                       max_sentences=max_sentences, model_type=model_type, seed=seed)
+    tokenizer = train_public_tokenizer(clean_corpus, out=tokenizer_path, config=config)
     tokens_dir = FileSystems.join(out_dir, RELEASED_TOKENS_DIR)
     manifest = tokenize(clean_corpus, tokenizer_path=tokenizer_path, out_dir=tokens_dir, kind="public",
                         name="public", num_shards=num_shards, beam_args=beam_args,

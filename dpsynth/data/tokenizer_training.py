@@ -1,11 +1,14 @@
 """Training the SentencePiece tokenizer on public corpora (`dpsynth tokenizer train`).
 
 `sample_lines` draws the bounded uniform sample of lines that `train_tokenizer` trains on;
-`train_public_tokenizer` reads the public files and saves the model.
+`train_public_tokenizer` reads the public files and saves the model. `TokenizerConfig` is the one
+declaration of the training settings: `dpsynth tokenizer train`'s flags, the experiment's
+`tokenizer:` section and the released tokenizer (`dpsynth.beam.jobs.release_tokenizer`) all take it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import io
 import os
@@ -13,6 +16,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
+from dpsynth import binding
 from dpsynth.data import readers
 from dpsynth.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -49,6 +53,50 @@ def _sentences(text: str, max_bytes: int) -> Iterator[str]:
 # bytes of memory per sampled byte (measured in docs/data.md), so 32 MiB of lines stays near
 # 1 GB whatever the corpus size.
 DEFAULT_SAMPLE_BYTES = 32 << 20
+
+
+MODEL_TYPES = ("unigram", "bpe")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    """How a SentencePiece tokenizer is trained on a bounded random sample of a public corpus.
+
+    Attributes:
+        vocab_size: pieces in the vocabulary (>= 16).
+        max_sentences: at most this many lines in the sample.
+        max_sample_mb: at most this many MiB of lines in the sample (training memory follows it:
+            about 0.3 GB + 25x this, docs/data.md).
+        model_type: SentencePiece's model type.
+        seed: the seed of the line sample.
+    """
+
+    vocab_size: int = binding.setting(8000, help="pieces in the vocabulary (>= 16)")
+    max_sentences: int = binding.setting(1_000_000, help="sample at most this many lines")
+    max_sample_mb: float = binding.setting(DEFAULT_SAMPLE_BYTES / 2**20,
+                                           help="and at most this many MiB of lines (peak ~0.3 GB + ~25x this, "
+                                                "docs/data.md)")
+    model_type: str = binding.setting("unigram", choices=MODEL_TYPES, help="SentencePiece model type")
+    seed: int = binding.setting(0, help="the seed of the line sample")
+
+    def __post_init__(self):
+        for name in ("vocab_size", "max_sentences", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise binding.SettingError(name, f"must be an integer, got {value!r}")
+        if self.vocab_size < 16:
+            raise binding.SettingError("vocab_size", f"must be >= 16, got {self.vocab_size}")
+        if self.max_sentences < 1:
+            raise binding.SettingError("max_sentences", f"must be >= 1, got {self.max_sentences}")
+        if isinstance(self.max_sample_mb, bool) or not isinstance(self.max_sample_mb, (int, float)) \
+                or not 0 < self.max_sample_mb < float("inf"):
+            raise binding.SettingError("max_sample_mb", f"must be a number > 0, got {self.max_sample_mb!r}")
+        if self.model_type not in MODEL_TYPES:
+            raise binding.SettingError("model_type", f"must be one of {', '.join(MODEL_TYPES)}, got {self.model_type!r}")
+
+    @property
+    def max_sample_bytes(self) -> int:
+        return max(1, int(self.max_sample_mb * 2**20))
 
 
 def sample_lines(
@@ -147,19 +195,15 @@ def train_tokenizer(
 def train_public_tokenizer(
     corpus: Sequence[str] | str,
     *,
-    vocab_size: int,
     out: str,
+    config: TokenizerConfig = TokenizerConfig(),
     text_column: str = "text",
-    max_sentences: int | None = 1_000_000,
-    max_sample_bytes: int = DEFAULT_SAMPLE_BYTES,
-    model_type: str = "unigram",
-    seed: int = 0,
     encoding: str | None = None,
 ) -> Tokenizer:
     """Trains on a random sample of lines of a PUBLIC corpus (text in `encoding`, default UTF-8)
     and saves the model to `out`.
 
-    The sample holds at most `max_sample_bytes` bytes and `max_sentences` lines
+    The sample holds at most `config.max_sample_mb` MiB and `config.max_sentences` lines
     (`sample_lines`); memory follows the sample, not the corpus.
 
     Raises:
@@ -169,8 +213,9 @@ def train_public_tokenizer(
     files = readers.resolve_inputs(corpus, encoding=encoding)
     texts = readers.iter_public_texts([f.path for f in files], text_column=text_column, encoding=encoding)
     try:
-        tokenizer = train_tokenizer(texts, vocab_size=vocab_size, max_sentences=max_sentences,
-                                    max_sample_bytes=max_sample_bytes, model_type=model_type, seed=seed)
+        tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size, max_sentences=config.max_sentences,
+                                    max_sample_bytes=config.max_sample_bytes, model_type=config.model_type,
+                                    seed=config.seed)
     except ValueError as e:
         raise readers.InputError(f"{', '.join(map(str, corpus))}: {e}") from e
     tokenizer.save(out)

@@ -110,6 +110,7 @@ from typing import Any
 
 from dpsynth import binding
 from dpsynth.data import readers
+from dpsynth.data import tokenizer_training as tokenizer_lib
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
 from dpsynth.dp.accounting import ACCOUNTANTS  # noqa: F401 (the section's accountants are the tuner's)
 from dpsynth.errors import DpsynthError
@@ -230,16 +231,22 @@ class SensitiveConfig:
             _check(value is None or value > 0, f"{key}.{name}", f"must be > 0, got {value}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TokenizerConfig:
-    """SentencePiece trained on a sample of the public corpus."""
+def _validate_tokenizer(self, key: str) -> None:
+    """The library's validation (`tokenizer_training.TokenizerConfig.__post_init__`), named by key."""
+    try:
+        tokenizer_lib.TokenizerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+    except binding.SettingError as e:
+        raise ConfigError(f"{key}.{e.field}: {e.message}") from None
 
-    vocab_size: int = 8000
-    max_sentences: int = 200_000
 
-    def validate(self, key: str) -> None:
-        _check(self.vocab_size >= 16, f"{key}.vocab_size", f"must be >= 16, got {self.vocab_size}")
-        _check(self.max_sentences > 0, f"{key}.max_sentences", "must be > 0")
+# The tokenizer: the library's vocab_size and max_sentences (their one declaration and validation),
+# with the experiment's smaller sample as a preset; both values enter the pinned stage hashes.
+TOKENIZER_PRESET = {"max_sentences": 200_000}
+TokenizerConfig = binding.subconfig(
+    "TokenizerConfig", tokenizer_lib.TokenizerConfig, lambda f: f.name in ("vocab_size", "max_sentences"),
+    module=__name__, preset=TOKENIZER_PRESET, namespace={"validate": _validate_tokenizer},
+    doc="SentencePiece trained on a sample of the public corpus (`dpsynth.data.tokenizer_training."
+        "TokenizerConfig`'s vocab_size and max_sentences, at `TOKENIZER_PRESET`).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -219,18 +219,21 @@ def public_corpus(ctx: StageContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- tokenizer
 
 
+def tokenizer_config(config: Mapping[str, Any]):
+    """The `dpsynth.data.tokenizer_training.TokenizerConfig` of a `tokenizer` stage config (the
+    experiment's section and its seed)."""
+    from dpsynth.data.tokenizer_training import TokenizerConfig
+
+    return make_config(TokenizerConfig, config, "tokenizer")
+
+
 def tokenizer(ctx: StageContext) -> dict[str, Any]:
     """The RELEASED tokenizer: SentencePiece on the deduplicated public corpus only, and that
     corpus re-tokenized with it (`dpsynth.beam.jobs.release_tokenizer`)."""
     from dpsynth.beam import jobs
 
-    out = jobs.release_tokenizer(
-        [ctx.inputs["dedup"].path("clean")],
-        vocab_size=ctx.config["vocab_size"],
-        out_dir=ctx.out_dir,
-        max_sentences=ctx.config["max_sentences"],
-        seed=ctx.config["seed"],
-    )
+    out = jobs.release_tokenizer([ctx.inputs["dedup"].path("clean")], out_dir=ctx.out_dir,
+                                 config=tokenizer_config(ctx.config))
     ctx.report(f"tokenizer: {out['vocab_size']} pieces from the deduplicated public corpus only, sha256 "
                f"{out['sha256'][:12]}; clean corpus re-tokenized: {out['manifest']['num_tokens']} tokens")
     return {"vocab_size": out["vocab_size"], "sha256": out["sha256"], "num_tokens": out["manifest"]["num_tokens"]}
@@ -266,10 +269,9 @@ def dedup(ctx: StageContext) -> dict[str, Any]:
     from dpsynth.data import tokenizer_training as training
     from dpsynth.dedup import report as report_lib
 
-    tok = ctx.config["tokenizer"]
-    temporary = ctx.private_path(DEDUP_TOKENIZER)
-    training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], vocab_size=tok["vocab_size"], out=temporary,
-                                    max_sentences=tok["max_sentences"], seed=tok["seed"])
+    temporary = ctx.private_path(DEDUP_TOKENIZER)  # trained like the released one (its stage config)
+    training.train_public_tokenizer([ctx.inputs["public"].path("corpus")], out=temporary,
+                                    config=tokenizer_config(ctx.config["tokenizer"]))
     os.chmod(temporary, 0o600)
     if "sensitive_sets" in ctx.inputs:  # dedup.also_against: every listed set, by name
         sensitive = [f"{name}={out.path('data')}" for name, out in zip(ctx.config["sets"], ctx.inputs["sensitive_sets"])]

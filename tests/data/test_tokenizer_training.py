@@ -26,11 +26,12 @@ def test_cli_trains_on_public_files(tmp_path, capsys):
 
 
 def test_empty_corpus_is_a_clear_error(tmp_path, capsys):
-    from dpsynth.data.tokenizer_training import train_public_tokenizer
+    from dpsynth.data.tokenizer_training import TokenizerConfig, train_public_tokenizer
 
     (tmp_path / "e.jsonl").write_text(json.dumps({"text": "   "}) + "\n")
     with pytest.raises(readers.InputError, match="e.jsonl"):
-        train_public_tokenizer([str(tmp_path / "e.jsonl")], vocab_size=300, out=str(tmp_path / "t.model"))
+        train_public_tokenizer([str(tmp_path / "e.jsonl")], out=str(tmp_path / "t.model"),
+                               config=TokenizerConfig(vocab_size=300))
     # The command: that error as one line, exit status 2 (dpsynth.errors).
     assert cli.main(["tokenizer", "train", "--corpus", str(tmp_path / "e.jsonl"), "--vocab-size", "300",
                      "--out", str(tmp_path / "t.model")]) == 2
@@ -113,3 +114,29 @@ def test_train_tokenizer_uses_lines_longer_than_sentencepiece_accepts():
     assert all(len(c.encode()) <= 8192 for c in chunks)
     tok = train_tokenizer([line], vocab_size=400)  # used to fail: no sentence left
     assert tok.decode(tok.encode("w1 w2 w3")) == "w1 w2 w3"
+
+
+def test_one_config_for_the_command_the_experiment_and_the_library(tmp_path, capsys):
+    """`TokenizerConfig` is the one declaration: `dpsynth tokenizer train`'s flags and defaults, the
+    experiment's `tokenizer:` section (a preset over it) and its validation, with the field named."""
+    import dataclasses
+
+    from dpsynth import binding
+    from dpsynth.data.tokenizer_training import TokenizerConfig
+    from dpsynth.experiment import config as exp_config
+    from trainers import tokenizer as tok_cli
+
+    train = tok_cli.build_parser()._subparsers._group_actions[0].choices["train"]
+    args = train.parse_args(["--corpus", "c", "--out", "o", "--vocab-size", "500", "--model-type", "bpe"])
+    assert binding.from_args(TokenizerConfig, args) == TokenizerConfig(vocab_size=500, model_type="bpe")
+    section = exp_config.TokenizerConfig()
+    assert {f.name for f in dataclasses.fields(section)} == {"vocab_size", "max_sentences"}
+    assert section.vocab_size == TokenizerConfig().vocab_size and section.max_sentences == 200_000  # the preset
+    for bad, key in (({"vocab_size": 8}, "tokenizer.vocab_size"), ({"max_sentences": 0}, "tokenizer.max_sentences")):
+        with pytest.raises(exp_config.ConfigError, match=key):
+            exp_config.TokenizerConfig(**bad).validate("tokenizer")
+    for bad in ({"max_sample_mb": 0}, {"model_type": "word"}, {"seed": 1.5}):
+        with pytest.raises(binding.SettingError, match=next(iter(bad))):
+            TokenizerConfig(**bad)
+    assert cli.main(["tokenizer", "train", "--corpus", "c", "--out", str(tmp_path / "t.model"), "--vocab-size", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "dpsynth tokenizer: error: --vocab-size: must be >= 16, got 3"

@@ -85,7 +85,7 @@ def _pieces(path):
 
 
 def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, capsys):
-    from dpsynth.data.tokenizer_training import train_public_tokenizer
+    from dpsynth.data.tokenizer_training import TokenizerConfig, train_public_tokenizer
 
     write_csv(files / "train.csv", [(f"number {i} {REVIEW}{(RARE + ' ') * 12}".strip(), i % 2) for i in range(20)])
     cfg = sens_config(files).replace(public={"plant": 2}, tokenizer={"vocab_size": 400, "max_sentences": 1000})
@@ -103,8 +103,8 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     assert dedup.summary["planted_found"] == 2
     # Control: a tokenizer trained on the public corpus as it is before dedup (the order this
     # replaced) learns the rare string of the planted reviews as a piece...
-    before = train_public_tokenizer([pub.path("corpus")], vocab_size=400, out=str(tmp_path / "before.model"),
-                                    max_sentences=1000, seed=0)
+    before = train_public_tokenizer([pub.path("corpus")], out=str(tmp_path / "before.model"),
+                                    config=TokenizerConfig(vocab_size=400, max_sentences=1000, seed=0))
     assert any(RARE in p for p in _pieces(str(tmp_path / "before.model"))), before.sha256
     # ... while the released tokenizer, trained on the deduplicated corpus only, does not.
     released = _pieces(tok.path("tokenizer.model"))
