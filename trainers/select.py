@@ -111,6 +111,15 @@ def main(argv=None) -> int:
                 paths[name] = d
         selection = dp_select.select_corpora(paths, valid, config)
         dp_select.write_selection(args.out, selection, paths)
+        sel = selection.report["selection"]
+        if not sel["within_target"]:
+            acc = selection.report.get("accountant", "rdp")
+            print(f"dpsynth select: note: the release's epsilon {selection.report['epsilon'].get(acc)} ({acc.upper()}, "
+                  f"{sel['composition']} composition) exceeds the tuning's target "
+                  f"{selection.report['ledger']['target_epsilon']}"
+                  + ("; a sequential selection can be reserved in dp-tune (--reserve-selection-epsilon "
+                     f"{config.epsilon:g})" if sel["composition"] == "sequential" and not sel["reserved_by_tuning"]
+                     else ""), file=sys.stderr)
         print(json.dumps({"selected": selection.winner_name, "candidates": len(paths),
                           "epsilon": selection.report["epsilon"],
                           "composition": selection.report["selection"]["composition"],

@@ -145,6 +145,14 @@ def test_cli_on_existing_candidates(candidates, tmp_path, capsys):
     assert summary["selected"] in paths and summary["composition"] == ps.PARALLEL
     assert os.path.exists(os.path.join(out, "privacy_report.json"))
     assert cli.main(["--candidates", paths["signal"], paths["signal"], "--valid", valid_path, "--out", out]) == 2
+    capsys.readouterr()
+    # A positional split composes sequentially: above the tuning's target, said, with the reservation to use.
+    assert cli.main(["--candidates", *paths.values(), "--valid", valid_path, "--out", str(tmp_path / "seq"),
+                     "--epsilon", "2", "--split", "positional", "--max-epochs", "1", "--seed", "1"]) == 0
+    got = capsys.readouterr()
+    summary = json.loads(got.out.strip().splitlines()[-1])
+    assert summary["composition"] == ps.SEQUENTIAL and summary["within_target"] is False
+    assert "exceeds the tuning's target" in got.err and "--reserve-selection-epsilon 2)" in got.err
 
 
 def test_generate_candidates_generates_each_setting_once(tmp_path):
