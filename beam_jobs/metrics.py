@@ -14,6 +14,7 @@ flag (`--runner`, `--direct_num_workers`, ...) is passed through; the default ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,12 @@ def _floats(s: str) -> tuple[float, ...]:
     return tuple(float(x) for x in s.split(",") if x.strip())
 
 
+# `EvaluateConfig` fields that are flags as they are (the others are shaped by the flags above them:
+# --classifiers a comma list, --grid small | wide, --cnn paper | small, --mauve-seeds a count, ...).
+BOUND = ("model_dir", "embedder", "mauve_subsample", "pooling", "dp_delta", "dp_accountant", "dp_sweep_accounting",
+         "dp_select_epsilon", "dp_valid_split", "wordcnn_vocabulary")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dpsynth evaluate", description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -43,25 +50,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--real-valid", help="real validation split (ranking upper bound, baseline selection)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--classifiers", default="wordcnn", help="comma list of wordcnn,backbone, or 'none'")
-    ap.add_argument("--model", help="pretrained LM checkpoint (backbone classifier, default MAUVE embedder)")
-    ap.add_argument("--pooling", default="mean", choices=("mean", "last"))
-    ap.add_argument("--embedder", default="auto", help="auto | hashing[:DIM] | lm:DIR | st:PATH")
     ap.add_argument("--dp-epsilons", default="", type=_floats, help="DP-on-real baselines, e.g. 1,3,8")
-    ap.add_argument("--dp-delta", type=float, default=None, help="DP-on-real delta (default 1/|real train|)")
-    ap.add_argument("--dp-accountant", default="rdp", choices=("rdp", "pld"))
-    ap.add_argument("--sweep-accounting", default="composed", choices=("composed", "selected-only"),
-                    help="DP-on-real: all trials of the sweep together meet each epsilon (composed) or only the "
-                         "selected one (selected-only, the paper's accounting; declared as a side channel)")
-    ap.add_argument("--wordcnn-vocabulary", default="auto", choices=("auto", "tokenizer", "hashing", "train"),
-                    help="auto: own training set if non-private; DP-on-real: --model's tokenizer pieces, else "
-                         "hashed words (train: from real train, a declared side channel)")
+    # The settings that are `EvaluateConfig` fields as they are: flags, defaults, choices and help from it.
+    from dpsynth import binding
+    from dpsynth.evaluate.scoring import EvaluateConfig
+
+    binding.add_flags(ap, EvaluateConfig, skip=tuple(f.name for f in dataclasses.fields(EvaluateConfig)
+                                                     if f.name not in BOUND),
+                      overrides={"model_dir": {"flags": ("--model",)},
+                                 "dp_sweep_accounting": {"flags": ("--sweep-accounting",)}})
     ap.add_argument("--grid", default="small", choices=("small", "wide"), help="lr x weight-decay grid")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-epochs", type=int, default=10)
     ap.add_argument("--cnn", default="paper", choices=("paper", "small"), help="WordCNN sizes (small: CPU demo)")
     ap.add_argument("--mauve-max-buckets", type=int, default=500)
     ap.add_argument("--mauve-seeds", type=int, default=3)
-    ap.add_argument("--mauve-subsample", type=int, default=None)
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
     from dpsynth.evaluate import registry
@@ -74,16 +77,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = None, pooling: str = "mean",
-                      embedder: str = "auto", dp_epsilons: Sequence[float] = (), grid: str = "small", repeats: int = 3,
-                      max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500, mauve_seeds: int = 3,
-                      mauve_subsample: int | None = None, perplexity: bool = True,
-                      real_baseline: bool = True, dp_sweep_accounting: str = "composed",
-                      wordcnn_vocabulary: str = "auto", dp_delta: float | None = None,
-                      dp_accountant: str = "rdp", classifier_options=None) -> EvaluateConfig:
+def config_from_flags(*, classifiers: str = "wordcnn", dp_epsilons: Sequence[float] = (), grid: str = "small",
+                      repeats: int = 3, max_epochs: int = 10, cnn: str = "paper", mauve_max_buckets: int = 500,
+                      mauve_seeds: int = 3, perplexity: bool = True, real_baseline: bool = True,
+                      classifier_options=None, **bound) -> EvaluateConfig:
     """An `EvaluateConfig` from the flags' values (`--classifiers` a comma list or "none", `--grid`
     small | wide, `--cnn` paper | small, `--mauve-seeds` a count, `classifier_options` the families'
-    own settings, `dpsynth.evaluate.registry.options_from_args`, ...)."""
+    own settings, `dpsynth.evaluate.registry.options_from_args`; `bound`: the `BOUND` fields as they
+    are, e.g. model_dir, pooling, dp_select_epsilon)."""
     from dpsynth.evaluate import classifiers as cls_lib
     from dpsynth.evaluate import mauve
     from dpsynth.evaluate import train_classifier as tc
@@ -92,13 +93,14 @@ def config_from_flags(*, classifiers: str = "wordcnn", model_dir: str | None = N
 
     kinds = () if classifiers.strip() in ("", "none") else tuple(c.strip() for c in classifiers.split(",") if c.strip())
     lrs, wds = (tc.WIDE_LR_GRID, tc.WIDE_WD_GRID) if grid == "wide" else (tc.SMALL_LR_GRID, tc.SMALL_WD_GRID)
+    unknown = set(bound) - set(BOUND)
+    if unknown:
+        raise TypeError(f"config_from_flags: unknown settings {sorted(unknown)}")
     return EvaluateConfig(
-        classifiers=kinds, model_dir=model_dir, pooling=pooling, embedder=embedder, dp_epsilons=tuple(dp_epsilons),
+        classifiers=kinds, dp_epsilons=tuple(dp_epsilons), **bound,
         wordcnn=cls_lib.WordCNNConfig(**SMALL_CNN_SIZES) if cnn == "small" else cls_lib.WordCNNConfig(),
         mauve=mauve.MauveConfig(max_buckets=mauve_max_buckets), mauve_seeds=tuple(range(mauve_seeds)),
-        mauve_subsample=mauve_subsample, perplexity=perplexity, real_baseline=real_baseline,
-        dp_sweep_accounting=dp_sweep_accounting, wordcnn_vocabulary=wordcnn_vocabulary, dp_delta=dp_delta,
-        dp_accountant=dp_accountant, classifier_options=dict(classifier_options or {}),
+        perplexity=perplexity, real_baseline=real_baseline, classifier_options=dict(classifier_options or {}),
         sweep=tc.SweepConfig(learning_rates=lrs, weight_decays=wds, repeats=repeats,
                              train=tr.TrainConfig(max_epochs=max_epochs)))
 
@@ -113,12 +115,10 @@ def run(argv=None, test_pipeline=None) -> dict:
 
     args, beam_args = parser().parse_known_args(argv)
     config = config_from_flags(
-        classifiers=args.classifiers, model_dir=args.model, pooling=args.pooling, embedder=args.embedder,
-        dp_epsilons=args.dp_epsilons, grid=args.grid, repeats=args.repeats, max_epochs=args.max_epochs, cnn=args.cnn,
-        mauve_max_buckets=args.mauve_max_buckets, mauve_seeds=args.mauve_seeds, mauve_subsample=args.mauve_subsample,
+        classifiers=args.classifiers, dp_epsilons=args.dp_epsilons, grid=args.grid, repeats=args.repeats,
+        max_epochs=args.max_epochs, cnn=args.cnn, mauve_max_buckets=args.mauve_max_buckets, mauve_seeds=args.mauve_seeds,
         perplexity=not args.no_perplexity, real_baseline=not args.no_real_baseline,
-        dp_sweep_accounting=args.sweep_accounting, wordcnn_vocabulary=args.wordcnn_vocabulary, dp_delta=args.dp_delta,
-        dp_accountant=args.dp_accountant, classifier_options=registry.options_from_args(args))
+        classifier_options=registry.options_from_args(args), **{name: getattr(args, name) for name in BOUND})
     # Rejected records of the real splits: counted, explained, listed owner-only; past the limit: refused.
     policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                     prefix="dpsynth evaluate: ")

@@ -19,7 +19,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpsynth.dp import selection
+from dpsynth import binding
+from dpsynth.dp import accounting, private_selection, selection
 from dpsynth.evaluate import classifiers as cls_lib
 from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, registry, scores
 from dpsynth.evaluate import train_classifier as tc
@@ -70,14 +71,15 @@ class EvaluateConfig:
     """
 
     classifiers: tuple[str, ...] = ("wordcnn",)
-    model_dir: str | None = None
-    embedder: str = "auto"
+    model_dir: str | None = binding.setting(None, help="pretrained LM checkpoint (the backbone classifier, the "
+                                                       "default MAUVE embedder, the DP WordCNN's tokenizer vocabulary)")
+    embedder: str = binding.setting("auto", help="MAUVE embedder: auto | hashing[:DIM] | lm:DIR | st:PATH")
     mauve: mauve.MauveConfig = mauve.MauveConfig()
     mauve_seeds: tuple[int, ...] = (0, 1, 2)
-    mauve_subsample: int | None = None
+    mauve_subsample: int | None = binding.setting(None, help="MAUVE on this many examples per side (default all)")
     wordcnn: cls_lib.WordCNNConfig = cls_lib.WordCNNConfig()
     backbone_max_len: int = 128
-    pooling: str = "mean"
+    pooling: str = binding.setting("mean", choices=cls_lib.POOLINGS, help="the backbone classifier's pooling")
     freeze_backbone: bool = False
     sweep: tc.SweepConfig = tc.SweepConfig()
     backbone_sweep: tc.SweepConfig | None = None
@@ -85,12 +87,23 @@ class EvaluateConfig:
     dp_expected_batch_size: int = 64
     dp_epochs: float = 5.0
     dp_microbatch_size: int = 16
-    dp_delta: float | None = None
-    dp_accountant: str = "rdp"
-    dp_sweep_accounting: str = "composed"
-    dp_select_epsilon: float | None = None
-    dp_valid_split: str = "files"
-    wordcnn_vocabulary: str = "auto"
+    dp_delta: float | None = binding.setting(None, help="DP-on-real delta (default 1/|real train|)")
+    dp_accountant: str = binding.setting("rdp", choices=accounting.ACCOUNTANTS, help="DP-on-real accountant")
+    dp_sweep_accounting: str = binding.setting(
+        "composed", choices=selection.SWEEP_ACCOUNTINGS,
+        help="DP-on-real: all trials of the sweep together meet each epsilon (composed) or only the selected one "
+             "(selected-only, the paper's accounting; declared as a side channel)")
+    dp_select_epsilon: float | None = binding.setting(
+        None, help="DP-on-real: choose each sweep's setting on --real-valid with DP at this epsilon (exponential "
+                   "mechanism; every trial then keeps its last epoch); default: the non-DP choice, a declared side "
+                   "channel")
+    dp_valid_split: str = binding.setting("files", choices=private_selection.SPLITS,
+                                          help="how --real-valid was split from D: files or hash compose the DP "
+                                               "selection in parallel with the training, positional sequentially")
+    wordcnn_vocabulary: str = binding.setting(
+        "auto", choices=wordcnn_lib.VOCABULARIES,
+        help="auto: own training set if non-private; DP-on-real: --model's tokenizer pieces, else hashed words "
+             "(train: from real train, a declared side channel)")
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50

@@ -51,3 +51,28 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         job.parser().parse_args(["--out", "x"])
+
+
+def test_cli_flags_of_config_fields_come_from_the_config():
+    """`dpsynth evaluate`'s flags that are `EvaluateConfig` fields as they are: the config's defaults,
+    choices and help (one declaration), read back into the config; the DP selection of DP-on-real too."""
+    import dataclasses
+
+    from dpsynth.evaluate.scoring import EvaluateConfig
+
+    base = ["--synthetic", "s", "--real-train", "t", "--real-test", "x", "--out", "o"]
+    args = job.parser().parse_args(base)
+    default = EvaluateConfig()
+    assert {n: getattr(args, n) for n in job.BOUND} == {n: getattr(default, n) for n in job.BOUND}
+    fields = {f.name: f for f in dataclasses.fields(EvaluateConfig)}
+    actions = {a.dest: a for a in job.parser()._actions}
+    for name in job.BOUND:
+        assert actions[name].help == fields[name].metadata["help"]
+    assert tuple(actions["dp_valid_split"].choices) == ("files", "hash", "positional")
+    args = job.parser().parse_args(base + ["--model", "m", "--dp-select-epsilon", "0.5", "--dp-valid-split", "hash",
+                                           "--sweep-accounting", "selected-only"])
+    config = job.config_from_flags(**{n: getattr(args, n) for n in job.BOUND})
+    assert (config.model_dir, config.dp_select_epsilon, config.dp_valid_split, config.dp_sweep_accounting) == (
+        "m", 0.5, "hash", "selected-only")
+    with pytest.raises(TypeError, match="unknown"):
+        job.config_from_flags(pooling_mode="mean")
