@@ -31,15 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="K", help="cut shared sequences of >= K tokens")
-    p.add_argument("--num-shards", type=int, default=None, help="public shards (default: one per --shard-mb)")
-    p.add_argument("--shard-mb", type=float, default=64.0)
-    p.add_argument("--tfds-data-dir", default=None)
     p.add_argument("--threads", type=int, default=1, help="native threads per worker")
     p.add_argument("--state-dir", default=None, help="the private state directory (the sensitive token corpora, their "
                    "dead letters, the sensitive index; created 0700, never publish it); default: OUT.private next to --out")
     p.add_argument("--public-encoding", default=readers.DEFAULT_ENCODING, help="of the --public files (default utf-8)")
     read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
+                          "num_shards", "shard_mb", "tfds_data_dir",
                           notes={"label_column": "'' for unlabeled sensitive text", "encoding": "of the --sensitive files",
+                                 "num_shards": "of the public corpus",
                                  "max_dead_letters": "here: per corpus, in its token directory"})
     p.add_argument("--allow-unread-sensitive", action="store_true",
                    help="go on when a sensitive record cannot be read (refused by default: the dedup cannot cut a "
@@ -58,7 +57,7 @@ def run(argv=None, test_pipeline=None) -> dict:
     return jobs.dedup(
         args.public, args.sensitive, tokenizer_path=args.tokenizer, out_dir=args.out,
         min_tokens=args.min_tokens, text_column=args.text_column, label_column=args.label_column or None,
-        num_shards=args.num_shards, shard_bytes=int(args.shard_mb * (1 << 20)),
+        num_shards=args.num_shards, shard_bytes=read_config.ReadConfig(shard_mb=args.shard_mb).shard_bytes,
         max_document_bytes=args.max_document_bytes, tfds_data_dir=args.tfds_data_dir,
         threads=args.threads, state_dir=args.state_dir, encoding=args.encoding,
         public_encoding=args.public_encoding,

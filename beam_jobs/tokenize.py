@@ -28,10 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output token corpus directory")
     p.add_argument("--kind", choices=("public", "sensitive"), default="public", help="sensitive = labeled dataset")
     p.add_argument("--name", default=None, help="corpus name in the manifest (default: input stem)")
-    p.add_argument("--num-shards", type=int, default=None, help="default: one per --shard-mb of input")
-    p.add_argument("--shard-mb", type=float, default=64.0, help="target input MB per shard")
-    p.add_argument("--tfds-data-dir", default=None, help="prepared TFDS data_dir for tfds:NAME inputs")
     read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
+                          "num_shards", "shard_mb", "tfds_data_dir",
                           notes={"label_column": "'' for unlabeled sensitive text",
                                  "max_dead_letters": "here: OUT/dead_letters.jsonl"})
     logs.add_flags(p)
@@ -53,7 +51,7 @@ def run(argv=None, test_pipeline=None) -> dict:
         text_column=args.text_column,
         label_column=args.label_column or None,
         num_shards=args.num_shards,
-        shard_bytes=int(args.shard_mb * (1 << 20)),
+        shard_bytes=read_config.ReadConfig(shard_mb=args.shard_mb).shard_bytes,
         max_document_bytes=args.max_document_bytes,
         tfds_data_dir=args.tfds_data_dir,
         encoding=args.encoding,

@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from dpsynth.data import readers, token_shards
+from dpsynth.data import read_config, readers, token_shards
 
-DEFAULT_SHARD_BYTES = 64 << 20
+DEFAULT_SHARD_BYTES = int(read_config.DEFAULT_SHARD_MB * (1 << 20))
 
 TFDS_PREFIX = "tfds:"
 

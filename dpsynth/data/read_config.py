@@ -20,6 +20,9 @@ from dpsynth import binding
 from dpsynth.data import dead_letters, readers
 
 
+DEFAULT_SHARD_MB = 64.0  # a Beam job's input per shard (`dpsynth.beam.inputs.DEFAULT_SHARD_BYTES`)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReadConfig:
     """How a command reads its input files.
@@ -30,6 +33,8 @@ class ReadConfig:
         max_document_bytes: larger documents (UTF-8 bytes) are dead-lettered.
         encoding: the files' text encoding (`readers.ENCODING_HELP`).
         max_dead_letters: the dead-letter limit, N records or P% (`dead_letters.LIMIT_HELP`).
+        num_shards, shard_mb: how a Beam job splits its input (None: one shard per shard_mb MiB).
+        tfds_data_dir: a prepared TFDS data_dir for `tfds:NAME` inputs.
     """
 
     text_column: str = binding.setting("text", help="the text field: a CSV/TSV column, a JSON key, a Parquet column")
@@ -38,10 +43,18 @@ class ReadConfig:
                                               help="larger documents (UTF-8 bytes) are dead-lettered")
     encoding: str = binding.setting(readers.DEFAULT_ENCODING, help=readers.ENCODING_HELP)
     max_dead_letters: str = binding.setting(dead_letters.DEFAULT_LIMIT, help=dead_letters.LIMIT_HELP)
+    num_shards: int | None = binding.setting(None, help="shards of the input (default: one per --shard-mb)")
+    shard_mb: float = binding.setting(DEFAULT_SHARD_MB, help="target input MiB per shard")
+    tfds_data_dir: str | None = binding.setting(None, help="prepared TFDS data_dir for tfds:NAME inputs")
+
+    @property
+    def shard_bytes(self) -> int:
+        return int(self.shard_mb * (1 << 20))
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ReadConfig))
-_METAVARS = {"max_dead_letters": "N|P%", "max_document_bytes": "BYTES"}
+_METAVARS = {"max_dead_letters": "N|P%", "max_document_bytes": "BYTES", "shard_mb": "MIB", "num_shards": "N",
+             "tfds_data_dir": "DIR"}
 
 
 def add_flags(parser: argparse.ArgumentParser, *fields: str, notes: Mapping[str, str] | None = None) -> list[str]:
