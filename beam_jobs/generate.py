@@ -28,7 +28,8 @@ from dpsynth.train import resources
 
 # The fields of GenerateConfig bound through `binding` (declared there, help included); the others have
 # flags of their own form below, or none.
-_BOUND = ("batch_size", "memory_limit", "memory_headroom")
+_BOUND = ("num_examples", "valid_examples", "seed", "max_len", "batch_size", "examples_per_shard", "allow_non_private",
+          "cores_per_worker", "memory_limit", "memory_headroom")
 _NOT_BOUND = tuple(f.name for f in dataclasses.fields(GenerateConfig) if f.name not in _BOUND)
 
 
@@ -42,20 +43,13 @@ def _bytes(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsynth generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="checkpoint directory (DP-tuned: has privacy_report.json)")
-    p.add_argument("--num-examples", type=int, required=True, help="synthetic training examples")
-    p.add_argument("--valid-examples", type=int, default=0, help="synthetic validation examples (0: none)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="job seed (shard seeds derive from it)")
     binding.add_flags(p, SamplingOptions)  # --temperature, --top-k, --min-p, ...: declared by SamplerConfig
-    p.add_argument("--max-len", type=int, default=None, help="total tokens per example (default: the length the model was DP-tuned on, from its "
-                   "privacy report; else min(512, model))")
-    binding.add_flags(p, GenerateConfig, skip=_NOT_BOUND, overrides={  # --batch-size, --memory-limit, --memory-headroom
+    binding.add_flags(p, GenerateConfig, skip=_NOT_BOUND, overrides={  # --num-examples, --seed, --batch-size, ...
+        "num_examples": {"required": True},
         "batch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
         "memory_limit": {"type": _bytes, "metavar": "BYTES"},
     })
-    p.add_argument("--examples-per-shard", type=int, default=256, help="unit of work and of resume")
-    p.add_argument("--cores-per-worker", type=int, default=0,
-                   help="pin each worker process to this many cores of its machine (0: no pinning)")
     p.add_argument("--labels", default=None, help="comma-separated labels (default: the model's label set)")
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",
                    help="uniform (no privacy cost) or a DP label histogram of --label-source")
@@ -69,7 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a --label-delta above 1/N (N = --label-source records), which protects nobody")
     p.add_argument("--format", default="jsonl", help="comma-separated: jsonl (always), parquet, tfrecord")
-    p.add_argument("--allow-non-private", action="store_true", help="accept a model without a privacy report")
     p.add_argument("--train", default=None, help="opt-in memorisation audit against D_train (NOT DP; owner-only, "
                    "written to --audit-dir, never into --out)")
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
@@ -98,13 +91,8 @@ def run(argv=None, test_pipeline=None) -> dict:
                                      dead_letters=dead_letters.Policy.of(args.max_dead_letters,
                                                                          dead_letters.default_path(args.out),
                                                                          prefix="dpsynth generate: "))
-    config = GenerateConfig(
-        model_dir=args.model, out_dir=args.out, num_examples=args.num_examples, valid_examples=args.valid_examples,
-        seed=args.seed, sampling=binding.from_args(SamplingOptions, args),
-        max_len=args.max_len, batch_size=args.batch_size, examples_per_shard=args.examples_per_shard,
-        labels=labels, formats=formats, allow_non_private=args.allow_non_private,
-        cores_per_worker=args.cores_per_worker, memory_limit=args.memory_limit, memory_headroom=args.memory_headroom,
-    )
+    config = GenerateConfig(model_dir=args.model, out_dir=args.out, sampling=binding.from_args(SamplingOptions, args),
+                            labels=labels, formats=formats, **{name: getattr(args, name) for name in _BOUND})
     private = dead_letters.default_path(args.out)  # (and the default --audit-dir): OUT.private beside OUT
     # The run record holds --batch-size as given ("auto" or N; generation_config.json holds the batch it
     # resolved to); the memory budget of auto stays out of it (a rerun keeps its recorded batch), so a

@@ -82,23 +82,25 @@ class GenerateConfig:
 
     model_dir: str
     out_dir: str
-    num_examples: int
-    valid_examples: int = 0
-    seed: int = 0
+    num_examples: int = binding.setting(help="synthetic training examples")
+    valid_examples: int = binding.setting(0, help="synthetic validation examples (0: none)")
+    seed: int = binding.setting(0, help="job seed (shard seeds derive from it)")
     sampling: SamplingOptions = SamplingOptions()
-    max_len: int | None = None
+    max_len: int | None = binding.setting(None, help="total tokens per example (default: the length the model was "
+                                                     "DP-tuned on, from its privacy report; else min(512, model))")
     batch_size: int | str = binding.setting(16, help="prompts per compiled sampler call; auto: the largest (at most "
                                             "a shard's examples) whose compiled call fits the device memory less "
                                             "--memory-headroom (logged with its figures; on CPU give --memory-limit), "
                                             "recorded in generation_config.json. Each example has its own key, so the "
                                             "batch changes the samples only by float rounding (a score's last digit, "
                                             "rarely a token)")
-    examples_per_shard: int = 256
+    examples_per_shard: int = binding.setting(256, help="unit of work and of resume")
     labels: tuple[str, ...] | None = None
     label_distribution: labels_lib.LabelDistribution | None = None
     formats: tuple[str, ...] = ("jsonl",)
-    allow_non_private: bool = False
-    cores_per_worker: int = 0
+    allow_non_private: bool = binding.setting(False, help="accept a model without a privacy report")
+    cores_per_worker: int = binding.setting(0, help="pin each worker process to this many cores of its machine "
+                                                    "(0: no pinning)")
     postprocess: PostprocessConfig | None = None
     memory_limit: int | None = binding.setting(None, help="--batch-size auto: device memory to fit in (e.g. 80GB, "
                                                           "16GiB; default: the device's)")
