@@ -49,14 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="level of the memorisation verdict")
     p.add_argument("--threads", type=int, default=1)
     g = p.add_argument_group("canaries through the release (reruns dp-tune and generate)")
+    cc = canaries.CanaryConfig()  # the defaults are the library's (flags named for the command line)
     g.add_argument("--canaries", type=int, default=0, metavar="K", help="plant K canaries, hold K out (0 = off)")
     g.add_argument("--base", default=None, help="base model directory of the rerun (default: the model's base)")
     g.add_argument("--valid", default=None, help="D_valid of the rerun's dp-tune")
-    g.add_argument("--canary-repeats", type=int, default=1, help="copies of each planted canary")
-    g.add_argument("--canary-length", type=int, default=canaries.DEFAULT_CANARY_LENGTH)
+    g.add_argument("--canary-repeats", type=int, default=cc.repeats, help="copies of each planted canary")
+    g.add_argument("--canary-length", type=int, default=cc.length, help="tokens per canary")
     g.add_argument("--canary-examples", type=int, default=None,
                    help="synthetic examples of the rerun (default: the corpus's own count)")
-    g.add_argument("--ngram-order", type=int, default=3, help="n of the attacker's n-gram LM")
+    g.add_argument("--ngram-order", type=int, default=cc.order, help="n of the attacker's n-gram LM")
     read_config.add_flags(p, "text_column", "label_column", "encoding", "max_dead_letters",
                           notes={"encoding": "of --train, --test and --valid",
                                  "max_dead_letters": "here: OUT/dead_letters.jsonl"})
