@@ -61,6 +61,18 @@ def read_release(corpus_dir: str) -> tuple[list[dict], dict, int]:
     return records, manifest, skipped
 
 
+def generator_model(corpus_dir: str, manifest: dict) -> str | None:
+    """The corpus's generator model directory: its manifest's `model_dir` (`dpsynth generate`), else
+    its `generation_config.json`'s (a corpus released by `dpsynth select` carries the winner's)."""
+    if manifest.get("model_dir"):
+        return manifest["model_dir"]
+    path = os.path.join(corpus_dir, "generation_config.json")
+    try:
+        return fileio.read_json(path).get("model_dir") if os.path.isfile(path) else None
+    except (OSError, ValueError) as e:
+        raise AuditError(f"{path}: unreadable JSON ({e})") from e
+
+
 def check_location(out_dir: str, corpus_dir: str) -> None:
     """Raises `AuditError` unless `out_dir` lies outside the corpus and is (or can be made) a writable directory."""
     from dpsynth.owner_only import check_outside
@@ -100,7 +112,7 @@ def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], 
       train, test: D_train and D_test records ({"text", ...}).
       out_dir: owner-only output directory, outside `corpus_dir`; refused if it holds anything
         but the command's dead letters (another command's output, a report, an interrupted run).
-      tokenizer: default: the tokenizer of the corpus's generator model (`manifest.json` `model_dir`).
+      tokenizer: default: the tokenizer of the corpus's generator model (`generator_model`).
       thresholds, seed, significance, threads: see `copying.copying_audit`.
       canary_run: a callable `(work_dir) -> dict` running the canary audit (e.g.
         `functools.partial(canaries.release_canary_audit, ...)`), or None.
@@ -113,7 +125,7 @@ def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], 
     if tokenizer is None:
         from dpsynth.data.tokenizers import load_tokenizer
 
-        model_dir = manifest.get("model_dir")
+        model_dir = generator_model(corpus_dir, manifest)
         if not model_dir or not os.path.isdir(model_dir):
             raise AuditError(f"{corpus_dir}: the generator model {model_dir!r} is not here; pass --tokenizer MODEL_DIR")
         tokenizer = load_tokenizer(model_dir)

@@ -94,6 +94,10 @@ def test_cli_audit_end_to_end_and_one_line_errors(tmp_path, tiny_corpus, capsys)
     assert "already holds release_audit.json" in capsys.readouterr().err
     rc = cli.main(["generate", "--model", str(model), "--num-examples", "2", "--out", str(audit_dir)])
     assert rc == 2 and "holds a release audit of `dpsynth audit`" in capsys.readouterr().err
+    # A corpus released by `dpsynth select` names its generator in generation_config.json (its manifest does not).
+    (tmp_path / "synth" / "generation_config.json").write_text(json.dumps({"model_dir": str(model)}))
+    assert cli.main([a for a in argv if a not in ("--tokenizer", str(model))][:-1] + [str(tmp_path / "audit_s")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sharing_at_least"]["20"] == 3
     bad = argv[:-1] + [str(tmp_path / "audit_b")]
     bad[bad.index("--test") + 1] = str(tmp_path / "missing.jsonl")
     assert cli.main(bad) == 2
