@@ -38,6 +38,7 @@ import copy
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -409,7 +410,7 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
                                    baselines=False),
         "main_modes": experiment("main_modes", "yelp_sentences", ["prompt", "full"], [3], baselines=False),
         # Study v3: the DP-selected corpus among guidance x temperature (x multiple) candidates, on every set.
-        **{name: experiment(name, dataset, ["lora"], [3], select=CPU_V3_SELECT_EPSILON.get(
+        **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
                                 dataset, CPU_V3_SELECT_EPSILON["default"]),
                             samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
                             multiples=CPU_V3_MULTIPLES.get(name, (1,)))
@@ -758,55 +759,67 @@ def _release_epsilon(selection: dict[str, Any]) -> float | None:
     return None if eps is None else _eps(eps)
 
 
+def _v3_groups(res: dict[str, Any]) -> list[tuple[float, dict[str, Any], dict[str, Any] | None]]:
+    """(epsilon, selection summary, selected corpus's row) of every DP selection of one v3 result, by epsilon."""
+    out = []
+    for key, sel in res.get("selections", {}).items():
+        group = key[len("select["):-1]  # e.g. "lora-eps3" (one select node per private DP run)
+        m = re.search(r"-eps([0-9.]+)(?:-|$)", group)
+        if m:
+            picked = next((r for r in res.get("selected_rows") or () if r.get("corpus") == f"selected-{group}"), None)
+            out.append((float(m.group(1)), sel, picked))
+    return sorted(out, key=lambda x: x[0])
+
+
 def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
-    """Section 9: study v3, the corpus chosen with DP on D_valid on every set, beside every candidate."""
+    """Section 9: study v3, the corpus chosen with DP on D_valid on every set (each private tuning epsilon),
+    beside every candidate."""
     names = [n for n in CPU_V3_SETS if n in results]
     if not names:
         return []
-    md = ["", "## 9. Study v3: the corpus chosen with DP on the real D_valid (LoRA, tuning epsilon 3)", "",
-          "Each set's epsilon-3 model generates candidate corpora (guidance weight x temperature, x multiple of "
-          "|D_train| on Yelp sentences); `select` trains a small WordCNN on each (its settings chosen on the "
-          "candidate's synthetic valid split), counts its correct predictions on the real D_valid and releases one "
-          "through the exponential mechanism (sensitivity 1). The release's epsilon composes the tuning, the DP "
-          "label histogram and the selection (in parallel where D_valid is split from D independently of the data, "
-          "else sequentially). DP-on-real's sweep is selected on D_valid by a DP selection too. Test accuracy / "
-          "balanced accuracy of the WordCNN on the real test set; the candidates' figures are shown to compare the "
-          "choice with what it could have chosen, not used by it.", "",
-          "| set | selection (epsilon, composition) | release epsilon | selected candidate | selected: accuracy / "
-          "balanced | best candidate | within 1 point of the best | DP-on-real (DP-selected) | real | beats DP-on-real, "
-          "balanced >= chance + 5 | "
-          "unguided balanced >= chance + 10 |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    md = ["", "## 9. Study v3: the corpus chosen with DP on the real D_valid (LoRA)", "",
+          "Each set's DP model (tuning epsilon in the second column) generates candidate corpora (guidance weight x "
+          "temperature, x multiple of |D_train| on Yelp sentences); `select` trains a small WordCNN on each (its "
+          "settings chosen on the candidate's synthetic valid split), counts its correct predictions on the real "
+          "D_valid and releases one through the exponential mechanism (sensitivity 1). The release's epsilon composes "
+          "the tuning, the DP label histogram and the selection (in parallel where D_valid is split from D "
+          "independently of the data; else sequentially, with the selection reserved in the tuning's budget). "
+          "DP-on-real's sweep is selected on D_valid by a DP selection too. Test accuracy / balanced accuracy of the "
+          "WordCNN on the real test set; the candidates' figures are shown to compare the choice with what it could "
+          "have chosen, not used by it.", "",
+          "| set | tuning epsilon | selection (epsilon, composition) | release epsilon | selected candidate | selected: "
+          "accuracy / balanced | best candidate | within 1 point of the best | DP-on-real (DP-selected) | real | beats "
+          "DP-on-real, balanced >= chance + 5 | unguided balanced >= chance + 10 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     detail = []
+    acc = lambda r, k="wordcnn_accuracy": None if not r or r.get(k) is None else float(r[k])  # noqa: E731
+    yes = lambda v: "-" if v is None else ("met" if v else "**not met**")  # noqa: E731
     for n in names:
-        res = results[n]
+        res, title = results[n], SET_TITLES.get(CPU_V3_SETS[n], n)
         labels = set(res.get("test_labels") or ())
         chance = 1 / len(labels) if labels else 0.5
-        sel = next(iter(res.get("selections", {}).values()), {})
-        picked = next(iter(res.get("selected_rows") or ()), None)
-        cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == 3.0]
-        best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)
-        peer = _peer(res, "dp_on_real", 3.0)
-        acc = lambda r, k="wordcnn_accuracy": None if not r or r.get(k) is None else float(r[k])  # noqa: E731
-        within = None if acc(picked) is None or acc(best) is None else acc(best) - acc(picked) <= 0.01 + 1e-9
-        beats = (None if acc(picked) is None or acc(peer, "accuracy") is None else
-                 acc(picked) > acc(peer, "accuracy") and acc(picked, "wordcnn_balanced_accuracy") >= chance + 0.05)
-        unguided = [r for r in cands if r["guidance"] == 0.0 and r.get("temperature", 1.0) == 1.0
-                    and float(r["multiple"]) == 1.0]
-        ung = acc(unguided[0], "wordcnn_balanced_accuracy") if unguided else None
-        yes = lambda v: "-" if v is None else ("met" if v else "**not met**")  # noqa: E731
         sel_eps = CPU_V3_SELECT_EPSILON.get(CPU_V3_SETS[n], CPU_V3_SELECT_EPSILON["default"])
-        md.append(f"| {SET_TITLES.get(CPU_V3_SETS[n], n)} | {sel_eps:g}, "
-                  f"{sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | {sel.get('selected', '-')} | "
-                  f"{_ab(picked)} | {_ab(best)} ({(best or {}).get('trial', '-')}) | {yes(within)} | "
-                  f"{_ab(peer, '')} | {_ab(_peer(res, 'real'), '')} | {yes(beats)} | "
-                  f"{yes(None if ung is None else ung >= chance + 0.10)} |")
-        detail += ["", f"Candidates of {SET_TITLES.get(CPU_V3_SETS[n], n)} (test figures, not seen by the selection):", "",
-                   "| candidate | guidance | temperature | multiple | accuracy / balanced | MAUVE |", "|---|---|---|---|---|---|"]
-        for r in sorted(cands, key=lambda r: (float(r["multiple"]), r.get("temperature", 1.0), r["guidance"])):
-            mark = " (selected)" if r["trial"] == sel.get("selected") else ""
-            detail.append(f"| {r['trial']}{mark} | {r['guidance']:g} | {r.get('temperature', 1.0):g} | "
-                          f"{float(r['multiple']):g} | {_ab(r)} | {_f(_num(r, 'mauve'))} |")
+        for eps, sel, picked in _v3_groups(res):
+            cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps]
+            best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)
+            peer = _peer(res, "dp_on_real", eps)
+            within = None if acc(picked) is None or acc(best) is None else acc(best) - acc(picked) <= 0.01 + 1e-9
+            beats = (None if acc(picked) is None or acc(peer, "accuracy") is None else
+                     acc(picked) > acc(peer, "accuracy") and acc(picked, "wordcnn_balanced_accuracy") >= chance + 0.05)
+            unguided = [r for r in cands if r["guidance"] == 0.0 and r.get("temperature", 1.0) == 1.0
+                        and float(r["multiple"]) == 1.0]
+            ung = acc(unguided[0], "wordcnn_balanced_accuracy") if unguided else None
+            md.append(f"| {title} | {eps:g} | {sel_eps:g}, {sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | "
+                      f"{sel.get('selected', '-')} | {_ab(picked)} | {_ab(best)} ({(best or {}).get('trial', '-')}) | "
+                      f"{yes(within)} | {_ab(peer, '')} | {_ab(_peer(res, 'real'), '')} | {yes(beats)} | "
+                      f"{yes(None if ung is None else ung >= chance + 0.10)} |")
+            detail += ["", f"Candidates of {title} at tuning epsilon {eps:g} (test figures, not seen by the selection):",
+                       "", "| candidate | guidance | temperature | multiple | accuracy / balanced | MAUVE |",
+                       "|---|---|---|---|---|---|"]
+            for r in sorted(cands, key=lambda r: (float(r["multiple"]), r.get("temperature", 1.0), r["guidance"])):
+                mark = " (selected)" if r["trial"] == sel.get("selected") else ""
+                detail.append(f"| {r['trial']}{mark} | {r['guidance']:g} | {r.get('temperature', 1.0):g} | "
+                              f"{float(r['multiple']):g} | {_ab(r)} | {_f(_num(r, 'mauve'))} |")
     return md + detail
 
 

@@ -157,10 +157,20 @@ def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_target
                               "wordcnn_balanced_accuracy": 0.79}]}
     md = "\n".join(paper._render_v3({"v3_sst2": res}))
     line = next(x for x in md.splitlines() if x.startswith("| SST-2 |"))
-    assert "| 1, parallel | 3.002 | g3 | 0.800 / 0.790 | 0.810 / 0.800 (g6) | met |" in line
+    assert "| SST-2 | 3 | 1, parallel | 3.002 | g3 | 0.800 / 0.790 | 0.810 / 0.800 (g6) | met |" in line
     assert line.endswith("| 0.750 / 0.740 | 0.900 / 0.900 | met | met |")  # 0.66 >= 0.5 + 0.10
     assert "| g3 (selected) | 3 | 1 | 1 | 0.800 / 0.790 |" in md and "| g6 | 6 | 1.2 | 1 |" in md
     res["selected_rows"][0].update(wordcnn_accuracy=0.70, wordcnn_balanced_accuracy=0.52)
     line = next(x for x in paper._render_v3({"v3_sst2": res}) if x.startswith("| SST-2 |"))
     assert line.count("**not met**") == 2  # 11 points below the best; below DP-on-real
     assert paper._render_v3({"sst2": res}) == []
+    # Several tuning epsilons (`--epsilons v3_sst2=1,3`): one row each, its own candidates and DP-on-real peer.
+    res["rows"] += [dict(r, epsilon=1.0, trial=r["trial"] + "1") for r in rows]
+    res["metrics"]["baselines"].append({"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 1.0,
+                                        "accuracy": 0.6, "balanced_accuracy": 0.6})
+    res["selections"]["select[lora-eps1]"] = {"selected": "u1", "composition": "parallel", "epsilon": {"rdp": 1.0}}
+    res["selected_rows"].append({"corpus": "selected-lora-eps1", "wordcnn_accuracy": 0.70, "wordcnn_balanced_accuracy": 0.66})
+    lines = [x for x in paper._render_v3({"v3_sst2": res}) if x.startswith("| SST-2 |")]
+    assert [x.split(" | ")[1] for x in lines] == ["1", "3"]
+    assert "| u1 | 0.700 / 0.660 | 0.810 / 0.800 (g61) |" in lines[0] and "| 0.600 / 0.600 |" in lines[0]
+    assert paper.cpu_experiments("cpu", "/x", epsilons={"v3_sst2": [1, 3]})["v3_sst2"]["dp_tune"]["epsilons"] == [1, 3]
