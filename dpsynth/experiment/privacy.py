@@ -13,6 +13,11 @@ dp-accounting (`dpsynth.dp.compose`):
   stages wrote (each model's `privacy_report.json`, each histogram's draw, each DP-on-real
   baseline's report).
 
+The DP selections of one corpus per DP run on D_valid (`select` stages) are releases too: their
+entries (`"dataset": "D_valid"`) are composed with the rest sequentially, an upper bound for the
+whole root (each selected corpus's own report says whether its selection composes in parallel
+with its tuning, `dpsynth.dp.private_selection`).
+
 Releases that are not DP are named, never composed into a finite number: a trial at epsilon =
 inf, and the real-data baseline (a classifier trained on D_train without noise, whose test
 accuracy is published). D_valid (model selection) and D_test (every accuracy, MAUVE against
@@ -192,6 +197,24 @@ def _gaussian(name: str, sigma: float) -> Release:
                              "count": 1},))
 
 
+SELECTION_NOTE = ("each DP selection on D_valid is composed with the D_train releases sequentially here (an upper "
+                  "bound for the whole root); a selected corpus's own privacy report composes it in parallel where "
+                  "D_valid was split from D independently of the data")
+
+
+def _selection(name: str, entries: Sequence[Mapping[str, Any]]) -> Release:
+    return Release(name=name, kind="dp_selection", entries=tuple(dict(e) for e in entries))
+
+
+def planned_selection(node, delta: float) -> Release:
+    """The release of one `select` node, as the stage will record it (`DpSelection.ledger_entry`)."""
+    from dpsynth.dp import private_selection as ps
+
+    c = node.config
+    mech = ps.DpSelection(epsilon=float(c["epsilon"]), mechanism=c.get("mechanism", ps.EXPONENTIAL), delta=delta)
+    return _selection(node.key, [mech.ledger_entry(len(c["candidates"]), name=node.key, group=ps.group_size(c["split"]))])
+
+
 def evaluate_options(c: Mapping[str, Any]) -> dict[str, Any]:
     """The evaluate node's `EvaluateConfig` options: DP-on-real takes the shared `dp_tune` delta and
     accountant unless `evaluate.options` say otherwise (the dry run plans with the same)."""
@@ -319,6 +342,10 @@ def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapp
     for node in plan.nodes:
         if node.stage == "labels":
             releases.append(_gaussian(node.key, node.config["noise_multiplier"]))
+        elif node.stage == "select":
+            releases.append(planned_selection(node, delta))
+    if any(r.kind == "dp_selection" for r in releases):
+        notes.append(SELECTION_NOTE)
     try:
         releases += planned_baselines(plan.node("evaluate").config, num_train)
     except Exception as e:  # the evaluate library may be absent at planning time; say so
@@ -349,6 +376,7 @@ def completed_releases(
     baselines: Sequence[Mapping[str, Any]],
     out_dir: str,
     num_train: int,
+    selections: Sequence[Any] = (),
 ) -> RootPrivacy:
     """The final report's `RootPrivacy`, from the ledgers the stages wrote.
 
@@ -362,6 +390,8 @@ def completed_releases(
             planned as the evaluate stage calibrates them, and a note says so).
         out_dir: the evaluate stage's directory.
         num_train: |D_train|.
+        selections: the `select` stage outputs (each holds its selected corpus's privacy report, whose
+            `"dataset": "D_valid"` entry is the selection).
     """
     from dpsynth.dp import report as report_lib
 
@@ -375,6 +405,11 @@ def completed_releases(
         releases.append(Release(name=out.key, kind="dp_tune", entries=tuple(dict(e) for e in rep["ledger"]["entries"])))
     for out in labels:
         releases.append(_gaussian(out.key, fileio.read_json(out.path(LABEL_DISTRIBUTION_FILE))["noise_multiplier"]))
+    for out in selections:
+        rep = report_lib.load_report(out.path())
+        releases.append(_selection(out.key, [e for e in rep["ledger"]["entries"] if e.get("dataset") == "D_valid"]))
+    if selections:
+        notes.append(SELECTION_NOTE)
     missing = False
     for row in baselines:
         if row.get("baseline") == "real":

@@ -616,7 +616,8 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     # What publishing the whole root costs: every release about D_train, composed from the ledgers.
     root = privacy.completed_releases(
         eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
-        baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train))
+        baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train),
+        selections=ctx.inputs.get("selected", ()))
     privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
     privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), privacy.html_section(root))
     ctx.report(privacy.render(root, title="what publishing the whole root costs"))

@@ -256,3 +256,32 @@ def test_dry_run_of_the_audits_bandmf_grid_point_shows_its_target(data_files, tm
     assert release.entries[0]["mechanism"] == "bandmf" and release.entries[0]["bands"] == 8
     eps = root.composition.epsilon
     assert eps["rdp"] == pytest.approx(3.0, abs=1e-3) and eps["pld"] < 3.0  # the audit's independent value: 2.658
+
+
+def test_selections_on_d_valid_are_releases_of_the_root_dry_and_final(data_files, tmp_path):
+    """A `select` stage releases a DP selection on D_valid: the dry run plans its entry (at twice its
+    epsilon on the default positional split), the final report reads it from the selected corpus's
+    privacy report, both compose it with the D_train releases (sequentially, an upper bound) and say so."""
+    from dpsynth.dp import private_selection as ps
+
+    cfg = _grid(data_files).replace(dp_tune={"learning_rates": [0.001]}, select={"epsilon": 0.5})
+    plan = build_plan(cfg, str(tmp_path / "run"))
+    rows = runner.privacy_budgets(plan, cfg, N)
+    dry = privacy.planned_releases(plan, cfg, N, rows)
+    sel = [r for r in dry.releases if r.kind == "dp_selection"]
+    assert [r.name for r in sel] == ["select[lora-eps3]"] and sel[0].entries[0]["epsilon"] == 1.0  # group of 2
+    base = compose_lib.compose([r for r in dry.releases if r.kind != "dp_selection"], dry.delta).epsilon["rdp"]
+    assert dry.composition.epsilon["rdp"] > base and privacy.SELECTION_NOTE in dry.notes
+    # The final report: the selected corpus's report holds the tuning's entries and the selection's.
+    node = plan.node("select[lora-eps3]")
+    entry = ps.DpSelection(epsilon=0.5).ledger_entry(len(node.config["candidates"]), name=node.key, group=2)
+    ledger = ledger_lib.PrivacyLedger(delta=dry.delta, target_epsilon=3.0, entries=[
+        planned_dict for r in dry.releases if r.kind == "dp_tune" for planned_dict in r.entries] + [entry])
+    d = tmp_path / "stages" / node.key
+    report_lib.write_report(str(d), report_lib.build_report(ledger, training={}, contamination_sha256=None))
+    out = StageOutput(key=node.key, stage="select", hash=node.hash, dir=str(d), summary={}, seconds=0, cached=True)
+    final = privacy.completed_releases(eval_cfg=plan.node("evaluate").config, models=[], labels=[], baselines=[],
+                                       out_dir=str(tmp_path), num_train=N, selections=[out])
+    assert [dict(e) for r in final.releases for e in r.entries] == [entry]  # the D_valid entry only
+    assert final.release_epsilons[node.key] == pytest.approx(dry.release_epsilons[node.key])
+    assert "dp_selection" in privacy.render(final, title="t") and privacy.SELECTION_NOTE in final.notes
