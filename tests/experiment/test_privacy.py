@@ -258,7 +258,7 @@ def test_dry_run_of_the_audits_bandmf_grid_point_shows_its_target(data_files, tm
     assert eps["rdp"] == pytest.approx(3.0, abs=1e-3) and eps["pld"] < 3.0  # the audit's independent value: 2.658
 
 
-def test_selections_on_d_valid_are_releases_of_the_root_dry_and_final(data_files, tmp_path):
+def test_selections_on_d_valid_are_releases_of_the_root_dry_and_final(data_files, tmp_path, monkeypatch):
     """A `select` stage releases a DP selection on D_valid: the dry run plans its entry (at twice its
     epsilon on the default positional split), the final report reads it from the selected corpus's
     privacy report, both compose it with the D_train releases (sequentially, an upper bound) and say so."""
@@ -285,3 +285,9 @@ def test_selections_on_d_valid_are_releases_of_the_root_dry_and_final(data_files
     assert [dict(e) for r in final.releases for e in r.entries] == [entry]  # the D_valid entry only
     assert final.release_epsilons[node.key] == pytest.approx(dry.release_epsilons[node.key])
     assert "dp_selection" in privacy.render(final, title="t") and privacy.SELECTION_NOTE in final.notes
+    # The dry run says that each private run's noise covers its (positional, sequential) selection too.
+    monkeypatch.setattr(runner, "train_size", lambda plan, config: (N, "test"))
+    monkeypatch.setattr(runner, "privacy_budgets", lambda plan, config, num_train: rows)
+    text = runner.describe_plan(plan, cfg)
+    assert "also covers its DP selection on D_valid (epsilon 0.5, accounted at 1" in text
+    assert "select[lora-eps3]" in text and "dp_selection" in text
