@@ -138,7 +138,8 @@ def compute(
     eps = plan.epsilons()
     result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
     if reserve:
-        result.update(reserve_selection_epsilon=reserve, epsilon_with_reserved_rdp=plan.epsilon_with_reserved("rdp"))
+        result.update(reserve_selection_epsilon=reserve, reserved_entry=dict(plan.reserved[0]),
+                      epsilon_with_reserved_rdp=plan.epsilon_with_reserved("rdp"))
     if not user and max_examples_per_user is not None:
         if plan.mechanism != mechanisms.DEFAULT:
             raise accounting.PrivacyConfigError(f"--max-examples-per-user at example level is only analysed for "
@@ -172,7 +173,7 @@ def _format(result: dict) -> str:
     ]
     if "reserve_selection_epsilon" in result:
         lines.append(f"reserved selection  epsilon {result['reserve_selection_epsilon']:g} on D_valid (accounted at "
-                     f"{2 * result['reserve_selection_epsilon']:g}: positional split); with it, epsilon (RDP) "
+                     f"{result['reserved_entry']['epsilon']:g}: positional split); with it, epsilon (RDP) "
                      f"{result['epsilon_with_reserved_rdp']:.6g}")
     mechanism = mechanisms.get(result["mechanism"]).plan_line(result["bands"])
     if mechanism:

@@ -289,7 +289,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"- `{e['name']}`: NON-PRIVATE release")
     if t.get("reserve_selection_epsilon"):
         lines.append(f"- reserved (not spent by this run; the target covers it): a DP selection on D_valid at epsilon "
-                     f"{_num(t['reserve_selection_epsilon'])}, accounted at {_num(2 * t['reserve_selection_epsilon'])} "
+                     f"{_num(t['reserve_selection_epsilon'])}, accounted at {_num(sum(e['epsilon'] for e in t.get('reserved', ())))} "
                      "(a positional split: one record may move another across the boundary)")
     lines += ["", "## Non-DP side channels", ""]
     lines += [f"- **{c['name']}**: {c['detail']}" for c in report["side_channels"]] or ["- none"]

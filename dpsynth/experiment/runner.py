@@ -365,12 +365,13 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
             lines.append(f"  plus, per DP-tuned model, one DP label histogram of D_train (Gaussian, sigma "
                          f"{config.generate.label_noise_multiplier:g}, sensitivity 1) shared by all its corpora and "
                          "composed into their privacy reports: a corpus's epsilon is above the DP-tuning target")
+        from dpsynth.dp.private_selection import reserved_entry
         from dpsynth.experiment.plan import reserved_selection_epsilon
 
         reserve = reserved_selection_epsilon(config)
         if reserve:
             lines.append(f"  each private run's target also covers its DP selection on D_valid (epsilon {reserve:g}, "
-                         f"accounted at {2 * reserve:g}: D_valid is split by position, so it composes sequentially; "
+                         f"accounted at {reserved_entry(reserve)['epsilon']:g}: D_valid is split by position, so it composes sequentially; "
                          "`reserve_selection_epsilon`): the noise multiplier above is calibrated on both")
         root = root_privacy.planned_releases(plan, config, num_train, rows)
         if root is not None:
