@@ -282,6 +282,7 @@ CPU_LEVERS: dict[str, dict[str, Any]] = {
     "lever_rank16": {"lora_rank": 16},  # LoRA rank 16 on all layers (the paper's 8-32; the default is 8)
     "lever_prompt": {"options": {"template": "A {label} review: "}},  # the label in words the corpus uses
     "lever_pretrain2x": {"pretrain_steps_factor": 2},  # a generator pretrained on 2x the tokens (same size)
+    "lever_contrast": {"options": {"label_contrast": 1.0}},  # + the label's Bayes cross-entropy in each example's loss
 }
 
 

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         "full_lm": {"help": "train on the label prompt too (ablation)"},
         "label_dropout": {"help": "probability that a sampled example trains under the null prompt at a step, so "
                                   "`generate --guidance-contrast null` can contrast with it (0 = off; no privacy cost)"},
+        "label_contrast": {"metavar": "LAMBDA",
+                           "help": "add LAMBDA x the label's cross-entropy under the model's own likelihoods of the "
+                                   "text after every label prompt, so that unguided samples carry the label (0 = off; "
+                                   "no privacy cost; K passes per example for K labels)"},
         "z_loss": {"help": "z-loss coefficient of the LM loss"},
         "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
         "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "

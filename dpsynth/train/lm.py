@@ -3,7 +3,9 @@
 `split_variables` turns model variables into the core's (trainable, frozen) pair by
 collection name, so "full" training trains {"params"}, LoRA trains {"lora"} and prompt
 tuning trains {"prompt"}; `make_lm_loss` is the per-example next-token loss (with z-loss)
-that pretraining uses and that Prefix-LM tuning reuses through its token weights.
+that pretraining uses and that Prefix-LM tuning reuses through its token weights;
+`make_label_contrast_loss` adds the label's cross-entropy under the model's own Bayes classifier
+(`dp_tune --label-contrast`).
 """
 
 from __future__ import annotations
@@ -55,5 +57,46 @@ def make_lm_loss(model, z_loss: float = 1e-4):
         tokens = jnp.sum(w, axis=-1)
         per_example = jnp.sum((ce + z) * w, axis=-1) / jnp.maximum(tokens, 1.0)
         return per_example, {"ce_sum": jnp.sum(ce * w, axis=-1), "tokens": tokens}
+
+    return loss_fn
+
+
+CONTRAST_KEYS = ("contrast_inputs", "contrast_targets", "contrast_weights", "contrast_label")
+
+
+def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
+    """A core loss_fn: the Prefix-LM loss of each example plus `weight` times the cross-entropy of its
+    label under the model's own Bayes classifier (uniform prior over the K labels).
+
+    The batch holds, besides "mask" [B], the example under every label prompt: "contrast_inputs",
+    "contrast_targets" int32 and "contrast_weights" float [B, K, T] (Prefix-LM rows, weight 0 on the
+    prompt, `dpsynth.train.tune_data`), and "contrast_label" int32 [B], the index of its own label.
+    With s_k = sum_t w_kt log p(x_t | prompt_k, x_<t), the text's log-likelihood under label k:
+
+        loss = LM(row of the own label) + weight * (logsumexp_k s_k - s_label)
+
+    where LM is `make_lm_loss`'s per-token mean. The second term is -log p(label | x) of the
+    classifier `p(y | x) ∝ p(x | y)` that label-guided sampling also uses: it rewards what tells
+    the labels apart. A batch without the contrast rows (D_valid's loss) gets the Prefix-LM loss
+    alone, so validation losses stay comparable across runs. Aux as `make_lm_loss`'s (own label's
+    row) plus "contrast" (the second term, unweighted).
+    """
+    lm_loss = make_lm_loss(model, z_loss)
+
+    def loss_fn(params, frozen, batch, key):
+        if "contrast_inputs" not in batch:
+            return lm_loss(params, frozen, batch, key)
+        b, k, t = batch["contrast_inputs"].shape
+        logits = model.apply(merge_variables(params, frozen), batch["contrast_inputs"].reshape(b * k, t))
+        ce, z = cross_entropy_with_z_loss(logits, batch["contrast_targets"].reshape(b * k, t), z_loss)
+        ce, z = ce.reshape(b, k, t), z.reshape(b, k, t)
+        w = batch["contrast_weights"].astype(jnp.float32)
+        own = jax.nn.one_hot(batch["contrast_label"], k, dtype=jnp.float32)  # [B, K]
+        log_lik = -jnp.sum(ce * w, axis=-1)  # [B, K]: log p(x | label k)
+        tokens = jnp.sum(jnp.sum(w, axis=-1) * own, axis=-1)
+        lm = jnp.sum(jnp.sum((ce + z) * w, axis=-1) * own, axis=-1) / jnp.maximum(tokens, 1.0)
+        contrast = jax.nn.logsumexp(log_lik, axis=-1) - jnp.sum(log_lik * own, axis=-1)
+        return lm + weight * contrast, {"ce_sum": -jnp.sum(log_lik * own, axis=-1), "tokens": tokens,
+                                        "contrast": contrast}
 
     return loss_fn

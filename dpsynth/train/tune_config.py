@@ -69,6 +69,14 @@ class TuneConfig:
             prompt instead of its label prompt at a step (`dpsynth.train.prompts.label_dropout_rows`),
             so the model also learns the unconditional text distribution that label-guided
             sampling can contrast with (`--guidance-contrast null`). 0 = off. Changes no DP property.
+        label_contrast: lambda, the weight of a label-contrast term added to each example's
+            Prefix-LM loss: the cross-entropy of its label under the model's own Bayes classifier,
+            -log softmax_y(log p(x | prompt_y')) over the label set (uniform prior; the text's
+            summed log-likelihood under every label prompt, `dpsynth.train.lm.make_label_contrast_loss`).
+            It spends more of each clipped gradient on what tells the labels apart, so that the
+            generator's own samples carry the label. 0 = off (default). Each example is still one
+            privacy unit (its K rows are one clipped gradient): no DP property changes; the step
+            costs K forward and backward passes per example instead of one.
         z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
         max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
         seed: seed of the sampling stream and the noise keys. None (default) draws a secret
@@ -126,6 +134,7 @@ class TuneConfig:
     max_tokens: int | str = DEFAULT_MAX_TOKENS
     full_lm: bool = False
     label_dropout: float = 0.0
+    label_contrast: float = 0.0
     z_loss: float = 0.0
     max_batch_size: int | None = None
     seed: int | None = None
@@ -227,6 +236,17 @@ class TuneConfig:
         if not 0.0 <= self.label_dropout < 1.0:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
+        c = self.label_contrast
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < math.inf:
+            raise TuneError(f"label_contrast must be a finite number >= 0, got {c!r}")
+        object.__setattr__(self, "label_contrast", float(c))
+        if c and self.label_dropout:
+            raise TuneError("label_contrast and label_dropout both change which rows train an example: use one")
+        if c and self.privacy_unit != "example":
+            raise TuneError("label_contrast supports example-level runs (privacy_unit 'example')")
+        if c and self.microbatch_size == "auto":
+            raise TuneError("label_contrast needs a given --microbatch-size (the automatic search compiles one row "
+                            "per example; the contrast feeds one per label)")
         r = self.reserve_selection_epsilon
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < math.inf:
             raise TuneError(f"reserve_selection_epsilon must be a finite number >= 0, got {r!r}")
@@ -243,6 +263,9 @@ class TuneConfig:
         if self.clipping != "vmap" and (self.mode != "full" or self.privacy_unit != "example"):
             raise TuneError(f"--clipping {self.clipping} is for --mode full at example level (LoRA and prompt "
                             "tuning keep the vmapped clipping)")
+        if self.clipping != "vmap" and self.label_contrast:
+            raise TuneError(f"--clipping {self.clipping} clips the Prefix-LM loss's own layers; label_contrast needs "
+                            "the vmapped clipping (any loss)")
 
     @property
     def private(self) -> bool:
@@ -257,7 +280,7 @@ class TuneConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
-        for name, off in (("label_dropout", 0.0), ("recipe", "manual"), ("token_budget", None), ("time_budget", None),
+        for name, off in (("label_dropout", 0.0), ("label_contrast", 0.0), ("recipe", "manual"), ("token_budget", None), ("time_budget", None),
                           ("allow_large_delta", False), ("clipping", "vmap"), ("reserve_selection_epsilon", 0.0)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]

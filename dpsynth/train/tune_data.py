@@ -44,12 +44,38 @@ def data_fingerprint(arrays: dict[str, np.ndarray]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TuneData:
-    """D_train / D_valid as padded Prefix-LM rows (rows N..2N-1: the null prompt, with label dropout)."""
+    """D_train / D_valid as padded Prefix-LM rows (rows N..2N-1: the null prompt, with label dropout;
+    with label contrast, `train_arrays` also holds `contrast_arrays`)."""
 
     train: EncodedExamples
     valid: EncodedExamples | None
     train_arrays: dict[str, np.ndarray]
     valid_arrays: dict[str, np.ndarray] | None
+
+
+def contrast_arrays(records: Sequence[dict], tokenizer, labels: Sequence[str], config: TuneConfig,
+                    length: int) -> dict[str, np.ndarray]:
+    """Every example under every label prompt, for `dpsynth.train.lm.make_label_contrast_loss`:
+    "contrast_inputs", "contrast_targets", "contrast_weights" [N, K, length] (row k: the example's
+    text after label k's prompt, Prefix-LM weights) and "contrast_label" int32 [N] (its own label's
+    index in `labels`). The own label's row is the example's Prefix-LM row, except that a text
+    truncated to `max_tokens` keeps, under every prompt, the tokens that the longest prompt leaves."""
+    per_label = []
+    for label in labels:
+        enc = encode_examples([dict(r, label=label) for r in records], tokenizer, labels, config.example_config(),
+                              where="D_train")
+        length = max(length, row_length(enc, config.max_tokens - 1))
+        per_label.append(enc.arrays())
+    out = {f"contrast_{k}": np.stack([_pad_cols(a[k], length) for a in per_label], axis=1)
+           for k in ("inputs", "targets", "weights")}
+    # A long text truncated after a longer prompt keeps fewer tokens: every label scores the same
+    # tokens (the fewest any prompt leaves), so the likelihoods compared are of one text.
+    w = out["contrast_weights"]
+    kept = w.sum(axis=-1).min(axis=1, keepdims=True)  # [N, 1]
+    out["contrast_weights"] = np.where(np.cumsum(w, axis=-1) <= kept[..., None], w, 0.0).astype(w.dtype)
+    index = {label: i for i, label in enumerate(labels)}
+    out["contrast_label"] = np.asarray([index[str(r["label"])] for r in records], np.int32)
+    return out
 
 
 def encode_data(train_records: Sequence[dict], valid_records: Sequence[dict], tokenizer, labels: list[str],
@@ -70,6 +96,8 @@ def encode_data(train_records: Sequence[dict], valid_records: Sequence[dict], to
     train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
     if null_train is not None:
         train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
+    if config.label_contrast:
+        train_arrays.update(contrast_arrays(train_records, tokenizer, labels, config, length))
     valid_arrays = ({k: _pad_cols(v, row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
                     if valid else None)
     return TuneData(train=train, valid=valid, train_arrays=train_arrays, valid_arrays=valid_arrays)

@@ -162,14 +162,20 @@ def embedding_spec(model_config, config: TuneConfig):
 
 
 def make_loss_fn(model_config, config: TuneConfig):
-    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`);
-    a `sparse.EmbeddedLoss` when `embedding_spec` declares the input table."""
+    """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`), with the
+    label-contrast term when `config.label_contrast`; a `sparse.EmbeddedLoss` when `embedding_spec`
+    declares the input table."""
     from dpsynth.models import Transformer
     from dpsynth.train import lm
 
     model = Transformer(model_config)
-    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
     spec = embedding_spec(model_config, config)
+    if config.label_contrast:
+        if spec is not None:
+            raise TuneError("label_contrast: full tuning of a model with an untied input embedding clips that table "
+                            "on the sparse Prefix-LM path; use LoRA or prompt tuning")
+        return lm.make_label_contrast_loss(model, config.label_contrast, z_loss=config.z_loss)
+    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
     if spec is None:
         return loss_fn
     from dpsynth.dp import sparse

@@ -1,0 +1,172 @@
+"""The label-contrast loss (`dp_tune --label-contrast`): its value against an independent reference,
+per-example sensitivity <= C with every example's K rows, no gradient into prompt targets, the
+settings it refuses, and a real tuning run whose privacy is the run's without it."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dpsynth.dp import clipping
+from dpsynth.models import Transformer, get_config
+from dpsynth.train import finetune, lm, prompts, tune_config, tune_data, tune_model
+from tests.train.conftest import make_records
+from tests.train.reference import prefix_lm_loss
+
+SMALL = get_config("tiny", vocab_size=64, max_len=256, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
+LABELS = ["great", "other", "meh"]  # three labels: the prompts differ in length, so do the rows
+
+
+class _CharTokenizer:
+    def encode(self, text):
+        return np.array([4 + ord(c) % 60 for c in text], np.int32)
+
+
+def _setup(mode="lora", seed=0, weight=0.7, n=6, max_tokens=200):
+    config = tune_config.TuneConfig(mode=mode, lora_rank=2, prompt_length=3, template="[{label}] ", max_tokens=max_tokens,
+                                    label_contrast=weight)
+    model_config = tune_model.tuned_model_config(SMALL, config)
+    base = Transformer(SMALL).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"]
+    variables = tune_model.init_variables(model_config, base, config)
+    variables = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(seed + 1), x.shape), variables)
+    params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])
+    records = [dict(r, label=LABELS[i % 3]) for i, r in enumerate(make_records(n, seed))]
+    plain = prompts.encode_examples(records, _CharTokenizer(), LABELS, config.example_config())
+    arrays = tune_data.contrast_arrays(records, _CharTokenizer(), LABELS, config, plain.inputs.shape[1])
+    batch = dict(arrays, mask=np.ones(n, np.float32))
+    return config, model_config, tune_model.make_loss_fn(model_config, config), params, frozen, batch, records, plain
+
+
+def test_rows_are_the_example_under_every_label_and_the_own_row_is_its_prefix_lm_row():
+    config, _, _, _, _, batch, records, plain = _setup(max_tokens=200)
+    assert not plain.truncated
+    n, k, t = batch["contrast_inputs"].shape
+    assert (n, k) == (len(records), len(LABELS))
+    for i, r in enumerate(records):
+        own = batch["contrast_label"][i]
+        assert LABELS[own] == r["label"]
+        width = plain.inputs.shape[1]
+        np.testing.assert_array_equal(batch["contrast_inputs"][i, own, :width], plain.inputs[i])
+        np.testing.assert_array_equal(batch["contrast_weights"][i, own, :width], plain.weights[i])
+        for j, label in enumerate(LABELS):  # row j: label j's prompt, then the same text, weight 0 on the prompt
+            prefix = prompts.prompt_ids(_CharTokenizer(), config.template, label)
+            np.testing.assert_array_equal(batch["contrast_inputs"][i, j, :prefix.size], prefix)
+            assert not batch["contrast_weights"][i, j, :prefix.size - 1].any()
+            assert batch["contrast_weights"][i, j].sum() == plain.weights[i].sum()  # the same text tokens
+
+
+def test_a_truncated_text_is_scored_on_the_same_tokens_under_every_label():
+    _, _, _, _, _, batch, records, plain = _setup(max_tokens=24)
+    assert plain.truncated  # the shorter "[meh] " prompt leaves room for more of the text
+    w, targets = batch["contrast_weights"], batch["contrast_targets"]
+    for i in range(len(records)):
+        scored = [targets[i, j][w[i, j] > 0] for j in range(len(LABELS))]
+        for s in scored[1:]:
+            np.testing.assert_array_equal(s, scored[0])
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.7, 5.0])
+def test_loss_is_the_prefix_lm_loss_plus_weight_times_the_bayes_label_cross_entropy(weight):
+    _, model_config, loss_fn, params, frozen, batch, _, plain = _setup(weight=weight)
+    if weight == 0.0:  # the tuner builds the plain loss at 0; the contrast loss at 0 is that loss
+        loss_fn = lm.make_label_contrast_loss(Transformer(model_config), 0.0)
+    loss, aux = loss_fn(params, frozen, batch, None)
+    n, k, t = batch["contrast_inputs"].shape
+    model = Transformer(model_config)
+    log_lik = np.zeros((n, k))
+    for j in range(k):  # reference: each label's rows scored on their own
+        logits = model.apply(lm.merge_variables(params, frozen), batch["contrast_inputs"][:, j])
+        tokens = batch["contrast_weights"][:, j].sum(-1)
+        log_lik[:, j] = -np.asarray(prefix_lm_loss(logits, batch["contrast_targets"][:, j],
+                                                   batch["contrast_weights"][:, j])) * tokens
+    own = batch["contrast_label"]
+    logits = model.apply(lm.merge_variables(params, frozen), plain.inputs)
+    lm_ref = np.asarray(prefix_lm_loss(logits, plain.targets, plain.weights))
+    shifted = log_lik - log_lik.max(-1, keepdims=True)
+    bayes_ce = -(shifted[np.arange(n), own] - np.log(np.exp(shifted).sum(-1)))
+    np.testing.assert_allclose(aux["contrast"], bayes_ce, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(loss, lm_ref + weight * bayes_ce, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(aux["ce_sum"], -log_lik[np.arange(n), own], rtol=1e-4)
+    # A batch without the contrast rows (D_valid) gets the Prefix-LM loss alone.
+    valid = {"inputs": plain.inputs, "targets": plain.targets, "weights": plain.weights, "mask": batch["mask"]}
+    np.testing.assert_allclose(loss_fn(params, frozen, valid, None)[0], lm_ref, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
+def test_sensitivity_of_clipped_sum_with_every_examples_k_rows(mode):
+    """One example (all its K rows) moves the clipped sum by at most C: it is one privacy unit."""
+    clip_norm = 0.01
+    _, _, loss_fn, params, frozen, batch, _, _ = _setup(mode, seed=3, weight=2.0)
+    key = jax.random.PRNGKey(0)
+    f = jax.jit(lambda b: clipping.clipped_grad_sum(loss_fn, params, frozen, b, key, clip_norm))
+    full, _, norms = f(batch)
+    assert float(jnp.min(norms)) > clip_norm
+    for drop in range(batch["mask"].shape[0]):
+        neighbour = dict(batch, mask=batch["mask"].copy())
+        neighbour["mask"][drop] = 0.0
+        without, _, _ = f(neighbour)
+        diff = float(optax.global_norm(jax.tree.map(jnp.subtract, full, without)))
+        assert 0 < diff <= clip_norm * (1 + 1e-4)
+
+
+def test_prompt_targets_get_no_gradient_under_any_label():
+    _, _, loss_fn, params, frozen, batch, _, _ = _setup(weight=3.0)
+    w = batch["contrast_weights"]
+    changed = dict(batch, contrast_targets=np.where(w == 0, (batch["contrast_targets"] + 7) % 60 + 4,
+                                                    batch["contrast_targets"]))
+    g = jax.jit(jax.grad(lambda p, b: loss_fn(p, frozen, b, None)[0].sum()))
+    for a, b in zip(jax.tree.leaves(g(params, batch)), jax.tree.leaves(g(params, changed))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_steps_on_the_contrast_raise_the_own_labels_margin():
+    """What the term is for: descending it makes the text likelier under its own label than the others'."""
+    _, _, loss_fn, params, frozen, batch, _, _ = _setup(weight=1.0)
+    contrast = jax.jit(lambda p: jnp.mean(loss_fn(p, frozen, batch, None)[1]["contrast"]))
+    before = float(contrast(params))
+    opt = optax.adam(3e-2)
+    state = opt.init(params)
+    for _ in range(30):
+        grads = jax.grad(lambda p: jnp.mean(loss_fn(p, frozen, batch, None)[0]))(params)
+        updates, state = opt.update(grads, state)
+        params = optax.apply_updates(params, updates)
+    assert float(contrast(params)) < 0.5 * before
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"label_contrast": -1.0}, "finite number >= 0"),
+    ({"label_contrast": float("inf")}, "finite number >= 0"),
+    ({"label_contrast": 1.0, "label_dropout": 0.1}, "use one"),
+    ({"label_contrast": 1.0, "privacy_unit": "user", "max_examples_per_user": 2}, "example-level"),
+    ({"label_contrast": 1.0, "microbatch_size": "auto"}, "--microbatch-size"),
+    ({"label_contrast": 1.0, "mode": "full", "clipping": "ghost"}, "vmapped clipping"),
+])
+def test_settings_it_cannot_serve_are_refused(settings, message):
+    with pytest.raises(tune_config.TuneError, match=message):
+        tune_config.TuneConfig(**settings)
+
+
+def test_off_by_default_and_absent_from_the_fingerprint():
+    assert tune_config.TuneConfig().label_contrast == 0.0
+    assert "label_contrast" not in tune_config.TuneConfig().to_json()
+    assert tune_config.TuneConfig(label_contrast=0.5).to_json()["label_contrast"] == 0.5
+
+
+def test_a_tuning_run_with_the_contrast_is_the_same_mechanism_and_reports_the_loss(tiny_base, tmp_path):
+    base_dir, _ = tiny_base
+    train, valid = make_records(80, 1), make_records(20, 2, "v")
+    cfg = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=16, steps=3, microbatch_size=8, max_tokens=32,
+                                 lora_rank=2, learning_rate=1e-2, seed=5)
+    plain = finetune.dp_tune(base_dir, train, valid, str(tmp_path / "plain"), cfg, progress_interval=1e9)
+    contrast = finetune.dp_tune(base_dir, train, valid, str(tmp_path / "contrast"),
+                                tune_config.TuneConfig(**{**cfg.__dict__, "label_contrast": 1.0}), progress_interval=1e9)
+    reports = [json.load(open(os.path.join(r.out_dir, "privacy_report.json"))) for r in (plain, contrast)]
+    for key in ("noise_multiplier", "clip_norm", "sampling_probability", "steps"):
+        assert reports[0]["training"][key] == reports[1]["training"][key], key
+    assert reports[0]["epsilon"] == reports[1]["epsilon"]
+    assert "label contrast" in reports[1]["training"]["loss"] and "contrast" not in reports[0]["training"]["loss"]
+    assert np.isfinite(contrast.valid_loss)
