@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dpsynth import errors, logs, outdir
+from dpsynth import binding, errors, logs, outdir
 from dpsynth.beam import jobs
 from dpsynth.data import read_config, readers
-from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.dedup.config import DedupConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one entry per sensitive dataset (all its splits)")
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="K", help="cut shared sequences of >= K tokens")
-    p.add_argument("--threads", type=int, default=1, help="native threads per worker")
+    binding.add_flags(p, DedupConfig, overrides={"min_tokens": {"metavar": "K"}})
     p.add_argument("--state-dir", default=None, help="the private state directory (the sensitive token corpora, their "
                    "dead letters, the sensitive index; created 0700, never publish it); default: OUT.private next to --out")
     p.add_argument("--public-encoding", default=readers.DEFAULT_ENCODING, help="of the --public files (default utf-8)")
@@ -54,12 +53,13 @@ def run(argv=None, test_pipeline=None) -> dict:
     pipeline).
     """
     args, beam_args = build_parser().parse_known_args(argv)
+    config = binding.from_args(DedupConfig, args)
     return jobs.dedup(
         args.public, args.sensitive, tokenizer_path=args.tokenizer, out_dir=args.out,
-        min_tokens=args.min_tokens, text_column=args.text_column, label_column=args.label_column or None,
+        min_tokens=config.min_tokens, text_column=args.text_column, label_column=args.label_column or None,
         num_shards=args.num_shards, shard_bytes=read_config.ReadConfig(shard_mb=args.shard_mb).shard_bytes,
         max_document_bytes=args.max_document_bytes, tfds_data_dir=args.tfds_data_dir,
-        threads=args.threads, state_dir=args.state_dir, encoding=args.encoding,
+        threads=config.threads, state_dir=args.state_dir, encoding=args.encoding,
         public_encoding=args.public_encoding,
         max_dead_letters=args.max_dead_letters, allow_unread_sensitive=args.allow_unread_sensitive,
         beam_args=beam_args, test_pipeline=test_pipeline,
@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     ap = build_parser()
     args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
+    binding.from_args(DedupConfig, args)  # a bad setting is refused before --out is claimed
     with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args), parser=ap):
         run(argv)
     return 0

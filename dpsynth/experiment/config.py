@@ -111,7 +111,7 @@ from typing import Any
 from dpsynth import binding
 from dpsynth.data import readers
 from dpsynth.data import tokenizer_training as tokenizer_lib
-from dpsynth.dedup import DEFAULT_MIN_TOKENS
+from dpsynth.dedup import config as dedup_config_lib
 from dpsynth.dp.accounting import ACCOUNTANTS  # noqa: F401 (the section's accountants are the tuner's)
 from dpsynth.errors import DpsynthError
 from dpsynth.evaluate import dp_select as dp_select_lib
@@ -249,23 +249,28 @@ TokenizerConfig = binding.subconfig(
         "TokenizerConfig`'s vocab_size and max_sentences, at `TOKENIZER_PRESET`).")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DedupConfig:
-    """Removal of >= min_tokens sequences shared with the sensitive data."""
+def _validate_dedup(self, key: str) -> None:
+    """min_tokens by the library's `DedupConfig`; every `also_against` entry as a `sensitive:` section."""
+    _library_check(dedup_config_lib.DedupConfig, {"min_tokens": self.min_tokens}, key, ("min_tokens",), {})
+    for name, section in self.also_against.items():
+        _check(bool(name) and "=" not in name and "/" not in name, f"{key}.also_against.{name}",
+               "names a dataset: non-empty, without '=' or '/'")
+        self.sensitive_config(name).validate(f"{key}.also_against.{name}")
 
-    min_tokens: int = DEFAULT_MIN_TOKENS
-    also_against: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def validate(self, key: str) -> None:
-        _check(self.min_tokens >= 1, f"{key}.min_tokens", f"must be >= 1, got {self.min_tokens}")
-        for name, section in self.also_against.items():
-            _check(bool(name) and "=" not in name and "/" not in name, f"{key}.also_against.{name}",
-                   "names a dataset: non-empty, without '=' or '/'")
-            self.sensitive_config(name).validate(f"{key}.also_against.{name}")
+def _dedup_sensitive_config(self, name: str) -> "SensitiveConfig":
+    """The `SensitiveConfig` of one `also_against` entry."""
+    return _build(SensitiveConfig, self.also_against[name], f"dedup.also_against.{name}")
 
-    def sensitive_config(self, name: str) -> "SensitiveConfig":
-        """The `SensitiveConfig` of one `also_against` entry."""
-        return _build(SensitiveConfig, self.also_against[name], f"dedup.also_against.{name}")
+
+# The dedup's cut (`dpsynth.dedup.config.DedupConfig`'s min_tokens, declared and validated there; the
+# stage runs one native thread per CPU) and `also_against` (more sensitive sets to cut, as `sensitive:`).
+DedupConfig = binding.subconfig(
+    "DedupConfig", dedup_config_lib.DedupConfig, lambda f: f.name == "min_tokens", module=__name__,
+    extra=[("also_against", Mapping[str, Any], dataclasses.field(default_factory=dict))],
+    namespace={"validate": _validate_dedup, "sensitive_config": _dedup_sensitive_config},
+    doc="Removal of >= min_tokens sequences shared with the sensitive data (`dpsynth.dedup.config.DedupConfig`'s "
+        "min_tokens; `also_against`: more sensitive sets to cut, each a `sensitive:` section).")
 
 
 # The experiment's defaults for the pretraining library's settings: a named, CPU-sized preset over

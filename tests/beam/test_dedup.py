@@ -374,3 +374,15 @@ def test_max_dead_letters_refuses_the_public_corpus_too(cp1252_case, tokenizer_p
     with pytest.raises(TooManyDeadLetters, match=r"public corpus: 1 of 6 records dead-lettered"):
         jobs.dedup([str(cp1252_case / "pub")], [f"reviews={cp1252_case / 'sens.csv'}"], tokenizer_path=tokenizer_path,
                    out_dir=str(cp1252_case / "out"), min_tokens=K, encoding="cp1252")
+
+
+@pytest.mark.parametrize("flag, value", [("--min-tokens", "0"), ("--threads", "-2")])
+def test_a_bad_cut_setting_is_one_line_before_anything_is_written(tmp_path, capsys, flag, value):
+    from beam_jobs.dedup import main
+
+    out = tmp_path / "out"
+    rc = main(["--public", str(tmp_path), "--sensitive", f"d={tmp_path}", "--tokenizer", "t.model", "--out", str(out),
+               flag, value])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag[2:].replace('-', '_')}: must be an integer >= 1" in err and "Traceback" not in err
+    assert not out.exists()

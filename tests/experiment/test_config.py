@@ -57,6 +57,8 @@ _USER_LEVEL = {"sensitive": {"embedded": False, "train": "t.csv", "test": "u.csv
         ({"generate": {"samplings": [{"temperature": -1}]}}, "generate.samplings[0].temperature: must be a finite number >= 0"),
         ({"generate": {"samplings": [{"topk": 3}]}}, "generate.samplings[0].topk: unknown key (did you mean 'top_k'?)"),
         ({"pretrain": {"steps": 0}}, "pretrain.steps: must be positive"),
+        ({"dedup": {"min_tokens": 0}}, "dedup.min_tokens: must be an integer >= 1"),
+        ({"dedup": {"threads": 2}}, "dedup.threads: unknown key"),
         ({"pretrain": {"learning_rate": -1}}, "pretrain.learning_rate: must be > 0"),
         ({"pretrain": {"preset": "huge"}}, "pretrain.preset: must name a model preset"),
         ({"pretrain": {"options": {"warmup": 10}}}, "pretrain.options.warmup: not an option of PretrainConfig"),
