@@ -371,10 +371,10 @@ def _library_check(cls: type, kwargs: Mapping[str, Any], key: str, settings, opt
 
 def _named(key: str, message: str, settings, options) -> str:
     """A library's validation message with the YAML key of the setting it starts with ("steps must
-    be ...", "--bands: must be ...", an `options` entry's name) or else the section's key."""
+    be ...", "min_tokens: must be ..." (a `binding.SettingError`), "--bands: must be ...", an `options` entry's name) or else the section's key."""
     names = [(n, f"{key}.{n}") for n in settings] + [(n, f"{key}.options.{n}") for n in options]
     for name, where in sorted(names, key=lambda x: len(x[0]), reverse=True):
-        for prefix in (name + " ", f"--{name.replace('_', '-')}: ", f"--{name.replace('_', '-')} "):
+        for prefix in (name + ": ", name + " ", f"--{name.replace('_', '-')}: ", f"--{name.replace('_', '-')} "):
             if message.startswith(prefix):
                 return f"{where}: {message[len(prefix):]}"
     return f"{key}: {message}"
