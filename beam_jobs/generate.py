@@ -33,13 +33,6 @@ _BOUND = ("num_examples", "valid_examples", "seed", "max_len", "batch_size", "ex
 _NOT_BOUND = tuple(f.name for f in dataclasses.fields(GenerateConfig) if f.name not in _BOUND)
 
 
-def _bytes(text: str) -> int:
-    try:
-        return resources.parse_bytes(text)
-    except resources.PlanError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsynth generate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="checkpoint directory (DP-tuned: has privacy_report.json)")
@@ -48,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     binding.add_flags(p, GenerateConfig, skip=_NOT_BOUND, overrides={  # --num-examples, --seed, --batch-size, ...
         "num_examples": {"required": True},
         "batch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
-        "memory_limit": {"type": _bytes, "metavar": "BYTES"},
+        "memory_limit": {"type": resources.bytes_flag, "metavar": "BYTES"},
     })
     p.add_argument("--labels", default=None, help="comma-separated labels (default: the model's label set)")
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",

@@ -46,13 +46,6 @@ def _override(text: str) -> tuple[str, object]:
 _NOT_FLAGS = ("progress_interval", "eval_at_start")
 
 
-def _bytes(text: str) -> int:
-    try:
-        return resources.parse_bytes(text)
-    except resources.PlanError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 class _SetField(argparse.Action):
     """`--set FIELD=VALUE` (repeatable): collects the pairs into the `model_overrides` dict."""
 
@@ -82,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "batch_size": {"help": "sequences per microbatch (an optimizer step sees --batch-size x --grad-accum)"},
         "grad_accum": {"help": "microbatches per optimizer step"},
         "microbatch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
-        "memory_limit": {"type": _bytes, "metavar": "BYTES"},
+        "memory_limit": {"type": resources.bytes_flag, "metavar": "BYTES"},
         "optimizer": {"choices": ("auto",) + OPTIMIZERS,
                       "help": "auto: Adam for tiny/small, Adafactor with min(0.01, 1/sqrt(step)) otherwise"},
         "valid_unit": {"choices": pretrain.VALID_UNITS,

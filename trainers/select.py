@@ -18,12 +18,17 @@ the winner is released, by the exponential mechanism (or `--mechanism gaussian`)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
 from dpsynth.data import dead_letters, read_config
+
+
+# `GenerateConfig` fields that are flags here (with --model; the grid sets the sampling and sizes).
+_GENERATE_BOUND = ("max_len", "batch_size", "seed", "memory_limit", "memory_headroom")
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -34,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     from dpsynth.dp import private_selection as ps
     from dpsynth.evaluate import dp_select, registry
     from dpsynth.evaluate import train_classifier as tc
+    from dpsynth.generate.plan import GenerateConfig
+    from dpsynth.train import resources
 
     ap = argparse.ArgumentParser(prog="dpsynth select", description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -57,13 +64,17 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--multiples", type=_floats, default=dp_select.DEFAULT_MULTIPLES,
                    help="synthetic train sizes as multiples of |D_train| (the model's report's dataset size)")
     g.add_argument("--valid-fraction", type=float, default=0.1, help="synthetic valid = this x synthetic train")
-    g.add_argument("--max-len", type=int, default=None,
-                   help="total tokens per example (default: the length the model was DP-tuned on, from its privacy "
-                        "report; else min(512, model))")
-    g.add_argument("--gen-batch-size", type=int, default=16, help="prompts per compiled sampler call")
+    # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
+    binding.add_flags(g, GenerateConfig, prefix="gen", skip=tuple(f.name for f in dataclasses.fields(GenerateConfig)
+                                                                  if f.name not in _GENERATE_BOUND), overrides={
+        "max_len": {"flags": ("--max-len",), "metavar": "N"},
+        "batch_size": {"type": binding.int_or_auto, "metavar": "N|auto"},
+        "memory_limit": {"flags": ("--memory-limit",), "type": resources.bytes_flag, "metavar": "BYTES"},
+        "memory_headroom": {"flags": ("--memory-headroom",), "metavar": "FRACTION"},
+        "seed": {"help": "generation job seed (shard seeds derive from it)"},
+    })
     g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates")
     g.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of that histogram")
-    g.add_argument("--gen-seed", type=int, default=0, help="generation job seed")
     read_config.add_flags(ap, "encoding", "max_dead_letters",
                           notes={"max_dead_letters": "here: --valid; OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
@@ -98,8 +109,8 @@ def main(argv=None) -> int:
                 args.model, os.path.normpath(args.out) + ".candidates",
                 dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples),
                 dataset_size=int(report["training"]["dataset_size"]), valid_fraction=args.valid_fraction,
-                label_distribution=distribution, beam_args=beam_args, max_len=args.max_len,
-                batch_size=args.gen_batch_size, seed=args.gen_seed)
+                label_distribution=distribution, beam_args=beam_args,
+                **{name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND})
         else:
             if beam_args:
                 raise errors.DpsynthError(f"unknown flags {beam_args} (Beam flags only apply with --model)")

@@ -156,6 +156,16 @@ def parse_bytes(text: str) -> int:
         raise PlanError(f"memory size {text!r}: expected a number of bytes or e.g. 80GB, 16GiB, 512MiB") from None
 
 
+def bytes_flag(text: str) -> int:
+    """`parse_bytes` as an argparse type (`--memory-limit 16GiB`): a bad size is a usage error."""
+    import argparse
+
+    try:
+        return parse_bytes(text)
+    except PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # ============================================================================ the automatic microbatch
 
 

@@ -155,6 +155,38 @@ def test_cli_on_existing_candidates(candidates, tmp_path, capsys):
     assert "exceeds the tuning's target" in got.err and "--reserve-selection-epsilon 2)" in got.err
 
 
+def test_cli_hands_the_generation_settings_to_the_generation_job(tmp_path, monkeypatch, capsys):
+    """`dpsynth select --model`: --max-len, --gen-batch-size, --gen-seed and the memory flags are the
+    generation job's `GenerateConfig` settings, handed over as such (declared once, there)."""
+    from dpsynth.generate.plan import GenerateConfig
+    from trainers import select as cli
+
+    valid_path = tmp_path / "valid.jsonl"
+    valid_path.write_text("".join(json.dumps(r) + "\n" for r in make_records(20, 1)))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_generate_candidates(model_dir, root, grid, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(report_lib, "load_report", lambda d: {"training": {"dataset_size": 50}})
+    monkeypatch.setattr(dp_select, "generate_candidates", fake_generate_candidates)
+    argv = ["--model", str(tmp_path / "m"), "--valid", str(valid_path), "--out", str(tmp_path / "o")]
+    with pytest.raises(Stop):
+        cli.main(argv + ["--max-len", "40", "--gen-batch-size", "auto", "--gen-seed", "3", "--memory-limit", "1GiB",
+                         "--memory-headroom", "0.3"])
+    assert {k: seen[k] for k in cli._GENERATE_BOUND} == {"max_len": 40, "batch_size": "auto", "seed": 3,
+                                                         "memory_limit": 1 << 30, "memory_headroom": 0.3}
+    with pytest.raises(Stop):
+        cli.main(argv)
+    defaults = GenerateConfig(model_dir="m", out_dir="o", num_examples=1)
+    assert {k: seen[k] for k in cli._GENERATE_BOUND} == {k: getattr(defaults, k) for k in cli._GENERATE_BOUND}
+    capsys.readouterr()
+
+
 def test_generate_candidates_generates_each_setting_once(tmp_path):
     from tests.generate.fakes import load_fake_bundle, write_fake_model_dir
 
