@@ -311,6 +311,10 @@ CPU_V3_TEMPERATURES = (1.0, 1.2)
 CPU_V3_SETS = {"v3_yelp_sentences": "yelp_sentences", "v3_yelp_polarity": "yelp_polarity", "v3_sst2": "sst2",
                "v3_ag_news": "ag_news"}
 CPU_V3_MULTIPLES = {"v3_yelp_sentences": (1, 3)}  # the number of synthetic examples as a candidate axis
+# Study v3 with the label-contrast loss (`dp_tune --label-contrast`, docs/dp.md): the same candidates,
+# selection and peers, from a DP model tuned with lambda = CPU_LABEL_CONTRAST (its own DP run).
+CPU_LABEL_CONTRAST = 1.0
+CPU_V3C_SETS = {f"v3c_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_SETS.items()}
 # The selection's epsilon. Where D_valid is split from D independently of the data (a hash, own files)
 # it composes in parallel with the tuning: the release stays at the tuning's epsilon 3. Yelp polarity's
 # D_valid is its last 10% (the paper's positional split): the selection composes sequentially there, at
@@ -319,11 +323,11 @@ CPU_V3_MULTIPLES = {"v3_yelp_sentences": (1, 3)}  # the number of synthetic exam
 # would change the dedup, hence the pretraining, of this cache).
 CPU_V3_SELECT_EPSILON = {"default": 1.0, "yelp_polarity": 0.3}
 CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
-                   "guidance_look", "null_contrast", *CPU_LEVERS, *CPU_V3_SETS)
+                   "guidance_look", "null_contrast", *CPU_LEVERS, *CPU_V3_SETS, *CPU_V3C_SETS)
 CPU_DATASET_OF = {"main": "yelp_sentences", "main_modes": "yelp_sentences", "main_x3": "yelp_sentences",
                   "main_repeats": "yelp_sentences", "yelp_polarity": "yelp_polarity", "sst2": "sst2",
                   "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity",
-                  **{name: "yelp_polarity" for name in CPU_LEVERS}, **CPU_V3_SETS}
+                  **{name: "yelp_polarity" for name in CPU_LEVERS}, **CPU_V3_SETS, **CPU_V3C_SETS}
 # The first look at the guidance weight (Yelp polarity, LoRA, epsilon 3; reuses its DP model): the
 # prototype on a held-out review set found w 1.5 > 3 > 0 (issue 22).
 CPU_GUIDANCE_LOOK = (1.0, 3.0)
@@ -416,6 +420,12 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
                             samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
                             multiples=CPU_V3_MULTIPLES.get(name, (1,)))
            for name, dataset in CPU_V3_SETS.items()},
+        **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
+                                dataset, CPU_V3_SELECT_EPSILON["default"]),
+                            samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
+                            multiples=CPU_V3_MULTIPLES.get("v3_" + name[len("v3c_"):], (1,)),
+                            dp={"options": {"label_contrast": CPU_LABEL_CONTRAST}})
+           for name, dataset in CPU_V3C_SETS.items()},
         # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
         **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s),
                             pretrained=_lever_pretrain(lever, pretrain))
@@ -775,7 +785,8 @@ def _v3_groups(res: dict[str, Any]) -> list[tuple[float, dict[str, Any], dict[st
 def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
     """Section 9: study v3, the corpus chosen with DP on D_valid on every set (each private tuning epsilon),
     beside every candidate."""
-    names = [n for n in CPU_V3_SETS if n in results]
+    sets = {**CPU_V3_SETS, **CPU_V3C_SETS}
+    names = [n for n in sets if n in results]
     if not names:
         return []
     md = ["", "## 9. Study v3: the corpus chosen with DP on the real D_valid (LoRA)", "",
@@ -796,10 +807,10 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
     acc = lambda r, k="wordcnn_accuracy": None if not r or r.get(k) is None else float(r[k])  # noqa: E731
     yes = lambda v: "-" if v is None else ("met" if v else "**not met**")  # noqa: E731
     for n in names:
-        res, title = results[n], SET_TITLES.get(CPU_V3_SETS[n], n)
+        res, title = results[n], SET_TITLES.get(sets[n], n) + (" + label contrast" if n in CPU_V3C_SETS else "")
         labels = set(res.get("test_labels") or ())
         chance = 1 / len(labels) if labels else 0.5
-        sel_eps = CPU_V3_SELECT_EPSILON.get(CPU_V3_SETS[n], CPU_V3_SELECT_EPSILON["default"])
+        sel_eps = CPU_V3_SELECT_EPSILON.get(sets[n], CPU_V3_SELECT_EPSILON["default"])
         for eps, sel, picked in _v3_groups(res):
             cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps]
             best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)

@@ -174,3 +174,15 @@ def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_target
     assert [x.split(" | ")[1] for x in lines] == ["1", "3"]
     assert "| u1 | 0.700 / 0.660 | 0.810 / 0.800 (g61) |" in lines[0] and "| 0.600 / 0.600 |" in lines[0]
     assert paper.cpu_experiments("cpu", "/x", epsilons={"v3_sst2": [1, 3]})["v3_sst2"]["dp_tune"]["epsilons"] == [1, 3]
+
+
+def test_v3_with_label_contrast_is_v3_with_one_more_tuning_setting():
+    """`v3c_<set>`: the v3 experiment of the set with `label_contrast` in its DP tuning and nothing else changed."""
+    configs = paper.cpu_experiments("cpu", "/nonexistent/data")
+    assert set(paper.CPU_V3C_SETS.values()) == set(paper.CPU_V3_SETS.values())
+    for name in paper.CPU_V3C_SETS:
+        cfg, v3 = configs[name], configs["v3_" + name[len("v3c_"):]]
+        assert cfg["dp_tune"] == {**v3["dp_tune"], "options": {"label_contrast": paper.CPU_LABEL_CONTRAST}}
+        assert {k: v for k, v in cfg.items() if k not in ("dp_tune", "name")} == {
+            k: v for k, v in v3.items() if k not in ("dp_tune", "name")}
+        assert from_dict(cfg).dp_tune.options["label_contrast"] == paper.CPU_LABEL_CONTRAST
