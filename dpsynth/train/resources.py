@@ -356,14 +356,22 @@ def abstract_variables(model_config, param_dtype: str, base_params: Any = None) 
     return shapes
 
 
-def abstract_batch(rows: int, length: int, sharding=None, *, segment_ids: bool = False) -> dict:
+def abstract_batch(rows: int, length: int, sharding=None, *, segment_ids: bool = False,
+                   contrast: tuple[int, int] | None = None) -> dict:
     """An abstract LM microbatch as the trainers feed it ("inputs", "targets" int32 and "weights" float32
     [rows, length], "mask" [rows]; `dp_tune`'s Prefix-LM rows; with `segment_ids`, also "segment_ids"
-    int32 [rows, length], pretraining's packed rows), placed by `sharding` when given."""
+    int32 [rows, length], pretraining's packed rows; with `contrast` = (K labels, row length), also the
+    label contrast's rows, `dpsynth.train.tune_data.contrast_arrays`), placed by `sharding` when given."""
     spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)  # noqa: E731
     batch = {"inputs": spec((rows, length), jnp.int32), "targets": spec((rows, length), jnp.int32),
              "weights": spec((rows, length), jnp.float32), "mask": spec((rows,), jnp.float32)}
     if segment_ids:
         batch["segment_ids"] = spec((rows, length), jnp.int32)
+    if contrast is not None:
+        k, width = contrast
+        batch.update({"contrast_inputs": spec((rows, k, width), jnp.int32),
+                      "contrast_targets": spec((rows, k, width), jnp.int32),
+                      "contrast_weights": spec((rows, k, width), jnp.float32),
+                      "contrast_label": spec((rows,), jnp.int32)})
     return batch
 

@@ -244,9 +244,6 @@ class TuneConfig:
             raise TuneError("label_contrast and label_dropout both change which rows train an example: use one")
         if c and self.privacy_unit != "example":
             raise TuneError("label_contrast supports example-level runs (privacy_unit 'example')")
-        if c and self.microbatch_size == "auto":
-            raise TuneError("label_contrast needs a given --microbatch-size (the automatic search compiles one row "
-                            "per example; the contrast feeds one per label)")
         r = self.reserve_selection_epsilon
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < math.inf:
             raise TuneError(f"reserve_selection_epsilon must be a finite number >= 0, got {r!r}")

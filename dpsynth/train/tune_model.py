@@ -102,8 +102,9 @@ class CompiledSteps:
 
 def compile_steps(base_config, config: TuneConfig, plan: PrivacyPlan, *, microbatch: int, row_length: int,
                   param_dtype: str = "float32", base_params=None, mesh: tuple[int, int] | None = None,
-                  fsdp: bool = False, apply: bool = True) -> CompiledSteps:
-    """Compiles the accumulate (one microbatch of `microbatch` rows of `row_length` tokens) and apply
+                  fsdp: bool = False, apply: bool = True, contrast: tuple[int, int] | None = None) -> CompiledSteps:
+    """Compiles the accumulate (one microbatch of `microbatch` rows of `row_length` tokens; with
+    `config.label_contrast`, also each example's `contrast` = (K labels, row length) rows) and apply
     programs of a run on abstract arrays: `planned_step`'s functions with the state `dp_tune` would
     hold (the base's "params" in `param_dtype`, or shaped like `base_params`, an abstract tree)."""
     from dpsynth.train import lm, resources
@@ -115,8 +116,11 @@ def compile_steps(base_config, config: TuneConfig, plan: PrivacyPlan, *, microba
                                            TRAINABLE[config.mode])
     state = fns.abstract_state(trainable, frozen)
     acc = fns.abstract_accumulator(state)
+    if bool(config.label_contrast) != (contrast is not None):
+        raise TuneError("compile_steps: the label contrast's rows (contrast=(labels, length)) go with label_contrast")
     batch = resources.abstract_batch(microbatch, row_length,
-                                     sharding_lib.batch_sharding(fns.mesh) if fns.mesh is not None else None)
+                                     sharding_lib.batch_sharding(fns.mesh) if fns.mesh is not None else None,
+                                     contrast=contrast)
     accumulate = resources.program_cost("accumulate", fns.lower("accumulate", state, acc, batch))
     applied = resources.program_cost("apply", fns.lower("apply", state, acc)) if apply else None
     return CompiledSteps(model_config=model_config, fns=fns, state=state, accumulate=accumulate, apply=applied)
@@ -124,13 +128,14 @@ def compile_steps(base_config, config: TuneConfig, plan: PrivacyPlan, *, microba
 
 def auto_microbatch(base_config, config: TuneConfig, plan: PrivacyPlan, *, row_length: int,
                     mesh: tuple[int, int] | None, limit_bytes: int, headroom: float, fsdp: bool = False,
-                    param_dtype: str = "float32", base_params=None):
+                    param_dtype: str = "float32", base_params=None, contrast: tuple[int, int] | None = None):
     """`resources.largest_microbatch` over the run's compiled steps (the larger of accumulate and
     apply; multiples of the mesh's data axis, at most the expected batch)."""
     from dpsynth.train import resources
 
     multiple = mesh[0] if mesh is not None else 1
-    common = dict(row_length=row_length, mesh=mesh, fsdp=fsdp, param_dtype=param_dtype, base_params=base_params)
+    common = dict(row_length=row_length, mesh=mesh, fsdp=fsdp, param_dtype=param_dtype, base_params=base_params,
+                  contrast=contrast)
     applied = compile_steps(base_config, config, plan, microbatch=multiple, **common).apply.total_bytes
 
     def peak(m: int) -> int:
@@ -213,6 +218,12 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
     return total / max(n, 1)
 
 
+def contrast_shape(data: TuneData) -> tuple[int, int] | None:
+    """(K labels, row length) of the label contrast's rows in `data`, or None without them."""
+    rows = data.train_arrays.get("contrast_inputs")
+    return None if rows is None else (int(rows.shape[1]), int(rows.shape[2]))
+
+
 def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData, *, mesh, memory_limit: int | None,
                         headroom: float, fsdp: bool = False) -> Prepared:
     """`prep` with microbatch_size "auto" replaced by the largest microbatch whose compiled step (the
@@ -228,7 +239,7 @@ def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData,
     def search() -> resources.MicrobatchChoice:
         return auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1],
                                mesh=mesh, limit_bytes=resources.memory_limit(memory_limit), headroom=headroom,
-                               base_params=abstract, fsdp=fsdp)
+                               base_params=abstract, fsdp=fsdp, contrast=contrast_shape(data))
 
     m, choice = resources.agreed_size(search)  # several processes: process 0's choice, or all stop together
     logger.info("microbatch auto: %s", choice.describe())

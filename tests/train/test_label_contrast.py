@@ -142,7 +142,6 @@ def test_gradient_steps_on_the_contrast_raise_the_own_labels_margin():
     ({"label_contrast": float("inf")}, "finite number >= 0"),
     ({"label_contrast": 1.0, "label_dropout": 0.1}, "use one"),
     ({"label_contrast": 1.0, "privacy_unit": "user", "max_examples_per_user": 2}, "example-level"),
-    ({"label_contrast": 1.0, "microbatch_size": "auto"}, "--microbatch-size"),
     ({"label_contrast": 1.0, "mode": "full", "clipping": "ghost"}, "vmapped clipping"),
 ])
 def test_settings_it_cannot_serve_are_refused(settings, message):

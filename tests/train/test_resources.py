@@ -75,6 +75,8 @@ def _capture_first_step(monkeypatch):
         if "fingerprint" not in seen:
             seen["fingerprint"] = resources.fingerprint(self.lower("accumulate", state, acc, batch))
             seen["rows"], seen["length"] = batch["inputs"].shape
+            if "contrast_inputs" in batch:  # the label contrast's rows: (K labels, row length)
+                seen["contrast"] = tuple(batch["contrast_inputs"].shape[1:])
         return original(self, state, acc, batch)
 
     monkeypatch.setattr(core.TrainFunctions, "accumulate_step", spy)
@@ -148,6 +150,24 @@ def test_hf_config_alone_is_a_model_source():
     src = resources.resolve_model(os.path.join(FIXTURES, "gemma2_2b"), dtype="bfloat16")
     assert src.param_dtype == "bfloat16" and src.config.d_model == 2304 and src.config.post_norms
     assert 2.5e9 < src.config.num_params(("params",)) < 2.7e9  # Gemma-2-2B: 2.61B parameters
+
+
+def test_plan_compiles_the_label_contrast_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch):
+    """With `label_contrast` the compiled step is the one dp_tune runs on its K rows per example (what
+    `--microbatch-size auto` searches over), and it costs more memory than the plain step."""
+    base_dir, _ = tiny_base
+    config = dataclasses.replace(CFG, label_contrast=1.0)
+    seen = _capture_first_step(monkeypatch)
+    finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "out"), config, progress_interval=1e9)
+    source = resources.resolve_model(base_dir)
+    plan = tune_config.plan_run(config, len(TRAIN))
+    common = dict(microbatch=seen["rows"], row_length=seen["length"], param_dtype=source.param_dtype)
+    steps = tune_model.compile_steps(source.config, config, plan, contrast=seen["contrast"], **common)
+    assert seen["contrast"][0] == len({r["label"] for r in TRAIN}) and steps.accumulate.fingerprint == seen["fingerprint"]
+    plain = tune_model.compile_steps(source.config, CFG, plan, apply=False, **common)
+    assert steps.accumulate.total_bytes > plain.accumulate.total_bytes
+    with pytest.raises(tune_config.TuneError, match="contrast"):
+        tune_model.compile_steps(source.config, config, plan, apply=False, **common)
 
 
 # ---------------------------------------------------------------- --microbatch-size auto in dp_tune
