@@ -36,8 +36,8 @@ def _floats(s: str) -> tuple[float, ...]:
 
 # `EvaluateConfig` fields that are flags as they are (the others are shaped by the flags above them:
 # --classifiers a comma list, --grid small | wide, --cnn paper | small, --mauve-seeds a count, ...).
-BOUND = ("model_dir", "embedder", "mauve_subsample", "pooling", "dp_delta", "dp_accountant", "dp_sweep_accounting",
-         "dp_select_epsilon", "dp_valid_split", "wordcnn_vocabulary")
+BOUND = ("model_dir", "embedder", "mauve_subsample", "dp_delta", "dp_accountant", "dp_sweep_accounting",
+         "dp_select_epsilon", "dp_valid_split")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-real-baseline", action="store_true")
     from dpsynth.evaluate import registry
 
-    registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
+    registry.add_setting_flags(ap)  # --wordcnn-vocabulary, --backbone-pooling, ...: declared by each family
     read_config.add_flags(ap, "encoding", "max_dead_letters",
                           notes={"encoding": "of the real splits",
                                  "max_dead_letters": "here: per real split; OUT.private/dead_letters.jsonl"})
@@ -84,7 +84,7 @@ def config_from_flags(*, classifiers: str = "wordcnn", dp_epsilons: Sequence[flo
     """An `EvaluateConfig` from the flags' values (`--classifiers` a comma list or "none", `--grid`
     small | wide, `--cnn` paper | small, `--mauve-seeds` a count, `classifier_options` the families'
     own settings, `dpsynth.evaluate.registry.options_from_args`; `bound`: the `BOUND` fields as they
-    are, e.g. model_dir, pooling, dp_select_epsilon)."""
+    are, e.g. model_dir, dp_select_epsilon)."""
     from dpsynth.evaluate import classifiers as cls_lib
     from dpsynth.evaluate import mauve
     from dpsynth.evaluate import train_classifier as tc

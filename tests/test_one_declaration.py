@@ -43,11 +43,10 @@ FLOWS = (
 SHARED_FIELDS = {
     FLOWS[0]: {"max_len": "the job's None means the length the model was tuned on, resolved per model into the sampler's",
                "batch_size": "the job's batch is the sampler's compiled batch; the job has no other"},
-    FLOWS[1]: {name: "the evaluate config predates `ClassifierSpec.options`; these backbone/WordCNN settings are "
-                     "still flat fields handed to the spec (pending: the families' own settings)"
-               for name in ("freeze_backbone", "model_dir", "pooling", "wordcnn")},
-    FLOWS[2]: {name: "`dpsynth classify`'s flags for the spec's settings (pending: the families' own settings)"
-               for name in ("pooling", "vocabulary")},
+    FLOWS[1]: {"model_dir": "the pretrained LM is the evaluation's too (the MAUVE embedder, perplexity), not only "
+                            "a classifier's",
+               "wordcnn": "the WordCNN's sizes: a nested `WordCNNConfig` preset (paper | small), which the families' "
+                          "flat settings (one flag each) cannot hold"},
 }
 # Constant name -> why the same value is declared in several modules.
 SAME_CONSTANT = {

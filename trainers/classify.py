@@ -30,7 +30,7 @@ def _floats(s: str) -> tuple[float, ...]:
 def parser() -> argparse.ArgumentParser:
     from dpsynth.dp import selection
     from dpsynth.dp.accounting import ACCOUNTANTS
-    from dpsynth.evaluate import classifiers, registry
+    from dpsynth.evaluate import registry
     from dpsynth.evaluate import train_classifier as tc
 
     ap = argparse.ArgumentParser(prog="dpsynth classify", description=__doc__.split("\n")[0])
@@ -41,7 +41,6 @@ def parser() -> argparse.ArgumentParser:
         "classifier": {"choices": registry.names()},
         "model": {"help": "pretrained LM checkpoint for --classifier backbone (its tokenizer: the DP WordCNN's "
                           "vocabulary)"},
-        "pooling": {"choices": classifiers.POOLINGS},
         "cnn": {"choices": tc.CNN_SIZES},
         "learning_rates": {"type": _floats},
         "weight_decays": {"type": _floats},
@@ -51,9 +50,6 @@ def parser() -> argparse.ArgumentParser:
         "sweep_accounting": {"choices": selection.SWEEP_ACCOUNTINGS,
                              "help": "DP: all trials of the sweep together meet --epsilon (composed) or only the "
                                      "selected one"},
-        "vocabulary": {"choices": tc.VOCABULARIES,
-                       "help": "WordCNN vocabulary (auto: own training set if non-private; DP: --model's tokenizer "
-                               "pieces, else hashed words)"},
         "select_epsilon": {"help": "DP: choose the setting on --valid with DP at this epsilon (default: the non-DP "
                                    "choice, a declared side channel)"},
         "valid_split": {"choices": ("files", "hash", "positional"),
@@ -61,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         "seed": {"help": "fix the DP sampling/noise seed (tests only: voids the guarantee for whoever knows it; "
                          "default: a secret seed)"},
     }, skip=("classifier_options",))
-    registry.add_setting_flags(ap)  # --backbone-truncate, ...: declared by each classifier family
+    registry.add_setting_flags(ap)  # --wordcnn-vocabulary, --backbone-pooling, ...: declared by each family
     ap.add_argument("--privacy-report", default=None, help="directory of the DP privacy report (default: that of --out)")
     ap.add_argument("--out", required=True, help="JSON file with the trials and the selected result")
     read_config.add_flags(ap, "encoding", "max_dead_letters",

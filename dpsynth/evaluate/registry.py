@@ -54,6 +54,9 @@ class ClassifierKind:
         except binding.SettingError as e:
             raise ValueError(f"{spec.kind}.{e}") from None
 
+    def check(self, spec) -> None:
+        """Raises ValueError for settings that do not go with the rest of `spec` (e.g. a model_dir they need)."""
+
     def input_len(self, spec) -> int:
         """Tokens kept per example (the report's max_tokens_per_example)."""
         return spec.max_len

@@ -25,7 +25,6 @@ from dpsynth.evaluate import classifiers as cls_lib
 from dpsynth.evaluate import corpora, embed, mauve, ngrams, ranking, registry, scores
 from dpsynth.evaluate import train_classifier as tc
 from dpsynth.evaluate import trainer as tr
-from dpsynth.evaluate import wordcnn as wordcnn_lib
 from dpsynth.evaluate.backbone import Backbone
 
 logger = logging.getLogger("dpsynth.evaluate")
@@ -44,7 +43,8 @@ class EvaluateConfig:
       embedder: "auto" ("lm:<model_dir>" when model_dir is set, else "hashing"), or a spec for
         `embed.make_embedder`.
       mauve: MAUVE settings; mauve_seeds / mauve_subsample: repeats (mean and std).
-      wordcnn: WordCNN sizes; backbone_max_len / pooling / freeze_backbone: backbone settings.
+      wordcnn: WordCNN sizes; backbone_max_len: the backbone classifier's input tokens (the
+        families' other settings: classifier_options).
       sweep: lr x wd grid, repeats and per-run settings (also clip norms for DP-on-real).
       backbone_sweep: the own sweep of a classifier on the pretrained LM (the backbone classifier;
         `registry.ClassifierKind.uses_backbone`; None = `sweep`): fine-tuning the LM costs far
@@ -60,14 +60,12 @@ class EvaluateConfig:
         epsilon (`trainer.DPConfig.select_epsilon`); None: the non-DP choice (a declared side channel).
       dp_valid_split: how D_valid was split from D ("files", "hash" or "positional"; the fallback
         without a real valid split, the last 10% of train, is always "positional").
-      wordcnn_vocabulary: the WordCNN's vocabulary (`train_classifier.VOCABULARIES`); "auto":
-        each corpus's own training set for synthetic data and the real-data baseline, the
-        public pieces of model_dir's tokenizer (hashed words without model_dir) for DP-on-real.
       real_baseline: train on real train (epsilon = inf) as the upper baseline.
       perplexity: score the real test set under each corpus's generator (when loadable).
       length_bins: bins of the character-length histograms.
       classifier_options: {family: {setting: value}}: the classifier families' own settings
-        (`registry.ClassifierKind.settings`, e.g. `{backbone: {truncate: tail}}`).
+        (`registry.ClassifierKind.settings`, e.g. `{wordcnn: {vocabulary: hashing}, backbone: {pooling:
+        last, freeze: true, truncate: tail}}`; flags `--wordcnn-vocabulary`, `--backbone-pooling`, ...).
     """
 
     classifiers: tuple[str, ...] = ("wordcnn",)
@@ -79,8 +77,6 @@ class EvaluateConfig:
     mauve_subsample: int | None = binding.setting(None, help="MAUVE on this many examples per side (default all)")
     wordcnn: cls_lib.WordCNNConfig = cls_lib.WordCNNConfig()
     backbone_max_len: int = 128
-    pooling: str = binding.setting("mean", choices=cls_lib.POOLINGS, help="the backbone classifier's pooling")
-    freeze_backbone: bool = False
     sweep: tc.SweepConfig = tc.SweepConfig()
     backbone_sweep: tc.SweepConfig | None = None
     dp_epsilons: tuple[float, ...] = ()
@@ -100,10 +96,6 @@ class EvaluateConfig:
     dp_valid_split: str = binding.setting("files", choices=private_selection.SPLITS,
                                           help="how --real-valid was split from D: files or hash compose the DP "
                                                "selection in parallel with the training, positional sequentially")
-    wordcnn_vocabulary: str = binding.setting(
-        "auto", choices=wordcnn_lib.VOCABULARIES,
-        help="auto: own training set if non-private; DP-on-real: --model's tokenizer pieces, else hashed words "
-             "(train: from real train, a declared side channel)")
     real_baseline: bool = True
     perplexity: bool = True
     length_bins: int = 50
@@ -122,9 +114,6 @@ class EvaluateConfig:
         if self.dp_sweep_accounting not in selection.SWEEP_ACCOUNTINGS:
             raise ValueError(f"dp_sweep_accounting must be one of {selection.SWEEP_ACCOUNTINGS}, got "
                              f"{self.dp_sweep_accounting!r}")
-        if self.wordcnn_vocabulary not in wordcnn_lib.VOCABULARIES:
-            raise ValueError(f"wordcnn_vocabulary must be one of {wordcnn_lib.VOCABULARIES}, got "
-                             f"{self.wordcnn_vocabulary!r}")
 
     def embedder_spec(self) -> str:
         if self.embedder != "auto":
@@ -145,9 +134,8 @@ class EvaluateConfig:
                                        valid_split=valid_split or self.dp_valid_split)
 
     def spec(self, kind: str) -> tc.ClassifierSpec:
-        return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir, pooling=self.pooling,
-                                 max_len=self.backbone_max_len, freeze_backbone=self.freeze_backbone,
-                                 vocabulary=self.wordcnn_vocabulary, options=self.classifier_options.get(kind, {}))
+        return tc.ClassifierSpec(kind=kind, wordcnn=self.wordcnn, model_dir=self.model_dir,
+                                 max_len=self.backbone_max_len, options=self.classifier_options.get(kind, {}))
 
 
 @dataclasses.dataclass

@@ -38,7 +38,6 @@ from dpsynth.dp import selection as selection_lib
 from dpsynth.evaluate import classifiers, registry
 from dpsynth.evaluate import scores as scores_lib
 from dpsynth.evaluate.trainer import DPConfig, Split, TrainConfig, Trainer
-from dpsynth.evaluate.wordcnn import VOCABULARIES
 
 logger = logging.getLogger("dpsynth.evaluate")
 
@@ -271,32 +270,23 @@ def _clips(ledger) -> list[float]:
 class ClassifierSpec:
     """Which classifier. Attributes: kind (a name of `dpsynth.evaluate.registry`), wordcnn (its sizes),
     model_dir (the pretrained LM for "backbone"; its tokenizer for the WordCNN's "tokenizer"
-    vocabulary), pooling ("mean" | "last"), max_len (backbone tokens), freeze_backbone (train
-    the head only), vocabulary (the WordCNN's input vocabulary, one of `VOCABULARIES`: "auto" =
-    its own training set when training is non-private; for DP training the public pieces of
-    model_dir's tokenizer, or hashed words without a model_dir; "train" under DP is a declared
-    side channel), options (the family's own settings by name, `registry.ClassifierKind.settings`,
-    e.g. {"truncate": "tail"} for the backbone))."""
+    vocabulary), max_len (backbone tokens), options (the family's own settings by name,
+    `registry.ClassifierKind.settings`: e.g. {"vocabulary": "hashing"} for the WordCNN,
+    `wordcnn.WordCNNSettings`; {"pooling": "last", "freeze": True, "truncate": "tail"} for the
+    backbone, `backbone.BackboneSettings`)."""
 
     kind: str = "wordcnn"
     wordcnn: classifiers.WordCNNConfig = classifiers.WordCNNConfig()
     model_dir: str | None = None
-    pooling: str = "mean"
     max_len: int = 128
-    freeze_backbone: bool = False
-    vocabulary: str = "auto"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        registry.get(self.kind).settings_of(self)  # the family's own settings: ValueError naming a bad one
-        if registry.get(self.kind).needs_model_dir and self.model_dir is None:
+        kind = registry.get(self.kind)
+        kind.settings_of(self)  # the family's own settings: ValueError naming a bad one
+        if kind.needs_model_dir and self.model_dir is None:
             raise ValueError(f"the {self.kind} classifier needs model_dir (a dpsynth checkpoint directory)")
-        if self.pooling not in classifiers.POOLINGS:
-            raise ValueError(f"pooling must be one of {classifiers.POOLINGS}, got {self.pooling!r}")
-        if self.vocabulary not in VOCABULARIES:
-            raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
-        if self.vocabulary == "tokenizer" and self.model_dir is None:
-            raise ValueError("the 'tokenizer' vocabulary needs model_dir (a model directory with tokenizer.model)")
+        kind.check(self)
 
     @property
     def input_len(self) -> int:
@@ -337,7 +327,7 @@ def classify(train: Sequence[Mapping], valid: Sequence[Mapping], tests: Mapping[
     Records are mappings with "text" and "label". All label sets must be equal. With `dp`, the
     training is DP-Adam (DP-on-real baseline), sweeping `sweep.clip_norms` too, and the result
     carries its privacy report (`SweepResult.privacy`); the WordCNN vocabulary then comes from
-    public data unless `spec.vocabulary == "train"` (a side channel in the report). `backbone`:
+    public data unless its vocabulary setting is "train" (a side channel in the report). `backbone`:
     the pretrained LM (`dpsynth.evaluate.backbone.Backbone`) when the caller loaded it already.
     """
     named = {"train": train, "valid": valid, **{f"test '{k}'": v for k, v in tests.items()}}
@@ -379,7 +369,6 @@ class ClassifyConfig:
         classifier: a registered classifier (`registry.names()`: "wordcnn", "backbone").
         model: pretrained LM directory (`ClassifierSpec.model_dir`): the backbone, or the DP
             WordCNN's tokenizer vocabulary.
-        pooling: the backbone's pooling ("mean" | "last").
         cnn: the WordCNN's sizes, one of `CNN_SIZES`.
         learning_rates, weight_decays: the sweep's grid; None = `SMALL_LR_GRID` / `SMALL_WD_GRID`.
         repeats: trials per grid point.
@@ -391,18 +380,16 @@ class ClassifyConfig:
         dp_epochs: DP training epochs.
         accountant: "rdp" or "pld".
         sweep_accounting: "composed" (all trials meet epsilon) or "selected-only".
-        vocabulary: the WordCNN vocabulary, one of `VOCABULARIES`.
         seed: fixed DP seed (tests only); None = a secret seed.
         select_epsilon: DP: choose the setting with DP on --valid at this epsilon (`DPConfig.select_epsilon`).
         valid_split: DP: how --valid was split from D ("files", "hash" or "positional").
         classifier_options: {family: {setting: value}}: the families' own settings
-            (`registry.ClassifierKind.settings`; flags `--<family>-<setting>`); the chosen
-            classifier's are used.
+            (`registry.ClassifierKind.settings`; flags `--<family>-<setting>`, e.g. --wordcnn-vocabulary,
+            --backbone-pooling); the chosen classifier's are used.
     """
 
     classifier: str = "wordcnn"
     model: str | None = None
-    pooling: str = "mean"
     cnn: str = "paper"
     learning_rates: tuple[float, ...] | None = None
     weight_decays: tuple[float, ...] | None = None
@@ -415,7 +402,6 @@ class ClassifyConfig:
     dp_epochs: float = 5.0
     accountant: str = "rdp"
     sweep_accounting: str = "composed"
-    vocabulary: str = "auto"
     seed: int | None = None
     select_epsilon: float | None = None
     valid_split: str = "files"
@@ -445,8 +431,7 @@ def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = C
             for name, path in (("train", train), ("valid", valid), ("test", test))}
     c = config
     small = classifiers.WordCNNConfig(vocab_words=10_000, embed_dim=64, filters=64, hidden=64, max_len=128)
-    spec = ClassifierSpec(kind=c.classifier, model_dir=c.model, pooling=c.pooling, vocabulary=c.vocabulary,
-                          wordcnn=small if c.cnn == "small" else classifiers.WordCNNConfig(),
+    spec = ClassifierSpec(kind=c.classifier, model_dir=c.model, wordcnn=small if c.cnn == "small" else classifiers.WordCNNConfig(),
                           options=c.classifier_options.get(c.classifier, {}))
     sweep = SweepConfig(learning_rates=tuple(c.learning_rates or SMALL_LR_GRID),
                         weight_decays=tuple(c.weight_decays or SMALL_WD_GRID), clip_norms=tuple(c.clip_norms),

@@ -5,19 +5,44 @@ classifier's own training set), "tokenizer" (the pieces of a public SentencePiec
 "hashing" (words hashed into fixed buckets, no data), or "auto": the own training set when
 training is non-private, else the public tokenizer with a model_dir and hashing without one.
 A "train" vocabulary under DP is read from D_train without DP (a declared side channel).
+
+Settings of its own (`WordCNNSettings`, `--wordcnn-<setting>` flags, `classifier_options:
+{wordcnn: {...}}`): `vocabulary`. Its sizes are the spec's `wordcnn` (`classifiers.WordCNNConfig`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from dpsynth import binding
 from dpsynth.evaluate import classifiers, registry, trainer
 
 VOCABULARIES = ("auto", "tokenizer", "hashing", "train")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WordCNNSettings:
+    """The WordCNN's own settings.
+
+    Attributes:
+      vocabulary: its input vocabulary, one of `VOCABULARIES` (module doc); "auto" (default): the
+        own training set when training is non-private; for DP training the public pieces of
+        model_dir's tokenizer, or hashed words without a model_dir.
+    """
+
+    vocabulary: str = binding.setting("auto", choices=VOCABULARIES,
+                                      help="the WordCNN's vocabulary; auto: own training set if non-private, for DP "
+                                           "training the model's tokenizer pieces, else hashed words (train: from "
+                                           "the training set, a declared side channel under DP)")
+
+    def __post_init__(self):
+        if self.vocabulary not in VOCABULARIES:
+            raise binding.SettingError("vocabulary", f"must be one of {', '.join(VOCABULARIES)}; got {self.vocabulary!r}")
 
 
 def wordcnn_model(train_texts: Sequence[str] | None, num_classes: int, config: classifiers.WordCNNConfig,
@@ -58,12 +83,19 @@ def wordcnn_model(train_texts: Sequence[str] | None, num_classes: int, config: c
 
 
 class WordCNNKind(registry.ClassifierKind):
-    """The WordCNN: sizes from `spec.wordcnn`, vocabulary from `spec.vocabulary`."""
+    """The WordCNN: sizes from `spec.wordcnn`, vocabulary from its `WordCNNSettings`."""
+
+    settings = WordCNNSettings
+
+    def check(self, spec) -> None:
+        if self.settings_of(spec).vocabulary == "tokenizer" and spec.model_dir is None:
+            raise ValueError("wordcnn.vocabulary: 'tokenizer' needs model_dir (a model directory with tokenizer.model)")
 
     def vocabulary(self, spec, private: bool) -> str:
         """The vocabulary source for a private or non-private training set ("auto" resolved)."""
-        if spec.vocabulary != "auto":
-            return spec.vocabulary
+        chosen = self.settings_of(spec).vocabulary
+        if chosen != "auto":
+            return chosen
         if not private:
             return "train"
         return "tokenizer" if spec.model_dir else "hashing"

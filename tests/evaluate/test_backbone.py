@@ -41,8 +41,16 @@ def test_a_family_setting_reaches_the_spec_the_evaluate_config_and_the_flags():
         tc.ClassifierSpec(kind="backbone", model_dir="m", options={"truncate": "middle"})
     with pytest.raises(ValueError, match="backbone.pad: not an option of BackboneSettings"):
         tc.ClassifierSpec(kind="backbone", model_dir="m", options={"pad": 1})
-    with pytest.raises(ValueError, match="wordcnn classifier has no settings"):
+    with pytest.raises(ValueError, match="wordcnn.truncate: not an option of WordCNNSettings"):
         tc.ClassifierSpec(kind="wordcnn", options={"truncate": "tail"})
+    # pooling and freeze are the backbone's, vocabulary the WordCNN's: validated by each family's declaration.
+    with pytest.raises(ValueError, match="backbone.pooling: must be one of mean, last"):
+        tc.ClassifierSpec(kind="backbone", model_dir="m", options={"pooling": "max"})
+    with pytest.raises(ValueError, match="wordcnn.vocabulary: must be one of"):
+        tc.ClassifierSpec(kind="wordcnn", options={"vocabulary": "bytes"})
+    with pytest.raises(ValueError, match="'tokenizer' needs model_dir"):
+        tc.ClassifierSpec(kind="wordcnn", options={"vocabulary": "tokenizer"})
+    assert registry.get("wordcnn").settings_of(tc.ClassifierSpec(options={"vocabulary": "hashing"})).vocabulary == "hashing"
     config = scoring.EvaluateConfig(classifiers=("backbone",), model_dir="m",
                                     classifier_options={"backbone": {"truncate": "tail"}})
     assert config.spec("backbone").options == {"truncate": "tail"} and config.spec("wordcnn").options == {}

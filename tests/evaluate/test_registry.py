@@ -63,6 +63,8 @@ def test_a_classifier_registered_in_a_test_trains_through_the_normal_path(bow):
     train, valid, test = make_records(200, 1, signal=3), make_records(60, 2, signal=3), make_records(100, 3, signal=3)
     spec = tc.ClassifierSpec(kind=bow, max_len=16)
     assert spec.input_len == 16 and registry.names()[-1] == bow
+    with pytest.raises(ValueError, match=f"the {bow} classifier has no settings"):  # a family without settings
+        tc.ClassifierSpec(kind=bow, options={"vocabulary": "hashing"})
     assert scoring.EvaluateConfig(classifiers=("wordcnn", bow)).sweep_for(bow) == tc.SweepConfig()
     sweep = tc.SweepConfig(learning_rates=(1e-3, 0.3), weight_decays=(0.0,), repeats=1,
                            train=tr.TrainConfig(max_epochs=6, patience=6))

@@ -226,7 +226,7 @@ def test_sweep_ledger_is_the_plan_and_the_k_trials_meet_the_target(accounting, v
     train, valid = make_records(n, 4), make_records(30, 5)
     dp = tr.DPConfig(epsilon=eps, expected_batch_size=20, microbatch_size=20, epochs=1, sweep_accounting=accounting)
     sweep = tc.SweepConfig(learning_rates=(1e-2, 3e-2), clip_norms=(1.0,), repeats=2)
-    spec = tc.ClassifierSpec(wordcnn=TINY, vocabulary=vocabulary)
+    spec = tc.ClassifierSpec(wordcnn=TINY, options={"vocabulary": vocabulary})
     res = tc.classify(train, valid, {"real": valid}, spec, sweep, dp=dp)
     k = 4
     plan = plan_privacy(dataset_size=n, expected_batch_size=20, epochs=1, epsilon=eps,
@@ -332,7 +332,7 @@ def test_dp_vocabulary_is_public_by_default(monkeypatch, tmp_path, tiny_lm):
     monkeypatch.undo()
     train = [r["text"] for r in make_records(60, 6)]
     assert registry.make(TINY_SPEC, train, 2).vocabulary["source"] == "train"
-    assert registry.make(dataclasses.replace(TINY_SPEC, vocabulary="train"), train, 2,
+    assert registry.make(dataclasses.replace(TINY_SPEC, options={"vocabulary": "train"}), train, 2,
                          private=True).vocabulary["source"] == "train"  # only when asked for
 
 
@@ -355,20 +355,22 @@ def test_classify_flags_are_bound_from_classify_config():
 
     p = classify.parser()
     options = {s for a in p._actions for s in a.option_strings}
-    assert options == {"-h", "--help", "--train", "--valid", "--test", "--classifier", "--model", "--pooling", "--cnn",
+    assert options == {"-h", "--help", "--train", "--valid", "--test", "--classifier", "--model", "--cnn",
                        "--learning-rates", "--weight-decays", "--repeats", "--max-epochs", "--epsilon", "--delta",
                        "--clip-norms", "--expected-batch-size", "--dp-epochs", "--accountant", "--sweep-accounting",
-                       "--vocabulary", "--seed", "--select-epsilon", "--valid-split", "--privacy-report", "--out",
+                       "--seed", "--select-epsilon", "--valid-split", "--privacy-report", "--out",
                        "--max-dead-letters", "--verbose", "--encoding",
-                       "--backbone-truncate"}  # a setting of the backbone family (`backbone.BackboneSettings`)
+                       "--wordcnn-vocabulary",  # the WordCNN family's own setting (`wordcnn.WordCNNSettings`)
+                       "--backbone-pooling", "--backbone-freeze", "--backbone-truncate"}  # `backbone.BackboneSettings`
     args = p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])
     assert vars(args) == {
-        "train": "a", "valid": "b", "test": "c", "classifier": "wordcnn", "model": None, "pooling": "mean",
+        "train": "a", "valid": "b", "test": "c", "classifier": "wordcnn", "model": None,
         "cnn": "paper", "learning_rates": None, "weight_decays": None, "repeats": 3, "max_epochs": 10,
         "epsilon": None, "delta": None, "clip_norms": (0.5, 1.0), "expected_batch_size": 64, "dp_epochs": 5.0,
-        "accountant": "rdp", "sweep_accounting": "composed", "vocabulary": "auto", "seed": None,
+        "accountant": "rdp", "sweep_accounting": "composed", "seed": None,
         "select_epsilon": None, "valid_split": "files", "privacy_report": None, "out": "d", "max_dead_letters": "1%",
-        "verbose": False, "encoding": "utf-8", "backbone_truncate": "head"}
+        "verbose": False, "encoding": "utf-8", "wordcnn_vocabulary": "auto", "backbone_pooling": "mean",
+        "backbone_freeze": False, "backbone_truncate": "head"}
     assert binding.from_args(tc.ClassifyConfig, args) == tc.ClassifyConfig()
     got = binding.from_args(tc.ClassifyConfig, p.parse_args(
         ["--train", "a", "--valid", "b", "--test", "c", "--out", "d", "--learning-rates", "0.1,0.2", "--epsilon", "2",
@@ -377,5 +379,8 @@ def test_classify_flags_are_bound_from_classify_config():
     assert classify._config(p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d"])) \
         == tc.ClassifyConfig()
     got = classify._config(p.parse_args(["--train", "a", "--valid", "b", "--test", "c", "--out", "d",
-                                         "--classifier", "backbone", "--model", "m", "--backbone-truncate", "tail"]))
-    assert got.classifier_options == {"backbone": {"truncate": "tail"}}
+                                         "--classifier", "backbone", "--model", "m", "--backbone-truncate", "tail",
+                                         "--backbone-pooling", "last", "--backbone-freeze",
+                                         "--wordcnn-vocabulary", "hashing"]))
+    assert got.classifier_options == {"backbone": {"truncate": "tail", "pooling": "last", "freeze": True},
+                                      "wordcnn": {"vocabulary": "hashing"}}
