@@ -70,3 +70,22 @@ def tiny_base(tmp_path_factory):
     save_model(base_dir, config, {"params": variables["params"]}, tok,
                extra_manifest={"contamination_sha256": "c0" * 32})
     return base_dir, tok
+
+
+def assert_each_example_moves_the_clipped_sum_by_at_most_c(loss_fn, params, frozen, batch, clip_norm):
+    """Removing any one example (masking it) changes the clipped gradient sum by at most C, and clipping
+    is active for every example (its gradient norm is above C): the per-example sensitivity."""
+    import optax
+
+    from dpsynth.dp import clipping
+
+    key = jax.random.PRNGKey(0)
+    f = jax.jit(lambda b: clipping.clipped_grad_sum(loss_fn, params, frozen, b, key, clip_norm))
+    full, _, norms = f(batch)
+    assert float(jnp.min(norms)) > clip_norm  # clipping is active for every example
+    for drop in range(batch["mask"].shape[0]):
+        neighbour = dict(batch, mask=batch["mask"].copy())
+        neighbour["mask"][drop] = 0.0
+        without, _, _ = f(neighbour)
+        diff = float(optax.global_norm(jax.tree.map(jnp.subtract, full, without)))
+        assert 0 < diff <= clip_norm * (1 + 1e-4)
