@@ -67,7 +67,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       mechanism: dpsgd              # dpsgd | bandmf (banded correlated noise; needs bands)
       bands: null
       options: {}                   # any other TuneConfig field, e.g. {time_budget: 600}: seconds of DP-SGD steps
-                                    #   instead of token_budget (recipe auto; measured on the run's machine)
+                                    #   instead of token_budget (recipe auto; measured on the run's machine);
+                                    #   {label_contrast: 1}: unguided samples carry the label (docs/dp.md)
     generate:
       samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]   # each entry: the sampling options of
                                     #   dpsynth.generate.sampler_config.SamplerConfig (`SamplingOptions`: also min_p,
