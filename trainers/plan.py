@@ -22,7 +22,7 @@ import sys
 from dpsynth import binding, errors, logs
 
 # TuneConfig fields that do not change the compiled step (or that need the data): no flag here.
-_NOT_FLAGS = ("template", "full_lm", "label_dropout", "label_contrast", "seed", "checkpoint_every", "privacy_unit",
+_NOT_FLAGS = ("template", "full_lm", "label_dropout", "seed", "checkpoint_every", "privacy_unit",
               "max_examples_per_user", "recipe", "token_budget", "time_budget", "max_batch_size",
               "reserve_selection_epsilon")
 
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "mechanism": {"choices": mechanisms.names()},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
+    p.add_argument("--labels", type=int, default=None, metavar="K",
+                   help="the label set's size (with --label-contrast: every example is fed under each label's prompt)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model (tensor) axis")
     p.add_argument("--fsdp", action="store_true", help="also shard the parameters over the data axis (FSDP)")
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     config = binding.from_args(tune_config.TuneConfig, args, names)
     source = resources.resolve_model(args.model, dtype=args.dtype)
     plan = tune_plan.plan_tuning(source, config, dataset_size=args.dataset_size, mesh=(args.mesh_data, args.mesh_model),
-                                 fsdp=args.fsdp, headroom=args.headroom, suggest=args.suggest)
+                                 fsdp=args.fsdp, headroom=args.headroom, suggest=args.suggest, labels=args.labels)
     if args.generation_batch:  # the sampler's call (prefill + KV-cache decode loop), on one device
         from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel
 

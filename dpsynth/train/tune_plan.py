@@ -30,7 +30,7 @@ def _roofline(cost: ProgramCost, acc: Accelerator) -> float:
 
 
 def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[int, int] = (1, 1), fsdp: bool = False,
-                headroom: float = DEFAULT_HEADROOM, suggest: bool = True,
+                headroom: float = DEFAULT_HEADROOM, suggest: bool = True, labels: int | None = None,
                 accelerators: tuple[Accelerator, ...] = ACCELERATORS) -> dict[str, Any]:
     """The resource plan of a `dp_tune` run (see the module docstring); a JSON-able dict.
 
@@ -42,6 +42,8 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
         headroom: the fraction of device memory a fit must leave free.
         suggest: also compile the step at twice the microbatch, for the growth of the peak per
             example and a suggested microbatch per accelerator (linear extrapolation).
+        labels: K, the size of the label set: with `config.label_contrast` each example is also
+            fed under every label's prompt (K rows of the same length), which the step compiles.
     """
     if config.microbatch_size == "auto":
         raise PlanError("the plan takes a microbatch (it suggests one per accelerator)")
@@ -51,7 +53,13 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
     plan = plan_run(config, dataset_size)
     length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data.row_length`)
     mesh_arg = mesh if mesh[0] * mesh[1] > 1 or fsdp else None
-    common = dict(row_length=length, mesh=mesh_arg, fsdp=fsdp, param_dtype=source.param_dtype)
+    contrast = None
+    if config.label_contrast:
+        if labels is None or labels < 2:
+            raise PlanError(f"the label contrast feeds every example under each of the K labels: give K >= 2 (--labels), "
+                            f"got {labels}")
+        contrast = (labels, length)
+    common = dict(row_length=length, mesh=mesh_arg, fsdp=fsdp, param_dtype=source.param_dtype, contrast=contrast)
     steps = compile_steps(source.config, config, plan, microbatch=config.microbatch_size, **common)
     # A second compilation at twice the microbatch: the peak's growth per example, for the suggestions.
     double = (compile_steps(source.config, config, plan, microbatch=2 * config.microbatch_size, apply=False,
@@ -73,7 +81,8 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
                 "expected_batch": plan.expected_batch_size, "microbatch": config.microbatch_size,
                 "row_tokens": length, "steps": plan.steps, "epochs": plan.steps * plan.expected_batch_size / dataset_size,
                 "steps_per_epoch": dataset_size / plan.expected_batch_size, "microbatches_per_step": micro_per_step,
-                "noise_multiplier": plan.noise_multiplier, "epsilon": config.epsilon},
+                "noise_multiplier": plan.noise_multiplier, "epsilon": config.epsilon,
+                **({"label_contrast": config.label_contrast, "labels": labels} if contrast else {})},
         "mesh": {"data": mesh[0], "model": mesh[1], "fsdp": fsdp, "devices": devices,
                  "backend": jax.default_backend()},
         "per_device": {

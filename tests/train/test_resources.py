@@ -170,6 +170,23 @@ def test_plan_compiles_the_label_contrast_step_dp_tune_runs(tiny_base, tmp_path,
         tune_model.compile_steps(source.config, config, plan, apply=False, **common)
 
 
+def test_plan_command_compiles_the_label_contrast_rows(capsys):
+    """`dpsynth plan --label-contrast L --labels K`: K rows per example, compiled (more FLOPs and memory)."""
+    from trainers import plan as plan_cmd
+
+    argv = ["--model", "tiny", "--dataset-size", "100", "--batch-size", "10", "--microbatch-size", "4",
+            "--max-tokens", "33", "--no-suggest", "--json"]
+    figures = {}
+    for extra in ([], ["--label-contrast", "1", "--labels", "3"]):
+        assert plan_cmd.main(argv + extra) == 0
+        figures[bool(extra)] = json.loads(capsys.readouterr().out)
+    plain, contrast = figures[False], figures[True]
+    assert contrast["run"]["labels"] == 3 and "labels" not in plain["run"]
+    assert contrast["programs"]["accumulate"]["flops"] > 2.5 * plain["programs"]["accumulate"]["flops"]
+    assert plan_cmd.main(argv + ["--label-contrast", "1"]) == 2
+    assert "give K >= 2 (--labels)" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- --microbatch-size auto in dp_tune
 
 
