@@ -119,10 +119,15 @@ def test_gradient_steps_on_the_contrast_raise_the_own_labels_margin():
     before = float(contrast(params))
     opt = optax.adam(3e-2)
     state = opt.init(params)
-    for _ in range(30):
+
+    @jax.jit
+    def step(params, state):
         grads = jax.grad(lambda p: jnp.mean(loss_fn(p, frozen, batch, None)[0]))(params)
         updates, state = opt.update(grads, state)
-        params = optax.apply_updates(params, updates)
+        return optax.apply_updates(params, updates), state
+
+    for _ in range(30):
+        params, state = step(params, state)
     assert float(contrast(params)) < 0.5 * before
 
 
