@@ -61,9 +61,6 @@ def make_lm_loss(model, z_loss: float = 1e-4):
     return loss_fn
 
 
-CONTRAST_KEYS = ("contrast_inputs", "contrast_targets", "contrast_weights", "contrast_label")
-
-
 def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
     """A core loss_fn: the Prefix-LM loss of each example plus `weight` times the cross-entropy of its
     label under the model's own Bayes classifier (uniform prior over the K labels).
