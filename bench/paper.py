@@ -240,7 +240,9 @@ def _cpu_select_options(quick: bool) -> dict[str, Any]:
 # LoRA at epsilon 1, 3, 10, inf on every set; prompt and full tuning on the main set at epsilon 3;
 # 3x data and three independent repeats of the main set's epsilon-3 LoRA cells.
 CPU_MAX_TOKENS = 64
-CPU_RECIPE = {"recipe": "auto", "token_budget": 1.5e6}
+# (label_contrast 0: the study ran before the contrast became the recipe's choice; lever_contrast and
+# v3c_<set> add it through `options`, as they were run.)
+CPU_RECIPE = {"recipe": "auto", "token_budget": 1.5e6, "label_contrast": 0}
 CPU_GUIDANCE = 1.5
 CPU_LABEL_SIGMA = 30.0
 CPU_SETS = ("yelp_sentences", "yelp_polarity", "sst2", "ag_news")
@@ -268,7 +270,8 @@ CPU_SCALES: dict[str, dict[str, Any]] = {
                                  "valid_fraction": 0.05, "valid_unit": "document", "valid_groups": ["hotels/", "enwiki:"],
                                  "eval_every": 15, "eval_batches": 2, "checkpoint_every": 15, "log_every": 10}},
         "sets": {name: {"max_train": 200, "max_valid": 50, "max_test": 100} for name in CPU_SETS},
-        "max_tokens": 24, "recipe": {"recipe": "auto", "token_budget": 2e4}, "epsilons": [3, "inf"], "replicates": 2,
+        "max_tokens": 24, "recipe": {"recipe": "auto", "token_budget": 2e4, "label_contrast": 0}, "epsilons": [3, "inf"],
+        "replicates": 2,
         "generate_batch": 32, "label_sigma": 3.0,  # ~50 examples per label: sigma 30 could zero a label's weight
     },
 }
@@ -284,6 +287,14 @@ CPU_LEVERS: dict[str, dict[str, Any]] = {
     "lever_pretrain2x": {"pretrain_steps_factor": 2},  # a generator pretrained on 2x the tokens (same size)
     "lever_contrast": {"options": {"label_contrast": 1.0}},  # + the label's Bayes cross-entropy in each example's loss
 }
+
+
+def _dp_section(dp: dict[str, Any]) -> dict[str, Any]:
+    """An experiment's `dp_tune` section; a contrast given in `options` (as lever_contrast and v3c_<set>
+    were run and hashed) replaces the scale's label_contrast key."""
+    if "label_contrast" in dp.get("options", {}):
+        dp = {k: v for k, v in dp.items() if k != "label_contrast"}
+    return dp
 
 
 def _lever_pretrain(lever: dict[str, Any], pretrain: dict[str, Any]) -> dict[str, Any]:
@@ -385,8 +396,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             "name": f"paper-{scale}-{name}", "seed": 0, "public": public, "sensitive": sections[dataset],
             "tokenizer": s["tokenizer"], "dedup": {"min_tokens": 50, "also_against": sections},
             "pretrain": pretrained or pretrain,
-            "dp_tune": {"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": max_tokens,
-                        "replicates": replicates, **s["recipe"], **dp},
+            "dp_tune": _dp_section({"modes": modes, "epsilons": epsilons, "clip_norms": [1.0], "max_tokens": max_tokens,
+                                    "replicates": replicates, **s["recipe"], **dp}),
             "generate": {"max_tokens": max_tokens, "batch_size": s["generate_batch"], "multiples": list(multiples),
                          "samplings": samplings or guided, "label_distribution": "dp_histogram",
                          "label_noise_multiplier": s["label_sigma"]},

@@ -130,6 +130,16 @@ def int_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
+def float_or_auto(text: str) -> float | str:
+    """The flag type of a `float | "auto"` setting (`--label-contrast LAMBDA|auto`)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+
+
 def flag_name(field: str) -> str:
     """The command-line flag of a config field: `max_tokens` -> `--max-tokens`."""
     return "--" + field.replace("_", "-")

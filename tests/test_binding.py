@@ -101,6 +101,9 @@ def test_every_tune_config_field_has_a_cli_flag():
             argv += [binding.flag_name(key)] if value is True else [binding.flag_name(key), str(value)]
         assert binding.from_args(TuneConfig, parser.parse_args(argv)) == TuneConfig(**_changes(name)), name
     assert math.isinf(parser.parse_args(required + ["--epsilon", "inf"]).epsilon)
+    assert parser.parse_args(required + ["--label-contrast", "auto"]).label_contrast == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(required + ["--label-contrast", "strong"])
 
 
 def test_every_tune_config_field_has_an_experiment_key():
@@ -113,8 +116,8 @@ def test_every_tune_config_field_has_an_experiment_key():
     named = {f.name for f in dataclasses.fields(DPTuneConfig)} | set(trial)
     assert named >= {"delta", "accountant", "batch_size", "epochs", "steps", "max_tokens", "lora_rank", "prompt_length",
                      "privacy_unit", "max_examples_per_user", "mechanism", "bands"}
-    for name in TUNE_VALUES:
-        want = TuneConfig(**{**trial, **_changes(name)})
+    for name in TUNE_VALUES:  # (a node without label_contrast trains without it: `plan.label_contrast_key`)
+        want = TuneConfig(**{**trial, "label_contrast": 0.0, **_changes(name)})
         assert stages.tune_config({**node, "options": _changes(name)}) == want, name  # any field, through options
         if name == "full_lm":
             assert stages.tune_config({**node, "loss": "full"}) == want

@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         "full_lm": {"help": "train on the label prompt too (ablation)"},
         "label_dropout": {"help": "probability that a sampled example trains under the null prompt at a step, so "
                                   "`generate --guidance-contrast null` can contrast with it (0 = off; no privacy cost)"},
-        "label_contrast": {"metavar": "LAMBDA",
+        "label_contrast": {"metavar": "LAMBDA|auto", "type": binding.float_or_auto,
                            "help": "add LAMBDA x the label's cross-entropy under the model's own likelihoods of the "
                                    "text after every label prompt, so that unguided samples carry the label (0 = off; "
-                                   "no privacy cost; K passes per example for K labels)"},
+                                   "no privacy cost; K passes per example for K labels); auto (default): "
+                                   f"{recipe_lib.LABEL_CONTRAST:g} with --recipe auto for at most "
+                                   f"{recipe_lib.CONTRAST_MAX_LABELS} labels, where the run allows it; 0 otherwise"},
         "z_loss": {"help": "z-loss coefficient of the LM loss"},
         "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
         "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "
@@ -94,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "recipe": {"choices": recipe_lib.RECIPES,
                    "help": "manual: --batch-size, --steps/--epochs and --learning-rate as given; auto: chosen from "
                            "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report); "
-                           "with --max-tokens auto it also chooses the example length"},
+                           "with --max-tokens auto it also chooses the example length; with --label-contrast auto "
+                           "(the default), the label contrast"},
         "clipping": {"help": "per-example clipping: vmap (per-example gradients) or ghost (full mode: norms from "
                              "activations and output gradients, no per-example gradient copies; same privacy)"},
         "reserve_selection_epsilon": {"metavar": "EPSILON",

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt_init": {"choices": tune.PROMPT_INITS},
         "max_tokens": {"type": int, "help": "tokens per example; rows are max_tokens - 1 long (the longest dp-tune pads to)"},
         "mechanism": {"choices": mechanisms.names()},
+        "label_contrast": {"metavar": "LAMBDA", "type": binding.float_or_auto,
+                           "help": "the label contrast's weight (K rows per example: give --labels K); "
+                                   "auto, the default, is the automatic recipe's choice, off here (no --recipe)"},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
     p.add_argument("--labels", type=int, default=None, metavar="K",

@@ -59,6 +59,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
                                     #   lengths at 2% of epsilon (docs/dp.md)
       loss: prefix                  # prefix | full
       label_dropout: 0.0            # p: examples train under the null prompt with probability p (guidance contrast null)
+      label_contrast: auto          # lambda of the label contrast (unguided samples carry the label; K passes per
+                                    #   example); auto: 1 with recipe auto for <= 4 labels, else 0 (docs/dp.md)
       lora_rank: 8
       prompt_length: 16
       accountant: rdp               # rdp | pld
@@ -67,8 +69,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       mechanism: dpsgd              # dpsgd | bandmf (banded correlated noise; needs bands)
       bands: null
       options: {}                   # any other TuneConfig field, e.g. {time_budget: 600}: seconds of DP-SGD steps
-                                    #   instead of token_budget (recipe auto; measured on the run's machine);
-                                    #   {label_contrast: 1}: unguided samples carry the label (docs/dp.md)
+                                    #   instead of token_budget (recipe auto; measured on the run's machine)
     generate:
       samplings: [{temperature: 1.0, top_k: 0, num_decodes: 1}]   # each entry: the sampling options of
                                     #   dpsynth.generate.sampler_config.SamplerConfig (`SamplingOptions`: also min_p,
@@ -309,11 +310,12 @@ PretrainConfig = binding.subconfig(
 DP_TUNE_PRESET = {"batch_size": 64, "epochs": 1.0, "max_tokens": 128, "prompt_length": 16}
 # The tuner's settings that are keys of the `dp_tune:` section (any other goes through `options`).
 DP_TUNE_SETTINGS = ("delta", "recipe", "token_budget", "batch_size", "epochs", "steps", "max_tokens", "label_dropout",
-                    "lora_rank", "prompt_length", "accountant", "privacy_unit", "max_examples_per_user", "mechanism",
-                    "bands", "allow_large_delta")
-# Settings added after stage caches existed: they enter the `dp_tune` hashes only when set.
-_DP_TUNE_ADDED = ("recipe", "token_budget", "label_dropout", "privacy_unit", "max_examples_per_user", "mechanism",
-                  "bands", "allow_large_delta")
+                    "label_contrast", "lora_rank", "prompt_length", "accountant", "privacy_unit",
+                    "max_examples_per_user", "mechanism", "bands", "allow_large_delta")
+# Settings added after stage caches existed: they enter the `dp_tune` hashes only when set
+# (label_contrast by its own rule: `dpsynth.experiment.plan.label_contrast_key`).
+_DP_TUNE_ADDED = ("recipe", "token_budget", "label_dropout", "label_contrast", "privacy_unit", "max_examples_per_user",
+                  "mechanism", "bands", "allow_large_delta")
 
 
 def _validate_dp_tune(self, key: str) -> None:
@@ -345,6 +347,8 @@ def _validate_dp_tune(self, key: str) -> None:
     if self.recipe == "auto":
         _check(len(self.learning_rates) == 1 and not self.mode_learning_rates, f"{key}.recipe",
                "auto chooses the learning rate itself: drop learning_rates / mode_learning_rates (or use recipe: manual)")
+    if "label_contrast" in self.options and self.label_contrast != AUTO:
+        raise ConfigError(f"{key}: label_contrast is given twice, as a key and in options: keep the key")
     _nonempty(self.clip_norms, f"{key}.clip_norms")
     for i, c in enumerate(self.clip_norms):
         _check(c > 0 and math.isfinite(c), f"{key}.clip_norms[{i}]", f"must be > 0, got {c}")
@@ -412,7 +416,7 @@ DPTuneConfig = binding.subconfig(
     doc="""DP fine-tuning (`dpsynth.train.tune_config.TuneConfig` at `DP_TUNE_PRESET`, plus the grid axes).
 
     Keys: the tuner's settings in `DP_TUNE_SETTINGS` (delta, recipe, token_budget, batch_size,
-    epochs, steps, max_tokens, label_dropout, lora_rank, prompt_length, accountant, privacy_unit,
+    epochs, steps, max_tokens, label_dropout, label_contrast, lora_rank, prompt_length, accountant, privacy_unit,
     max_examples_per_user, mechanism, bands, allow_large_delta): declared, defaulted and
     validated by `TuneConfig`, except the experiment's CPU-sized preset (batch_size 64, epochs 1,
     max_tokens 128, prompt_length 16; the tuner's paper-scale defaults stay `dpsynth dp-tune`'s)

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth.experiment.config import ExperimentConfig, SamplingConfig, resolve_path, stage_dict, to_dict
+from dpsynth.train.recipe import AUTO
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
@@ -228,6 +229,19 @@ def embedded_package_files(package: str, data_dir: str | None = None) -> list[st
 # ----------------------------------------------------------------------------- the graph
 
 
+def label_contrast_key(config: ExperimentConfig) -> dict[str, Any]:
+    """The `dp_tune` node's `label_contrast` entry: absent when the runs train without the contrast
+    (so that caches made before it existed keep their hashes; `stages.tune_config` reads absent as
+    off), "auto" with the automatic recipe (whose runs take the contrast since it became the
+    recipe's choice), the weight when given; nothing when `options` give it (hashed with them)."""
+    d = config.dp_tune
+    if "label_contrast" in d.options:
+        return {}
+    if d.label_contrast == AUTO:
+        return {"label_contrast": AUTO} if d.recipe == "auto" else {}
+    return {"label_contrast": d.label_contrast} if float(d.label_contrast) else {}
+
+
 def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = None) -> Plan:
     """The stage graph of `config` with output directories under `root`.
 
@@ -293,6 +307,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
 
     # -- the grid
     dp = stage_dict(config.dp_tune)
+    dp.pop("label_contrast", None)  # (its own rule, per node: `label_contrast_key`)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length", "replicates")}
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in stage_dict(config.generate).items() if k not in ("samplings", "multiples")}
@@ -305,7 +320,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                     for rep in range(config.dp_tune.replicates):
                         lr_id = "auto" if lr is None else f"lr{fmt_num(lr)}"  # the automatic recipe chooses it
                         tune_id = f"{mode}-eps{fmt_num(eps)}-{lr_id}-C{fmt_num(clip)}" + (f"-r{rep}" if rep else "")
-                        tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed}
+                        tune_cfg = {**shared_dp, "mode": mode, "epsilon": eps, "clip_norm": clip, "seed": seed,
+                                    **label_contrast_key(config)}
                         if lr is not None:
                             tune_cfg["learning_rate"] = lr
                         if reserve and not math.isinf(float(eps)):  # the target covers the later selection

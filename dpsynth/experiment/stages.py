@@ -381,6 +381,7 @@ def tune_config(config: Mapping[str, Any]):
                               if k in fields and k not in _NOT_TUNE_FIELDS and v is not None}
     kwargs["epsilon"] = float(config["epsilon"])
     kwargs["full_lm"] = config["loss"] == "full"
+    kwargs.setdefault("label_contrast", 0.0)  # absent from a node: off (`dpsynth.experiment.plan.label_contrast_key`)
     kwargs.update(config.get("options") or {})
     return make_config(TuneConfig, kwargs, "dp_tune.options")
 

@@ -194,6 +194,9 @@ def replay_of(corpus_dir: str) -> Replay:
     recorded = {k: v for k, v in recorded.items() if k in fields and k != "seed"}
     if recorded.get("epsilon") == "inf":
         recorded["epsilon"] = math.inf
+    # A record holds the resolved contrast and leaves out 0 (`TuneConfig.to_json`): absent is off,
+    # not the "auto" a new run starts from.
+    recorded.setdefault("label_contrast", 0.0)
     try:
         tune = TuneConfig(**recorded)
     except (TypeError, ValueError) as e:

@@ -75,7 +75,7 @@ from dpsynth.train.tune_config import (TRAINABLE, TuneConfig, TuneError, Prepare
                                        resolve_example_length, resolve_recipe, user_ids)
 from dpsynth.train.tune_data import TuneData, data_fingerprint, encode_data
 from dpsynth.train.tune_loop import train_run
-from dpsynth.train.tune_model import (build_mechanism, resolve_microbatch, resolve_time_budget,
+from dpsynth.train.tune_model import (build_mechanism, resolve_label_contrast, resolve_microbatch, resolve_time_budget,
                                       tuned_model_config, embedding_spec, evaluate_loss, init_variables,
                                       make_eval_fn, make_loss_fn)
 from dpsynth.train.tune_resume import read_resume_meta, resolve_state_dir, resume_differences
@@ -270,6 +270,8 @@ def dp_tune(
     if config.max_tokens - 1 > model_config.max_len:
         raise TuneError(f"max_tokens {config.max_tokens} needs {config.max_tokens - 1} positions but the model supports "
                         f"max_len {model_config.max_len}; lower --max-tokens")
+    prep = resolve_label_contrast(prep, model_config)  # (before the data: its K rows per example)
+    config = prep.config
     data = encode_data(train_records, valid_records, base.tokenizer, prep.labels, config)
     prep = resolve_microbatch(prep, base.config, base_params, data, mesh=mesh, memory_limit=memory_limit,
                                headroom=memory_headroom, fsdp=fsdp)

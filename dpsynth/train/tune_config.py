@@ -74,9 +74,12 @@ class TuneConfig:
             -log softmax_y(log p(x | prompt_y')) over the label set (uniform prior; the text's
             summed log-likelihood under every label prompt, `dpsynth.train.lm.make_label_contrast_loss`).
             It spends more of each clipped gradient on what tells the labels apart, so that the
-            generator's own samples carry the label. 0 = off (default). Each example is still one
-            privacy unit (its K rows are one clipped gradient): no DP property changes; the step
-            costs K forward and backward passes per example instead of one.
+            generator's own samples carry the label. 0 = off. "auto" (default): the automatic
+            recipe's choice (`dpsynth.train.recipe.auto_label_contrast`: 1 for at most 4 labels
+            where the run allows it), off with a manual recipe; resolved before any compute
+            (`dpsynth.train.tune_model.resolve_label_contrast`). Each example is still one privacy unit (its K rows are one
+            clipped gradient): no DP property changes; the step costs K forward and backward
+            passes per example instead of one.
         z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
         max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
         seed: seed of the sampling stream and the noise keys. None (default) draws a secret
@@ -134,7 +137,7 @@ class TuneConfig:
     max_tokens: int | str = DEFAULT_MAX_TOKENS
     full_lm: bool = False
     label_dropout: float = 0.0
-    label_contrast: float = 0.0
+    label_contrast: float | str = recipe_lib.AUTO
     z_loss: float = 0.0
     max_batch_size: int | None = None
     seed: int | None = None
@@ -237,13 +240,10 @@ class TuneConfig:
             raise TuneError(f"label_dropout must be in [0, 1), got {self.label_dropout}")
         object.__setattr__(self, "label_dropout", float(self.label_dropout))
         c = self.label_contrast
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < math.inf:
-            raise TuneError(f"label_contrast must be a finite number >= 0, got {c!r}")
-        object.__setattr__(self, "label_contrast", float(c))
-        if c and self.label_dropout:
-            raise TuneError("label_contrast and label_dropout both change which rows train an example: use one")
-        if c and self.privacy_unit != "example":
-            raise TuneError("label_contrast supports example-level runs (privacy_unit 'example')")
+        if c != recipe_lib.AUTO:
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < math.inf:
+                raise TuneError(f"label_contrast must be a finite number >= 0 or 'auto', got {c!r}")
+            object.__setattr__(self, "label_contrast", float(c))
         r = self.reserve_selection_epsilon
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < math.inf:
             raise TuneError(f"reserve_selection_epsilon must be a finite number >= 0, got {r!r}")
@@ -260,9 +260,31 @@ class TuneConfig:
         if self.clipping != "vmap" and (self.mode != "full" or self.privacy_unit != "example"):
             raise TuneError(f"--clipping {self.clipping} is for --mode full at example level (LoRA and prompt "
                             "tuning keep the vmapped clipping)")
-        if self.clipping != "vmap" and self.label_contrast:
-            raise TuneError(f"--clipping {self.clipping} clips the Prefix-LM loss's own layers; label_contrast needs "
-                            "the vmapped clipping (any loss)")
+        conflict = self.contrast_conflict()
+        if conflict and self.label_contrast not in (0.0, recipe_lib.AUTO):  # ("auto" turns the contrast off instead)
+            raise TuneError(conflict)
+
+    def contrast_conflict(self) -> str | None:
+        """Why this run cannot take a label contrast, or None."""
+        if self.label_dropout:
+            return "label_contrast and label_dropout both change which rows train an example: use one"
+        if self.privacy_unit != "example":
+            return "label_contrast supports example-level runs (privacy_unit 'example')"
+        if self.clipping != "vmap":
+            return (f"--clipping {self.clipping} clips the Prefix-LM loss's own layers; label_contrast needs the "
+                    "vmapped clipping (any loss)")
+        return None
+
+    @property
+    def contrast(self) -> float:
+        """The label contrast's weight (0: off). "auto" is off with a manual recipe; the automatic
+        one's choice needs the label set and the model (`tune_model.resolve_label_contrast`)."""
+        if self.label_contrast == recipe_lib.AUTO:
+            if self.recipe != "auto":
+                return 0.0
+            raise TuneError("label_contrast 'auto' of the automatic recipe is resolved before the run's step is "
+                            "built (`resolve_label_contrast`)")
+        return self.label_contrast
 
     @property
     def private(self) -> bool:

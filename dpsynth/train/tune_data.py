@@ -96,7 +96,7 @@ def encode_data(train_records: Sequence[dict], valid_records: Sequence[dict], to
     train_arrays = {k: _pad_cols(v, length) for k, v in train.arrays().items()}
     if null_train is not None:
         train_arrays = {k: np.concatenate([v, _pad_cols(null_train.arrays()[k], length)]) for k, v in train_arrays.items()}
-    if config.label_contrast:
+    if config.contrast:
         train_arrays.update(contrast_arrays(train_records, tokenizer, labels, config, length))
     valid_arrays = ({k: _pad_cols(v, row_length(valid, config.max_tokens - 1)) for k, v in valid.arrays().items()}
                     if valid else None)

@@ -1,9 +1,10 @@
 """The model side of a `dp_tune` run: what is trained, with which loss, by which compiled steps.
 
 The tuned model config of a mode (`tuned_model_config`) and its initial variables
-(`init_variables`); the optimizer (`make_optimizer`); the per-example loss (`make_loss_fn`, with the
-sparse clipping of an untied input table: `embedding_spec`); the run's mechanism and gradient strategy
-(`build_mechanism`); the training core's step functions (`make_step_functions`), which
+(`init_variables`); the optimizer (`make_optimizer`); the automatic label contrast
+(`auto_label_contrast`, `resolve_label_contrast`); the per-example loss (`make_loss_fn`, with the
+sparse clipping of an untied input table: `embedding_spec`); the run's mechanism and gradient
+strategy (`build_mechanism`); the training core's step functions (`make_step_functions`), which
 `planned_step` and `compile_steps` build and compile on abstract arrays for the resource plan
 (`dpsynth.train.tune_plan`); the sizing of the step to the machine (`--microbatch-size auto`:
 `auto_microbatch`, `resolve_microbatch`; `--time-budget`: `resolve_time_budget`); and the non-DP
@@ -116,7 +117,7 @@ def compile_steps(base_config, config: TuneConfig, plan: PrivacyPlan, *, microba
                                            TRAINABLE[config.mode])
     state = fns.abstract_state(trainable, frozen)
     acc = fns.abstract_accumulator(state)
-    if bool(config.label_contrast) != (contrast is not None):
+    if bool(config.contrast) != (contrast is not None):
         raise TuneError("compile_steps: the label contrast's rows (contrast=(labels, length)) go with label_contrast")
     batch = resources.abstract_batch(microbatch, row_length,
                                      sharding_lib.batch_sharding(fns.mesh) if fns.mesh is not None else None,
@@ -166,20 +167,47 @@ def embedding_spec(model_config, config: TuneConfig):
     return sparse.EmbeddingSpec(param_path=("params", "embedding"), ids_key="inputs")
 
 
+def auto_label_contrast(config: TuneConfig, model_config, labels: int) -> tuple[float, str | None]:
+    """What label_contrast "auto" means for this run: off with a manual recipe (and no sentence);
+    with the automatic one, `dpsynth.train.recipe.auto_label_contrast` for its K = `labels`, off
+    where the run cannot take it (`TuneConfig.contrast_conflict`, or full tuning of an untied input
+    embedding, clipped on the sparse Prefix-LM path). `model_config`: the tuned model's."""
+    if config.recipe != "auto":
+        return 0.0, None
+    conflict = config.contrast_conflict() or (
+        "full tuning of a model with an untied input embedding clips that table on the sparse Prefix-LM path"
+        if embedding_spec(model_config, config) is not None else None)
+    return recipe_lib.auto_label_contrast(labels=labels, conflict=conflict)
+
+
+def resolve_label_contrast(prep: Prepared, model_config) -> Prepared:
+    """`prep` with label_contrast "auto" resolved (`auto_label_contrast` for its label set; the
+    recipe's sentence logged and recorded in the recipe), or unchanged."""
+    config = prep.config
+    if config.label_contrast != recipe_lib.AUTO:
+        return prep
+    weight, why = auto_label_contrast(config, model_config, len(prep.labels))
+    config = dataclasses.replace(config, label_contrast=weight)
+    if why is None:
+        return dataclasses.replace(prep, config=config)
+    logger.info("recipe auto: %s", why)
+    return dataclasses.replace(prep, config=config, recipe=prep.recipe.with_contrast(weight, why))
+
+
 def make_loss_fn(model_config, config: TuneConfig):
     """The per-example Prefix-LM loss over (trainable, frozen) collections (`dpsynth.train.lm`), with the
-    label-contrast term when `config.label_contrast`; a `sparse.EmbeddedLoss` when `embedding_spec`
+    label-contrast term when `config.contrast`; a `sparse.EmbeddedLoss` when `embedding_spec`
     declares the input table."""
     from dpsynth.models import Transformer
     from dpsynth.train import lm
 
     model = Transformer(model_config)
     spec = embedding_spec(model_config, config)
-    if config.label_contrast:
+    if config.contrast:
         if spec is not None:
             raise TuneError("label_contrast: full tuning of a model with an untied input embedding clips that table "
                             "on the sparse Prefix-LM path; use LoRA or prompt tuning")
-        return lm.make_label_contrast_loss(model, config.label_contrast, z_loss=config.z_loss)
+        return lm.make_label_contrast_loss(model, config.contrast, z_loss=config.z_loss)
     loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
     if spec is None:
         return loss_fn
@@ -289,6 +317,8 @@ def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: Tun
     recipe = recipe.with_time(timing)
     if prep.length is not None:
         recipe = recipe.with_length(prep.length)
+    if prep.recipe is not None and prep.recipe.contrast is not None:  # (chosen before the step was timed)
+        recipe = recipe.with_contrast(*prep.recipe.contrast)
     plan = plan_for_records(config, train_records, compositions=compositions, spent=prep.plan.spent)
     return dataclasses.replace(prep, config=config, recipe=recipe, plan=plan, time_budget=timing, pending_seconds=None)
 

@@ -14,13 +14,15 @@ the paper's 8B LoRA run and says how close the CPU figures are to measured ones.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import jax
 
 from dpsynth.train.tune_config import plan_run
-from dpsynth.train.tune_model import compile_steps
+from dpsynth.train.recipe import AUTO
+from dpsynth.train.tune_model import auto_label_contrast, compile_steps
 from dpsynth.train.resources import (ACCELERATORS, DEFAULT_HEADROOM, GIB, Accelerator, ModelSource, PlanError,
                                      ProgramCost, bytes_per_device, count)
 
@@ -42,19 +44,25 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
         headroom: the fraction of device memory a fit must leave free.
         suggest: also compile the step at twice the microbatch, for the growth of the peak per
             example and a suggested microbatch per accelerator (linear extrapolation).
-        labels: K, the size of the label set: with `config.label_contrast` each example is also
-            fed under every label's prompt (K rows of the same length), which the step compiles.
+        labels: K, the size of the label set: with a label contrast (given, or "auto" with the
+            automatic recipe) each example is also fed under every label's prompt (K rows of the
+            same length), which the step compiles.
     """
     if config.microbatch_size == "auto":
         raise PlanError("the plan takes a microbatch (it suggests one per accelerator)")
     data_axis = mesh[0]
     if config.microbatch_size % data_axis:
         raise PlanError(f"microbatch {config.microbatch_size} must be divisible by the mesh data axis {data_axis}")
+    if config.label_contrast == AUTO:  # the automatic recipe's: it needs K
+        if config.recipe == "auto" and (labels is None or labels < 2):
+            raise PlanError("the automatic recipe adds the label contrast (K passes per example) for a small label "
+                            f"set: give its size K >= 2 (--labels), or --label-contrast 0; got {labels}")
+        config = dataclasses.replace(config, label_contrast=auto_label_contrast(config, source.config, labels or 0)[0])
     plan = plan_run(config, dataset_size)
     length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data.row_length`)
     mesh_arg = mesh if mesh[0] * mesh[1] > 1 or fsdp else None
     contrast = None
-    if config.label_contrast:
+    if config.contrast:
         if labels is None or labels < 2:
             raise PlanError(f"the label contrast feeds every example under each of the K labels: give K >= 2 (--labels), "
                             f"got {labels}")
@@ -82,7 +90,7 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
                 "row_tokens": length, "steps": plan.steps, "epochs": plan.steps * plan.expected_batch_size / dataset_size,
                 "steps_per_epoch": dataset_size / plan.expected_batch_size, "microbatches_per_step": micro_per_step,
                 "noise_multiplier": plan.noise_multiplier, "epsilon": config.epsilon,
-                **({"label_contrast": config.label_contrast, "labels": labels} if contrast else {})},
+                **({"label_contrast": config.contrast, "labels": labels} if contrast else {})},
         "mesh": {"data": mesh[0], "model": mesh[1], "fsdp": fsdp, "devices": devices,
                  "backend": jax.default_backend()},
         "per_device": {

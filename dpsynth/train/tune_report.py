@@ -114,8 +114,8 @@ class RunReporter:
             "microbatch_size": config.microbatch_size, "sampling": report_lib.SAMPLING_METHOD,
             "loss": ("Prefix-LM (label prompt not trained on), per-example mean over target tokens"
                      if not config.full_lm else "full LM (label prompt trained on; ablation)")
-                    + (f" + {config.label_contrast:g} x label contrast (-log p(label | text) under the model's "
-                       "own likelihoods of the text after every label prompt)" if config.label_contrast else ""),
+                    + (f" + {config.contrast:g} x label contrast (-log p(label | text) under the model's "
+                       "own likelihoods of the text after every label prompt)" if config.contrast else ""),
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
             **manifest_fields(config.template, self.labels, config.label_dropout),

@@ -171,7 +171,7 @@ SET = {"user_column": "user", "split": {"holdout": "hash"}, "max_dead_letters": 
        "token_budget": 1e6, "label_dropout": 0.1, "privacy_unit": "user", "max_examples_per_user": 4,
        "mechanism": "bandmf", "bands": 4, "guidance": 1.5, "guidance_contrast": "null", "min_p": 0.05,
        "label_distribution": "dp_histogram", "label_noise_multiplier": 10.0,
-       "encoding": "cp1252", "allow_large_delta": True}
+       "encoding": "cp1252", "allow_large_delta": True, "label_contrast": 0.5}
 
 
 @pytest.mark.parametrize("cls", SECTIONS, ids=lambda c: c.__name__)

@@ -189,6 +189,36 @@ def test_recipe_guidance_and_label_dropout_enter_only_when_set(data_files, tmp_p
     assert all(t.learning_rate is None for t in auto.trials)
 
 
+def test_label_contrast_enters_a_node_where_the_run_takes_it_and_absent_means_off(data_files, tmp_path):
+    """The recipe's contrast ("auto") changes what a recipe-auto run trains, so it enters those nodes'
+    hashes; a run without it (manual recipe, or pinned to 0) hashes as before the setting existed,
+    and the stage reads absent as off. Given in `options`, it is hashed with them."""
+    from dpsynth.experiment import stages
+    from dpsynth.experiment.config import ConfigError
+
+    def tunes(**dp):
+        plan = build_plan(grid_config(data_files, dp_tune=dp), str(tmp_path / "run"))
+        assert all("label_contrast" not in k for k in plan.node("evaluate").config["dp_tune"])  # DP-on-real: not its
+        return [n for n in plan.nodes if n.stage == "dp_tune"]
+
+    def contrast(node):
+        return stages.tune_config(node.config).label_contrast
+
+    for node in tunes() + tunes(recipe="auto", label_contrast=0):
+        assert "label_contrast" not in node.config and contrast(node) == 0.0
+    assert {n.key: n.hash for n in tunes(label_contrast=0)} == {n.key: n.hash for n in tunes()}
+    for node in tunes(recipe="auto"):
+        assert node.config["label_contrast"] == "auto" and contrast(node) == "auto"
+    for node in tunes(label_contrast=0.5):
+        assert node.config["label_contrast"] == 0.5 and contrast(node) == 0.5
+    for node in tunes(recipe="auto", options={"label_contrast": 1.0}):
+        assert "label_contrast" not in node.config and contrast(node) == 1.0
+    with pytest.raises(ConfigError, match="label_contrast is given twice"):
+        grid_config(data_files, dp_tune={"label_contrast": 1.0, "options": {"label_contrast": 1.0}})
+    with pytest.raises(ConfigError, match=r"dp_tune.label_contrast: .*or 'auto'"):
+        grid_config(data_files, dp_tune={"label_contrast": "yes"})
+
+
 def test_replicates_are_independent_runs_that_share_everything_else(data_files, tmp_path):
     one = build_plan(grid_config(data_files), str(tmp_path / "run"))
     three = build_plan(grid_config(data_files, dp_tune={"replicates": 3}), str(tmp_path / "run"))

@@ -51,6 +51,7 @@ def test_replay_of_reads_the_recorded_configs(tmp_path):
     assert r.base_dir == "/base" and r.labels == ("a", "b") and (r.num_examples, r.valid_examples) == (90, 10)
     assert r.tune_config.mode == "lora" and math.isinf(r.tune_config.epsilon) and r.tune_config.seed is None
     assert r.tune_config.steps == 7 and r.tune_config.delta == 1e-6
+    assert r.tune_config.label_contrast == 0.0  # a record leaves out an unused contrast: off, not "auto"
     assert r.generate_options["sampling"].temperature == 0.8 and r.generate_options["seed"] == 3
     assert r.generate_options["postprocess"].drop == ("empty",)
     from dpsynth.generate.job import GenerateConfig

@@ -214,7 +214,14 @@ def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
     assert res.steps == chosen.steps == plan.steps and res.noise_multiplier == plan.noise_multiplier
     assert training["expected_batch_size"] == pytest.approx(chosen.batch_size) == plan.expected_batch_size
     assert training["learning_rate"] == chosen.learning_rate != BASE_CFG.learning_rate
-    assert training["recipe"]["name"] == "auto" and training["recipe"]["why"] == list(chosen.why)
+    # Rule 5: the label contrast for this two-label set, after the rest of the recipe's choices.
+    assert training["recipe"]["name"] == "auto" and training["recipe"]["why"][:-1] == list(chosen.why)
+    assert training["recipe"]["why"][-1].startswith("label contrast 1: ") and training["recipe"]["label_contrast"] == 1.0
+    assert "label contrast" in training["loss"]
+    assert load_model(str(tmp_path / "auto")).manifest["dp_tune"]["config"]["label_contrast"] == 1.0
+    manual = finetune.dp_tune(base_dir, TRAIN, VALID, str(tmp_path / "manual"), BASE_CFG, progress_interval=1e9)
+    assert "contrast" not in manual.report["training"]["loss"]
+    assert "label_contrast" not in load_model(str(tmp_path / "manual")).manifest["dp_tune"]["config"]
     assert res.epsilon["rdp"] <= cfg.epsilon
     assert any("automatic recipe" in c["detail"] for c in res.report["side_channels"])
     with pytest.raises(tune_config.TuneError, match="recipe"):
@@ -285,7 +292,9 @@ def test_auto_length_and_time_budget_are_chosen_once_composed_and_kept_on_resume
                                   len(TRAIN))
     assert part.steps < res.steps == manual.steps
     assert res.noise_multiplier > manual.noise_multiplier  # the tuning spends what the length left
-    assert any(w.startswith(f"example length {length} tokens") for w in res.report["training"]["recipe"]["why"])
+    why = res.report["training"]["recipe"]["why"]
+    assert any(w.startswith(f"example length {length} tokens") for w in why)
+    assert why[-1].startswith("label contrast 1: ")  # (chosen before the step was timed, kept when the recipe was rebuilt)
     with pytest.raises(tune_config.TuneError, match="sweep"):
         sweep.sweep(base_dir, TRAIN, VALID, str(tmp_path / "s"), dataclasses.replace(cfg, recipe="auto"),
                     learning_rates=[0.1, 0.2], clip_norms=[1.0])

@@ -2,8 +2,10 @@
 per-example sensitivity <= C with every example's K rows, no gradient into prompt targets, the
 settings it refuses, and a real tuning run whose privacy is the run's without it."""
 
+import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -143,10 +145,39 @@ def test_settings_it_cannot_serve_are_refused(settings, message):
         tune_config.TuneConfig(**settings)
 
 
-def test_off_by_default_and_absent_from_the_fingerprint():
-    assert tune_config.TuneConfig().label_contrast == 0.0
-    assert "label_contrast" not in tune_config.TuneConfig().to_json()
+def test_auto_by_default_off_with_a_manual_recipe_and_absent_from_the_fingerprint_when_off():
+    config = tune_config.TuneConfig()
+    assert config.label_contrast == "auto" and config.contrast == 0.0
+    assert tune_model.auto_label_contrast(config, SMALL, 2) == (0.0, None)
+    with pytest.raises(tune_config.TuneError, match="resolved"):
+        tune_config.TuneConfig(recipe="auto").contrast  # noqa: B018 (no step is built on an unresolved choice)
+    assert "label_contrast" not in dataclasses.replace(config, label_contrast=0.0).to_json()
     assert tune_config.TuneConfig(label_contrast=0.5).to_json()["label_contrast"] == 0.5
+    with pytest.raises(tune_config.TuneError, match="or 'auto'"):
+        tune_config.TuneConfig(label_contrast="much")
+
+
+@pytest.mark.parametrize("settings, untied, labels, weight, why", [
+    ({}, False, 2, 1.0, "label contrast 1: each example also trains the model to tell its label from the other 1 "),
+    ({"mode": "prompt"}, False, 4, 1.0, "label contrast 1: .* from the other 3 "),
+    ({"mode": "full"}, False, 3, 1.0, "label contrast 1: .* from the other 2 "),
+    ({}, False, 5, 0.0, "no label contrast: 5 labels would cost 5 passes per example"),
+    ({"label_dropout": 0.1}, False, 2, 0.0, "no label contrast: label_contrast and label_dropout"),
+    ({"privacy_unit": "user", "max_examples_per_user": 2}, False, 2, 0.0, "no label contrast: .*example-level"),
+    ({"mode": "full", "clipping": "ghost"}, False, 2, 0.0, "no label contrast: .*vmapped clipping"),
+    ({"mode": "full"}, True, 2, 0.0, "no label contrast: full tuning of a model with an untied input embedding"),
+    ({"mode": "lora"}, True, 2, 1.0, "label contrast 1"),  # (LoRA keeps the dense path)
+])
+def test_the_automatic_recipe_adds_the_contrast_where_the_run_can_take_it(settings, untied, labels, weight, why):
+    """Rule 5 of the recipe: lambda 1 for at most 4 labels; off, with its reason, where an explicit
+    contrast would be refused (these settings raise with label_contrast=1) or K passes cost too much."""
+    config = tune_config.TuneConfig(recipe="auto", **settings)
+    model_config = dataclasses.replace(SMALL, tie_embeddings=not untied)
+    got, sentence = tune_model.auto_label_contrast(config, model_config, labels)
+    assert got == weight and re.match(why, sentence), sentence
+    if weight == 0.0 and labels <= 4 and not untied:
+        with pytest.raises(tune_config.TuneError):
+            tune_config.TuneConfig(**settings, label_contrast=1.0)
 
 
 def test_a_tuning_run_with_the_contrast_is_the_same_mechanism_and_reports_the_loss(tiny_base, tmp_path):
