@@ -61,7 +61,7 @@ def run(args) -> int:
     from dpsynth.evaluate.scores import classification_scores
     from dpsynth.generate.label_scores import label_margins, record_log_likelihoods
     from dpsynth.generate.model_info import load_bundle
-    from dpsynth.train import finetune, prompts, recipe, tune_config
+    from dpsynth.train import finetune, prompts, tune_config
 
     task = build_proxy_task([os.path.join(args.data, "public", "opinrank", "opinrank-*.jsonl.gz")], CITIES,
                             num_train=args.train, num_valid=0, num_test=args.test, seed=args.seed)

@@ -14,7 +14,7 @@ summary table (accuracy, balanced accuracy, macro-F1) with the report's path. It
 plain summary and its verdict: does the synthetic data beat DP-on-real at its epsilon?
 
 The demo's config is `DEMO_CONFIG` below (the same as `configs/demo.yaml`, checked by a test);
-about 20 minutes on 2 CPU cores. It never fakes a stage: if a stage's library is missing it
+about 11 minutes on 2 quiet CPU cores. It never fakes a stage: if a stage's library is missing it
 stops there with a message naming it and exits non-zero.
 """
 

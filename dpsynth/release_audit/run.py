@@ -193,6 +193,11 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"{_f(held['beyond_common_phrases']['p_value'])}.", "",
               f"**Verdict: {held['verdict']}** (at significance {held['significance']})."]
     k = report.get("canaries")
+    if held["verdict"] == copying.MEMORISING:  # (what the phrase test cannot tell apart, and what can)
+        lines += ["", "This test compares phrases: it cannot tell the training sample's phrase statistics, which DP "
+                      "allows (it bounds each record's influence, not the sample's), from copied records. The "
+                      "canaries test the records themselves" + (" (below)." if k else
+                                                                 ": rerun with --canaries before concluding.")]
     if k:
         lines += ["", "## Canaries through the release", "",
                   f"- {k['num_inserted']} canaries inserted x {k['canaries']['repeats']}, {k['num_held_out']} held out; "

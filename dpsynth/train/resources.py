@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -1,5 +1,4 @@
 import json
-import os
 
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline

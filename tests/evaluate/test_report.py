@@ -5,7 +5,6 @@ import shutil
 import subprocess
 import tempfile
 
-import numpy as np
 import pytest
 
 from dpsynth.evaluate import classifiers, mauve, report, scoring, tables, verdict

@@ -44,7 +44,8 @@ def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
     assert rep["synthetic_rows_skipped"] == 1 and c["num_synthetic"] == 20  # counted, not silently dropped
     written = open(os.path.join(out, run.REPORT_JSON)).read() + open(os.path.join(out, run.REPORT_MD)).read()
     assert not any(r["text"] in written for r in train + test + synth)  # no record text, only numbers
-    assert "Verdict: memorising" in open(os.path.join(out, run.REPORT_MD)).read()
+    md = open(os.path.join(out, run.REPORT_MD)).read()
+    assert "Verdict: memorising" in md and "rerun with --canaries before concluding" in md
 
 
 def test_refusals(tmp_path):
