@@ -180,11 +180,14 @@ def test_the_automatic_recipe_adds_the_contrast_where_the_run_can_take_it(settin
             tune_config.TuneConfig(**settings, label_contrast=1.0)
 
 
-def test_a_tuning_run_with_the_contrast_is_the_same_mechanism_and_reports_the_loss(tiny_base, tmp_path):
+@pytest.mark.parametrize("mechanism", ["dpsgd", "bandmf"])
+def test_a_tuning_run_with_the_contrast_is_the_same_mechanism_and_reports_the_loss(tiny_base, tmp_path, mechanism):
+    """Also under BandMF (cyclic Poisson sampling, correlated noise): the K rows travel with each example."""
     base_dir, _ = tiny_base
     train, valid = make_records(80, 1), make_records(20, 2, "v")
     cfg = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=16, steps=3, microbatch_size=8, max_tokens=32,
-                                 lora_rank=2, learning_rate=1e-2, seed=5)
+                                 lora_rank=2, learning_rate=1e-2, seed=5, mechanism=mechanism,
+                                 bands=2 if mechanism == "bandmf" else None)
     plain = finetune.dp_tune(base_dir, train, valid, str(tmp_path / "plain"), cfg, progress_interval=1e9)
     contrast = finetune.dp_tune(base_dir, train, valid, str(tmp_path / "contrast"),
                                 tune_config.TuneConfig(**{**cfg.__dict__, "label_contrast": 1.0}), progress_interval=1e9)
