@@ -174,9 +174,10 @@ def auto_label_contrast(*, labels: int, conflict: str | None = None) -> tuple[fl
     if labels > CONTRAST_MAX_LABELS:
         return 0.0, (f"no label contrast: {labels} labels would cost {labels} passes per example (the recipe adds it "
                      f"for at most {CONTRAST_MAX_LABELS}; --label-contrast 1 forces it)")
+    others = "the other label" if labels == 2 else f"the other {labels - 1} labels"
     return LABEL_CONTRAST, (f"label contrast {LABEL_CONTRAST:g}: each example also trains the model to tell its label "
-                            f"from the other {labels - 1} (unguided samples then carry the label; {labels} passes per "
-                            "example, no privacy cost)")
+                            f"from {others} (unguided samples then carry the label; {labels} passes per example, no "
+                            "privacy cost)")
 
 
 # ---------------------------------------------------------------------- example length and token budget

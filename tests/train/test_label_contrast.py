@@ -158,9 +158,9 @@ def test_auto_by_default_off_with_a_manual_recipe_and_absent_from_the_fingerprin
 
 
 @pytest.mark.parametrize("settings, untied, labels, weight, why", [
-    ({}, False, 2, 1.0, "label contrast 1: each example also trains the model to tell its label from the other 1 "),
-    ({"mode": "prompt"}, False, 4, 1.0, "label contrast 1: .* from the other 3 "),
-    ({"mode": "full"}, False, 3, 1.0, "label contrast 1: .* from the other 2 "),
+    ({}, False, 2, 1.0, "label contrast 1: each example also trains the model to tell its label from the other label "),
+    ({"mode": "prompt"}, False, 4, 1.0, "label contrast 1: .* from the other 3 labels "),
+    ({"mode": "full"}, False, 3, 1.0, "label contrast 1: .* from the other 2 labels "),
     ({}, False, 5, 0.0, "no label contrast: 5 labels would cost 5 passes per example"),
     ({"label_dropout": 0.1}, False, 2, 0.0, "no label contrast: label_contrast and label_dropout"),
     ({"privacy_unit": "user", "max_examples_per_user": 2}, False, 2, 0.0, "no label contrast: .*example-level"),
