@@ -120,24 +120,22 @@ def subconfig(name: str, cls: type, keep: typing.Callable[[dataclasses.Field], b
     return out
 
 
-def int_or_auto(text: str) -> int | str:
-    """The flag type of an `int | "auto"` setting (`--microbatch-size N|auto`)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+def _or_auto(cast: type, what: str):
+    """The flag type of a `cast | "auto"` setting: the text "auto", else `cast(text)`."""
+
+    def parse(text: str):
+        if text == "auto":
+            return text
+        try:
+            return cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} or 'auto', got {text!r}") from None
+
+    return parse
 
 
-def float_or_auto(text: str) -> float | str:
-    """The flag type of a `float | "auto"` setting (`--label-contrast LAMBDA|auto`)."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+int_or_auto = _or_auto(int, "an integer")  # `--microbatch-size N|auto`
+float_or_auto = _or_auto(float, "a number")  # `--label-contrast LAMBDA|auto`
 
 
 def flag_name(field: str) -> str:
