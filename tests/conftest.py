@@ -27,15 +27,24 @@ def shared_data():
     return SHARED_DATA
 
 
-def persistent_compilation_cache(directory):
-    """Generator body for a module fixture: JAX's persistent compilation cache in `directory`
-    (identical compiled steps are reused across the tuner runs of one module), restored after."""
+# JAX's persistent compilation cache, one for the whole run: the same tiny models compile the same
+# steps in many modules, on both xdist workers and in the commands tests run as subprocesses.
+# The size cap turns on JAX's file lock, so two workers never read an entry while it is written.
+_CACHE_SETTINGS = {"jax_compilation_cache_dir": None, "jax_persistent_cache_min_compile_time_secs": 0.2,
+                   "jax_compilation_cache_max_size": 8 * 2**30}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache(tmp_path_factory):
+    """Points this process and its subprocesses at the run's compilation cache (under the xdist
+    workers' common base directory, so the workers share it); a fresh run starts it empty."""
     import jax
 
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    old = tuple(getattr(jax.config, k) for k in keys)
-    jax.config.update(keys[0], str(directory))
-    jax.config.update(keys[1], 0.5)
-    yield
-    for key, value in zip(keys, old):
+    base = tmp_path_factory.getbasetemp()
+    directory = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax_cache"
+    directory.mkdir(exist_ok=True)
+    settings = dict(_CACHE_SETTINGS, jax_compilation_cache_dir=str(directory))
+    for key, value in settings.items():
         jax.config.update(key, value)
+        os.environ[key.upper()] = str(value)
+    yield

@@ -26,6 +26,8 @@ adjacency, by the accountant's theorem (`dpsynth.dp.accounting`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 from typing import Any
 
@@ -194,6 +196,27 @@ class PrivacyPlan:
         return out
 
 
+def _memoized(plan_fn):
+    """`plan_fn` computed once per distinct set of arguments in a process (its calibration is a
+    bisection of about 20 accountant evaluations, and runs plan the same settings more than once).
+    Each call gets its own copy of the plan's ledger entries."""
+    cache: dict[str, PrivacyPlan] = {}
+
+    @functools.wraps(plan_fn)
+    def planned(**kwargs) -> PrivacyPlan:
+        key = json.dumps(kwargs, sort_keys=True, default=repr)
+        if key not in cache:
+            if len(cache) >= 256:
+                cache.pop(next(iter(cache)))
+            cache[key] = plan_fn(**kwargs)
+        plan = cache[key]
+        return dataclasses.replace(plan, spent=tuple(dict(e) for e in plan.spent),
+                                   reserved=tuple(dict(e) for e in plan.reserved))
+
+    return planned
+
+
+@_memoized
 def plan_privacy(
     *,
     dataset_size: int,

@@ -53,8 +53,6 @@ keeps `dp_tune`, its run stages and `TuneResult`, and re-exports `TuneConfig`, `
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
@@ -78,7 +76,7 @@ from dpsynth.train.tune_loop import train_run
 from dpsynth.train.tune_model import (build_mechanism, resolve_label_contrast, resolve_microbatch, resolve_time_budget,
                                       tuned_model_config, embedding_spec, evaluate_loss, init_variables,
                                       make_eval_fn, make_loss_fn)
-from dpsynth.train.tune_resume import read_resume_meta, resolve_state_dir, resume_differences
+from dpsynth.train.tune_resume import read_resume_meta, resolve_state_dir, resume_differences, run_fingerprint
 
 __all__ = ("TuneConfig", "TuneError", "TuneResult", "dp_tune", "plan_run")
 
@@ -306,10 +304,7 @@ def dp_tune(
             "truncated_train": int(data.train.truncated),
             "truncated_valid": int(data.valid.truncated) if data.valid else 0,
             **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": tune_report.NON_DP_COUNTS_NOTICE})
-    fingerprint = hashlib.sha256(json.dumps(
-        {k: v for k, v in config.to_json().items() if k not in ("steps", "epochs", "checkpoint_every")},
-        sort_keys=True).encode() + data_fingerprint(data.train_arrays).encode()
-        + base.tokenizer.sha256.encode()).hexdigest()
+    fingerprint = run_fingerprint(config, data_fingerprint(data.train_arrays), base.tokenizer.sha256)
     loss_fn = make_loss_fn(model_config, config)
     state, ledger, losses, start = train_run(
         prep, data, init_variables(model_config, base_params, config), loss_fn, mech, strategy,

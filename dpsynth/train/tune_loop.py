@@ -27,7 +27,7 @@ from dpsynth.train.prompts import label_dropout_rows
 from dpsynth.train.tune_config import TRAINABLE, TuneError, Prepared
 from dpsynth.train.tune_data import TuneData
 from dpsynth.train.tune_model import make_step_functions
-from dpsynth.train.tune_resume import CHECKPOINT_FORMAT, accounted_settings
+from dpsynth.train.tune_resume import CHECKPOINT_FORMAT, accounted_settings, fingerprint_mismatch, run_settings
 
 logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, whichever module logs
 
@@ -78,8 +78,8 @@ def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, st
         if prep.resume_meta is not None:
             meta = prep.resume_meta
             if meta.get("format") != CHECKPOINT_FORMAT or meta.get("fingerprint") != fingerprint:
-                raise TuneError(f"{ckpt_dir}: checkpoint was made with another configuration or data; resume with "
-                                "the same flags and files, or use a new --out")
+                raise TuneError(f"{ckpt_dir}: checkpoint was made with {fingerprint_mismatch(meta, config)}; resume "
+                                "with the same flags and files, or use a new --out")
             state, meta = checkpointer.restore(state)  # `_prepare` read its metadata: the checkpoint exists
             state = fns.place_state(state)
             ledger = PrivacyLedger.from_json(meta["ledger"], where=ckpt_dir)
@@ -102,7 +102,8 @@ def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, st
         ledger.check_budget([entry(remaining)] if remaining else [])  # refuses to start/continue past the budget
 
         def save_checkpoint(done: int, state) -> None:
-            meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "ledger": ledger.to_json(),
+            meta = {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint, "settings": run_settings(config),
+                    "ledger": ledger.to_json(),
                     "noise_multiplier": sigma, "sampling_seed": run_seed, "next_step": int(state.step),
                     **accounted_settings(config, plan),
                     **({"example_length": prep.length.to_json()} if prep.length is not None else {}),

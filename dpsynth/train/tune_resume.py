@@ -3,12 +3,15 @@
 The private state directory (`default_state_dir`: the sibling `<out>.private/`; `resolve_state_dir`),
 the checkpoints' format tag, the accounted settings a checkpoint records (`accounted_settings`: the
 privacy plan, clipping norm, mode and contribution bound), the resume check against them
-(`resume_differences`, before any compute) and the one read of the latest checkpoint's metadata
-(`read_resume_meta`).
+(`resume_differences`, before any compute), the fingerprint of everything else a resume must keep
+(`run_fingerprint`; `fingerprint_mismatch` names what changed) and the one read of the latest
+checkpoint's metadata (`read_resume_meta`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -31,6 +34,36 @@ def accounted_settings(config: TuneConfig, plan: PrivacyPlan) -> dict[str, Any]:
     """What a checkpoint records of the privacy plan it was trained under (compared on resume)."""
     return {"privacy_plan": plan.to_json(), "clip_norm": float(config.clip_norm), "mode": config.mode,
             "max_examples_per_user": config.max_examples_per_user if plan.privacy_unit == "user" else None}
+
+
+# Settings a resume may change: how long the run goes on and how often it saves.
+RESUMABLE = ("steps", "epochs", "checkpoint_every")
+
+
+def run_settings(config: TuneConfig) -> dict[str, Any]:
+    """The settings a checkpoint is fingerprinted on (and records, to name a changed one)."""
+    return {k: v for k, v in config.to_json().items() if k not in RESUMABLE}
+
+
+def run_fingerprint(config: TuneConfig, data_fingerprint: str, tokenizer_sha256: str) -> str:
+    """SHA-256 of the run's settings, training rows and tokenizer: a resume must match all three."""
+    settings = json.dumps(run_settings(config), sort_keys=True)
+    return hashlib.sha256(settings.encode() + data_fingerprint.encode() + tokenizer_sha256.encode()).hexdigest()
+
+
+def fingerprint_mismatch(meta: dict[str, Any], config: TuneConfig) -> str:
+    """Why a checkpoint's fingerprint differs from this run's, in words: the settings that changed
+    (flags), or the data or tokenizer when no setting did."""
+    if "settings" not in meta:  # written before checkpoints recorded their settings
+        if config.recipe == "auto" and config.label_contrast not in (0, 0.0):
+            return ("another configuration or data (if it was begun by a dpsynth before the label contrast was the "
+                    "automatic recipe's default, resume it with --label-contrast 0)")
+        return "another configuration or data"
+    saved, mine = meta["settings"], run_settings(config)
+    changed = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+    if not changed:
+        return "another configuration or data (the same settings: the training data or the tokenizer differ)"
+    return "another configuration or data (differs in " + ", ".join("--" + k.replace("_", "-") for k in changed) + ")"
 
 
 def resume_differences(saved: dict[str, Any], config: TuneConfig, plan: PrivacyPlan) -> list[tuple[str, Any, Any]]:

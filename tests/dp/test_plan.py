@@ -91,3 +91,17 @@ def test_a_delta_above_one_over_n_is_refused_unless_allowed(unit, n):
     assert plan_privacy(**common).delta == 1.0 / n  # the default, 1/N, is at the edge: accepted
     assert plan_privacy(delta=1.0 / n, **common).delta == 1.0 / n
     assert not accounting.weak_delta(1.0 / n, n) and accounting.weak_delta(1.0001 / n, n)
+
+
+def test_a_repeated_plan_is_calibrated_once_and_each_caller_gets_its_own_ledger(monkeypatch):
+    spent = ({"mechanism": "gaussian", "noise_multiplier": 4.0, "what": "label histogram"},)
+    kwargs = dict(dataset_size=977, expected_batch_size=31.0, steps=13, epsilon=2.5, spent=spent)
+    first = plan_privacy(**kwargs)
+    calls = []
+    monkeypatch.setattr(accounting, "calibrate", lambda *a, **k: calls.append(a) or 1.0)
+    again = plan_privacy(**kwargs)
+    assert again == first and not calls  # the same arguments: no second calibration
+    again.spent[0]["noise_multiplier"] = 0.0  # a caller editing its copy changes no other caller's plan
+    assert plan_privacy(**kwargs).spent[0]["noise_multiplier"] == 4.0
+    plan_privacy(**dict(kwargs, steps=14))  # other arguments: calibrated (here by the stand-in)
+    assert len(calls) == 1

@@ -16,16 +16,9 @@ from dpsynth.models import get_config
 from dpsynth.models.directory import load_model
 from dpsynth.train import audit, finetune, lm, sweep, tune_config, tune_model, tune_resume
 from dpsynth.train.checkpoint import TrainCheckpointer
-from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import assert_each_example_moves_the_clipped_sum_by_at_most_c, make_records
 
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache(tmp_path_factory):
-    """Reuses identical compiled steps across the tuner runs of this module (resume tests rerun
-    the same computation); restored afterwards so other test areas are unaffected."""
-    yield from persistent_compilation_cache(tmp_path_factory.mktemp("jax_cache"))
 
 
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
@@ -448,6 +441,24 @@ def test_cli_stop_after_then_resume(stopped_run, tmp_path, capsys):
     assert _cli(base_dir, data, out, "--resume") == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 8
     assert load_model(str(out)).manifest["dp_tune"]["steps"] == 8
+
+
+def test_a_resume_with_another_setting_names_it_and_an_older_checkpoint_gets_a_hint(stopped_run, tmp_path):
+    """The checkpoint records its settings, so a resume that changed one (not an accounted one, which
+    `resume_differences` names) is refused with the flag; a checkpoint written before settings were
+    recorded gets the generic reason, plus the way back for an automatic-recipe run of that time."""
+    base_dir, _, src = stopped_run
+    out = str(_copy(src, tmp_path))
+    with pytest.raises(tune_config.TuneError, match=r"another configuration or data \(differs in --learning-rate\)"):
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(AUDIT_CFG, learning_rate=0.02), resume=True,
+                         progress_interval=1e9)
+    meta = TrainCheckpointer(os.path.join(tune_resume.default_state_dir(out), "checkpoints")).read_meta()
+    resolved = dataclasses.replace(AUDIT_CFG, label_contrast=0.0)  # as the run resolved "auto" (manual recipe: off)
+    assert tune_resume.fingerprint_mismatch(meta, resolved).endswith("the training data or the tokenizer differ)")
+    older = {k: v for k, v in meta.items() if k != "settings"}
+    assert tune_resume.fingerprint_mismatch(older, resolved) == "another configuration or data"
+    auto = dataclasses.replace(resolved, recipe="auto", label_contrast=1.0)
+    assert "resume it with --label-contrast 0" in tune_resume.fingerprint_mismatch(older, auto)
 
 
 @pytest.mark.parametrize("change,msg", [

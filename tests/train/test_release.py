@@ -19,7 +19,6 @@ from dpsynth import fileio
 from dpsynth.dp import report
 from dpsynth.models.directory import load_model
 from dpsynth.train import finetune, release, sweep, tune_config, tune_resume
-from tests.conftest import persistent_compilation_cache
 from tests.train.conftest import make_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,12 +26,6 @@ TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
 CFG = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=4, microbatch_size=16, max_tokens=32,
                              checkpoint_every=2, lora_rank=2, learning_rate=1e-2, seed=99)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache(tmp_path_factory):
-    """Reuses identical compiled steps across the tuner runs of this module (resume tests rerun
-    the same computation); restored afterwards so other test areas are unaffected."""
-    yield from persistent_compilation_cache(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _lora(out):
