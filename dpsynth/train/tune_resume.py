@@ -55,7 +55,7 @@ def fingerprint_mismatch(meta: dict[str, Any], config: TuneConfig) -> str:
     """Why a checkpoint's fingerprint differs from this run's, in words: the settings that changed
     (flags), or the data or tokenizer when no setting did."""
     if "settings" not in meta:  # written before checkpoints recorded their settings
-        if config.recipe == "auto" and config.label_contrast not in (0, 0.0):
+        if config.recipe == "auto" and config.label_contrast != 0:
             return ("another configuration or data (if it was begun by a dpsynth before the label contrast was the "
                     "automatic recipe's default, resume it with --label-contrast 0)")
         return "another configuration or data"

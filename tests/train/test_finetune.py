@@ -19,8 +19,6 @@ from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.train.conftest import assert_each_example_moves_the_clipped_sum_by_at_most_c, make_records
 
 
-
-
 SMALL = get_config("tiny", vocab_size=64, max_len=32, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=64)
 
 
