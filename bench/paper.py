@@ -39,6 +39,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from typing import Any
@@ -353,10 +354,11 @@ def _sampling(w: float, contrast: str = "others", temperature: float = 1.0) -> d
 
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False,
-                    epsilons: dict[str, list] | None = None, also_guidance: tuple[float, ...] = ()
-                    ) -> dict[str, dict[str, Any]]:
+                    epsilons: dict[str, list] | None = None, also_guidance: tuple[float, ...] = (),
+                    replicates: int = 1) -> dict[str, dict[str, Any]]:
     """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
-    dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining)."""
+    dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining).
+    `replicates`: independent DP runs per tuning epsilon of the v3 experiments (replicate 0 is their own)."""
     s = copy.deepcopy(CPU_SCALES[scale])
     quick = scale == "quick"
     datasets = cpu_datasets(data)
@@ -429,12 +431,12 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
                                 dataset, CPU_V3_SELECT_EPSILON["default"]),
                             samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
-                            multiples=CPU_V3_MULTIPLES.get(name, (1,)))
+                            multiples=CPU_V3_MULTIPLES.get(name, (1,)), replicates=replicates)
            for name, dataset in CPU_V3_SETS.items()},
         **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
                                 dataset, CPU_V3_SELECT_EPSILON["default"]),
                             samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
-                            multiples=CPU_V3_MULTIPLES.get("v3_" + name[len("v3c_"):], (1,)),
+                            multiples=CPU_V3_MULTIPLES.get("v3_" + name[len("v3c_"):], (1,)), replicates=replicates,
                             dp={"options": {"label_contrast": CPU_LABEL_CONTRAST}})
            for name, dataset in CPU_V3C_SETS.items()},
         # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
@@ -781,16 +783,17 @@ def _release_epsilon(selection: dict[str, Any]) -> float | None:
     return None if eps is None else _eps(eps)
 
 
-def _v3_groups(res: dict[str, Any]) -> list[tuple[float, dict[str, Any], dict[str, Any] | None]]:
-    """(epsilon, selection summary, selected corpus's row) of every DP selection of one v3 result, by epsilon."""
+def _v3_groups(res: dict[str, Any]) -> list[tuple[float, int, dict[str, Any], dict[str, Any] | None]]:
+    """(epsilon, replicate, selection summary, selected corpus's row) of every DP selection of one v3 result,
+    by epsilon and replicate."""
     out = []
     for key, sel in res.get("selections", {}).items():
-        group = key[len("select["):-1]  # e.g. "lora-eps3" (one select node per private DP run)
-        m = re.search(r"-eps([0-9.]+)(?:-|$)", group)
+        group = key[len("select["):-1]  # e.g. "lora-eps3" or "lora-eps3-r1" (one select node per private DP run)
+        m = re.search(r"-eps(.+?)(?:-r([0-9]+))?$", group)
         if m:
             picked = next((r for r in res.get("selected_rows") or () if r.get("corpus") == f"selected-{group}"), None)
-            out.append((float(m.group(1)), sel, picked))
-    return sorted(out, key=lambda x: x[0])
+            out.append((float(m.group(1)), int(m.group(2) or 0), sel, picked))
+    return sorted(out, key=lambda x: x[:2])
 
 
 def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -815,6 +818,8 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
           "DP-on-real, balanced >= chance + 5 | unguided balanced >= chance + 10 |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     detail = []
+    runs: dict[tuple[str, float], list[tuple]] = {}  # (set, tuning epsilon) -> one figure tuple per DP run
+    peers: dict[tuple[str, float], str] = {}  # (set, tuning epsilon) -> DP-on-real (one run, shared by the runs)
     acc = lambda r, k="wordcnn_accuracy": None if not r or r.get(k) is None else float(r[k])  # noqa: E731
     yes = lambda v: "-" if v is None else ("met" if v else "**not met**")  # noqa: E731
     for n in names:
@@ -822,8 +827,10 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
         labels = set(res.get("test_labels") or ())
         chance = 1 / len(labels) if labels else 0.5
         sel_eps = CPU_V3_SELECT_EPSILON.get(sets[n], CPU_V3_SELECT_EPSILON["default"])
-        for eps, sel, picked in _v3_groups(res):
-            cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps]
+        groups = _v3_groups(res)
+        for eps, rep, sel, picked in groups:
+            cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps
+                     and r.get("replicate", 0) == rep]
             best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)
             peer = _peer(res, "dp_on_real", eps)
             within = None if acc(picked) is None or acc(best) is None else acc(best) - acc(picked) <= 0.01 + 1e-9
@@ -832,18 +839,42 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
             unguided = [r for r in cands if r["guidance"] == 0.0 and r.get("temperature", 1.0) == 1.0
                         and float(r["multiple"]) == 1.0]
             ung = acc(unguided[0], "wordcnn_balanced_accuracy") if unguided else None
-            md.append(f"| {title} | {eps:g} | {sel_eps:g}, {sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | "
+            run = f"{eps:g}" + (f" (run {rep + 1})" if any(g[1] for g in groups if g[0] == eps) else "")
+            runs.setdefault((title, eps), []).append((acc(picked), acc(picked, "wordcnn_balanced_accuracy"),
+                                                      acc(best), ung))
+            peers[(title, eps)] = _ab(peer, "")
+            md.append(f"| {title} | {run} | {sel_eps:g}, {sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | "
                       f"{sel.get('selected', '-')} | {_ab(picked)} | {_ab(best)} ({(best or {}).get('trial', '-')}) | "
                       f"{yes(within)} | {_ab(peer, '')} | {_ab(_peer(res, 'real'), '')} | {yes(beats)} | "
                       f"{yes(None if ung is None else ung >= chance + 0.10)} |")
-            detail += ["", f"Candidates of {title} at tuning epsilon {eps:g} (test figures, not seen by the selection):",
+            detail += ["", f"Candidates of {title} at tuning epsilon {run} (test figures, not seen by the selection):",
                        "", "| candidate | guidance | temperature | multiple | accuracy / balanced | MAUVE |",
                        "|---|---|---|---|---|---|"]
             for r in sorted(cands, key=lambda r: (float(r["multiple"]), r.get("temperature", 1.0), r["guidance"])):
                 mark = " (selected)" if r["trial"] == sel.get("selected") else ""
                 detail.append(f"| {r['trial']}{mark} | {r['guidance']:g} | {r.get('temperature', 1.0):g} | "
                               f"{float(r['multiple']):g} | {_ab(r)} | {_f(_num(r, 'mauve'))} |")
-    return md + detail
+    return md + _v3_spread(runs, peers) + detail
+
+
+def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str, float], str]) -> list[str]:
+    """The seed spread of the v3 cells run more than once (`--replicates N`): mean +- sample std over the
+    independent DP runs (each its own tuning, candidates and DP selection) of each figure; DP-on-real is one
+    run, beside them."""
+    def ms(values) -> str:
+        v = [x for x in values if x is not None]
+        return "-" if not v else f"{statistics.mean(v):.3f} +- {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"
+
+    many = {k: v for k, v in runs.items() if len(v) > 1}
+    if not many:
+        return []
+    md = ["", "Independent DP runs of the same cell (fresh secret noise and generation seeds; mean +- sample std):", "",
+          "| set | tuning epsilon | runs | selected: accuracy | selected: balanced | best candidate: accuracy | "
+          "unguided: balanced | DP-on-real (one run) |", "|---|---|---|---|---|---|---|---|"]
+    for (title, eps), figures in many.items():
+        md.append(f"| {title} | {eps:g} | {len(figures)} | " + " | ".join(ms(c) for c in zip(*figures))
+                  + f" | {peers.get((title, eps), '-')} |")
+    return md
 
 
 def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
@@ -997,7 +1028,8 @@ def run(args) -> int:
     scale = "quick" if args.quick else args.scale
     if scale in CPU_SCALES:
         configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone,
-                                  epsilons=_epsilon_grids(args.epsilons), also_guidance=tuple(args.also_guidance))
+                                  epsilons=_epsilon_grids(args.epsilons), also_guidance=tuple(args.also_guidance),
+                                  replicates=args.replicates)
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
@@ -1013,7 +1045,8 @@ def run(args) -> int:
             print(f"paper: no experiment '{name}' at scale {scale} (it has: {', '.join(configs)})", file=sys.stderr)
             return 2
         cfg = from_dict(configs[name])
-        print(f"\n##### paper: experiment '{name}' ({len(cfg.dp_tune.modes) * len(cfg.dp_tune.epsilons)} DP runs)", flush=True)
+        runs = len(cfg.dp_tune.modes) * len(cfg.dp_tune.epsilons) * cfg.dp_tune.replicates
+        print(f"\n##### paper: experiment '{name}' ({runs} DP runs)", flush=True)
         result = run_experiment(cfg, root=root, jobs=args.jobs)
         code = report_result(result)
         if code:
@@ -1152,6 +1185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-repeats", type=int, default=None, metavar="N",
                    help="cpu scale: DP-tune each --only experiment N times (independent noise seeds), stop there, and "
                         "table each model's label accuracy and margin on the real D_valid (non-DP study-author figures)")
+    p.add_argument("--replicates", type=int, default=1, metavar="N",
+                   help="cpu scale: N independent DP runs (fresh secret noise and generation seeds) per tuning epsilon "
+                        "of the v3 experiments, each with its own candidates and DP selection; the v3 table adds "
+                        "their mean and spread (replicate 0 is the cached run)")
     p.add_argument("--epsilons", nargs="+", default=None, metavar="EPS|SET=EPS,EPS",
                    help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf), and per set "
                         "(e.g. `3 inf main=3`: main at 3 only); cached stages are reused")

@@ -176,6 +176,52 @@ def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_target
     assert paper.cpu_experiments("cpu", "/x", epsilons={"v3_sst2": [1, 3]})["v3_sst2"]["dp_tune"]["epsilons"] == [1, 3]
 
 
+def test_v3_replicates_are_independent_runs_each_selected_and_tabled_with_their_spread(tmp_path, monkeypatch):
+    """`--replicates N`: N DP runs per tuning epsilon of every v3 experiment (nothing else changes); the table
+    has one row per run, its own candidates and selection, and the runs' mean +- sample std."""
+    ran = []
+    monkeypatch.setattr("dpsynth.experiment.runner.run_experiment",
+                        lambda cfg, **kw: ran.append(cfg.dp_tune.replicates) or (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        paper.main(["--scale", "quick", "--data", str(tmp_path), "--only", "v3_sst2", "--replicates", "3"])
+    assert ran == [3]
+    one, three = (paper.cpu_experiments("cpu", "/x", replicates=n) for n in (1, 3))
+    for name in (*paper.CPU_V3_SETS, *paper.CPU_V3C_SETS):
+        assert from_dict(one[name]).dp_tune.replicates == 1 and from_dict(three[name]).dp_tune.replicates == 3
+        assert {k: v for k, v in three[name]["dp_tune"].items() if k != "replicates"} == {
+            k: v for k, v in one[name]["dp_tune"].items() if k != "replicates"}
+    assert three["sst2"] == one["sst2"]  # only the v3 experiments
+
+    def row(trial, w, rep, acc, bal):
+        return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": 1.0,
+                "contrast": "others", "replicate": rep, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": bal}
+
+    rows = [row("u", 0.0, 0, 0.60, 0.60), row("g", 3.0, 0, 0.70, 0.70),
+            row("u-r1", 0.0, 1, 0.64, 0.64), row("g-r1", 3.0, 1, 0.62, 0.62)]
+    res = {"rows": rows, "test_labels": ["a", "b"], "label_scores": {},
+           "metrics": {"baselines": [{"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0,
+                                      "accuracy": 0.55, "balanced_accuracy": 0.55}]},
+           "selections": {"select[lora-eps3-r1]": {"selected": "u-r1", "composition": "parallel", "epsilon": {"rdp": 3.0}},
+                          "select[lora-eps3]": {"selected": "g", "composition": "parallel", "epsilon": {"rdp": 3.0}}},
+           "selected_rows": [{"corpus": "selected-lora-eps3", "wordcnn_accuracy": 0.70, "wordcnn_balanced_accuracy": 0.70},
+                             {"corpus": "selected-lora-eps3-r1", "wordcnn_accuracy": 0.64,
+                              "wordcnn_balanced_accuracy": 0.63}]}
+    md = paper._render_v3({"v3_sst2": res})
+    lines = [x for x in md if x.startswith("| SST-2 |")]
+    assert [x.split(" | ")[1] for x in lines] == ["3 (run 1)", "3 (run 2)", "3"]
+    # each run's best candidate is among its own candidates only
+    assert "| g | 0.700 / 0.700 | 0.700 / 0.700 (g) |" in lines[0]
+    assert "| u-r1 | 0.640 / 0.630 | 0.640 / 0.640 (u-r1) |" in lines[1]
+    assert lines[2] == "| SST-2 | 3 | 2 | 0.670 +- 0.042 | 0.665 +- 0.049 | 0.670 +- 0.042 | 0.620 +- 0.028 | 0.550 / 0.550 |"
+    text = "\n".join(md)
+    assert "| g-r1 | 3 | 1 | 1 | 0.620 / 0.620 | - |" in text and "| u-r1 (selected) | 0 | 1 | 1 |" in text
+    assert "Candidates of SST-2 at tuning epsilon 3 (run 2)" in text
+    # a single run per cell has no spread table, and an epsilon-inf selection is tabled too
+    del res["selections"]["select[lora-eps3-r1]"]
+    assert not any(x.startswith("| SST-2 | 3 | 2 |") for x in paper._render_v3({"v3_sst2": res}))
+    assert paper._v3_groups({"selections": {"select[lora-epsinf]": {}}})[0][:2] == (math.inf, 0)
+
+
 def test_v3_with_label_contrast_is_v3_with_one_more_tuning_setting():
     """`v3c_<set>`: the v3 experiment of the set with `label_contrast` in its DP tuning and nothing else changed."""
     configs = paper.cpu_experiments("cpu", "/nonexistent/data")
