@@ -500,6 +500,12 @@ def experiments(scale: str, data: str) -> dict[str, dict[str, Any]]:
 # ----------------------------------------------------------------------------- tables
 
 
+def _mean_std(values) -> str:
+    """"mean +- sample std" of the figures that are present (one figure: std 0), "-" when none is."""
+    v = [float(x) for x in values if x is not None]
+    return "-" if not v else f"{statistics.mean(v):.3f} +- {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"
+
+
 def _f(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -861,10 +867,6 @@ def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str
     """The seed spread of the v3 cells run more than once (`--replicates N`): mean +- sample std over the
     independent DP runs (each its own tuning, candidates and DP selection) of each figure; DP-on-real is one
     run, beside them."""
-    def ms(values) -> str:
-        v = [x for x in values if x is not None]
-        return "-" if not v else f"{statistics.mean(v):.3f} +- {statistics.stdev(v) if len(v) > 1 else 0.0:.3f}"
-
     many = {k: v for k, v in runs.items() if len(v) > 1}
     if not many:
         return []
@@ -872,15 +874,13 @@ def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str
           "| set | tuning epsilon | runs | selected: accuracy | selected: balanced | best candidate: accuracy | "
           "unguided: balanced | DP-on-real (one run) |", "|---|---|---|---|---|---|---|---|"]
     for (title, eps), figures in many.items():
-        md.append(f"| {title} | {eps:g} | {len(figures)} | " + " | ".join(ms(c) for c in zip(*figures))
+        md.append(f"| {title} | {eps:g} | {len(figures)} | " + " | ".join(_mean_std(c) for c in zip(*figures))
                   + f" | {peers.get((title, eps), '-')} |")
     return md
 
 
 def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
     """The cpu study's Markdown (targets, every table of issue 22) and the printed ratio lines."""
-    import numpy as np
-
     w = CPU_GUIDANCE
     md = [f"# The cpu-scale study, one recipe for every set ({scale} scale)", "", f"Command: `{command}`", "",
           f"One recipe for all four sets: DP tuning `recipe: auto` (token budget {CPU_RECIPE['token_budget']:,.0f} "
@@ -974,8 +974,7 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
             if reps else []
         accs = [float(r["wordcnn_accuracy"]) for r in rows]
         bals = [float(r["wordcnn_balanced_accuracy"]) for r in rows if r.get("wordcnn_balanced_accuracy") is not None]
-        ms = lambda v: f"{np.mean(v):.3f} +- {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}" if v else "-"
-        md.append(f"| w {g:g} | {', '.join(f'{a:.3f}' for a in accs) or '-'} | {ms(accs)} | {ms(bals)} |")
+        md.append(f"| w {g:g} | {', '.join(f'{a:.3f}' for a in accs) or '-'} | {_mean_std(accs)} | {_mean_std(bals)} |")
     # 5. Guidance: signal and diversity.
     md += ["", "## 5. What guidance does (LoRA, epsilon 3): accuracy, MAUVE and diversity", "",
            "| set | guidance | synthetic | MAUVE | distinct-1 | distinct-2 | duplicate rate |", "|---|---|---|---|---|---|---|"]
@@ -1110,8 +1109,6 @@ def run_label_repeats(args, configs: dict[str, dict[str, Any]], root: str, scale
     `dp_tune.replicates`; the first is the experiment's own model) and stopped there; each model's
     label accuracy and margin on the real D_valid (`_valid_label_scores`, non-DP study-author
     figures), per repeat and as mean +- std: is a lever's effect larger than the seed spread?"""
-    import numpy as np
-
     from dpsynth.experiment.config import from_dict
     from dpsynth.experiment.runner import report_result, run_experiment
 
@@ -1132,7 +1129,6 @@ def run_label_repeats(args, configs: dict[str, dict[str, Any]], root: str, scale
         models = dict.fromkeys(t.dp_tune for t in result.plan.trials)
         scores = [_valid_label_scores(result.plan, key, valid, int(cfg.dp_tune.max_tokens)) for key in models]
         rows.append((name, [s for s in scores if s]))
-    ms = lambda v: f"{np.mean(v):.3f} +- {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"  # noqa: E731
     md = ["## Label accuracy and margin on the real D_valid over independent DP repeats (non-DP study-author figures)",
           "", f"Command: `python bench/paper.py {' '.join(sys.argv[1:])}`", "",
           f"| experiment | repeats | label bal. acc. per repeat ({NON_DP_FIGURE}) | mean +- std | mean label margin per "
@@ -1140,8 +1136,8 @@ def run_label_repeats(args, configs: dict[str, dict[str, Any]], root: str, scale
     for name, scores in rows:
         acc = [s["balanced_accuracy"] for s in scores]
         margin = [s["mean_margin"] for s in scores]
-        md.append(f"| {name} | {len(scores)} | {', '.join(f'{a:.3f}' for a in acc)} | {ms(acc)} | "
-                  f"{', '.join(f'{m:.3f}' for m in margin)} | {ms(margin)} |")
+        md.append(f"| {name} | {len(scores)} | {', '.join(f'{a:.3f}' for a in acc)} | {_mean_std(acc)} | "
+                  f"{', '.join(f'{m:.3f}' for m in margin)} | {_mean_std(margin)} |")
     text = "\n".join(md) + "\n"
     out = args.out or os.path.join(root, "label_repeats.md")
     with open(out, "w", encoding="utf-8") as f:

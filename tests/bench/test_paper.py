@@ -140,12 +140,14 @@ def test_v3_runs_select_on_every_set_and_reuse_the_sets_models():
     assert configs["v3_yelp_polarity"]["select"]["epsilon"] < configs["v3_sst2"]["select"]["epsilon"]
 
 
-def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_targets():
-    def row(trial, w, t, acc, bal):
-        return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": t,
-                "contrast": "others", "replicate": 0, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": bal}
+def _v3_row(trial, w, acc, bal, *, t=1.0, rep=0):
+    """One v3 candidate's metric row (epsilon 3, 1x) as `bench/paper.py` collects it."""
+    return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": t,
+            "contrast": "others", "replicate": rep, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": bal}
 
-    rows = [row("u", 0.0, 1.0, 0.70, 0.66), row("g3", 3.0, 1.0, 0.80, 0.79), row("g6", 6.0, 1.2, 0.81, 0.80)]
+
+def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_targets():
+    rows = [_v3_row("u", 0.0, 0.70, 0.66), _v3_row("g3", 3.0, 0.80, 0.79), _v3_row("g6", 6.0, 0.81, 0.80, t=1.2)]
     res = {"rows": rows, "test_labels": ["a", "b"], "label_scores": {},
            "metrics": {"baselines": [{"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0,
                                       "accuracy": 0.75, "balanced_accuracy": 0.74},
@@ -192,12 +194,8 @@ def test_v3_replicates_are_independent_runs_each_selected_and_tabled_with_their_
             k: v for k, v in one[name]["dp_tune"].items() if k != "replicates"}
     assert three["sst2"] == one["sst2"]  # only the v3 experiments
 
-    def row(trial, w, rep, acc, bal):
-        return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": 1.0,
-                "contrast": "others", "replicate": rep, "wordcnn_accuracy": acc, "wordcnn_balanced_accuracy": bal}
-
-    rows = [row("u", 0.0, 0, 0.60, 0.60), row("g", 3.0, 0, 0.70, 0.70),
-            row("u-r1", 0.0, 1, 0.64, 0.64), row("g-r1", 3.0, 1, 0.62, 0.62)]
+    rows = [_v3_row("u", 0.0, 0.60, 0.60), _v3_row("g", 3.0, 0.70, 0.70),
+            _v3_row("u-r1", 0.0, 0.64, 0.64, rep=1), _v3_row("g-r1", 3.0, 0.62, 0.62, rep=1)]
     res = {"rows": rows, "test_labels": ["a", "b"], "label_scores": {},
            "metrics": {"baselines": [{"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0,
                                       "accuracy": 0.55, "balanced_accuracy": 0.55}]},
