@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Any
 
+from tests.conftest import FAST_COMPILE
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STDERR_TAIL = 4000
 
@@ -50,7 +52,7 @@ def free_port() -> int:
 
 def _env(devices: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}", JAX_PLATFORMS="cpu",
                CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env

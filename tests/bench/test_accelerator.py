@@ -18,10 +18,9 @@ import types
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import FAST_COMPILE, REPO
 
 SCRIPT = REPO / "bench" / "accelerator.py"
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def _load():
