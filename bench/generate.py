@@ -23,7 +23,12 @@
    (`dpsynth.generate.sampler`, one contrast prompt per row: the two-label case), tokens/s of the
    generated tokens; the guided call does (1 + C) times the decode work. Target: <= 2.2x the time.
 
-4. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
+4. `--draw` (only this part runs): the sampler's token draw, inverse transform sampling with one
+   uniform per row (`dpsynth.generate.sampler.draw`), against `jax.random.categorical`'s Gumbel-max
+   (V uniforms per row): one step's draw on `[batch, vocab]` logits, and the sampler's tokens/s
+   with each, unguided and guided.
+
+5. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
    initialised), `--examples` synthetic examples of `--scale-length` tokens, `--workers`
    worker processes (each pinned to `--cores-per-worker` cores), three jobs on the same plan:
    - uninterrupted: wall time, examples/s of the whole job, the sampling rate of one worker
@@ -43,6 +48,7 @@
 
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers] [--guidance 1.5]
+    .venv/bin/python bench/generate.py --draw --preset cpu --length 72 --batch 64
     .venv/bin/python bench/generate.py --scale --examples 100000 --workers 2 [--kill-after-shards K]
         [--kill worker|job] [--scale-length 64] [--scale-batch 32] [--examples-per-shard 256]
 """
@@ -159,6 +165,65 @@ def bench_guided_vs_unguided(preset: str, length: int, batch: int, guidance: flo
         out[f"{name}_tokens_per_s"] = batch * (length - prompt_len) / min(times)
     out["time_ratio"] = out["unguided_tokens_per_s"] / out["guided_tokens_per_s"]
     return out
+
+
+def bench_draw(preset: str, length: int, batch: int, guidance: float, prompt_len: int = 8, repeats: int = 3) -> dict:
+    """The sampler's token draw (`dpsynth.generate.sampler.draw`: inverse transform, one uniform per row)
+    against the peer `jax.random.categorical` (Gumbel-max, V uniforms per row): one step's draw alone on
+    `[batch, vocab]` logits, and the whole sampler's generated tokens/s with each (unguided and guided)."""
+    import jax
+    import numpy as np
+
+    from dpsynth.generate import sampler as sampler_module
+    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
+
+    config, _, variables = make_model(preset, length)
+    draws = {"ours": sampler_module.draw, "peer": jax.random.categorical}
+    logits = jax.random.normal(jax.random.key(1), (batch, config.vocab_size)) * 3
+    keys = jax.random.split(jax.random.key(2), batch)
+    out = {"preset": preset, "length": length, "batch": batch, "vocab": config.vocab_size, "guidance": guidance}
+
+    def best(fn, *args):
+        jax.block_until_ready(fn(*args))  # compile
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    for name, fn in draws.items():
+        step = jax.jit(lambda k, l, fn=fn: jax.vmap(fn)(k, l))
+        out[f"{name}_draw_ms"] = 1e3 * best(lambda: [step(keys, logits) for _ in range(16)][-1]) / 16
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(4, config.vocab_size, size=(batch, prompt_len)).astype(np.int32)
+    contrast = rng.integers(4, config.vocab_size, size=(batch, 1, prompt_len)).astype(np.int32)
+    lens = np.full((batch,), prompt_len, np.int32)
+    row_keys = example_keys(seed_to_key_data(0), range(batch))
+    for kind, w in (("unguided", 0.0), ("guided", guidance)):
+        args = (variables, prompts, lens, row_keys) + ((contrast, np.full((batch, 1), prompt_len, np.int32)) if w else ())
+        for name, fn in draws.items():
+            sampler_module.draw = fn  # the sampler traces the module's `draw` when it compiles
+            try:
+                sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(
+                    temperature=1.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1, guidance=w))
+                seconds = best(sampler.sample_batch, *args)
+            finally:
+                sampler_module.draw = draws["ours"]
+            out[f"{kind}_{name}_tokens_per_s"] = batch * (length - prompt_len) / seconds
+        out[f"{kind}_speedup"] = out[f"{kind}_ours_tokens_per_s"] / out[f"{kind}_peer_tokens_per_s"]
+    out["draw_speedup"] = out["peer_draw_ms"] / out["ours_draw_ms"]
+    return out
+
+
+def print_draw(r: dict) -> None:
+    print(f"[{r['preset']}, vocab {r['vocab']}, batch {r['batch']}] one step's draw: inverse transform "
+          f"{r['ours_draw_ms']:.2f} ms vs jax.random.categorical {r['peer_draw_ms']:.2f} ms: {r['draw_speedup']:.1f}x",
+          flush=True)
+    for kind in ("unguided", "guided"):
+        print(f"[{r['preset']}, {r['length']} tokens, batch {r['batch']}] {kind} sampler "
+              f"{r[f'{kind}_ours_tokens_per_s']:.0f} tok/s vs {r[f'{kind}_peer_tokens_per_s']:.0f} tok/s with "
+              f"jax.random.categorical: {r[f'{kind}_speedup']:.2f}x", flush=True)
 
 
 def _save_model_dir(preset: str, max_len: int, path: str) -> None:
@@ -522,6 +587,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip-workers", action="store_true")
     p.add_argument("--guidance", type=float, default=1.5, help="guided vs unguided sampling at this weight (0: skip)")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--draw", action="store_true",
+                   help="only the token draw: inverse transform vs jax.random.categorical (--preset, --length, "
+                        "--batch, --guidance)")
     g = p.add_argument_group("generation at scale (--scale: only this part runs)")
     g.add_argument("--scale", action="store_true")
     g.add_argument("--workers", type=int, default=2)
@@ -547,6 +615,13 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"scale": r}, f, indent=2)
         return 0 if r["interrupted"]["ok"] else 1
+    if args.draw:
+        r = bench_draw(args.preset, args.length, args.batch, args.guidance or 1.5)
+        print_draw(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"draw": r}, f, indent=2)
+        return 0
     args.examples = args.examples or 64
     r = bench_cache_vs_recompute(args.preset, args.length, args.batch)
     results["kv_cache_vs_recompute"] = r

@@ -44,8 +44,9 @@ logit filters of the options (`filter_logits`) are in `dpsynth.generate.sampler_
 
 Randomness: every prompt row comes with its own PRNG key (the job derives it as
 `fold_in(shard_key, example_index)`); candidate j uses `fold_in(row_key, j)` and decode step t
-uses `fold_in(candidate_key, t)`. A row's output therefore does not depend on which other
-rows share its batch.
+uses `fold_in(candidate_key, t)`, from which `draw` takes one uniform number. A row's output
+therefore does not depend on which other rows share its batch. (Until 2026-12-06 the draw was
+`jax.random.categorical`'s Gumbel-max: the same distribution, other tokens for the same key.)
 """
 
 from __future__ import annotations
@@ -139,12 +140,24 @@ class SampleOutput:
     all_finished: np.ndarray
 
 
+def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One token from `softmax(logits[V])`: inverse transform sampling with one uniform u in (0, 1]
+    from `key`, the first token whose cumulative probability reaches u (times the total, so that
+    rounding never runs past the end). The distribution of `jax.random.categorical`, whose
+    Gumbel-max draws V random numbers: on CPU those cost most of a small model's decode step
+    (`bench/generate.py --draw`). A token of probability 0 (logit `NEG_INF`) is never drawn; the
+    cumulative sum is XLA's parallel prefix sum, so its rounding error grows as log V."""
+    c = jnp.cumsum(jax.nn.softmax(logits.astype(jnp.float32)))
+    u = 1.0 - jax.random.uniform(key, (), jnp.float32)
+    return jnp.argmax(c >= u * c[-1]).astype(jnp.int32)
+
+
 def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax.Array:
     """Draws one token per row from `logits[R, V]` with per-row typed keys `keys[R]`."""
     if cfg.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = filter_logits(logits / jnp.asarray(cfg.temperature, logits.dtype), cfg)
-    return jax.vmap(lambda k, l: jax.random.categorical(k, l))(keys, scaled).astype(jnp.int32)
+    return jax.vmap(draw)(keys, scaled)
 
 
 def guided_log_probs(own: jax.Array, contrast: jax.Array, guidance: float) -> jax.Array:

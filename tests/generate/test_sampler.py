@@ -1,10 +1,12 @@
 """Sampler properties against brute-force references on a fake model with known logits."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dpsynth.data.tokenizers import EOS_ID
-from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
+from dpsynth.generate.sampler import NEG_INF, Sampler, SamplerConfig, draw, example_keys, seed_to_key_data
 from tests.generate.fakes import (BigramDecoder, greedy_reference, log_softmax_np, logits_np, make_tables,
                                   score_reference)
 
@@ -80,6 +82,34 @@ def test_candidate_j_is_independent_draw(tables):
         params, prompts, _keys(5)
     )
     np.testing.assert_array_equal(one.all_tokens[:, 0], many.all_tokens[:, 0])
+
+
+def test_draw_is_softmax_sampling_and_never_draws_a_masked_token():
+    """`draw` against the exact softmax over a large vocabulary with a wide range of logits (the
+    Gumbel-max of `jax.random.categorical` beside it, the same test): frequencies within 4 binomial
+    standard deviations; masked tokens (first, last, scattered) never drawn, nor the only-allowed
+    token ever missed."""
+    vocab, n = 4096, 40000
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, vocab).astype(np.float32)
+    masked = np.zeros(vocab, bool)
+    masked[[0, 1, vocab - 1]] = True
+    masked[rng.choice(vocab, 300, replace=False)] = True
+    logits[masked] = NEG_INF
+    p = np.exp(log_softmax_np(np.where(masked, -np.inf, logits.astype(np.float64))))
+    keys = jax.random.split(jax.random.key(7), n)
+    ours = np.asarray(jax.jit(jax.vmap(draw, in_axes=(0, None)))(keys, jnp.asarray(logits)))
+    gumbel = np.asarray(jax.jit(jax.vmap(jax.random.categorical, in_axes=(0, None)))(keys, jnp.asarray(logits)))
+    distance = []
+    for tokens in (ours, gumbel):
+        freq = np.bincount(tokens, minlength=vocab) / n
+        assert not freq[masked].any()
+        assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 2e-4)
+        distance.append(0.5 * np.abs(freq - p).sum())
+    assert distance[0] < 1.2 * distance[1]  # total variation from p: no further than the reference's own noise
+    one = np.full(vocab, NEG_INF, np.float32)
+    for allowed in (0, 5, vocab - 1):
+        assert set(np.asarray(jax.vmap(draw, in_axes=(0, None))(keys[:500], jnp.asarray(one).at[allowed].set(0.0)))) == {allowed}
 
 
 def test_first_token_distribution_matches_softmax(tables):
@@ -305,7 +335,7 @@ def test_guided_transformer_equals_full_recomputation(kw):
             own = lp(list(p) + gen)
             con = np.stack([lp(list(c) + gen) for c in contrasts[i]])
             mixed = np.where(allowed, np.asarray(guided_log_probs(jnp.asarray(own), jnp.asarray(con), w)), -1e30)
-            tok = int(jax.random.categorical(jax.random.fold_in(cand, t), jnp.asarray(mixed / cfg.temperature)))
+            tok = int(draw(jax.random.fold_in(cand, t), jnp.asarray(mixed / cfg.temperature)))
             score += own[tok]
             if tok == cfg.eos_id:
                 break
