@@ -9,9 +9,10 @@ Set before anything imports jax, so every test process sees
 import os
 
 # XLA:CPU's backend optimisation off: the tests' tiny models spend most of their time compiling, and
-# these flags cut the suite's time by about a fifth. They change how XLA lowers a program to machine
-# code, not what it computes: every property a test checks holds at either setting (docs/scaling.md
-# measured the same memory plan to the byte). Commands and benchmarks run at XLA's default.
+# these flags cut the suite's time by about two fifths (docs/measured.md). They change how XLA lowers
+# a program to machine code, not what it computes: every property a test checks holds at either
+# setting (docs/scaling.md measured the same memory plan to the byte). Commands and benchmarks run
+# at XLA's default.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")

