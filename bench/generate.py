@@ -137,32 +137,45 @@ def bench_cache_vs_recompute(preset: str, length: int, batch: int, prompt_len: i
     }
 
 
-def bench_guided_vs_unguided(preset: str, length: int, batch: int, guidance: float, prompt_len: int = 8,
-                             repeats: int = 2) -> dict:
-    """Generated tokens/s of the guided sampler (one contrast prompt per row) against the unguided one."""
+def _best_seconds(fn, *args, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn(*args)`, after one untimed call (compilation)."""
     import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _sampler_tokens_per_s(config, variables, length: int, batch: int, guidance: float, prompt_len: int,
+                          repeats: int) -> float:
+    """Generated tokens/s of one compiled sampler call on random prompts (one contrast prompt per row when
+    guided), every row running to `length` (no EOS)."""
     import numpy as np
 
     from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
 
-    config, _, variables = make_model(preset, length)
     rng = np.random.default_rng(1)
     prompts = rng.integers(4, config.vocab_size, size=(batch, prompt_len)).astype(np.int32)
     contrast = rng.integers(4, config.vocab_size, size=(batch, 1, prompt_len)).astype(np.int32)
-    lens = np.full((batch,), prompt_len, np.int32)
-    keys = example_keys(seed_to_key_data(0), range(batch))
+    args = (variables, prompts, np.full((batch,), prompt_len, np.int32), example_keys(seed_to_key_data(0), range(batch)))
+    if guidance:
+        args += (contrast, np.full((batch, 1), prompt_len, np.int32))
+    sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(
+        temperature=1.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1, guidance=guidance))
+    return batch * (length - prompt_len) / _best_seconds(sampler.sample_batch, *args, repeats=repeats)
+
+
+def bench_guided_vs_unguided(preset: str, length: int, batch: int, guidance: float, prompt_len: int = 8,
+                             repeats: int = 2) -> dict:
+    """Generated tokens/s of the guided sampler (one contrast prompt per row) against the unguided one."""
+    config, _, variables = make_model(preset, length)
     out = {"preset": preset, "length": length, "batch": batch, "guidance": guidance}
     for name, w in (("unguided", 0.0), ("guided", guidance)):
-        sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(temperature=1.0, max_len=length, batch_size=batch,
-                                                                        prompt_bucket=prompt_len, eos_id=-1, guidance=w))
-        args = (variables, prompts, lens, keys) + ((contrast, np.full((batch, 1), prompt_len, np.int32)) if w else ())
-        jax.block_until_ready(sampler.sample_batch(*args))  # compile
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(sampler.sample_batch(*args))
-            times.append(time.perf_counter() - t0)
-        out[f"{name}_tokens_per_s"] = batch * (length - prompt_len) / min(times)
+        out[f"{name}_tokens_per_s"] = _sampler_tokens_per_s(config, variables, length, batch, w, prompt_len, repeats)
     out["time_ratio"] = out["unguided_tokens_per_s"] / out["guided_tokens_per_s"]
     return out
 
@@ -172,45 +185,26 @@ def bench_draw(preset: str, length: int, batch: int, guidance: float, prompt_len
     against the peer `jax.random.categorical` (Gumbel-max, V uniforms per row): one step's draw alone on
     `[batch, vocab]` logits, and the whole sampler's generated tokens/s with each (unguided and guided)."""
     import jax
-    import numpy as np
 
     from dpsynth.generate import sampler as sampler_module
-    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
 
     config, _, variables = make_model(preset, length)
     draws = {"ours": sampler_module.draw, "peer": jax.random.categorical}
     logits = jax.random.normal(jax.random.key(1), (batch, config.vocab_size)) * 3
     keys = jax.random.split(jax.random.key(2), batch)
     out = {"preset": preset, "length": length, "batch": batch, "vocab": config.vocab_size, "guidance": guidance}
-
-    def best(fn, *args):
-        jax.block_until_ready(fn(*args))  # compile
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
     for name, fn in draws.items():
         step = jax.jit(lambda k, l, fn=fn: jax.vmap(fn)(k, l))
-        out[f"{name}_draw_ms"] = 1e3 * best(lambda: [step(keys, logits) for _ in range(16)][-1]) / 16
-    rng = np.random.default_rng(1)
-    prompts = rng.integers(4, config.vocab_size, size=(batch, prompt_len)).astype(np.int32)
-    contrast = rng.integers(4, config.vocab_size, size=(batch, 1, prompt_len)).astype(np.int32)
-    lens = np.full((batch,), prompt_len, np.int32)
-    row_keys = example_keys(seed_to_key_data(0), range(batch))
+        out[f"{name}_draw_ms"] = 1e3 * _best_seconds(lambda: [step(keys, logits) for _ in range(16)][-1],
+                                                      repeats=repeats) / 16
     for kind, w in (("unguided", 0.0), ("guided", guidance)):
-        args = (variables, prompts, lens, row_keys) + ((contrast, np.full((batch, 1), prompt_len, np.int32)) if w else ())
         for name, fn in draws.items():
-            sampler_module.draw = fn  # the sampler traces the module's `draw` when it compiles
+            sampler_module.draw = fn  # a new Sampler traces the module's `draw` when it compiles
             try:
-                sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(
-                    temperature=1.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1, guidance=w))
-                seconds = best(sampler.sample_batch, *args)
+                out[f"{kind}_{name}_tokens_per_s"] = _sampler_tokens_per_s(config, variables, length, batch, w,
+                                                                           prompt_len, repeats)
             finally:
                 sampler_module.draw = draws["ours"]
-            out[f"{kind}_{name}_tokens_per_s"] = batch * (length - prompt_len) / seconds
         out[f"{kind}_speedup"] = out[f"{kind}_ours_tokens_per_s"] / out[f"{kind}_peer_tokens_per_s"]
     out["draw_speedup"] = out["peer_draw_ms"] / out["ours_draw_ms"]
     return out
