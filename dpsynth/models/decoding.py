@@ -1,8 +1,12 @@
 """KV-cache decoding for `dpsynth.models.Transformer` (works with LoRA and soft prompts).
 
 The cache is a dict of arrays (a pytree, so it passes through `jax.jit`):
-  - "k", "v": [num_layers, B, S, kv_heads, head_dim], S = max_len + prompt_length (kv_heads is
-    `num_kv_heads`, fewer than the query heads with grouped-query attention);
+  - "k", "v": tuples of num_layers arrays [B, kv_heads, S, head_dim], S = max_len + prompt_length
+    (kv_heads is `num_kv_heads`, fewer than the query heads with grouped-query attention). One
+    buffer per layer, so that a decode step writes its slot of each layer in place (a stacked
+    [num_layers, ...] array was copied whole at every step), and heads before slots, so that
+    attention reads each head's keys contiguously (docs/measured.md: 1.7x the sampler's
+    tokens/s at 72 tokens, 3.5x at 512, `cpu` preset);
   - "index": int32 [B], the number of filled slots of each row.
 
 With a soft prompt, the prompt occupies slots 0..P-1 of every row (written by `prefill`);
@@ -39,8 +43,9 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> Cac
         raise ValueError(f"decoding max_len {max_len} must be in [1, {config.max_len}] (the model's max_len)")
     if dtype is None:
         dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-    shape = (config.num_layers, batch, max_len + config.prompt_length, config.kv_heads, config.head_dim)
-    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.zeros((batch,), jnp.int32)}
+    shape = (batch, config.kv_heads, max_len + config.prompt_length, config.head_dim)
+    layers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))  # noqa: E731
+    return {"k": layers(), "v": layers(), "index": jnp.zeros((batch,), jnp.int32)}
 
 
 def prefill(model, variables, tokens, lengths, cache: Cache):

@@ -169,27 +169,29 @@ class Attention(nn.Module):
             else:
                 freqs = rope_frequencies(cfg, self.local)
                 q, k = rotary(q, positions, freqs=freqs), rotary(k, positions, freqs=freqs)
+        kv = "bkhd"  # the layout of k and v: [B, S, kv_heads, head_dim], or the cache's [B, kv_heads, S, head_dim]
         new_cache = None
         if cache is not None:
             k_cache, v_cache, index = cache
-            write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (i, 0, 0)))
-            k = write(k_cache, k.astype(k_cache.dtype), index)
-            v = write(v_cache, v.astype(v_cache.dtype), index)
-            new_cache = (k, v)
+            write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, i, 0)))
+            k = write(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), index)
+            v = write(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), index)
+            new_cache, kv = (k, v), "bhkd"
         scale = hd**-0.5 if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar**-0.5
         if kvh == h:
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k.astype(dtype), preferred_element_type=jnp.float32)
+            scores = jnp.einsum(f"bqhd,{kv}->bhqk", q, k.astype(dtype), preferred_element_type=jnp.float32)
             scores = _softcap(scores * scale, cfg.attn_softcap)
             scores = jnp.where(mask[:, None, :, :], scores, _NEG_INF)
             probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            out = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(dtype)).reshape(b, s, h * hd)
+            out = jnp.einsum(f"bhqk,{kv}->bqhd", probs, v.astype(dtype)).reshape(b, s, h * hd)
         else:  # query head j uses key/value head j // (h // kvh), as Hugging Face's repeat_kv
             qg = q.reshape(b, s, kvh, h // kvh, hd)
-            scores = jnp.einsum("bqcgd,bkcd->bcgqk", qg, k.astype(dtype), preferred_element_type=jnp.float32)
+            kv = kv.replace("h", "c")
+            scores = jnp.einsum(f"bqcgd,{kv}->bcgqk", qg, k.astype(dtype), preferred_element_type=jnp.float32)
             scores = _softcap(scores * scale, cfg.attn_softcap)
             scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
             probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            out = jnp.einsum("bcgqk,bkcd->bqcgd", probs, v.astype(dtype)).reshape(b, s, h * hd)
+            out = jnp.einsum(f"bcgqk,{kv}->bqcgd", probs, v.astype(dtype)).reshape(b, s, h * hd)
         return Projection(cfg.d_model, name="o", use_bias=cfg.o_bias, **lora)(out), new_cache
 
 
@@ -305,7 +307,7 @@ class Transformer(nn.Module):
         else:
             index = cache["index"].astype(jnp.int32)
             positions = index[:, None] + slots[None, :]
-            key_slots = jnp.arange(cache["k"].shape[2], dtype=jnp.int32)
+            key_slots = jnp.arange(cache["k"][0].shape[2], dtype=jnp.int32)
             mask = key_slots[None, None, :] <= positions[:, :, None]
         if cfg.positions == "learned":
             table = self.param("position_embedding", nn.initializers.normal(stddev=0.02), (cfg.max_len, cfg.d_model),
@@ -344,5 +346,5 @@ class Transformer(nn.Module):
         out = (logits, hidden) if return_hidden else logits
         if cache is None:
             return out
-        new_cache = {"k": jnp.stack(new_k), "v": jnp.stack(new_v), "index": cache["index"] + s}
+        new_cache = {"k": tuple(new_k), "v": tuple(new_v), "index": cache["index"] + s}
         return (*out, new_cache) if return_hidden else (logits, new_cache)

@@ -7,7 +7,11 @@ from dpsynth.models import Transformer, get_config
 from dpsynth.models import decoding
 
 
-@pytest.mark.parametrize("kw", [{}, {"lora_rank": 2, "prompt_length": 3}])
+@pytest.mark.parametrize("kw", [
+    {}, {"lora_rank": 2, "prompt_length": 3},
+    # grouped-query attention (two query heads per cached K/V head) with a sliding-window layer
+    {"num_kv_heads": 2, "sliding_window": 4, "layer_kinds": ("sliding", "full"), "qk_norm": True},
+    {"positions": "learned", "num_kv_heads": 1, "prompt_length": 2}])
 def test_kv_cache_decoding_equals_full_recomputation(kw):
     config = get_config("tiny", vocab_size=64, max_len=32, **kw)
     model = Transformer(config)
