@@ -5,8 +5,8 @@ The cache is a dict of arrays (a pytree, so it passes through `jax.jit`):
     (kv_heads is `num_kv_heads`, fewer than the query heads with grouped-query attention). One
     buffer per layer, so that a decode step writes its slot of each layer in place (a stacked
     [num_layers, ...] array was copied whole at every step), and heads before slots, so that
-    attention reads each head's keys contiguously (docs/measured.md: 1.7x the sampler's
-    tokens/s at 72 tokens, 3.5x at 512, `cpu` preset);
+    attention reads each head's keys contiguously (docs/generate.md: 1.6x the sampler's
+    tokens/s at 72 tokens, 3.3x at 512, `cpu` preset);
   - "index": int32 [B], the number of filled slots of each row.
 
 With a soft prompt, the prompt occupies slots 0..P-1 of every row (written by `prefill`);
