@@ -28,7 +28,11 @@
    (V uniforms per row): one step's draw on `[batch, vocab]` logits, and the sampler's tokens/s
    with each, unguided and guided.
 
-5. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
+5. `--phases` (only this part runs): the sampler's decode phases (`SamplerConfig.cache_block`: decode
+   loops over a KV cache that grows between them, so a step reads about the length generated so
+   far) against one loop over a cache of `max_len` (`cache_block=0`), tokens/s unguided and guided.
+
+6. `--scale`: generation at scale (only this part runs). The `tiny` preset (randomly
    initialised), `--examples` synthetic examples of `--scale-length` tokens, `--workers`
    worker processes (each pinned to `--cores-per-worker` cores), three jobs on the same plan:
    - uninterrupted: wall time, examples/s of the whole job, the sampling rate of one worker
@@ -49,6 +53,7 @@
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers] [--guidance 1.5]
     .venv/bin/python bench/generate.py --draw --preset cpu --length 72 --batch 64
+    .venv/bin/python bench/generate.py --phases --preset cpu --length 512 --batch 64
     .venv/bin/python bench/generate.py --scale --examples 100000 --workers 2 [--kill-after-shards K]
         [--kill worker|job] [--scale-length 64] [--scale-batch 32] [--examples-per-shard 256]
 """
@@ -67,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -151,7 +157,7 @@ def _best_seconds(fn, *args, repeats: int) -> float:
 
 
 def _sampler_tokens_per_s(config, variables, length: int, batch: int, guidance: float, prompt_len: int,
-                          repeats: int) -> float:
+                          repeats: int, **sampler: Any) -> float:
     """Generated tokens/s of one compiled sampler call on random prompts (one contrast prompt per row when
     guided), every row running to `length` (no EOS)."""
     import numpy as np
@@ -165,7 +171,8 @@ def _sampler_tokens_per_s(config, variables, length: int, batch: int, guidance: 
     if guidance:
         args += (contrast, np.full((batch, 1), prompt_len, np.int32))
     sampler = Sampler(TransformerDecodeModel(config), SamplerConfig(
-        temperature=1.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1, guidance=guidance))
+        temperature=1.0, max_len=length, batch_size=batch, prompt_bucket=prompt_len, eos_id=-1, guidance=guidance,
+        **sampler))
     return batch * (length - prompt_len) / _best_seconds(sampler.sample_batch, *args, repeats=repeats)
 
 
@@ -208,6 +215,31 @@ def bench_draw(preset: str, length: int, batch: int, guidance: float, prompt_len
         out[f"{kind}_speedup"] = out[f"{kind}_ours_tokens_per_s"] / out[f"{kind}_peer_tokens_per_s"]
     out["draw_speedup"] = out["peer_draw_ms"] / out["ours_draw_ms"]
     return out
+
+
+def bench_phases(preset: str, length: int, batch: int, guidance: float, prompt_len: int = 8, repeats: int = 3) -> dict:
+    """The sampler's decode phases (`SamplerConfig.cache_block`, default 128: a KV cache that grows
+    between decode loops) against the peer `cache_block=0` (one loop over a cache of `max_len`, every
+    step reading all of it): generated tokens/s, unguided and guided."""
+    from dpsynth.generate.sampler import SamplerConfig, decode_phases
+
+    config, _, variables = make_model(preset, length)
+    block = SamplerConfig.__dataclass_fields__["cache_block"].default
+    out = {"preset": preset, "length": length, "batch": batch, "guidance": guidance, "cache_block": block,
+           "phases": len(decode_phases(prompt_len, length, block))}
+    for kind, w in (("unguided", 0.0), ("guided", guidance)):
+        for name, b in (("phased", block), ("whole", 0)):
+            out[f"{kind}_{name}_tokens_per_s"] = _sampler_tokens_per_s(config, variables, length, batch, w, prompt_len,
+                                                                       repeats, cache_block=b)
+        out[f"{kind}_speedup"] = out[f"{kind}_phased_tokens_per_s"] / out[f"{kind}_whole_tokens_per_s"]
+    return out
+
+
+def print_phases(r: dict) -> None:
+    for kind in ("unguided", "guided"):
+        print(f"[{r['preset']}, {r['length']} tokens, batch {r['batch']}] {kind} sampler, {r['phases']} decode phases "
+              f"(cache_block {r['cache_block']}) {r[f'{kind}_phased_tokens_per_s']:.0f} tok/s vs one cache of "
+              f"max_len (cache_block 0) {r[f'{kind}_whole_tokens_per_s']:.0f} tok/s: {r[f'{kind}_speedup']:.2f}x", flush=True)
 
 
 def print_draw(r: dict) -> None:
@@ -581,6 +613,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-workers", action="store_true")
     p.add_argument("--guidance", type=float, default=1.5, help="guided vs unguided sampling at this weight (0: skip)")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--phases", action="store_true",
+                   help="only the decode phases (cache_block) against whole-cache reads, unguided and guided")
     p.add_argument("--draw", action="store_true",
                    help="only the token draw: inverse transform vs jax.random.categorical (--preset, --length, "
                         "--batch, --guidance)")
@@ -609,13 +643,14 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"scale": r}, f, indent=2)
         return 0 if r["interrupted"]["ok"] else 1
-    if args.draw:
-        r = bench_draw(args.preset, args.length, args.batch, args.guidance or 1.5)
-        print_draw(r)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"draw": r}, f, indent=2)
-        return 0
+    for part, run, show in (("phases", bench_phases, print_phases), ("draw", bench_draw, print_draw)):
+        if getattr(args, part):  # a part that runs alone
+            r = run(args.preset, args.length, args.batch, args.guidance or 1.5)
+            show(r)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({part: r}, f, indent=2)
+            return 0
     args.examples = args.examples or 64
     r = bench_cache_vs_recompute(args.preset, args.length, args.batch)
     results["kv_cache_vs_recompute"] = r

@@ -4,9 +4,16 @@ The sampler is written against an abstract `DecodeModel` (`init_cache`, `prefill
 `decode_step`), so tests can drive it with a fake model whose logits are known and the job
 drives it with the Transformer's KV-cache decoding (`TransformerDecodeModel`).
 
-One call samples a fixed-shape batch of prompts inside ONE jitted function (prefill, then a
-`lax.while_loop` over decode steps that stops as soon as every row has finished), so the
+One call samples a fixed-shape batch of prompts inside ONE jitted function (prefill, then
+`lax.while_loop`s over decode steps that stop as soon as every row has finished), so the
 function compiles once per (batch size, prompt-length bucket) and never per example.
+
+Phases (`cache_block`, `decode_phases`): a row of a batch of prompts padded to width T holds at
+most T + t + 1 tokens after decode step t, so the steps run as consecutive loops of
+`cache_block` steps over a KV cache that grows between them (`DecodeModel.grow_cache`) to the
+slots the next loop's rows can fill: a decode step reads a cache of about the length generated so
+far, not of `max_len` (docs/generate.md: tokens/s at 512 tokens). Rows that have finished feed
+padding past their cache's end; their logits are unused.
 
 Sampling semantics:
   * `temperature`: logits are divided by it before sampling; `temperature == 0` is greedy
@@ -77,6 +84,9 @@ class DecodeModel(Protocol):
         """Runs the prompts `tokens[B, T]` (row b valid up to `lengths[b]`); returns the
         logits `[B, V]` for the token after each prompt, and the filled cache."""
 
+    def grow_cache(self, cache: Any, max_len: int) -> Any:
+        """`cache` with room for `max_len` tokens per row, its contents kept."""
+
     def decode_step(self, params: Any, token: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
         """Appends `token[B]` to each row; returns the next-token logits `[B, V]` and cache."""
 
@@ -96,6 +106,9 @@ class TransformerDecodeModel:
 
     def prefill(self, params, tokens, lengths, cache):
         return self._decoding.prefill(self.model, params, tokens, lengths, cache)
+
+    def grow_cache(self, cache, max_len):
+        return self._decoding.grow_cache(self.config, cache, max_len)
 
     def decode_step(self, params, token, cache):
         return self._decoding.decode_step(self.model, params, token, cache)
@@ -170,6 +183,21 @@ def guided_log_probs(own: jax.Array, contrast: jax.Array, guidance: float) -> ja
     return own + jnp.float32(guidance) * (own - con)
 
 
+MAX_PHASES = 8  # compiled decode loops per sampler call at most (each compiles the model's step once)
+
+
+def decode_phases(width: int, max_len: int, block: int) -> list[tuple[int, int]]:
+    """The decode loop's phases for prompts padded to `width`: `(end, cache_len)` pairs, the steps
+    t < end (after the previous phase's) over a cache of `cache_len` tokens per row, which holds
+    every row still generating (at most `width + t + 1` tokens after step t); the last phase runs to
+    `max_len`. `block` steps per phase (0: one phase), widened to at most `MAX_PHASES` phases."""
+    steps = max_len - width  # a row of width tokens reaches max_len after this many steps
+    if block <= 0 or steps <= block:
+        return [(max_len, max_len)]
+    block = max(block, -(-steps // MAX_PHASES))
+    return [(end, width + end) for end in range(block, steps, block)] + [(max_len, max_len)]
+
+
 def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prompt_lengths, key_data,
                  contrast=None, contrast_lengths=None):
     """The jitted body. prompts `[B, P]`, prompt_lengths `[B]`, key_data `[B, ...]` raw keys;
@@ -193,12 +221,15 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         tokens = jnp.concatenate([tokens, c_tokens], axis=0)
         lengths = jnp.concatenate([lengths, c_lengths.T.reshape((-1,))], axis=0)
 
-    cache = decoder.init_cache(rows * streams, cfg.max_len)
+    phases = decode_phases(prompts.shape[1], gen_len, cfg.cache_block)
+    cache = decoder.init_cache(rows * streams, phases[0][1])
     logits, cache = decoder.prefill(params, tokens, lengths, cache)
 
-    def cond(state):
-        t, _, _, _, done, *_ = state
-        return jnp.logical_and(t < gen_len, jnp.logical_not(jnp.all(done)))
+    def cond(end):
+        def go_on(state):
+            t, _, _, _, done, *_ = state
+            return jnp.logical_and(t < end, jnp.logical_not(jnp.all(done)))
+        return go_on
 
     vocab = logits.shape[-1]
     ids = jnp.arange(vocab)
@@ -228,7 +259,8 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         finished = jnp.logical_or(finished, jnp.logical_and(active, is_eos))
         done = jnp.logical_or(done, jnp.logical_or(is_eos, t + 1 >= budget))
         feed = jnp.where(done, cfg.pad_id, nxt)
-        logits, cache = decoder.decode_step(params, jnp.tile(feed, streams) if streams > 1 else feed, cache)
+        feed = jnp.tile(feed, streams) if streams > 1 else feed
+        logits, cache = decoder.decode_step(params, feed, cache)
         return t + 1, logits, cache, out, done, count, score, finished
 
     state = (
@@ -241,7 +273,11 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         jnp.zeros((rows,), jnp.float32),
         jnp.zeros((rows,), bool),
     )
-    _, _, _, out, _, count, score, finished = jax.lax.while_loop(cond, body, state)
+    for i, (end, cache_len) in enumerate(phases):
+        if i:
+            state = (*state[:2], decoder.grow_cache(state[2], cache_len), *state[3:])
+        state = jax.lax.while_loop(cond(end), body, state)
+    _, _, _, out, _, count, score, finished = state
     out = out.reshape((batch, n, gen_len))
     count = count.reshape((batch, n))
     score = score.reshape((batch, n))

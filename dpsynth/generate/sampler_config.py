@@ -59,6 +59,10 @@ class SamplerConfig:
       guidance_contrast: what the job contrasts each row's prompt with ("others": the other
         labels' prompts; "null": the null prompt); the sampler takes the contrast prompts it
         is given, so this is not part of its `identity` (the job records it).
+      cache_block: the decode loop runs in phases of this many steps (at most `MAX_PHASES`,
+        widened to fit) over a KV cache that grows between them to what the next phase's rows
+        can fill (`dpsynth.generate.sampler`); 0 = one loop over a cache of `max_len`. Speed
+        only: the logits agree to float32 rounding.
     """
 
     temperature: float = _option(1.0, "softmax temperature; 0 = greedy")
@@ -78,6 +82,8 @@ class SamplerConfig:
     guidance_contrast: str = _option("others", "contrast of the guidance: the other labels' prompts, or the null "
                                      "prompt (a model DP-tuned with --label-dropout)", choices=GUIDANCE_CONTRASTS,
                                      unless_default="guidance")
+    cache_block: int = binding.setting(128, help="decode steps per phase of a growing KV cache (0 = one cache of max_len)",
+                                       unless_default=True)
 
     def __post_init__(self):
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -95,6 +101,8 @@ class SamplerConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.vocab_limit is not None and self.vocab_limit <= self.eos_id:
             raise ValueError(f"vocab_limit {self.vocab_limit} must exceed eos_id {self.eos_id}")
+        if self.cache_block < 0:
+            raise ValueError(f"cache_block must be >= 0 (0 = read the whole cache), got {self.cache_block}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
         if not (np.isfinite(self.guidance) and self.guidance >= 0.0):

@@ -9,6 +9,10 @@ The cache is a dict of arrays (a pytree, so it passes through `jax.jit`):
     tokens/s at 72 tokens, 3.3x at 512, `cpu` preset);
   - "index": int32 [B], the number of filled slots of each row.
 
+A cache may start short and grow (`grow_cache`): attention reads every slot of the cache it is
+given (masked beyond each row's index), so a decode step costs what the cache holds, not the
+longest sequence the model allows. The sampler grows it in phases (`dpsynth.generate.sampler`).
+
 With a soft prompt, the prompt occupies slots 0..P-1 of every row (written by `prefill`);
 token t of a row then lives at slot P + t with rotary position P + t, exactly as in the full
 (uncached) forward pass, so cached logits equal recomputed ones.
@@ -46,6 +50,18 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> Cac
     shape = (batch, config.kv_heads, max_len + config.prompt_length, config.head_dim)
     layers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))  # noqa: E731
     return {"k": layers(), "v": layers(), "index": jnp.zeros((batch,), jnp.int32)}
+
+
+def grow_cache(config: ModelConfig, cache: Cache, max_len: int) -> Cache:
+    """`cache` with room for `max_len` tokens (plus the soft prompt): empty slots appended to every
+    layer's K and V (one copy of the cache); the filled slots and `index` unchanged."""
+    if max_len > config.max_len:
+        raise ValueError(f"decoding max_len {max_len} must be at most {config.max_len} (the model's max_len)")
+    extra = max_len + config.prompt_length - cache["k"][0].shape[2]
+    if extra < 0:
+        raise ValueError(f"cannot shrink a cache of {cache['k'][0].shape[2]} slots to {max_len} tokens")
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))  # noqa: E731
+    return dict(cache, k=tuple(map(pad, cache["k"])), v=tuple(map(pad, cache["v"])))
 
 
 def prefill(model, variables, tokens, lengths, cache: Cache):

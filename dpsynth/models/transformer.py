@@ -259,9 +259,9 @@ class Transformer(nn.Module):
             Ignored with `cache`.
           positions: int32 [B, T] rotary positions of the tokens (before the soft-prompt
             offset); default: restart per segment.
-          cache: decoding only (see `dpsynth.models.decoding`): dict with "k", "v"
-            [layers, B, S, heads, head_dim] and "index" [B] (filled slots). The new tokens are
-            written at slots index[b] + t and attend to every earlier slot.
+          cache: decoding only (see `dpsynth.models.decoding`): dict with "k", "v" (tuples of
+            num_layers arrays [B, kv_heads, S, head_dim]) and "index" [B] (filled slots). The new
+            tokens are written at slots index[b] + t and attend to every earlier slot.
           with_prompt: prepend the soft prompt (if any); decode steps after the prefill pass
             False because the prompt is already in the cache.
           return_hidden: also return the final normalized hidden states [B, T, d_model].

@@ -39,6 +39,9 @@ class BigramDecoder:
         cache = {"last": last, "pos": lengths}
         return self._logits(params, last, lengths), cache
 
+    def grow_cache(self, cache, max_len):
+        return cache
+
     def decode_step(self, params, token, cache):
         cache = {"last": token, "pos": cache["pos"] + 1}
         return self._logits(params, token, cache["pos"]), cache

@@ -300,8 +300,12 @@ def test_guided_needs_contrasts(tables):
         SamplerConfig(guidance=-1.0)
 
 
-@pytest.mark.parametrize("kw", [{}, {"lora_rank": 2, "prompt_length": 3}])
-def test_guided_transformer_equals_full_recomputation(kw):
+@pytest.mark.parametrize("kw,block", [
+    ({}, 128), ({"lora_rank": 2, "prompt_length": 3}, 128),
+    # decode phases of 3 steps, each reading only the cache slots its rows can have filled
+    ({"lora_rank": 2, "prompt_length": 3}, 3),
+    ({"num_kv_heads": 2, "sliding_window": 4, "layer_kinds": ("sliding", "full")}, 3)])
+def test_guided_transformer_equals_full_recomputation(kw, block):
     """The real Transformer's KV-cache streams against a full forward pass of every stream at
     every step (no cache), drawing with the sampler's own per-step keys."""
     import jax
@@ -315,7 +319,8 @@ def test_guided_transformer_equals_full_recomputation(kw):
     if "lora" in variables:
         variables["lora"] = jax.tree.map(lambda x: x + 0.03, variables["lora"])
     w = 2.0
-    cfg = SamplerConfig(max_len=16, batch_size=3, temperature=1.0, vocab_limit=60, guidance=w, prompt_bucket=4)
+    cfg = SamplerConfig(max_len=16, batch_size=3, temperature=1.0, vocab_limit=60, guidance=w, prompt_bucket=4,
+                        cache_block=block)
     label_prompts = [np.array([2, 7, 9], np.int32), np.array([2, 11], np.int32), np.array([2, 12, 13, 14], np.int32)]
     own_of = [0, 1, 2, 1]
     prompts = [label_prompts[j] for j in own_of]
@@ -345,3 +350,40 @@ def test_guided_transformer_equals_full_recomputation(kw):
             gen.append(tok)
         assert _rows(out, i) == gen
         np.testing.assert_allclose(out.scores[i], score, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("width,max_len,block", [(4, 16, 3), (8, 512, 128), (16, 2048, 128), (5, 6, 1), (4, 16, 0),
+                                                 (30, 100, 7)])
+def test_decode_phases_bound_every_step_and_cover_the_loop(width, max_len, block):
+    from dpsynth.generate.sampler import MAX_PHASES, decode_phases
+
+    phases = decode_phases(width, max_len, block)
+    assert phases[-1] == (max_len, max_len) and len(phases) <= MAX_PHASES
+    start, size = 0, width
+    for end, cache_len in phases:
+        assert end > start and cache_len >= size  # the steps go on, the cache only grows
+        # after step t < end a row still generating holds <= width + t + 1 tokens, and <= max_len (its budget)
+        assert min(width + (end - 1) + 1, max_len) <= cache_len <= max_len
+        start, size = end, cache_len
+    if block and max_len - width > block:
+        assert len(phases) > 1
+
+
+def test_phased_sampler_equals_the_whole_cache_sampler_unguided():
+    """Phases (cache_block: a KV cache that grows between decode loops) change what a step reads, never
+    the samples: prompts of every length in a bucket, best of 2, against cache_block=0, same keys."""
+    from dpsynth.generate.sampler import TransformerDecodeModel
+    from dpsynth.models import Transformer, get_config
+
+    config = get_config("tiny", vocab_size=64, max_len=64, prompt_length=2)
+    variables = jax.jit(Transformer(config).init)(jax.random.PRNGKey(1), np.zeros((1, 8), np.int32))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(4, 60, size=n).astype(np.int32) for n in (1, 8, 5, 3, 8, 2)]
+    keys = _keys(len(prompts), seed=11)
+    outs = [Sampler(TransformerDecodeModel(config), SamplerConfig(
+        max_len=40, batch_size=3, temperature=1.0, num_decodes=2, vocab_limit=60, prompt_bucket=8, eos_id=-1,
+        cache_block=block)).sample(variables, prompts, keys) for block in (0, 4)]
+    for field in ("tokens", "lengths", "all_tokens"):
+        np.testing.assert_array_equal(getattr(outs[0], field), getattr(outs[1], field))
+    np.testing.assert_allclose(outs[0].all_scores, outs[1].all_scores, rtol=1e-5)
+    assert outs[0].lengths.max() == 40 - 1  # the 1-token prompt ran to max_len, through every phase

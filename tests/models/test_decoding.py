@@ -23,11 +23,14 @@ def test_kv_cache_decoding_equals_full_recomputation(kw):
     reference = jax.jit(model.apply)(variables, full_tokens)
     lengths = jnp.asarray([3, 6, 1], jnp.int32)
     prompt = jnp.where(jnp.arange(6)[None] < lengths[:, None], full_tokens[:, :6], 0)
-    cache = decoding.init_cache(config, 3, 16)
+    cache = decoding.init_cache(config, 3, 8)  # grown to 16 tokens after three steps (as the sampler's phases)
     last, cache = jax.jit(lambda v, t, l, c: decoding.prefill(model, v, t, l, c))(variables, prompt, lengths, cache)
     np.testing.assert_allclose(last, reference[jnp.arange(3), lengths - 1], atol=2e-5)
     step = jax.jit(lambda v, t, c: decoding.decode_step(model, v, t, c))
     for i in range(7):
+        if i == 2:
+            cache = decoding.grow_cache(config, cache, 16)
+            assert cache["k"][0].shape[2] == config.prompt_length + 16
         token = full_tokens[jnp.arange(3), lengths + i]
         logits, cache = step(variables, token, cache)
         np.testing.assert_allclose(logits, reference[jnp.arange(3), lengths + i], atol=2e-5)
@@ -52,3 +55,9 @@ def test_greedy_decode_matches_argmax_of_recomputation():
 def test_init_cache_checks_length():
     with pytest.raises(ValueError, match="max_len"):
         decoding.init_cache(get_config("tiny"), 1, 10_000)
+    config = get_config("tiny", max_len=32)
+    cache = decoding.init_cache(config, 1, 8)
+    with pytest.raises(ValueError, match="max_len"):
+        decoding.grow_cache(config, cache, 33)
+    with pytest.raises(ValueError, match="shrink"):
+        decoding.grow_cache(config, cache, 4)
