@@ -24,8 +24,8 @@ guard), prints a table and one JSON line:
    prompt per row: twice the KV-cache streams), against the memory-bandwidth bound: the bytes
    each decode step must read (every weight once, as stored, plus the filled part of the KV
    cache) over the device's bandwidth. Printed: the fraction of that bound reached (target >= 50%),
-   the same fraction counting the whole cache buffer (what the decode step actually attends
-   over), and guided / unguided tokens/s.
+   the same fraction counting every slot of the cache each decode phase holds (what the decode
+   step actually attends over), and guided / unguided tokens/s.
 
 Peaks: `--peak-tflops` (dense bf16) and `--peak-gbps` (memory), else the table `KNOWN_DEVICES`
 keyed on `jax.devices()[0].device_kind` (vendor datasheet figures); on a CPU, or an unknown
@@ -419,20 +419,31 @@ def unit_dp(preset: str, variant: str, opts, budget: Budget) -> dict:
             "loss": float(metrics["loss"]), "xla_mib": None if None in mems else max(mems), "peak_mib": peak_mib()}
 
 
-def sampler_bytes(config, *, weight_bytes: int, rows: int, prompt: int, max_len: int, cache_itemsize: int) -> dict:
+def sampler_bytes(config, *, weight_bytes: int, rows: int, prompt: int, max_len: int, cache_itemsize: int,
+                  cache_block: int | None = None) -> dict:
     """Bytes one sampler call must read from device memory in its decode steps.
 
     `max_len - prompt` decode steps (plus the prefill) each read every weight once; decode step t
     attends over the prompt + t + 1 filled cache slots of each of `rows` streams ("min"), while
-    the implementation's attention reads all `max_len` slots ("full").
+    the implementation's attention reads every slot of the cache its phase holds ("full": the
+    sampler's `decode_phases`, `cache_block` steps per phase, default the sampler's; 0: all
+    `max_len` slots at every step).
     """
+    from dpsynth.generate.sampler import SamplerConfig, decode_phases
+
+    if cache_block is None:
+        cache_block = SamplerConfig.__dataclass_fields__["cache_block"].default
     steps = max_len - prompt
     per_slot = 2 * config.num_layers * config.kv_heads * config.head_dim * cache_itemsize  # K and V, all layers
     filled = sum(prompt + t + 1 for t in range(steps))
+    start, read = 0, 0
+    for end, cache_len in decode_phases(prompt, max_len, cache_block):
+        read += cache_len * (min(end, steps) - start)
+        start = min(end, steps)
     weights = weight_bytes * (steps + 1)
     return {"decode_steps": steps, "weights": weights, "kv_min": rows * per_slot * filled,
-            "kv_full": rows * per_slot * max_len * steps,
-            "min": weights + rows * per_slot * filled, "full": weights + rows * per_slot * max_len * steps}
+            "kv_full": rows * per_slot * read, "min": weights + rows * per_slot * filled,
+            "full": weights + rows * per_slot * read}
 
 
 def unit_sampler(preset: str, opts, budget: Budget) -> dict:
@@ -649,7 +660,7 @@ def print_report(rep: dict) -> None:
             figure = f"{v['gbps_min']:.3g} GB/s of the minimum bytes"
             if v["bound_fraction"] is not None:
                 figure += (f" = {_pct(v['bound_fraction'])} of the bandwidth bound "
-                           f"({_pct(v['bound_fraction_full_cache'])} counting the whole cache)")
+                           f"({_pct(v['bound_fraction_full_cache'])} counting the cache buffers read)")
             if full and v["bound_fraction"] is not None and preset == "1b":
                 figure += (f"; target >= {TARGETS['bandwidth_fraction']:.0%}: "
                            f"{_verdict(v['bound_fraction'] >= TARGETS['bandwidth_fraction'])}")

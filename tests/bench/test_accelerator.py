@@ -176,8 +176,11 @@ def test_sampler_bytes_by_hand():
     assert b["decode_steps"] == 3
     assert b["weights"] == 1000 * 4  # the prefill and 3 decode steps each read every weight
     assert b["kv_min"] == 3 * per_slot * (3 + 4 + 5)  # step t attends over prompt + t + 1 slots
-    assert b["kv_full"] == 3 * per_slot * 5 * 3
+    assert b["kv_full"] == 3 * per_slot * 5 * 3  # one phase (3 steps < cache_block): the whole cache every step
     assert b["min"] == b["weights"] + b["kv_min"] and b["full"] == b["weights"] + b["kv_full"]
+    # phases of 2 steps: steps 0-1 over a cache of prompt + 2 = 4 slots, then 5 (max_len) for step 2
+    assert acc.sampler_bytes(config, weight_bytes=1000, rows=3, prompt=2, max_len=5, cache_itemsize=2,
+                             cache_block=2)["kv_full"] == 3 * per_slot * (4 + 4 + 5)
 
 
 def test_make_training_is_pretrainings_step():
