@@ -102,7 +102,7 @@ class SamplerConfig:
         if self.vocab_limit is not None and self.vocab_limit <= self.eos_id:
             raise ValueError(f"vocab_limit {self.vocab_limit} must exceed eos_id {self.eos_id}")
         if self.cache_block < 0:
-            raise ValueError(f"cache_block must be >= 0 (0 = read the whole cache), got {self.cache_block}")
+            raise ValueError(f"cache_block must be >= 0 (0 = one cache of max_len), got {self.cache_block}")
         if self.prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {self.prompt_bucket}")
         if not (np.isfinite(self.guidance) and self.guidance >= 0.0):
