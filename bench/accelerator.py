@@ -432,7 +432,7 @@ def sampler_bytes(config, *, weight_bytes: int, rows: int, prompt: int, max_len:
     from dpsynth.generate.sampler import SamplerConfig, decode_phases
 
     if cache_block is None:
-        cache_block = SamplerConfig.__dataclass_fields__["cache_block"].default
+        cache_block = SamplerConfig().cache_block
     steps = max_len - prompt
     per_slot = 2 * config.num_layers * config.kv_heads * config.head_dim * cache_itemsize  # K and V, all layers
     filled = sum(prompt + t + 1 for t in range(steps))

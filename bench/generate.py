@@ -224,7 +224,7 @@ def bench_phases(preset: str, length: int, batch: int, guidance: float, prompt_l
     from dpsynth.generate.sampler import SamplerConfig, decode_phases
 
     config, _, variables = make_model(preset, length)
-    block = SamplerConfig.__dataclass_fields__["cache_block"].default
+    block = SamplerConfig().cache_block
     out = {"preset": preset, "length": length, "batch": batch, "guidance": guidance, "cache_block": block,
            "phases": len(decode_phases(prompt_len, length, block))}
     for kind, w in (("unguided", 0.0), ("guided", guidance)):
@@ -614,7 +614,7 @@ def main(argv=None) -> int:
     p.add_argument("--guidance", type=float, default=1.5, help="guided vs unguided sampling at this weight (0: skip)")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--phases", action="store_true",
-                   help="only the decode phases (cache_block) against whole-cache reads, unguided and guided")
+                   help="only the decode phases (cache_block) against one cache of max_len, unguided and guided")
     p.add_argument("--draw", action="store_true",
                    help="only the token draw: inverse transform vs jax.random.categorical (--preset, --length, "
                         "--batch, --guidance)")

@@ -302,7 +302,7 @@ def test_guided_needs_contrasts(tables):
 
 @pytest.mark.parametrize("kw,block", [
     ({}, 128), ({"lora_rank": 2, "prompt_length": 3}, 128),
-    # decode phases of 3 steps, each reading only the cache slots its rows can have filled
+    # decode phases of 3 steps over a KV cache that grows between them
     ({"lora_rank": 2, "prompt_length": 3}, 3),
     ({"num_kv_heads": 2, "sliding_window": 4, "layer_kinds": ("sliding", "full")}, 3)])
 def test_guided_transformer_equals_full_recomputation(kw, block):
