@@ -154,8 +154,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
            "p_value": c["held_out_comparison"]["p_value"], "verdict": c["held_out_comparison"]["verdict"]}
     k = report.get("canaries")
     if k:
-        out["canaries"] = {name: k[name] for name in ("auroc", "mean_exposure", "epsilon_lb_clopper_pearson",
-                                                      "epsilon_lb_one_run", "accounted_epsilon")}
+        out["canaries"] = {name: k[name] for name in ("auroc", "auroc_p_value", "mean_exposure",
+                                                      "epsilon_lb_clopper_pearson", "epsilon_lb_one_run",
+                                                      "accounted_epsilon")}
     return out
 
 
@@ -202,7 +203,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Canaries through the release", "",
                   f"- {k['num_inserted']} canaries inserted x {k['canaries']['repeats']}, {k['num_held_out']} held out; "
                   f"attacker: {k['attacker']}.",
-                  f"- AUROC {_f(k['auroc'])}; mean exposure {_f(k['mean_exposure'])} bits (chance "
+                  f"- AUROC {_f(k['auroc'])} (at chance with these many canaries: {_f(k['auroc_chance'])}, the "
+                  f"median over random relabellings; permutation p = {_f(k['auroc_p_value'])}); mean exposure {_f(k['mean_exposure'])} bits (chance "
                   f"{_f(k['chance_exposure'])}, max {_f(k['max_exposure'])}).",
                   f"- epsilon lower bounds ({int(round(100 * (1 - k['significance'])))}% confidence, delta "
                   f"{_f(k['delta'])}): Clopper-Pearson {_f(k['epsilon_lb_clopper_pearson'])}, one-run "

@@ -96,6 +96,41 @@ def test_canary_statistics_against_references():
     assert same["auroc"] == pytest.approx(0.5)
 
 
+def test_auroc_permutation_test_against_exact_enumeration():
+    """4 vs 4 canaries: the permutation p-value and chance level against all 70 relabellings."""
+    import itertools
+
+    rng = np.random.default_rng(5)
+    pooled = rng.normal(size=8)
+    exact = np.array([_hull_auroc(pooled[list(c)], np.delete(pooled, list(c)))
+                      for c in itertools.combinations(range(8), 4)])
+    for ins_idx in ([0, 1, 2, 3], [int(i) for i in np.argsort(pooled)[-4:]], [0, 2, 5, 7]):
+        ins, outs = pooled[ins_idx], np.delete(pooled, ins_idx)
+        got = audit.canary_statistics(ins, outs, delta=1e-5)
+        p_exact = np.mean(exact >= _hull_auroc(ins, outs) - 1e-12)
+        n = audit.AUROC_PERMUTATIONS
+        assert abs(got["auroc_p_value"] - p_exact) <= 4 * np.sqrt(p_exact * (1 - p_exact) / n) + 2 / (n + 1)
+        assert np.quantile(exact, 0.4) <= got["auroc_chance"] <= np.quantile(exact, 0.6)
+    # The hull AUROC exceeds 0.5 at chance on few canaries: the reason the report prints its chance level.
+    assert np.median(exact) > 0.55
+
+
+def test_auroc_p_value_holds_its_level_and_sees_a_leak():
+    """Exchangeable scores (no membership effect): P(p <= 0.1) <= 0.1 up to sampling error over
+    300 audits; inserted canaries scoring 2 SD higher: p at its minimum, 1 / (1 + relabellings)."""
+    rng = np.random.default_rng(11)
+    ps = np.array([audit.canary_statistics(rng.normal(size=10), rng.normal(size=10), delta=1e-5,
+                                           permutations=99)["auroc_p_value"] for _ in range(300)])
+    assert np.mean(ps <= 0.1) <= 0.1 + 3 * np.sqrt(0.1 * 0.9 / 300)
+    assert np.mean(ps <= 0.5) >= 0.5 - 3 * np.sqrt(0.25 / 300)  # (not a test that never rejects)
+    leak = audit.canary_statistics(rng.normal(2.0, 1.0, 32), rng.normal(0.0, 1.0, 32), delta=1e-5)
+    assert leak["auroc_p_value"] < 0.01
+    sep = audit.canary_statistics(np.arange(32) + 100.0, np.arange(32) * 1.0, delta=1e-5)
+    assert sep["auroc_p_value"] == pytest.approx(1 / (1 + audit.AUROC_PERMUTATIONS))
+    same = audit.canary_statistics(np.arange(20.0), np.arange(20.0), delta=1e-5)
+    assert same["auroc_p_value"] > 0.9
+
+
 def test_canary_statistics_bounds_stay_below_epsilon_for_a_dp_mechanism():
     """Scores from randomized response at epsilon = 1 (an eps-DP release of each canary's bit):
     the lower bounds exceed 1 with probability <= 5% each, so over 20 draws at most a few may,
@@ -106,7 +141,7 @@ def test_canary_statistics_bounds_stay_below_epsilon_for_a_dp_mechanism():
         keep = rng.random(2 * k) < np.exp(eps) / (1 + np.exp(eps))
         truth = np.r_[np.ones(k), np.zeros(k)]
         scores = np.where(keep, truth, 1 - truth) + 1e-3 * rng.random(2 * k)
-        got = audit.canary_statistics(scores[:k], scores[k:], delta=1e-6)
+        got = audit.canary_statistics(scores[:k], scores[k:], delta=1e-6, permutations=19)
         over += got["epsilon_lb_clopper_pearson"] > eps or got["epsilon_lb_one_run"] > eps
         bounds.append(got["epsilon_lb_one_run"])
     assert over <= 3 and np.mean(bounds) > 0.3
@@ -117,3 +152,5 @@ def test_canary_statistics_refuses_bad_scores():
         audit.canary_statistics([], [1.0], delta=1e-5)
     with pytest.raises(ValueError, match="finite"):
         audit.canary_statistics([np.nan], [1.0], delta=1e-5)
+    with pytest.raises(ValueError, match="permutations"):
+        audit.canary_statistics([1.0], [1.0], delta=1e-5, permutations=0)

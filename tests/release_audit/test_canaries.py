@@ -80,6 +80,7 @@ def test_the_release_audit_sees_memorisation_without_dp_and_stays_below_epsilon_
     control = _run(tiny_base, tmp_path, math.inf, repeats=4, steps=100)
     assert control["accounted_epsilon"] == "inf"
     assert control["auroc"] > 0.9 and control["mean_exposure"] > control["chance_exposure"] + 2
+    assert control["auroc_p_value"] < 0.01
     assert control["epsilon_lb_clopper_pearson"] > 0.5 and control["epsilon_lb_one_run"] > 0.5
     assert control["longest_run_in_corpus"]["inserted_mean"] > control["longest_run_in_corpus"]["held_out_mean"] + 2
     private = _run(tiny_base, tmp_path, 2.0, repeats=1, steps=100)

@@ -48,6 +48,22 @@ def test_report_is_owner_only_and_holds_numbers_only(tmp_path):
     assert "Verdict: memorising" in md and "rerun with --canaries before concluding" in md
 
 
+def test_the_canary_section_reads_the_auroc_against_its_chance_level(tmp_path):
+    from dpsynth.dp import audit
+
+    train, test = _records(40, 0, "tr"), _records(20, 1, "te")
+    corpus = _corpus(tmp_path, [{"text": r["text"], "label": "a"} for r in _records(10, 2, "s")])
+    rep = run.audit_release(corpus, train, test, str(tmp_path / "audit"), tokenizer=WordTokenizer())
+    stats = audit.canary_statistics(np.arange(32.0) + 0.5, np.arange(32.0), delta=1e-4)  # (no separation)
+    rep["canaries"] = {**stats, "canaries": {"repeats": 1}, "attacker": "a 3-gram LM", "accounted_epsilon": 3.0,
+                       "accountant": "rdp"}
+    md = run.render_markdown(rep)
+    line = next(x for x in md.splitlines() if x.startswith("- AUROC"))
+    assert f"AUROC {stats['auroc']:.3g} (at chance with these many canaries: {stats['auroc_chance']:.3g}" in line
+    assert f"permutation p = {stats['auroc_p_value']:.3g}" in line and stats["auroc_p_value"] > 0.05
+    assert run.headline(rep)["canaries"]["auroc_p_value"] == stats["auroc_p_value"]
+
+
 def test_refusals(tmp_path):
     train, test = _records(5, 0, "tr"), _records(5, 1, "te")
     corpus = _corpus(tmp_path, [{"text": "w1 w2", "label": "a"}])

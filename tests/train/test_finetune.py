@@ -680,7 +680,9 @@ def test_canaries_near_chance_with_dp_and_memorised_without(tiny_base, tmp_path)
     private = _audit(tiny_base, tmp_path, 1.0, 40, 32)
     baseline = _audit(tiny_base, tmp_path, math.inf, 40, 32)
     assert baseline.auroc > 0.95 and baseline.mean_exposure > private.chance_exposure + 2
-    assert private.auroc < 0.8  # chance is 0.5; std ~0.07 for 32 vs 32 canaries
+    assert baseline.auroc_p_value < 0.01
+    # (the hull AUROC's chance level for 32 vs 32 canaries is about 0.58, its 95th percentile 0.69)
+    assert private.auroc < 0.8 and private.auroc_chance < 0.65
     assert private.mean_exposure < private.chance_exposure + 1.0
     assert private.epsilon_lower_bound <= 1.0
 
