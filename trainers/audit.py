@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="count synthetic examples sharing >= each of these many tokens with D_train")
     p.add_argument("--seed", type=int, default=0, help="seed of the size-matched D_train subsample and the canaries")
     p.add_argument("--significance", type=float, default=copying.DEFAULT_SIGNIFICANCE,
-                   help="level of the memorisation verdict")
+                   help="level of the copying and canary verdicts; the canaries' epsilon lower bounds hold "
+                        "with probability 1 - level")
     p.add_argument("--threads", type=int, default=1)
     g = p.add_argument_group("canaries through the release (reruns dp-tune and generate)")
     cc = canaries.CanaryConfig()  # the defaults are the library's (flags named for the command line)
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 valid_examples=0 if args.canary_examples else replay.valid_examples,
                 canaries=canaries.CanaryConfig(num_canaries=args.canaries, repeats=args.canary_repeats,
                                                length=args.canary_length, seed=args.seed, order=args.ngram_order),
-                generate_options=replay.generate_options)
+                generate_options=replay.generate_options, significance=args.significance)
         tokenizer = None
         if args.tokenizer:
             from dpsynth.data.tokenizers import load_tokenizer

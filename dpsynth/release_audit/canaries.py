@@ -13,6 +13,11 @@ Procedure (`release_canary_audit`):
      and the epsilon lower bounds of `jax_privacy.auditing.CanaryScoreAuditor`
      (Clopper-Pearson and the one-run bound), reported beside the accounted epsilon.
 
+`canary_verdict` reads the statistics at the audit's significance: `contradicts the privacy
+report` when a lower bound exceeds the accounted epsilon with one-time canaries, `planted
+records distinguished` when the AUROC's permutation p-value is below the significance (DP at
+epsilon > 0 allows some of that), `at chance` otherwise.
+
 Reading the result: the generator's guarantee covers the corpus (post-processing), so for
 one-time canaries (repeats = 1) every lower bound must stay below the accounted epsilon up to
 the bound's 5% failure probability; a canary inserted r times is protected only at the group
@@ -31,8 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth.dp.audit import DEFAULT_SIGNIFICANCE
 from dpsynth.release_audit import ngram
 
+AT_CHANCE, DISTINGUISHED, CONTRADICTED = ("at chance", "planted records distinguished",
+                                          "contradicts the privacy report")
 DEFAULT_NUM_CANARIES = 32
 DEFAULT_CANARY_LENGTH = 12
 
@@ -89,10 +97,18 @@ def score_canaries(synthetic_texts: Sequence[str], canaries: Sequence[str], toke
     return lm.score(docs), longest_shared_with(synth, docs)
 
 
+def canary_verdict(stats: dict[str, Any], *, accounted_epsilon: float | None, repeats: int) -> str:
+    """The verdict of `dpsynth.dp.audit.canary_statistics` output at its own significance (see the module)."""
+    bound = max(stats["epsilon_lb_clopper_pearson"], stats["epsilon_lb_one_run"])
+    if repeats == 1 and accounted_epsilon is not None and bound > accounted_epsilon:
+        return CONTRADICTED
+    return DISTINGUISHED if stats["auroc_p_value"] < stats["significance"] else AT_CHANCE
+
+
 def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_records: Sequence[dict], work_dir: str,
                          tune_config, *, num_examples: int, valid_examples: int = 0, canaries: CanaryConfig = CanaryConfig(),
                          labels: Sequence[str] | None = None, generate_options: dict[str, Any] | None = None,
-                         beam_args: Sequence[str] = ()) -> dict[str, Any]:
+                         beam_args: Sequence[str] = (), significance: float = DEFAULT_SIGNIFICANCE) -> dict[str, Any]:
     """Plants canaries, DP-tunes and generates into `work_dir` (owner-only), attacks the corpus.
 
     Args:
@@ -107,6 +123,8 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
       labels: the label set (default: the sorted labels of D_train).
       generate_options: further `GenerateConfig` fields (sampling, max_len, ...).
       beam_args: Beam flags of the generation.
+      significance: level of the canary verdict; the epsilon lower bounds hold with probability
+        1 - significance.
 
     Returns:
       Numbers only (no canary text): the canary statistics, the accounted epsilon and delta,
@@ -136,7 +154,7 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
     synthetic = [r["text"] for r in read_release(corpus_dir)[0]]  # (empty rows carry no canary)
     scores, runs = score_canaries(synthetic, inserted + held_out, tokenizer, order=canaries.order)
     k = canaries.num_canaries
-    stats = audit.canary_statistics(scores[:k], scores[k:], delta=result.delta)
+    stats = audit.canary_statistics(scores[:k], scores[k:], delta=result.delta, significance=significance)
     return {
         "canaries": dataclasses.asdict(canaries),
         "attacker": f"{canaries.order}-gram LM fit on the synthetic corpus only (mean log-probability per token)",
@@ -144,6 +162,7 @@ def release_canary_audit(base_dir: str, train_records: Sequence[dict], valid_rec
         "accountant": tune_config.accountant, "dp_tune_steps": int(result.steps),
         "num_train_with_canaries": len(augmented), "num_synthetic": len(synthetic),
         **stats,
+        "verdict": canary_verdict(stats, accounted_epsilon=accounted, repeats=canaries.repeats),
         "longest_run_in_corpus": {"inserted_mean": float(runs[:k].mean()), "held_out_mean": float(runs[k:].mean()),
                                   "inserted_max": int(runs[:k].max()), "held_out_max": int(runs[k:].max())},
         "work_dir": work_dir,

@@ -156,7 +156,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
     if k:
         out["canaries"] = {name: k[name] for name in ("auroc", "auroc_p_value", "mean_exposure",
                                                       "epsilon_lb_clopper_pearson", "epsilon_lb_one_run",
-                                                      "accounted_epsilon")}
+                                                      "accounted_epsilon", "verdict")}
     return out
 
 
@@ -210,5 +210,6 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"{_f(k['delta'])}): Clopper-Pearson {_f(k['epsilon_lb_clopper_pearson'])}, one-run "
                   f"{_f(k['epsilon_lb_one_run'])}; accounted epsilon {_f(k['accounted_epsilon'])} "
                   f"({k['accountant']}).",
-                  "- a lower bound above the accounted epsilon (repeats = 1) contradicts the privacy report."]
+                  "- a lower bound above the accounted epsilon (repeats = 1) contradicts the privacy report.", "",
+                  f"**Canary verdict: {k['verdict']}** (permutation test at significance {k['significance']})."]
     return "\n".join(lines) + "\n"

@@ -33,6 +33,21 @@ def test_scores_rank_canaries_that_the_corpus_repeats_first():
     assert scores[:10].min() > scores[10:].max()  # copied canaries are likelier under the corpus's n-gram LM
 
 
+def test_canary_verdict_reads_the_p_value_and_the_bounds():
+    from dpsynth.dp import audit
+
+    same = audit.canary_statistics(np.arange(32.0) + 0.5, np.arange(32.0), delta=1e-4)
+    sep = audit.canary_statistics(np.arange(32.0) + 100.0, np.arange(32.0), delta=1e-4)
+    assert C.canary_verdict(same, accounted_epsilon=3.0, repeats=1) == C.AT_CHANCE
+    assert C.canary_verdict(sep, accounted_epsilon=3.0, repeats=1) == C.DISTINGUISHED
+    assert C.canary_verdict(sep, accounted_epsilon=math.inf, repeats=1) == C.DISTINGUISHED
+    # Perfect separation of 32 + 32 certifies about 1.8 (docs/audit.md): above an accounted 1,
+    # a contradiction with one-time canaries, group privacy's to answer for with 4 copies.
+    assert min(sep["epsilon_lb_clopper_pearson"], sep["epsilon_lb_one_run"]) > 1.0
+    assert C.canary_verdict(sep, accounted_epsilon=1.0, repeats=1) == C.CONTRADICTED
+    assert C.canary_verdict(sep, accounted_epsilon=1.0, repeats=4) == C.DISTINGUISHED
+
+
 def test_replay_of_reads_the_recorded_configs(tmp_path):
     import json
 
@@ -80,11 +95,11 @@ def test_the_release_audit_sees_memorisation_without_dp_and_stays_below_epsilon_
     control = _run(tiny_base, tmp_path, math.inf, repeats=4, steps=100)
     assert control["accounted_epsilon"] == "inf"
     assert control["auroc"] > 0.9 and control["mean_exposure"] > control["chance_exposure"] + 2
-    assert control["auroc_p_value"] < 0.01
+    assert control["auroc_p_value"] < 0.01 and control["verdict"] == C.DISTINGUISHED
     assert control["epsilon_lb_clopper_pearson"] > 0.5 and control["epsilon_lb_one_run"] > 0.5
     assert control["longest_run_in_corpus"]["inserted_mean"] > control["longest_run_in_corpus"]["held_out_mean"] + 2
     private = _run(tiny_base, tmp_path, 2.0, repeats=1, steps=100)
     assert private["accounted_epsilon"] <= 2.0 + 1e-6
     assert private["epsilon_lb_clopper_pearson"] < private["accounted_epsilon"]
     assert private["epsilon_lb_one_run"] < private["accounted_epsilon"]
-    assert private["auroc"] < 0.85
+    assert private["auroc"] < 0.85 and private["verdict"] != C.CONTRADICTED

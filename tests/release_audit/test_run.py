@@ -56,12 +56,13 @@ def test_the_canary_section_reads_the_auroc_against_its_chance_level(tmp_path):
     rep = run.audit_release(corpus, train, test, str(tmp_path / "audit"), tokenizer=WordTokenizer())
     stats = audit.canary_statistics(np.arange(32.0) + 0.5, np.arange(32.0), delta=1e-4)  # (no separation)
     rep["canaries"] = {**stats, "canaries": {"repeats": 1}, "attacker": "a 3-gram LM", "accounted_epsilon": 3.0,
-                       "accountant": "rdp"}
+                       "accountant": "rdp", "verdict": "at chance"}
     md = run.render_markdown(rep)
     line = next(x for x in md.splitlines() if x.startswith("- AUROC"))
     assert f"AUROC {stats['auroc']:.3g} (at chance with these many canaries: {stats['auroc_chance']:.3g}" in line
     assert f"permutation p = {stats['auroc_p_value']:.3g}" in line and stats["auroc_p_value"] > 0.05
     assert run.headline(rep)["canaries"]["auroc_p_value"] == stats["auroc_p_value"]
+    assert "**Canary verdict: at chance** (permutation test at significance 0.05)" in md
 
 
 def test_refusals(tmp_path):
