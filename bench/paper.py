@@ -355,10 +355,12 @@ def _sampling(w: float, contrast: str = "others", temperature: float = 1.0) -> d
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False,
                     epsilons: dict[str, list] | None = None, also_guidance: tuple[float, ...] = (),
-                    replicates: int = 1) -> dict[str, dict[str, Any]]:
+                    replicates: int = 1, multiples: tuple[float, ...] = ()) -> dict[str, dict[str, Any]]:
     """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
     dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining).
-    `replicates`: independent DP runs per tuning epsilon of the v3 experiments (replicate 0 is their own)."""
+    `replicates`: independent DP runs per tuning epsilon of the v3 experiments (replicate 0 is their own).
+    `multiples`: a probe of the number of synthetic examples: the v3 experiments' candidates become the
+    unguided corpus (w 0, t 1) at these multiples of |D_train|, DP-selected as usual, without baselines."""
     s = copy.deepcopy(CPU_SCALES[scale])
     quick = scale == "quick"
     datasets = cpu_datasets(data)
@@ -407,6 +409,10 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         }
 
     grid = lambda name: list(epsilons.get(name) or s["epsilons"])  # noqa: E731 (the set's epsilon grid)
+    v3_samplings = [_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE]
+    v3 = dict(samplings=v3_samplings)  # (the candidate grid of every v3 experiment, or the multiples probe)
+    if multiples:
+        v3 = dict(samplings=[_sampling(0.0)], multiples=tuple(float(m) for m in multiples), baselines=False)
     main_cls = ["wordcnn", "backbone"] if backbone else None
     return {
         # LoRA at every epsilon on each set, guided and unguided, with its real-data and DP-on-real peers.
@@ -430,14 +436,12 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         # Study v3: the DP-selected corpus among guidance x temperature (x multiple) candidates, on every set.
         **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
                                 dataset, CPU_V3_SELECT_EPSILON["default"]),
-                            samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
-                            multiples=CPU_V3_MULTIPLES.get(name, (1,)), replicates=replicates)
+                            replicates=replicates, **{"multiples": CPU_V3_MULTIPLES.get(name, (1,)), **v3})
            for name, dataset in CPU_V3_SETS.items()},
         **{name: experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=CPU_V3_SELECT_EPSILON.get(
                                 dataset, CPU_V3_SELECT_EPSILON["default"]),
-                            samplings=[_sampling(w, temperature=t) for t in CPU_V3_TEMPERATURES for w in CPU_V3_GUIDANCE],
-                            multiples=CPU_V3_MULTIPLES.get("v3_" + name[len("v3c_"):], (1,)), replicates=replicates,
-                            dp={"options": {"label_contrast": CPU_LABEL_CONTRAST}})
+                            replicates=replicates, dp={"options": {"label_contrast": CPU_LABEL_CONTRAST}},
+                            **{"multiples": CPU_V3_MULTIPLES.get("v3_" + name[len("v3c_"):], (1,)), **v3})
            for name, dataset in CPU_V3C_SETS.items()},
         # Issue 34's levers on long reviews (each one DP run at epsilon 3 beside yelp_polarity's).
         **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s),
@@ -1028,7 +1032,7 @@ def run(args) -> int:
     if scale in CPU_SCALES:
         configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone,
                                   epsilons=_epsilon_grids(args.epsilons), also_guidance=tuple(args.also_guidance),
-                                  replicates=args.replicates)
+                                  replicates=args.replicates, multiples=tuple(args.multiples))
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
@@ -1181,6 +1185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-repeats", type=int, default=None, metavar="N",
                    help="cpu scale: DP-tune each --only experiment N times (independent noise seeds), stop there, and "
                         "table each model's label accuracy and margin on the real D_valid (non-DP study-author figures)")
+    p.add_argument("--multiples", nargs="+", type=float, default=[], metavar="M",
+                   help="cpu scale: probe the number of synthetic examples: the v3 experiments' candidates become the "
+                        "unguided corpus (w 0, t 1) at these multiples of |D_train|, DP-selected, without baselines")
     p.add_argument("--replicates", type=int, default=1, metavar="N",
                    help="cpu scale: N independent DP runs (fresh secret noise and generation seeds) per tuning epsilon "
                         "of the v3 experiments, each with its own candidates and DP selection; the v3 table adds "

@@ -140,6 +140,22 @@ def test_v3_runs_select_on_every_set_and_reuse_the_sets_models():
     assert configs["v3_yelp_polarity"]["select"]["epsilon"] < configs["v3_sst2"]["select"]["epsilon"]
 
 
+def test_multiples_probe_changes_only_the_v3_candidates():
+    """`--multiples M..`: every v3 experiment's candidates become the unguided corpus at those multiples, still
+    DP-selected, without baselines; its DP model and everything before it are the experiment's own (cached)."""
+    base, probe = paper.cpu_experiments("cpu", "/x"), paper.cpu_experiments("cpu", "/x", multiples=(3, 6, 10))
+    for name in (*paper.CPU_V3_SETS, *paper.CPU_V3C_SETS):
+        cfg, own = probe[name], base[name]
+        assert cfg["generate"]["samplings"] == [paper._sampling(0.0)] and cfg["generate"]["multiples"] == [3, 6, 10]
+        assert cfg["evaluate"]["baselines"] is False and cfg["select"] == own["select"]
+        assert {k: v for k, v in cfg.items() if k not in ("generate", "evaluate")} == {
+            k: v for k, v in own.items() if k not in ("generate", "evaluate")}
+        assert {k: v for k, v in cfg["generate"].items() if k not in ("samplings", "multiples")} == {
+            k: v for k, v in own["generate"].items() if k not in ("samplings", "multiples")}
+        assert from_dict(cfg).generate.multiples == (3.0, 6.0, 10.0)
+    assert all(probe[n] == base[n] for n in base if n not in (*paper.CPU_V3_SETS, *paper.CPU_V3C_SETS))
+
+
 def _v3_row(trial, w, acc, bal, *, t=1.0, rep=0):
     """One v3 candidate's metric row (epsilon 3, 1x) as `bench/paper.py` collects it."""
     return {"trial": trial, "mode": "lora", "epsilon": 3.0, "multiple": 1, "guidance": w, "temperature": t,
