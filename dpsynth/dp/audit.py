@@ -190,5 +190,6 @@ def canary_audit(
     delta = delta if delta is not None else 1.0 / len(augmented)
     stats = canary_statistics(in_scores, out_scores, delta=delta)
     return AuditResult(epsilon=epsilon, num_canaries=k, repeats=repeats, auroc=stats["auroc"],
-                       auroc_chance=stats["auroc_chance"], auroc_p_value=stats["auroc_p_value"], mean_exposure=stats["mean_exposure"], chance_exposure=stats["chance_exposure"],
+                       auroc_chance=stats["auroc_chance"], auroc_p_value=stats["auroc_p_value"],
+                       mean_exposure=stats["mean_exposure"], chance_exposure=stats["chance_exposure"],
                        max_exposure=stats["max_exposure"], epsilon_lower_bound=stats["epsilon_lb_clopper_pearson"])

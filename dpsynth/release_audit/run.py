@@ -204,8 +204,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"- {k['num_inserted']} canaries inserted x {k['canaries']['repeats']}, {k['num_held_out']} held out; "
                   f"attacker: {k['attacker']}.",
                   f"- AUROC {_f(k['auroc'])} (at chance with these many canaries: {_f(k['auroc_chance'])}, the "
-                  f"median over random relabellings; permutation p = {_f(k['auroc_p_value'])}); mean exposure {_f(k['mean_exposure'])} bits (chance "
-                  f"{_f(k['chance_exposure'])}, max {_f(k['max_exposure'])}).",
+                  f"median over random relabellings; permutation p = {_f(k['auroc_p_value'])}); mean exposure "
+                  f"{_f(k['mean_exposure'])} bits (chance {_f(k['chance_exposure'])}, max {_f(k['max_exposure'])}).",
                   f"- epsilon lower bounds ({int(round(100 * (1 - k['significance'])))}% confidence, delta "
                   f"{_f(k['delta'])}): Clopper-Pearson {_f(k['epsilon_lb_clopper_pearson'])}, one-run "
                   f"{_f(k['epsilon_lb_one_run'])}; accounted epsilon {_f(k['accounted_epsilon'])} "
