@@ -838,6 +838,11 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
         chance = 1 / len(labels) if labels else 0.5
         sel_eps = CPU_V3_SELECT_EPSILON.get(sets[n], CPU_V3_SELECT_EPSILON["default"])
         groups = _v3_groups(res)
+        # A tuning without a DP selection (epsilon inf: the experiment plans none, nothing to protect) still has
+        # its candidates: a row with no selection, the best candidate and the unguided one beside it.
+        unselected = sorted({(float(r["epsilon"]), int(r.get("replicate", 0))) for r in res["rows"]
+                             if r.get("wordcnn_accuracy") is not None} - {(e, r) for e, r, _, _ in groups})
+        groups = sorted(groups + [(eps, rep, {}, None) for eps, rep in unselected], key=lambda g: g[:2])
         for eps, rep, sel, picked in groups:
             cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps
                      and r.get("replicate", 0) == rep]
@@ -850,10 +855,12 @@ def _render_v3(results: dict[str, dict[str, Any]]) -> list[str]:
                         and float(r["multiple"]) == 1.0]
             ung = acc(unguided[0], "wordcnn_balanced_accuracy") if unguided else None
             run = f"{eps:g}" + (f" (run {rep + 1})" if any(g[1] for g in groups if g[0] == eps) else "")
-            runs.setdefault((title, eps), []).append((acc(picked), acc(picked, "wordcnn_balanced_accuracy"),
-                                                      acc(best), ung))
+            if sel:  # (the spread is over DP runs with their selection)
+                runs.setdefault((title, eps), []).append((acc(picked), acc(picked, "wordcnn_balanced_accuracy"),
+                                                          acc(best), ung))
             peers[(title, eps)] = _ab(peer, "")
-            md.append(f"| {title} | {run} | {sel_eps:g}, {sel.get('composition', '-')} | {_f(_release_epsilon(sel))} | "
+            how = f"{sel_eps:g}, {sel.get('composition', '-')}" if sel else "none (no DP selection)"
+            md.append(f"| {title} | {run} | {how} | {_f(_release_epsilon(sel))} | "
                       f"{sel.get('selected', '-')} | {_ab(picked)} | {_ab(best)} ({(best or {}).get('trial', '-')}) | "
                       f"{yes(within)} | {_ab(peer, '')} | {_ab(_peer(res, 'real'), '')} | {yes(beats)} | "
                       f"{yes(None if ung is None else ung >= chance + 0.10)} |")

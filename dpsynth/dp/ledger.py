@@ -25,6 +25,14 @@ accountants analyse. Entry kinds:
 * Any entry may carry `"dataset"` (default "D_train"): the part of D it reads, e.g. "D_valid" for
   a DP selection; `dpsynth.dp.private_selection.guarantee` composes the parts in parallel when the
   split is data-independent. `epsilons()` always composes every entry (sequential, an upper bound).
+* Every recorded entry carries `"run"`: a random id (`new_run_id`, 128 bits from the OS entropy
+  pool, independent of the data and of every seed) of the execution of the mechanism that made it:
+  one ledger object's recordings (one tuning process, from its start or its resume), one DP label
+  histogram draw, one DP selection. Two copies of an entry with the same run id and content are ONE
+  release (a model's tuning in the reports of its many corpora); identical entries with different
+  run ids are separate releases (two tunings with the same settings), which
+  `private_selection.tuning_entries` must both count. Entries written before run ids existed
+  lack the field.
 
 Resume semantics: the tuner saves the ledger in every checkpoint together with the step
 counter it belongs to (`steps_recorded` must equal the training step), and a resumed run
@@ -39,6 +47,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,6 +66,11 @@ BUDGET_SLACK = 1e-6
 
 class BudgetExceeded(DpsynthError, RuntimeError):
     """Running the planned mechanisms would exceed the privacy budget."""
+
+
+def new_run_id() -> str:
+    """A fresh id for one execution of a DP mechanism (see the module docstring's `"run"`)."""
+    return secrets.token_hex(16)
 
 
 def event_of(entry: dict, accountant: str | None = None) -> dp_accounting.DpEvent:
@@ -87,12 +101,15 @@ class PrivacyLedger:
         target_epsilon: the budget (inf for a non-private run).
         accountant: the accountant the budget is enforced with ("rdp" or "pld").
         entries: the ledger entries (see module docstring).
+        run: the run id this object stamps on the entries it records (fresh per object: a resumed
+            run's later steps get a new one, so two continuations of one checkpoint stay two).
     """
 
     delta: float
     target_epsilon: float
     accountant: str = accounting.DEFAULT_ACCOUNTANT
     entries: list[dict] = dataclasses.field(default_factory=list)
+    run: str = dataclasses.field(default_factory=new_run_id, compare=False, repr=False)
 
     def __post_init__(self):
         accounting.check_delta(self.delta)
@@ -124,7 +141,7 @@ class PrivacyLedger:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         event_of(entry)  # validates
-        entry = copy.deepcopy(entry)
+        entry = {**copy.deepcopy(entry), "run": self.run}
         last = self.entries[-1] if self.entries else None
         if last is not None and {k: v for k, v in last.items() if k != "steps"} == {
                 k: v for k, v in entry.items() if k != "steps"}:
@@ -132,25 +149,29 @@ class PrivacyLedger:
         else:
             self.entries.append(entry)
 
-    def record_gaussian(self, *, noise_multiplier: float, name: str, count: int = 1) -> None:
-        """Records `count` Gaussian mechanisms with L2 sensitivity 1 (e.g. a DP label histogram)."""
+    def record_gaussian(self, *, noise_multiplier: float, name: str, count: int = 1, run: str | None = None) -> None:
+        """Records `count` Gaussian mechanisms with L2 sensitivity 1 (e.g. a DP label histogram).
+
+        `run`: the id of the draw (e.g. `LabelDistribution.run`), so that one draw composed into
+        several reports counts once; default this ledger's."""
         if noise_multiplier < 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         if self.privacy_unit == "user":
             raise ValueError(f"{name}: a Gaussian mechanism of sensitivity 1 per example cannot be composed into a "
                              "user-level ledger (one user may change several counts); it would overstate the guarantee")
         self.entries.append({"mechanism": "gaussian", "name": name, "noise_multiplier": float(noise_multiplier),
-                             "count": int(count)})
+                             "count": int(count), "run": run or self.run})
 
     def record_selection(self, entry: dict) -> None:
-        """Records a DP selection's entry (`private_selection.DpSelection.ledger_entry`)."""
+        """Records a DP selection's entry (`private_selection.DpSelection.ledger_entry`), stamped with
+        this ledger's run id unless it has one."""
         if entry["mechanism"] not in ("exponential", "gaussian"):
             raise ValueError(f"not a selection entry: {entry['mechanism']!r}")
         event_of(entry)  # validates
-        self.entries.append(copy.deepcopy(entry))
+        self.entries.append({"run": self.run, **copy.deepcopy(entry)})
 
     def record_nonprivate(self, name: str) -> None:
-        self.entries.append({"mechanism": "nonprivate", "name": name})
+        self.entries.append({"mechanism": "nonprivate", "name": name, "run": self.run})
 
     @property
     def privacy_unit(self) -> str:

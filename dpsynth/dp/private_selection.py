@@ -238,25 +238,43 @@ def within_tuning(tuning_epsilon: float, selection_epsilon: float) -> bool:
 
 
 def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
-    """Every distinct candidate ledger's entries (each ledger once) and their common delta.
+    """The entries of every release behind the candidates, each counted once, and their common delta.
+
+    An entry with a run id (`dpsynth.dp.ledger`, `"run"`) is one release however many reports
+    carry it: the union keeps, per (run, content), the most copies any one report holds. So the
+    corpora of one model count its tuning and its label histogram once, a previous selection's
+    output counts its selection once, and two tunings with the same settings count twice. Entries
+    without a run id (reports written before run ids) are merged as whole ledgers, each distinct
+    one once: such candidates are taken to come from one run per distinct ledger.
 
     Raises ValueError for a candidate without a privacy report (a non-private corpus cannot be
     selected into a DP release) or for different deltas.
     """
+    import collections
     import json
 
     from dpsynth.dp import report as report_lib
 
-    seen, entries, deltas = set(), [], set()
+    taken: collections.Counter = collections.Counter()
+    legacy, entries, deltas = set(), [], set()
     for i, rep in enumerate(reports):
         if not rep:
             raise ValueError(f"candidate {i} has no privacy report: a non-private corpus cannot be selected with DP")
         report_lib.check_report(dict(rep), f"candidate {i}'s privacy report")
         deltas.add(float(rep["delta"]))
-        key = json.dumps(rep["ledger"]["entries"], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            entries += [dict(e) for e in rep["ledger"]["entries"]]
+        own = [e for e in rep["ledger"]["entries"] if "run" not in e]
+        key = json.dumps(own, sort_keys=True)
+        if own and key not in legacy:
+            legacy.add(key)
+            entries += [dict(e) for e in own]
+        here: collections.Counter = collections.Counter()
+        for e in rep["ledger"]["entries"]:
+            if "run" in e:
+                k = json.dumps(e, sort_keys=True)
+                here[k] += 1
+                if here[k] > taken[k]:
+                    taken[k] += 1
+                    entries.append(dict(e))
     if len(deltas) != 1:
         raise ValueError(f"the candidates' privacy reports have different deltas {sorted(deltas)}")
     return entries, deltas.pop()
@@ -287,12 +305,15 @@ def select_release(names: Sequence[str], scores: Sequence[float], reports: Seque
     """
     from dpsynth.dp import report as report_lib
 
+    from dpsynth.dp.ledger import new_run_id
+
     entries, delta = check_candidates(names, scores, reports)
     winner = mech.choose(scores, rng)
-    entry = mech.ledger_entry(len(names), name=entry_name, group=group_size(split))
+    entry = {**mech.ledger_entry(len(names), name=entry_name, group=group_size(split)), "run": new_run_id()}
     how = composition(split, valid_read_by_tuning=any(reads_valid_without_dp(r) for r in reports))
     g = guarantee(entries + [entry], delta, how)
-    tuning_eps = guarantee(entries, delta, SEQUENTIAL)["epsilon"]
+    # (what the candidates' releases read of D_train: an earlier selection's D_valid entry is not tuning)
+    tuning_eps = guarantee([e for e in entries if e.get("dataset", TRAIN) != VALID], delta, SEQUENTIAL)["epsilon"]
     rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
     fmt = report_lib._fmt_eps
     rep["epsilon"] = {k: fmt(v) for k, v in g["epsilon"].items()}

@@ -164,16 +164,17 @@ def check_gaussian_composable(report: dict[str, Any], name: str) -> None:
 
 
 def compose_gaussian(report: dict[str, Any], *, noise_multiplier: float, name: str, count: int = 1,
-                     detail: str | None = None) -> dict[str, Any]:
+                     detail: str | None = None, run: str | None = None) -> dict[str, Any]:
     """Composes `count` Gaussian mechanisms (L2 sensitivity 1) into the report's ledger.
 
     For example the generator's DP label histogram (`name="label_histogram"`). The epsilons
     of the returned report cover the tuning AND this mechanism. The target epsilon is not
-    changed: `epsilon` may now exceed it, and the report says so in `composed`.
+    changed: `epsilon` may now exceed it, and the report says so in `composed`. `run`: the draw's
+    run id (one draw composed into several reports is one release); default a fresh one.
     """
     check_gaussian_composable(report, name)
     ledger = ledger_of(report)
-    ledger.record_gaussian(noise_multiplier=noise_multiplier, name=name, count=count)
+    ledger.record_gaussian(noise_multiplier=noise_multiplier, name=name, count=count, run=run)
     out = refresh(report, ledger)
     out.setdefault("composed", []).append(
         {"name": name, "mechanism": "gaussian", "noise_multiplier": float(noise_multiplier), "count": int(count),

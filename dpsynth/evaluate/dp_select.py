@@ -13,7 +13,8 @@ stay in owner-only private state.
 Formal guarantee (`dpsynth.dp.private_selection`): the released index is epsilon_s-DP with
 respect to D_valid (the classifiers never read D_valid). The released corpus is the winner,
 itself post-processing of the candidates' models and label histograms; the privacy report of
-the output holds every candidate's tuning entries (each distinct ledger once) and the
+the output holds the entries of every release behind the candidates, each once by its run id
+(`private_selection.tuning_entries`; a previous selection's output may be a candidate), and the
 selection's entry (`"dataset": "D_valid"`), and its `epsilon` is their parallel composition
 (the max over D_train and D_valid) when the split is data-independent and the tuning did not
 read D_valid without DP, else their sequential composition. `selection.composition` says which.

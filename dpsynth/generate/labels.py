@@ -47,6 +47,9 @@ class LabelDistribution:
       source: "uniform" or "dp_histogram".
       noise_multiplier: sigma of the Gaussian mechanism (sensitivity 1); None for uniform.
       noisy_counts: the released noisy counts (post-processed: clipped at 0); None for uniform.
+      run: the draw's run id (`dpsynth.dp.ledger.new_run_id`): every corpus generated with this
+        draw composes the same ledger entry, counted once by a selection among them; None for
+        uniform (and for draws saved before run ids: each use is then counted as a new release).
     """
 
     labels: tuple[str, ...]
@@ -54,6 +57,7 @@ class LabelDistribution:
     source: str = "uniform"
     noise_multiplier: float | None = None
     noisy_counts: tuple[float, ...] | None = None
+    run: str | None = None
 
     def __post_init__(self):
         if not self.labels:
@@ -140,6 +144,7 @@ def dp_label_histogram(
       weights are uniform (post-processing).
     """
     from dpsynth.dp import histogram
+    from dpsynth.dp.ledger import new_run_id
 
     labels = tuple(str(l) for l in labels)
     try:
@@ -154,6 +159,7 @@ def dp_label_histogram(
         source="dp_histogram",
         noise_multiplier=float(noise_multiplier),
         noisy_counts=tuple(float(c) for c in noisy),
+        run=new_run_id(),
     )
 
 

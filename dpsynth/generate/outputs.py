@@ -139,7 +139,7 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
 
         report = dp_report.load_report(plan.model_dir)
         report = dp_report.compose_gaussian(
-            report, noise_multiplier=dist["noise_multiplier"], name="label_histogram",
+            report, noise_multiplier=dist["noise_multiplier"], name="label_histogram", run=dist.get("run"),
             detail="generator's label distribution: Gaussian mechanism on the label counts of D_train (sensitivity 1)",
         )
         dp_report.write_report(plan.out_dir, report)

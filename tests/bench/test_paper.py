@@ -192,6 +192,13 @@ def test_v3_table_sets_the_selected_corpus_beside_every_candidate_and_the_target
     assert [x.split(" | ")[1] for x in lines] == ["1", "3"]
     assert "| u1 | 0.700 / 0.660 | 0.810 / 0.800 (g61) |" in lines[0] and "| 0.600 / 0.600 |" in lines[0]
     assert paper.cpu_experiments("cpu", "/x", epsilons={"v3_sst2": [1, 3]})["v3_sst2"]["dp_tune"]["epsilons"] == [1, 3]
+    # A tuning at epsilon inf has no DP selection (none is planned): its row shows the candidates, no release.
+    res["rows"] += [dict(r, epsilon=math.inf, trial=r["trial"] + "i") for r in rows]
+    lines = [x for x in paper._render_v3({"v3_sst2": res}) if x.startswith("| SST-2 |")]
+    assert [x.split(" | ")[1] for x in lines] == ["1", "3", "inf"]
+    assert lines[2].startswith("| SST-2 | inf | none (no DP selection) | - | - | - | 0.810 / 0.800 (g6i) | - |")
+    assert lines[2].endswith("| - | met |")  # the unguided candidate's balanced accuracy is still tabled
+    assert "Candidates of SST-2 at tuning epsilon inf" in "\n".join(paper._render_v3({"v3_sst2": res}))
 
 
 def test_v3_replicates_are_independent_runs_each_selected_and_tabled_with_their_spread(tmp_path, monkeypatch):

@@ -224,3 +224,113 @@ def test_reservation_settings_are_checked():
     with pytest.raises(PrivacyConfigError, match="RDP"):
         plan_privacy(dataset_size=1000, expected_batch_size=10, steps=10, epsilon=3.0, accountant="pld",
                      reserved=(ps.reserved_entry(0.3),))
+
+
+# ---------------------------------------------------------------------- counting each release once
+
+
+def report_of(ledger):
+    from dpsynth.dp import report as report_lib
+
+    return report_lib.build_report(ledger, training={"mode": "lora", "dataset_size": 200}, contamination_sha256=None,
+                                   side_channels=[report_lib.LABEL_SET_CHANNEL])
+
+
+def tuned(sigma=1.0, steps=10):
+    ledger = PrivacyLedger(delta=1e-4, target_epsilon=3.0)
+    ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=sigma, steps=steps, clip_norm=1.0, dataset_size=200)
+    return ledger
+
+
+def composed(entries):
+    return PrivacyLedger(delta=1e-4, target_epsilon=math.inf, entries=[dict(e) for e in entries]).epsilon("rdp")
+
+
+def test_one_model_counts_once_and_two_identical_tunings_twice():
+    a = report_of(tuned())
+    entries, _ = ps.tuning_entries([a, a, a])  # three corpora of one model
+    assert len(entries) == 1 and entries[0]["steps"] == 10
+    b = report_of(tuned())  # the same settings, another run: another release of D_train
+    assert a["ledger"]["entries"][0]["run"] != b["ledger"]["entries"][0]["run"]
+    entries, _ = ps.tuning_entries([a, b, a, b])
+    assert len(entries) == 2
+    assert composed(entries) == pytest.approx(composed(tuned(steps=20).entries))  # 2 x 10 steps
+
+
+def test_a_label_histogram_draw_counts_once_per_draw():
+    from dpsynth.dp import report as report_lib
+    from dpsynth.generate import labels as labels_lib
+
+    base = report_of(tuned())
+    one = labels_lib.dp_label_histogram(["x", "y", "y"], ["x", "y"], noise_multiplier=5.0, seed=0)
+    two = labels_lib.dp_label_histogram(["x", "y", "y"], ["x", "y"], noise_multiplier=5.0, seed=0)
+    assert one.run and one.run != two.run
+    assert labels_lib.LabelDistribution.from_json(one.to_json()) == one
+
+    def corpus(dist):  # what `generate` composes into each corpus's report
+        return report_lib.compose_gaussian(base, noise_multiplier=dist.noise_multiplier, name="label_histogram",
+                                           run=dist.run)
+
+    entries, _ = ps.tuning_entries([corpus(one), corpus(one), corpus(one)])
+    assert [e["mechanism"] for e in entries] == ["dpsgd", "gaussian"]
+    entries, _ = ps.tuning_entries([corpus(one), corpus(two)])  # two draws: two releases of the counts
+    assert [e["mechanism"] for e in entries] == ["dpsgd", "gaussian", "gaussian"]
+    # a draw without a run id (saved before run ids): each composition is taken as a new draw
+    entries, _ = ps.tuning_entries([report_lib.compose_gaussian(base, noise_multiplier=5.0, name="h"),
+                                    report_lib.compose_gaussian(base, noise_multiplier=5.0, name="h")])
+    assert [e["mechanism"] for e in entries] == ["dpsgd", "gaussian", "gaussian"]
+
+
+def test_a_resumed_run_records_under_a_new_id_so_two_continuations_both_count():
+    start = tuned(steps=5)
+    saved = start.to_json()
+    forks = []
+    for _ in range(2):  # two processes resume the same checkpoint and take 5 more steps each
+        ledger = PrivacyLedger.from_json(saved)
+        ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=1.0, steps=5, clip_norm=1.0, dataset_size=200)
+        assert ledger.steps_recorded == 10 and len(ledger.entries) == 2
+        forks.append(report_of(ledger))
+    entries, _ = ps.tuning_entries(forks)
+    assert sum(e["steps"] for e in entries) == 15  # the shared 5, and 5 of each continuation
+    # the merged-steps epsilon of one uninterrupted run equals the split entries' (composition of steps)
+    assert composed(forks[0]["ledger"]["entries"]) == pytest.approx(composed(tuned(steps=10).entries))
+
+
+def test_identical_entries_of_one_report_all_count():
+    ledger = tuned()
+    ledger.record_gaussian(noise_multiplier=3.0, name="h")
+    ledger.record_dpsgd(sampling_probability=0.1, noise_multiplier=1.0, steps=10, clip_norm=1.0, dataset_size=200)
+    assert ledger.entries[0] == ledger.entries[2]  # same run, same content: two mechanisms of one run
+    rep = report_of(ledger)
+    entries, _ = ps.tuning_entries([rep, rep])
+    assert len(entries) == 3
+
+
+def test_legacy_ledgers_without_run_ids_merge_whole():
+    def legacy(sigma):
+        rep = report_of(tuned(sigma))
+        rep["ledger"]["entries"] = [{k: v for k, v in e.items() if k != "run"} for e in rep["ledger"]["entries"]]
+        return rep
+
+    entries, _ = ps.tuning_entries([legacy(1.0), legacy(2.0), legacy(1.0)])
+    assert [e["noise_multiplier"] for e in entries] == [1.0, 2.0]
+
+
+def test_a_chained_selection_counts_the_tuning_once_and_both_selections():
+    """Select among one model's corpora, then again among that output and more of the model's
+    corpora: the second release holds the tuning once and both selections on D_valid."""
+    rng = np.random.default_rng(0)
+    model = report_of(tuned())
+    common = dict(split=ps.HASH, rng=rng, entry_name="sel", selected_by="test", covers="test")
+    _, first_entry, first = ps.select_release(["a", "b"], [3, 5], [model, model], ps.DpSelection(epsilon=0.5),
+                                              **common)
+    _, second_entry, second = ps.select_release(["first", "c"], [7, 6], [first, model],
+                                                ps.DpSelection(epsilon=1.0), **common)
+    entries = second["ledger"]["entries"]
+    assert [e["mechanism"] for e in entries] == ["dpsgd", "exponential", "exponential"]
+    assert first_entry["run"] != second_entry["run"]
+    s = second["selection"]
+    assert s["epsilon_by_dataset"][ps.VALID]["rdp"] == pytest.approx(1.5)  # pure: 0.5 + 1.0
+    tuning = composed(model["ledger"]["entries"])
+    assert s["epsilon_tuning"]["rdp"] == pytest.approx(tuning)  # the D_train part only
+    assert second["epsilon"]["rdp"] == pytest.approx(max(tuning, 1.5))  # parallel on a hash split

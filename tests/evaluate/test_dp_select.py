@@ -58,7 +58,8 @@ def test_scores_are_counts_and_the_informative_corpus_wins_at_large_epsilon(cand
 
 
 def test_report_composes_tuning_and_selection():
-    reports = [tuning_report(), tuning_report()]  # the same model: its ledger counted once
+    rep = tuning_report()
+    reports = [rep, rep]  # the same model: its ledger counted once
     par = dp_select.select(["a", "b"], [10, 12], reports, FAST)
     entries = par.report["ledger"]["entries"]
     assert [e["mechanism"] for e in entries] == ["gaussian", "exponential"]
@@ -82,8 +83,9 @@ def test_report_composes_tuning_and_selection():
 
 
 def test_distinct_models_all_count_and_nonprivate_is_refused():
-    entries, delta = dp_select.tuning_entries([tuning_report(1.0), tuning_report(2.0), tuning_report(1.0)])
-    assert [e["noise_multiplier"] for e in entries] == [1.0, 2.0] and delta == 1e-4
+    a = tuning_report(1.0)
+    entries, delta = dp_select.tuning_entries([a, tuning_report(2.0), a, tuning_report(1.0)])
+    assert [e["noise_multiplier"] for e in entries] == [1.0, 2.0, 1.0] and delta == 1e-4  # same settings, two runs
     with pytest.raises(ValueError, match="no privacy report"):
         dp_select.tuning_entries([tuning_report(), None])
 
@@ -153,6 +155,30 @@ def test_cli_on_existing_candidates(candidates, tmp_path, capsys):
     summary = json.loads(got.out.strip().splitlines()[-1])
     assert summary["composition"] == ps.SEQUENTIAL and summary["within_target"] is False
     assert "exceeds the tuning's target" in got.err and "--reserve-selection-epsilon 2)" in got.err
+
+
+def test_cli_chains_a_selection_counting_the_tuning_once(candidates, tmp_path, capsys):
+    """A selection's output is a candidate of the next: its report holds the model's tuning once and
+    both selections on D_valid (their epsilons add up there), not the tuning twice."""
+    from trainers import select as cli
+
+    root, paths, valid = candidates
+    valid_path = str(tmp_path / "valid.jsonl")
+    with open(valid_path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in valid)
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    common = ["--valid", valid_path, "--max-epochs", "1", "--seed", "1"]
+    assert cli.main(["--candidates", *paths.values(), "--out", first, "--epsilon", "0.5", *common]) == 0
+    assert cli.main(["--candidates", first, paths["nosignal"], "--out", second, "--epsilon", "1", *common]) == 0
+    capsys.readouterr()
+    rep = report_lib.load_report(second)
+    entries = rep["ledger"]["entries"]
+    assert [e["mechanism"] for e in entries] == ["gaussian", "exponential", "exponential"]
+    assert [e["epsilon"] for e in entries[1:]] == [0.5, 1.0]
+    assert rep["selection"]["epsilon_by_dataset"][ps.VALID]["rdp"] == pytest.approx(1.5)
+    tuning = PrivacyLedger(delta=1e-4, target_epsilon=math.inf, entries=entries[:1]).epsilon("rdp")
+    assert rep["selection"]["epsilon_tuning"]["rdp"] == pytest.approx(tuning)
+    assert rep["epsilon"]["rdp"] == pytest.approx(max(tuning, 1.5))
 
 
 def test_cli_hands_the_generation_settings_to_the_generation_job(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,7 @@ from dpsynth.evaluate import classifiers, registry
 from dpsynth.evaluate import train_classifier as tc
 from dpsynth.evaluate import trainer as tr
 from tests.evaluate.conftest import make_records
+from tests.dp.ledgers import without_run
 
 CNN = classifiers.WordCNNConfig(vocab_words=200, embed_dim=16, filters=16, hidden=16, max_len=16)
 SPEC = tc.ClassifierSpec(wordcnn=CNN)
@@ -235,8 +236,9 @@ def test_sweep_ledger_is_the_plan_and_the_k_trials_meet_the_target(accounting, v
     ledger = report_lib.ledger_of(rep)
     accounted = range(k) if accounting == "composed" else [next(i for i, t in enumerate(res.trials)
                                                                 if t["learning_rate"] == res.selected["learning_rate"])]
-    assert ledger.entries == [plan.ledger_entry(steps=plan.steps, clip_norm=1.0, name=f"dp_on_real trial {i}")
-                              for i in accounted]
+    assert [without_run(e) for e in ledger.entries] == [
+        plan.ledger_entry(steps=plan.steps, clip_norm=1.0, name=f"dp_on_real trial {i}") for i in accounted]
+    assert len({e["run"] for e in ledger.entries}) == 1  # one sweep, one run
     assert all(t["noise_multiplier"] == plan.noise_multiplier and t["steps"] == plan.steps for t in res.trials)
     assert ledger.epsilon() <= eps * (1 + ledger_lib.BUDGET_SLACK) and rep["epsilon"]["rdp"] == ledger.epsilon()
     # Everything that was computed: k trials of the same plan, checked against dp-accounting directly.
@@ -278,7 +280,7 @@ def test_dp_selected_sweep_accounts_the_selection_on_valid(split):
     entries = rep["ledger"]["entries"]
     assert [e["mechanism"] for e in entries] == ["dpsgd", "dpsgd", "exponential"]
     group = 1 if split == "files" else 2  # positional: one record of D may change two of D_valid
-    assert entries[-1] == {"mechanism": "exponential", "name": "dp_on_real selection", "epsilon": 0.5 * group,
+    assert entries[-1]["run"] and without_run(entries[-1]) == {"mechanism": "exponential", "name": "dp_on_real selection", "epsilon": 0.5 * group,
                            "candidates": 2, "dataset": "D_valid", **({"group": 2} if group == 2 else {})}
     g = ps.guarantee(entries, rep["delta"], ps.PARALLEL if split == "files" else ps.SEQUENTIAL)
     assert rep["epsilon"]["rdp"] == g["epsilon"]["rdp"] and rep["selection"]["composition"] == g["composition"]

@@ -465,12 +465,14 @@ def test_generate_draws_the_dp_label_histogram(model_dir, tmp_path, capsys):
              label_histogram=request)
     drawn = dp_label_distribution(model_dir, str(train), noise_multiplier=0.5, seed=0)
     config = json.loads(_read(tmp_path / "out" / "generation_config.json"))
-    assert LabelDistribution.from_json(config["label_distribution"]) == drawn
+    used = LabelDistribution.from_json(config["label_distribution"])
+    assert used.run and used.run != drawn.run and dataclasses.replace(used, run=drawn.run) == drawn  # a draw each
     # The release is accounted: composed into the output's privacy report, the model's unchanged.
     model_report = json.loads(_read(os.path.join(model_dir, "privacy_report.json")))
     out_report = json.loads(_read(tmp_path / "out" / "privacy_report.json"))
     assert [e["mechanism"] for e in out_report["ledger"]["entries"]] == ["dpsgd", "gaussian"]
     assert out_report["ledger"]["entries"][1]["noise_multiplier"] == 0.5
+    assert out_report["ledger"]["entries"][1]["run"] == used.run  # the draw's id: one release per draw
     assert all(out_report["epsilon"][a] > model_report["epsilon"][a] for a in ("rdp", "pld"))
     with pytest.raises(GenerateError, match="not both"):
         generate(_config(model_dir, tmp_path / "o2", label_distribution=drawn), loader=load_fake_bundle,

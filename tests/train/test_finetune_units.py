@@ -14,6 +14,7 @@ from dpsynth.models.directory import load_model
 from dpsynth.train import finetune, tune_config, tune_report, tune_resume
 from dpsynth.train.checkpoint import TrainCheckpointer
 from tests.train.conftest import make_records
+from tests.dp.ledgers import same_epsilon, without_runs
 
 
 def with_users(records, heavy=30, seed=0):
@@ -128,7 +129,7 @@ def test_bandmf_run_and_exact_resume(tiny_base, tmp_path):
     assert rep["training"]["sampling"].startswith("cyclic Poisson")
     [entry] = rep["ledger"]["entries"]
     assert entry["mechanism"] == "bandmf" and entry["steps"] == 4 and entry["strategy_sha256"] == rep["strategy_sha256"]
-    assert rep["epsilon"] == report.load_report(out_full)["epsilon"] and rep["epsilon"]["rdp"] <= 4.0
+    assert rep["epsilon"] == same_epsilon(report.load_report(out_full)) and rep["epsilon"]["rdp"] <= 4.0
     assert "BandMF" in open(os.path.join(out, "privacy_report.md")).read()
 
 
@@ -147,7 +148,7 @@ def _same_run(one, on_mesh):
     assert on_mesh.epsilon == one.epsilon and on_mesh.noise_multiplier == one.noise_multiplier
     assert _lora_diff(one.out_dir, on_mesh.out_dir) < 1e-4
     ra, rb = report.load_report(one.out_dir), report.load_report(on_mesh.out_dir)
-    assert ra["ledger"] == rb["ledger"] and ra == rb
+    assert without_runs(ra) == without_runs(rb)
 
 
 def test_user_level_on_a_mesh_equals_one_device(tiny_base, tmp_path, user_run):
@@ -189,7 +190,7 @@ def test_fsdp_on_a_mesh_equals_one_device_and_needs_a_data_axis(tiny_base, tmp_p
     a, b = load_model(one.out_dir).variables["params"], load_model(on_mesh.out_dir).variables["params"]
     assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
                zip(jax.tree.leaves(a), jax.tree.leaves(b))) < 1e-4
-    assert report.load_report(one.out_dir) == report.load_report(on_mesh.out_dir)
+    assert without_runs(report.load_report(one.out_dir)) == without_runs(report.load_report(on_mesh.out_dir))
     for mesh in (None, (1, 2)):
         with pytest.raises(tune_config.TuneError, match="fsdp shards the parameters over the mesh's data axis"):
             finetune.dp_tune(base_dir, records, VALID, str(tmp_path / "no"), cfg, mesh=mesh, fsdp=True)

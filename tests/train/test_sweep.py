@@ -11,6 +11,7 @@ from dpsynth.dp import report
 from dpsynth.models.directory import load_model
 from dpsynth.train import finetune, sweep
 from tests.train.conftest import make_records
+from tests.dp.ledgers import without_run
 
 TRAIN, VALID = make_records(120, 1), make_records(30, 2, "v")
 CFG = finetune.TuneConfig(mode="lora", epsilon=4.0, batch_size=24, steps=2, microbatch_size=16, max_tokens=32,
@@ -24,7 +25,7 @@ def test_dp_selected_sweep_composes_on_valid_and_the_score_has_sensitivity_one(t
                                  select_epsilon=0.5, progress_interval=1e9)
     rep = report.load_report(out)
     on_valid = [e for e in rep["ledger"]["entries"] if e.get("dataset") == ps.VALID]
-    assert on_valid == [{"mechanism": "exponential", "name": "dp_selection among 2 sweep trials", "epsilon": 0.5,
+    assert [without_run(e) for e in on_valid] == [{"mechanism": "exponential", "name": "dp_selection among 2 sweep trials", "epsilon": 0.5,
                          "candidates": 2, "dataset": ps.VALID}]
     on_train = [e for e in rep["ledger"]["entries"] if e.get("dataset", ps.TRAIN) == ps.TRAIN]
     assert sum(e["steps"] for e in on_train) == 2 * CFG.steps  # both trials accounted
