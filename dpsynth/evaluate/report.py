@@ -65,7 +65,7 @@ def evaluate(synthetic_dirs: Sequence[str], real: RealData, out_dir: str, config
 
     if not synthetic_dirs:
         raise ValueError("no synthetic corpus given")
-    scorer = Scorer(real, config)
+    scorer = Scorer(real, config, reuse_identical=True)  # (a DP selection's output: its winner's scores)
     rows, plots = [], []
     with Progress(total=len(synthetic_dirs), desc="evaluate", unit="corpus", interval=30.0) as progress:
         for d in synthetic_dirs:

@@ -153,8 +153,10 @@ class RealData:
 class Scorer:
     """Heavy state loaded once (embedder, real features, backbone): scores corpora and baselines."""
 
-    def __init__(self, real: RealData, config: EvaluateConfig):
-        self.real, self.config = real, config
+    def __init__(self, real: RealData, config: EvaluateConfig, *, reuse_identical: bool = False):
+        """`reuse_identical`: score a corpus equal to an earlier one by its records and generator once
+        (`score_corpus`); for an ordered, in-process loop, whose first copy is then well defined."""
+        self.real, self.config, self.reuse_identical = real, config, reuse_identical
         for name, recs in (("real train", real.train), ("real test", real.test), ("real valid", real.valid)):
             if recs is not None:
                 tc.check_records(name, recs)
@@ -167,10 +169,15 @@ class Scorer:
         uses_backbone = any(registry.get(c).uses_backbone for c in config.classifiers)
         self.backbone = Backbone.load(config.model_dir) if uses_backbone else None
         self._generators: dict[str, Any] = {}
+        self._scored: dict[str, tuple[str, dict, dict]] = {}  # content key -> (first corpus, its scores)
 
     # -------------------------------------------------------------------- one corpus
     def score_corpus(self, path: str) -> tuple[dict, dict]:
-        """(row, plot data) of one corpus; errors become a marked row, never an exception."""
+        """(row, plot data) of one corpus; errors become a marked row, never an exception.
+
+        With `reuse_identical`, a corpus whose records and generator equal an already scored one's
+        (a DP selection's output is a copy of its winner) takes that corpus's scores, which are a
+        function of them, with its own privacy card, and names it in `scores_of`."""
         row: dict[str, Any] = {"corpus": os.path.basename(os.path.normpath(path)), "path": os.path.abspath(path)}
         plot: dict[str, Any] = {"corpus": row["corpus"]}
         try:
@@ -185,6 +192,11 @@ class Scorer:
                                                  *corpora.sampling_card(row), "invalid_rows")}
         plot["generation_report"] = _summary(corpus.generation_report)
         plot["examples"] = synthetic_examples(corpus.train)
+        key = _content_key(corpus) if self.reuse_identical else None
+        if key in self._scored:
+            first, scored_row, scored_plot = self._scored[key]
+            return {**row, **scored_row, "scores_of": first}, {**plot, **scored_plot}
+        card_row, card_plot = dict(row), dict(plot)
         try:
             synth_labels, real_labels = corpora.label_set(corpus.train + corpus.valid), self.real.labels()
             if synth_labels != real_labels:
@@ -210,6 +222,9 @@ class Scorer:
                 row.update(_classifier_columns(kind, res))
                 plot["trials"][kind] = res.trials
             row["status"] = "ok"
+            if key is not None:
+                self._scored[key] = (row["corpus"], {k: v for k, v in row.items() if k not in card_row},
+                                     {k: v for k, v in plot.items() if k not in card_plot})
         except (ValueError, corpora.CorpusError) as e:
             row.update(status="error", error=str(e))
             logger.warning("corpus %s: %s", row["corpus"], e)
@@ -267,6 +282,19 @@ def synthetic_examples(records: Sequence[Mapping[str, Any]], per_label: int = EX
             t = " ".join(str(r["text"]).split())
             texts.append(t if len(t) <= max_chars else t[:max_chars] + " ...")
     return dict(sorted(out.items()))
+
+
+def _content_key(corpus: corpora.Corpus) -> str:
+    """What a corpus's scores are a function of: its records and its generator (perplexity)."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256(json.dumps((corpus.generation_config or {}).get("model_dir")).encode())
+    for split in (corpus.train, corpus.valid):
+        h.update(b"\x00split")
+        for r in split:
+            h.update(json.dumps(r, sort_keys=True).encode() + b"\n")
+    return h.hexdigest()
 
 
 def _summary(report: dict | None) -> dict | None:

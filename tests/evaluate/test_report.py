@@ -222,3 +222,33 @@ def test_report_plots_load_in_headless_chromium(evaluated):
     assert "DP-on-real" in lora3["line"] and "no DP-on-real baseline at eps 1" in dom
     assert "<th>wordcnn_balanced_accuracy</th>" in dom and "<th>wordcnn_macro_f1</th>" in dom
     assert "<th>balanced accuracy</th><th>macro-F1</th>" in dom and 'class="majority"' in dom
+
+
+def test_a_copy_of_a_scored_corpus_takes_its_scores_and_keeps_its_own_card(tmp_path, monkeypatch):
+    """A DP selection's output is a copy of its winner with another privacy report: the scorer
+    reuses the winner's scores (a function of the records and the generator) and trains nothing
+    again; the copy's card (epsilon) is its own. Other records are scored anew."""
+    root = str(tmp_path)
+    real = scoring.RealData(train=make_records(100, 1), test=make_records(100, 3), valid=make_records(40, 2))
+    train, valid = make_records(120, 4), make_records(40, 5)
+    first = _corpus(root, "winner", train, valid, _privacy(2.9995, "lora", target=3.0))
+    copy = _corpus(root, "selected", train, valid, _privacy(3.002, "lora", target=3.0))
+    other = _corpus(root, "other", make_records(120, 6), valid, _privacy(2.9995, "lora", target=3.0))
+    cfg = scoring.EvaluateConfig(
+        wordcnn=SMALL_CNN, mauve=mauve.MauveConfig(kmeans_num_redo=1, max_buckets=10), mauve_seeds=(0,),
+        sweep=tc.SweepConfig(learning_rates=(1e-2,), weight_decays=(1e-4,), clip_norms=(1.0,), repeats=1,
+                             train=tr.TrainConfig(max_epochs=1, patience=1)),
+        embedder="hashing:64", length_bins=5)
+    calls = []
+    classify = tc.classify
+    monkeypatch.setattr(tc, "classify", lambda *a, **k: calls.append(1) or classify(*a, **k))
+    scorer = scoring.Scorer(real, cfg, reuse_identical=True)  # as `report.evaluate` makes it
+    (a, pa), (b, pb), (c, _) = (scorer.score_corpus(d) for d in (first, copy, other))
+    assert len(calls) == 2  # the winner and the other corpus; not the copy
+    assert a["status"] == b["status"] == "ok" and b["scores_of"] == "winner" and "scores_of" not in a
+    assert (a["epsilon"], b["epsilon"]) == (2.9995, 3.002)
+    scored = [k for k in a if k.startswith(("wordcnn_", "mauve", "bigram", "distinct_"))]
+    assert scored and all(b[k] == a[k] for k in scored) and pb["trials"] == pa["trials"]
+    assert pb["card"]["epsilon"] == 3.002 and c.get("scores_of") is None
+    fresh = scoring.Scorer(real, cfg)  # the default (the Beam job's workers): every corpus scored
+    assert "scores_of" not in fresh.score_corpus(copy)[0] and len(calls) == 3
