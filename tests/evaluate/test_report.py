@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import os
@@ -252,3 +253,10 @@ def test_a_copy_of_a_scored_corpus_takes_its_scores_and_keeps_its_own_card(tmp_p
     assert pb["card"]["epsilon"] == 3.002 and c.get("scores_of") is None
     fresh = scoring.Scorer(real, cfg)  # the default (the Beam job's workers): every corpus scored
     assert "scores_of" not in fresh.score_corpus(copy)[0] and len(calls) == 3
+    # the whole report (tables, plots, HTML) with the copy in it
+    out = report.evaluate([first, copy], real, str(tmp_path / "out"), dataclasses.replace(cfg, real_baseline=False))
+    assert [r.get("scores_of") for r in out["rows"]] == [None, "winner"] and len(calls) == 4
+    with open(out["paths"]["metrics_csv"]) as f:
+        header, *lines = f.read().strip().splitlines()
+    assert "scores_of" in header.split(",") and len(lines) == 2
+    assert os.path.getsize(out["paths"]["report_html"]) > 0
