@@ -304,7 +304,6 @@ def select_release(names: Sequence[str], scores: Sequence[float], reports: Seque
     composes them, and a `selection` section). `covers` is appended to the report's coverage.
     """
     from dpsynth.dp import report as report_lib
-
     from dpsynth.dp.ledger import new_run_id
 
     entries, delta = check_candidates(names, scores, reports)
