@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     })
     p.add_argument("--labels", default=None, help="comma-separated labels (default: the model's label set)")
     p.add_argument("--label-distribution", choices=("uniform", "dp-histogram"), default="uniform",
-                   help="uniform (no privacy cost) or a DP label histogram of --label-source")
+                   help="uniform (no privacy cost) or a DP label histogram of --label-source (default: %(default)s)")
     p.add_argument("--label-source", default=None, help="D_train file(s) for the DP label histogram")
     read_config.add_flags(p, "encoding", "max_dead_letters",
                           notes={"encoding": "of --label-source",
@@ -55,12 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-delta", type=float, default=None, help="delta for --label-epsilon (default: the model's)")
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a --label-delta above 1/N (N = --label-source records), which protects nobody")
-    p.add_argument("--format", default="jsonl", help="comma-separated: jsonl (always), parquet, tfrecord")
+    p.add_argument("--format", default="jsonl",
+                   help="comma-separated: jsonl (always), parquet, tfrecord (default: %(default)s)")
     p.add_argument("--train", default=None, help="opt-in memorisation audit against D_train (NOT DP; owner-only, "
                    "written to --audit-dir, never into --out)")
     p.add_argument("--audit-dir", default=None, help="owner-only directory (0700) of the memorisation audit, "
                    "outside --out (default: OUT.private beside --out)")
-    p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS, help="memorisation threshold in tokens")
+    p.add_argument("--min-shared-tokens", type=int, default=DEFAULT_MIN_TOKENS,
+                   help="memorisation threshold in tokens (default: %(default)s)")
     logs.add_flags(p)
     return p
 

@@ -49,7 +49,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--real-test", required=True, help="real test split")
     ap.add_argument("--real-valid", help="real validation split (ranking upper bound, baseline selection)")
     ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--classifiers", default="wordcnn", help="comma list of wordcnn,backbone, or 'none'")
+    ap.add_argument("--classifiers", default="wordcnn",
+                    help="comma list of wordcnn,backbone, or 'none' (default: %(default)s)")
     ap.add_argument("--dp-epsilons", default="", type=_floats, help="DP-on-real baselines, e.g. 1,3,8")
     # The settings that are `EvaluateConfig` fields as they are: flags, defaults, choices and help from it.
     from dpsynth import binding
@@ -59,12 +60,15 @@ def parser() -> argparse.ArgumentParser:
                                                      if f.name not in BOUND),
                       overrides={"model_dir": {"flags": ("--model",)},
                                  "dp_sweep_accounting": {"flags": ("--sweep-accounting",)}})
-    ap.add_argument("--grid", default="small", choices=("small", "wide"), help="lr x weight-decay grid")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-epochs", type=int, default=10)
-    ap.add_argument("--cnn", default="paper", choices=("paper", "small"), help="WordCNN sizes (small: CPU demo)")
-    ap.add_argument("--mauve-max-buckets", type=int, default=500)
-    ap.add_argument("--mauve-seeds", type=int, default=3)
+    ap.add_argument("--grid", default="small", choices=("small", "wide"),
+                    help="lr x weight-decay grid (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3, help="seeds per point of the classifiers' grid (default: %(default)s)")
+    ap.add_argument("--max-epochs", type=int, default=10, help="epochs per classifier training (default: %(default)s)")
+    ap.add_argument("--cnn", default="paper", choices=("paper", "small"),
+                    help="WordCNN sizes (small: CPU demo; default: %(default)s)")
+    ap.add_argument("--mauve-max-buckets", type=int, default=500,
+                    help="MAUVE's largest number of buckets (default: %(default)s)")
+    ap.add_argument("--mauve-seeds", type=int, default=3, help="MAUVE's clustering seeds (default: %(default)s)")
     ap.add_argument("--no-perplexity", action="store_true")
     ap.add_argument("--no-real-baseline", action="store_true")
     from dpsynth.evaluate import registry

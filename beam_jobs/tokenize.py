@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files, directories, globs (gs:// ok), a tfds:NAME (sensitive), one corpus")
     p.add_argument("--tokenizer", required=True, metavar="MODEL", help="SentencePiece model from `dpsynth tokenizer train`")
     p.add_argument("--out", required=True, metavar="DIR", help="output token corpus directory")
-    p.add_argument("--kind", choices=("public", "sensitive"), default="public", help="sensitive = labeled dataset")
+    p.add_argument("--kind", choices=("public", "sensitive"), default="public",
+                   help="sensitive = labeled dataset (default: %(default)s)")
     p.add_argument("--name", default=None, help="corpus name in the manifest (default: input stem)")
     read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
                           "num_shards", "shard_mb", "tfds_data_dir",

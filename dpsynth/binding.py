@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -143,6 +144,42 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def default_text(value: Any) -> str | None:
+    """How a flag's help shows its default `value`: None where there is none to show (None,
+    False, an empty text, sequence or mapping); a sequence as its items joined by spaces (as
+    `nargs="+"` takes them); anything else as `str(value)`."""
+    if value is None or value is False or value is argparse.SUPPRESS or value == "":
+        return None
+    if isinstance(value, (tuple, list)):
+        return " ".join(str(v) for v in value) or None
+    if isinstance(value, Mapping):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or None
+    return str(value)
+
+
+def with_default(help: str | None, default: Any) -> str | None:
+    """`help` with " (default: D)" appended (D = `default_text(default)`), unless there is no
+    default to show, the help is suppressed, or it names its default already (`%(default)s`, or
+    the word "default" and D). The one place a derived flag's help gets its default."""
+    text = default_text(default)
+    if text is None or help is argparse.SUPPRESS:
+        return help
+    help = help or ""
+    if "%(default)" in help or ("default" in help.lower() and _word(text).search(help)):
+        return help
+    return f"{help} (default: {text.replace('%', '%%')})".lstrip()
+
+
+def _word(text: str) -> re.Pattern:
+    """`text` as a whole word of a help text ("1" not in "16GiB")."""
+    return re.compile(r"(?<![\w.])" + re.escape(text) + r"(?![\w.])")
+
+
+def _flag_pattern(flag: str) -> re.Pattern:
+    """`flag` as a whole option string in a help text (not a prefix of a longer one)."""
+    return re.compile(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])")
+
+
 def _field_default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -167,7 +204,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
 
     The flag is `flag_name(field)`; its type comes from the annotation (`X | None` reads as
     X; a `bool` field is a `store_true` switch; `str` takes the text as is) and its default
-    from `defaults` (an instance of `cls`), else from the field.
+    from `defaults` (an instance of `cls`), else from the field. Its help shows that default
+    (`with_default`; a `store_true`/`store_false` switch is off unless given), and a help
+    that names another field's flag (`--batch-size auto`) names the flag that field has here
+    (`--gen-batch-size` with `prefix="gen"`), so no help names a flag its parser lacks.
 
     Args:
         parser: The parser (or argument group) to add to.
@@ -191,10 +231,14 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
     unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
         raise ValueError(f"overrides name fields {sorted(unknown)} that {cls.__name__} does not have")
+    bound = [f for f in dataclasses.fields(cls) if f.name not in skip]
+    renamed = {}  # a field's plain flag -> the flag it has here, where they differ
+    for f in bound:
+        flag = tuple(overrides.get(f.name, {}).get("flags", (flag_name(f"{prefix}_{f.name}" if prefix else f.name),)))[0]
+        if flag != flag_name(f.name):
+            renamed[flag_name(f.name)] = flag
     names = []
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
+    for f in bound:
         kwargs = dict(overrides.get(f.name, {}))
         container = kwargs.pop("container", parser)
         dest = f"{prefix}_{f.name}" if prefix else f.name
@@ -211,7 +255,13 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, defaults: Any = Non
             derived = {"type": tp, "default": default}
         else:
             derived = {"default": default}
-        container.add_argument(*flags, **{"dest": dest, **derived, **kwargs})
+        kwargs = {"dest": dest, **derived, **kwargs}
+        if isinstance(kwargs.get("help"), str):
+            for plain_flag, flag in renamed.items():
+                kwargs["help"] = _flag_pattern(plain_flag).sub(flag, kwargs["help"])
+        action = container.add_argument(*flags, **kwargs)
+        if not isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):  # (switches: off)
+            action.help = with_default(action.help, action.default)
         names.append(f.name)
     return names
 

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None, help="embedded default data (default $DPSYNTH_EMBEDDED_DIR or data/embedded)")
     p.add_argument("--out", default="runs/demo", help="output root (default runs/demo)")
     p.add_argument("--config", default=None, help="run this experiment YAML instead of the demo's")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for independent trials (default: %(default)s)")
     logs.add_flags(p)
     args = p.parse_args(argv)
     logs.configure(fmt="%(message)s", verbose=args.verbose)

@@ -169,8 +169,14 @@ def owner(directory: str) -> dict[str, Any] | None:
     return None
 
 
+def _a_kind(kind: str) -> str:
+    """The kind's words with their article: "a token corpus", "an evaluation report"."""
+    words = _KIND_WORDS.get(kind, kind)
+    return f"{'an' if words[:1].lower() in 'aeio' else 'a'} {words}"
+
+
 def _describe(found: Mapping[str, Any]) -> str:
-    what = f"a {_KIND_WORDS.get(found['kind'], found['kind'])}"
+    what = _a_kind(found["kind"])
     return f"{what} of `dpsynth {found['command']}`" if found.get("command") else what
 
 
@@ -197,7 +203,7 @@ def check_owner(directory: str, record: Mapping[str, Any], flag: str = "--out",
     command, kind = record["command"], record["kind"]
     head = f"{flag} {directory}: holds {_describe(found)}"
     if found["kind"] != kind or found.get("command", command) != command:
-        raise OutDirError(f"{head}; `dpsynth {command}` would overwrite it with a {_KIND_WORDS[kind]}: "
+        raise OutDirError(f"{head}; `dpsynth {command}` would overwrite it with {_a_kind(kind)}: "
                           f"choose another {flag}")
     if "config_sha256" not in found:
         raise OutDirError(f"{head} without a {RUN_FILE} (an older dpsynth, or a copy), so this run cannot tell "

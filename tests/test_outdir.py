@@ -142,30 +142,31 @@ def test_another_kind_or_command_is_refused_and_nothing_is_touched(tmp_path, kin
             with _claim(out, kind=kind, command=command, config={"epsilon": 8}):
                 pass
     else:
+        theirs = "an evaluation report" if kind == outdir.EVALUATION else "a model directory"
         with pytest.raises(OutDirError, match=f"holds a model directory of `dpsynth dp-tune`; `dpsynth {command}` "
-                                              "would overwrite it"):
+                                              f"would overwrite it with {theirs}"):
             with _claim(out, kind=kind, command=command):
                 pass
     assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
 
 
 @pytest.mark.parametrize("files,kind", [
-    ({"manifest.json": {"format": "dpsynth.model"}}, "model directory"),
-    ({"manifest.json": {"format": "dpsynth.synthetic"}}, "synthetic corpus"),
-    ({"manifest.json": {"format": "dpsynth.tokens", "kind": "public"}}, "token corpus"),
-    ({"contamination.json": {"format": "dpsynth.contamination"}}, "dedup output"),
-    ({"metrics.json": {"format": "dpsynth.metrics"}}, "evaluation report"),
-    ({"generation_config.json": {"format": "dpsynth.synthetic"}}, "synthetic corpus"),
+    ({"manifest.json": {"format": "dpsynth.model"}}, "a model directory"),
+    ({"manifest.json": {"format": "dpsynth.synthetic"}}, "a synthetic corpus"),
+    ({"manifest.json": {"format": "dpsynth.tokens", "kind": "public"}}, "a token corpus"),
+    ({"contamination.json": {"format": "dpsynth.contamination"}}, "a dedup output"),
+    ({"metrics.json": {"format": "dpsynth.metrics"}}, "an evaluation report"),
+    ({"generation_config.json": {"format": "dpsynth.synthetic"}}, "a synthetic corpus"),
 ])
 def test_directories_written_before_run_records_are_recognised(tmp_path, files, kind):
     out = tmp_path / "old"
     out.mkdir()
     for name, value in files.items():
         (out / name).write_text(json.dumps(value))
-    with pytest.raises(OutDirError, match=f"holds a {kind}"):
+    with pytest.raises(OutDirError, match=f"holds {kind}"):
         with _claim(out, kind=outdir.EVALUATION, command="evaluate"):
             pass
-    if kind == "synthetic corpus":  # its own kind, but no record of its configuration
+    if kind == "a synthetic corpus":  # its own kind, but no record of its configuration
         with pytest.raises(OutDirError, match="without a dpsynth_run.json"):
             with _claim(out):
                 pass

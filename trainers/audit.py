@@ -43,22 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="model directory whose tokenizer measures shared tokens "
                                                      "(default: the corpus's generator model)")
     p.add_argument("--thresholds", type=_ints, default=copying.DEFAULT_THRESHOLDS,
-                   help="count synthetic examples sharing >= each of these many tokens with D_train")
-    p.add_argument("--seed", type=int, default=0, help="seed of the size-matched D_train subsample and the canaries")
+                   help="count synthetic examples sharing >= each of these many tokens with D_train "
+                        f"(comma-separated; default: {','.join(map(str, copying.DEFAULT_THRESHOLDS))})")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the size-matched D_train subsample and the canaries (default: %(default)s)")
     p.add_argument("--significance", type=float, default=copying.DEFAULT_SIGNIFICANCE,
                    help="level of the copying and canary verdicts; the canaries' epsilon lower bounds hold "
-                        "with probability 1 - level")
-    p.add_argument("--threads", type=int, default=1)
+                        "with probability 1 - level (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="native threads (default: %(default)s)")
     g = p.add_argument_group("canaries through the release (reruns dp-tune and generate)")
     cc = canaries.CanaryConfig()  # the defaults are the library's (flags named for the command line)
-    g.add_argument("--canaries", type=int, default=0, metavar="K", help="plant K canaries, hold K out (0 = off)")
+    g.add_argument("--canaries", type=int, default=0, metavar="K",
+                   help="plant K canaries, hold K out (0 = off; default: %(default)s)")
     g.add_argument("--base", default=None, help="base model directory of the rerun (default: the model's base)")
     g.add_argument("--valid", default=None, help="D_valid of the rerun's dp-tune")
-    g.add_argument("--canary-repeats", type=int, default=cc.repeats, help="copies of each planted canary")
-    g.add_argument("--canary-length", type=int, default=cc.length, help="tokens per canary")
+    g.add_argument("--canary-repeats", type=int, default=cc.repeats,
+                   help="copies of each planted canary (default: %(default)s)")
+    g.add_argument("--canary-length", type=int, default=cc.length, help="tokens per canary (default: %(default)s)")
     g.add_argument("--canary-examples", type=int, default=None,
                    help="synthetic examples of the rerun (default: the corpus's own count)")
-    g.add_argument("--ngram-order", type=int, default=cc.order, help="n of the attacker's n-gram LM")
+    g.add_argument("--ngram-order", type=int, default=cc.order, help="n of the attacker's n-gram LM (default: %(default)s)")
     read_config.add_flags(p, "text_column", "label_column", "encoding", "max_dead_letters",
                           notes={"encoding": "of --train, --test and --valid",
                                  "max_dead_letters": "here: OUT/dead_letters.jsonl"})

@@ -126,14 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "loss, epsilon EPS on D_valid, in the ledger) instead of the non-DP lowest loss")
     p.add_argument("--valid-split", choices=("files", "hash", "positional"), default="files",
                    help="with --sweep-select-epsilon: how D_valid was split from D (files/hash: data-independent, the "
-                        "selection composes in parallel with the tuning; positional: sequentially)")
+                        "selection composes in parallel with the tuning; positional: sequentially; "
+                        "default: %(default)s)")
     p.add_argument("--user-column", default=None, help="the column/field holding the user id (--privacy-unit user)")
     p.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")
     p.add_argument("--memory-headroom", type=float, default=0.10,
-                   help="--microbatch-size auto: fraction of the memory left free (default 0.10)")
-    p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (1 x 1 = one device)")
-    p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis")
+                   help="--microbatch-size auto: fraction of the memory left free (default: %(default)s)")
+    p.add_argument("--mesh-data", type=int, default=1,
+                   help="devices on the data axis (1 x 1 = one device; default: %(default)s)")
+    p.add_argument("--mesh-model", type=int, default=1, help="devices on the model axis (default: %(default)s)")
     p.add_argument("--fsdp", action="store_true",
                    help="also shard the parameters and optimizer state over the data axis (FSDP; needs --mesh-data "
                         ">= 2): the layout `dpsynth plan --fsdp` plans")

@@ -17,7 +17,8 @@ from dpsynth.models import hf_export
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsynth export-model", description=hf_export.__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="dpsynth model directory (imported, possibly DP-tuned)")
-    parser.add_argument("--format", choices=["hf"], default="hf", help="output layout (Hugging Face safetensors)")
+    parser.add_argument("--format", choices=["hf"], default="hf",
+                        help="output layout (Hugging Face safetensors; default: %(default)s)")
     parser.add_argument("--out", required=True, help="directory to write")
     parser.add_argument("--adapter-only", action="store_true",
                         help="LoRA models: write a PEFT adapter (adapter_config.json + adapter_model.safetensors)")

@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf", required=True, help="local Hugging Face model directory (config.json, safetensors)")
     parser.add_argument("--out", required=True, help="dpsynth model directory to write")
     parser.add_argument("--dtype", choices=sorted(hf_import.PARAM_DTYPES), default="float32",
-                        help="parameter and compute dtype (bfloat16 halves memory; float32 for exact parity)")
+                        help="parameter and compute dtype (bfloat16 halves memory; float32 for exact parity; "
+                             "default: %(default)s)")
     logs.add_flags(parser)
     return parser
 

@@ -54,20 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
         "mechanism": {"choices": mechanisms.names()},
         "label_contrast": {"metavar": "LAMBDA", "type": binding.float_or_auto,
                            "help": "the label contrast's weight (K rows per example: give --labels K); "
-                                   "auto, the default, is the automatic recipe's choice, off here (no --recipe)"},
+                                   "auto, the default, is the automatic recipe's choice, off here (`dpsynth plan` has no "
+                                   "automatic recipe)"},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
     p.add_argument("--labels", type=int, default=None, metavar="K",
                    help="the label set's size (with --label-contrast: every example is fed under each label's prompt)")
-    p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis")
-    p.add_argument("--mesh-model", type=int, default=1, help="devices on the model (tensor) axis")
+    p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (default: %(default)s)")
+    p.add_argument("--mesh-model", type=int, default=1, help="devices on the model (tensor) axis (default: %(default)s)")
     p.add_argument("--fsdp", action="store_true", help="also shard the parameters over the data axis (FSDP)")
     p.add_argument("--virtual-cpu", action="store_true",
                    help="compile on mesh-data x mesh-model virtual CPU devices (no accelerator needed)")
     p.add_argument("--generation-batch", type=int, default=None,
                    help="also compile the sampler's call at this batch (16-token prompts, rows of --max-tokens)")
     p.add_argument("--headroom", type=float, default=resources.DEFAULT_HEADROOM,
-                   help="fraction of device memory a fit leaves free")
+                   help="fraction of device memory a fit leaves free (default: %(default)s)")
     p.add_argument("--no-suggest", dest="suggest", action="store_false",
                    help="skip the second compilation (at twice the microbatch) behind the suggested microbatches")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -59,11 +59,15 @@ def parser() -> argparse.ArgumentParser:
         "seed": {"help": "fix the selection's randomness (tests only: voids the guarantee for whoever knows it)"},
     })
     g = ap.add_argument_group("the candidate grid (with --model)")
-    g.add_argument("--guidance", type=_floats, default=dp_select.DEFAULT_GUIDANCES, help="guidance weights w")
-    g.add_argument("--temperatures", type=_floats, default=dp_select.DEFAULT_TEMPERATURES)
+    g.add_argument("--guidance", type=_floats, default=dp_select.DEFAULT_GUIDANCES,
+                   help=f"guidance weights w (comma-separated; default: {','.join(map(str, dp_select.DEFAULT_GUIDANCES))})")
+    g.add_argument("--temperatures", type=_floats, default=dp_select.DEFAULT_TEMPERATURES,
+                   help=f"sampling temperatures (comma-separated; default: {','.join(map(str, dp_select.DEFAULT_TEMPERATURES))})")
     g.add_argument("--multiples", type=_floats, default=dp_select.DEFAULT_MULTIPLES,
-                   help="synthetic train sizes as multiples of |D_train| (the model's report's dataset size)")
-    g.add_argument("--valid-fraction", type=float, default=0.1, help="synthetic valid = this x synthetic train")
+                   help="synthetic train sizes as multiples of |D_train| (the model's report's dataset size; "
+                        f"comma-separated; default: {','.join(map(str, dp_select.DEFAULT_MULTIPLES))})")
+    g.add_argument("--valid-fraction", type=float, default=0.1,
+                   help="synthetic valid = this x synthetic train (default: %(default)s)")
     # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
     binding.add_flags(g, GenerateConfig, prefix="gen", skip=tuple(f.name for f in dataclasses.fields(GenerateConfig)
                                                                   if f.name not in _GENERATE_BOUND), overrides={

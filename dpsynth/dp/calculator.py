@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-large-delta", action="store_true",
                    help="accept a delta above 1/N, which protects nobody (refused by default; the output says it)")
     p.add_argument("--accountant", choices=accounting.ACCOUNTANTS, default=accounting.DEFAULT_ACCOUNTANT,
-                   help="accountant used to calibrate with --epsilon (both are always reported)")
+                   help="accountant used to calibrate with --epsilon (both are always reported; default: %(default)s)")
     p.add_argument("--privacy-unit", choices=PRIVACY_UNITS, default="example",
                    help="unit of privacy: one example (default) or one user (with --num-users)")
     p.add_argument("--num-users", type=int, default=None, help="number of users U (--privacy-unit user)")
@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bands", type=int, default=None, help="BandMF bands b (= the sampling cycle length)")
     p.add_argument("--reserve-selection-epsilon", type=float, default=0.0, metavar="EPSILON",
                    help="the epsilon of a later `dpsynth select` on a positionally split D_valid (sequential, at "
-                        "twice this epsilon) that --epsilon covers too, as `dp-tune --reserve-selection-epsilon`")
+                        "twice this epsilon) that --epsilon covers too, as `dp-tune --reserve-selection-epsilon` "
+                        "(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every input and result")
     logs.add_flags(p)
     return p

@@ -80,7 +80,7 @@ class SamplerConfig:
     guidance: float = _option(0.0, "label-guided sampling weight w (0 = unguided): l(x|y) + w (l(x|y) - "
                                    "l(x|contrast)); no privacy cost", unless_default=True)
     guidance_contrast: str = _option("others", "contrast of the guidance: the other labels' prompts, or the null "
-                                     "prompt (a model DP-tuned with --label-dropout)", choices=GUIDANCE_CONTRASTS,
+                                     "prompt (a model DP-tuned with `dp-tune --label-dropout`)", choices=GUIDANCE_CONTRASTS,
                                      unless_default="guidance")
     cache_block: int = binding.setting(128, help="decode steps per phase of a growing KV cache (0 = one cache of max_len)",
                                        unless_default=True)

@@ -4,6 +4,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
 from beam_jobs import metrics as job
+from dpsynth import binding
 from tests.evaluate.conftest import make_records
 
 
@@ -66,7 +67,7 @@ def test_cli_flags_of_config_fields_come_from_the_config():
     fields = {f.name: f for f in dataclasses.fields(EvaluateConfig)}
     actions = {a.dest: a for a in job.parser()._actions}
     for name in job.BOUND:
-        assert actions[name].help == fields[name].metadata["help"]
+        assert actions[name].help == binding.with_default(fields[name].metadata["help"], actions[name].default)
     assert tuple(actions["dp_valid_split"].choices) == ("files", "hash", "positional")
     args = job.parser().parse_args(base + ["--model", "m", "--dp-select-epsilon", "0.5", "--dp-valid-split", "hash",
                                            "--sweep-accounting", "selected-only"])
