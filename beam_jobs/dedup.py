@@ -1,14 +1,14 @@
-"""`dpsynth dedup`: cut every >= k-token sequence shared with sensitive data from a public corpus.
+r"""`dpsynth dedup`: cut every >= k-token sequence shared with sensitive data from a public corpus.
 
     dpsynth dedup --public data/public --sensitive imdb=data/imdb.csv yelp=data/yelp.jsonl \
         --tokenizer runs/tok.model --min-tokens 50 --out runs/dedup
 
 Inputs are text (files, directories, globs, gs://), already tokenized corpora (directories
 written by `dpsynth tokenize` with the same tokenizer), or `tfds:NAME` for sensitive data.
-Writes OUT/clean/*.jsonl ({"id", "text"}), OUT/clean_tokens/ (token shards),
-OUT/contamination.json and OUT/tokens/public/ (publishable: docs/formats.md); the sensitive
-token corpora, their dead letters and the sensitive index go to the owner-only --state-dir.
-A sensitive record that cannot be read (a dead letter) is refused unless --allow-unread-sensitive.
+OUT gets only what may be published (the clean corpus and the report); the token corpora (the
+public corpus before the cut among them) and the sensitive index go to the owner-only
+--state-dir (the layout below; docs/formats.md). A sensitive record that cannot be read (a
+dead letter) is refused unless --allow-unread-sensitive.
 Unknown flags are Beam pipeline options (`--runner`, `--direct_running_mode`, ...).
 """
 
@@ -18,21 +18,24 @@ import argparse
 import sys
 
 from dpsynth import binding, errors, logs, outdir
+from dpsynth.beam import dedup as bdedup
 from dpsynth.beam import jobs
 from dpsynth.data import read_config, readers
 from dpsynth.dedup.config import DedupConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpsynth dedup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="dpsynth dedup", description=f"{__doc__}\n{bdedup.layout_text()}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--public", nargs="+", required=True, metavar="PATH", help="the public corpus")
     p.add_argument("--sensitive", nargs="+", required=True, metavar="[NAME=]PATH",
                    help="one entry per sensitive dataset (all its splits)")
     p.add_argument("--tokenizer", required=True, metavar="MODEL")
     p.add_argument("--out", required=True, metavar="DIR")
     binding.add_flags(p, DedupConfig, overrides={"min_tokens": {"metavar": "K"}})
-    p.add_argument("--state-dir", default=None, help="the private state directory (the sensitive token corpora, their "
-                   "dead letters, the sensitive index; created 0700, never publish it); default: OUT.private next to --out")
+    p.add_argument("--state-dir", default=None, help="the private state directory (the token corpora, the public "
+                   "corpus before the cut among them, their dead letters, the sensitive index; created 0700, never "
+                   "publish it); default: OUT.private next to --out")
     p.add_argument("--public-encoding", default=readers.DEFAULT_ENCODING, help="of the --public files (default utf-8)")
     read_config.add_flags(p, "text_column", "label_column", "max_document_bytes", "encoding", "max_dead_letters",
                           "num_shards", "shard_mb", "tfds_data_dir",

@@ -25,7 +25,7 @@ Data, the first that applies:
 * else the embedded default's Austen novels (`make data`), the same way.
 
     .venv/bin/python bench/decode.py                                  # ~1 min on 2 cores
-    .venv/bin/python bench/decode.py --corpus out/tokens/public --tokenizer tok.model
+    .venv/bin/python bench/decode.py --corpus out.private/tokens/public --tokenizer tok.model
 """
 
 from __future__ import annotations

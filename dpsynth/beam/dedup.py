@@ -8,10 +8,14 @@ filesystem); each worker loads it and suffix-sorts it once, then runs
 sorted sensitive set). Each DoFn writes its own outputs atomically:
 
 ```
+STATE/tokens/public/, STATE/tokens/sensitive/NAME/         the token corpora (written before this; private)
 STATE/index                                                the sensitive index (SensitiveIndex.save; private)
 OUT/clean_tokens/shard-NNNNN.{tokens,offsets,docs.jsonl}   cleaned token shards (+ manifest.json)
 OUT/clean/shard-NNNNN.jsonl                                {"id", "text"} per document with kept text
 ```
+
+What may be published and what never is: `PUBLISHABLE` and `PRIVATE`, the one declaration
+behind `layout_text()`, which `dpsynth dedup --help` prints and docs/formats.md quotes.
 
 Nothing is cut (no index, no clean corpus, no report) when a corpus is empty, has more dead
 letters than `--max-dead-letters` allows, or when a sensitive record could not be read
@@ -29,6 +33,7 @@ corpora is written (the job then raises `EmptyDatasetError` naming it, from the 
 from __future__ import annotations
 
 import logging
+import textwrap
 import time
 from collections.abc import Sequence
 
@@ -37,7 +42,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dpsynth import fileio
+from dpsynth import fileio, outdir
 from dpsynth.beam.corpus import remove_stale_shards
 from dpsynth.beam.corpus import dead_letter_summary
 from dpsynth.data import dead_letters, readers, token_shards
@@ -52,7 +57,48 @@ CLEAN_TEXT = "clean"
 CONTAMINATION = "contamination.json"
 INDEX_FILE = "index"
 PUBLIC = "public"  # the public corpus's name among the token corpora
+TOKENS_DIR = "tokens"  # STATE/tokens/public, STATE/tokens/sensitive/NAME: the token corpora (private)
 PLAN = "plan"  # the index step's status element
+
+# The dedup's output layout: (path, what it holds). OUT (`--out`) holds PUBLISHABLE and nothing
+# else of the dedup's (besides the run record, `dpsynth.outdir`); everything PRIVATE lives in
+# STATE (`--state-dir`, default OUT.private beside OUT), which is never published. The public
+# corpus's own tokens are PRIVATE: they are the corpus BEFORE the cut, so they decode to every
+# sensitive overlap the cut removed.
+PUBLISHABLE = (
+    (CLEAN_TEXT + "/", 'the public corpus after the cut: {"id", "text"} per document with kept text (the kept '
+                       "pieces joined by a newline)"),
+    (CLEAN_TOKENS + "/", "the same documents as a token corpus (shards and manifest.json)"),
+    (CONTAMINATION, "the contamination report: counts, and the ids (never the text) of the sensitive examples "
+                    "found"),
+)
+PRIVATE = (
+    (f"{TOKENS_DIR}/{PUBLIC}/", "the public corpus BEFORE the cut as tokens, with its dead letters: it decodes to "
+                                "every sensitive overlap the cut removed"),
+    (f"{TOKENS_DIR}/sensitive/NAME/", "each sensitive dataset as tokens (they decode to its raw records), with its "
+                                      "dead letters"),
+    (INDEX_FILE, "the sensitive suffix-array index"),
+)
+
+
+def publishable_names() -> set[str]:
+    """The top-level names of OUT that the dedup writes (`PUBLISHABLE`)."""
+    return {path.split("/")[0] for path, _ in PUBLISHABLE}
+
+
+def layout_text(width: int = 92) -> str:
+    """`PUBLISHABLE` and `PRIVATE` as plain text (`dpsynth dedup --help`; docs/formats.md quotes it)."""
+    col = max(len(f"  STATE/{path}") for path, _ in PUBLISHABLE + PRIVATE) + 2
+
+    def entries(rows, root):
+        return [textwrap.fill(what, width, initial_indent=f"  {root}{path}".ljust(col),
+                              subsequent_indent=" " * col, break_on_hyphens=False) for path, what in rows]
+
+    return "\n".join(
+        [f"What may be published: OUT (--out) holds this and the run record {outdir.RUN_FILE} (flag digests):"]
+        + entries(PUBLISHABLE, "OUT/")
+        + ["Never published: STATE (--state-dir, default OUT.private beside OUT; 0700, files 0600):"]
+        + entries(PRIVATE, "STATE/"))
 
 
 class UnreadSensitiveError(readers.InputError):

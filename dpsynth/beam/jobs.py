@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from dpsynth import owner_only
 from dpsynth.beam import corpus
 from dpsynth.beam import dedup as bdedup
-from dpsynth.beam.dedup import PUBLIC
+from dpsynth.beam.dedup import PUBLIC, TOKENS_DIR
 from dpsynth.beam.inputs import DEFAULT_SHARD_BYTES, CorpusSource, check_not_empty, plan_source
 from dpsynth.beam.pipeline import PipelineFactory, run_pipeline
 from dpsynth.data import dead_letters, readers, token_shards
@@ -110,8 +111,6 @@ def tokenize(
 
 # ----------------------------------------------------------------------------- dedup
 
-TOKENS_DIR = "tokens"
-
 
 def parse_named(spec: str) -> tuple[str | None, str]:
     """`NAME=PATH` -> (NAME, PATH); a plain path -> (None, PATH)."""
@@ -154,9 +153,12 @@ def dedup(
       sensitive: one entry per sensitive dataset: `[NAME=]PATH` (files/dir/glob, a token corpus
         directory, or `tfds:NAME`).
       state_dir: the private state (default `OUT.private`, never inside `out_dir`; 0700, files
-        0600): the sensitive token corpora (`tokens/sensitive/NAME/`, with their dead letters)
-        and the sensitive index. `out_dir` holds the clean corpus, the report and the public
-        corpus's tokens (`tokens/public/`).
+        0600): the token corpora (`tokens/public/`, the public corpus BEFORE the cut, and
+        `tokens/sensitive/NAME/`, with their dead letters) and the sensitive index. `out_dir`
+        holds only what may be published: the clean corpus and the report
+        (`dpsynth.beam.dedup.PUBLISHABLE`). A `tokens/public/` that an older dpsynth left in
+        `out_dir` is removed (it is made again in `state_dir`); a `public` token corpus inside
+        `out_dir` is refused.
       encoding: the sensitive text files' encoding (default UTF-8; the same `--encoding` as every
         other stage that reads them); `public_encoding`: the public corpus's.
       max_dead_letters: dead letters tolerated per corpus (`--max-dead-letters`, default 1%).
@@ -169,7 +171,8 @@ def dedup(
       The contamination report (also written to `out_dir/contamination.json`).
 
     Raises:
-      readers.InputError: fatal input problems (before the pipeline starts), or, after it and
+      readers.InputError: fatal input problems (before the pipeline starts; a `public` token
+        corpus inside `out_dir`), or, after it and
         with nothing cut or written but the token corpora: a corpus without a valid document
         (`EmptyDatasetError`), past `max_dead_letters` (`TooManyDeadLetters`), an unread
         sensitive record (`UnreadSensitiveError`).
@@ -188,8 +191,9 @@ def dedup(
         owner_only.check_outside(state_dir, out_dir, "the private state directory")
     sources = _dedup_sources(public, sensitive, text_column=text_column, label_column=label_column,
                              tfds_data_dir=tfds_data_dir, encoding=encoding, public_encoding=public_encoding)
-    dirs = _token_dirs(sources, tokenizer, tokenizer_path, out_dir, state_dir)
+    dirs = _token_dirs(sources, tokenizer, tokenizer_path, state_dir)
     if "://" not in out_dir:
+        _remove_unpublishable(out_dir, sources[0], dirs[PUBLIC])
         os.makedirs(out_dir, exist_ok=True)
     if local:  # before anything is written into it
         owner_only.make_private_dir(state_dir)
@@ -236,10 +240,33 @@ def _dedup_sources(public: Sequence[str] | str, sensitive: Sequence[str], *, tex
     return sources
 
 
+def _remove_unpublishable(out_dir: str, public: CorpusSource, public_tokens: str) -> None:
+    """Keeps the uncleaned public corpus out of the local `out_dir`, which may be published.
+
+    Raises `readers.InputError` when the `public` input is a token corpus inside `out_dir`
+    (it would stay there); removes the `out_dir/tokens/public/` an older dpsynth wrote (the
+    tokens now go to the private state, where this run writes them again) and `out_dir/tokens/`
+    when that leaves it empty. `public_tokens`: where this run's public tokens are (for the log).
+    """
+    if public.token_dir is not None and owner_only.is_inside(public.token_dir, out_dir):
+        raise readers.InputError(
+            f"{public.token_dir}: the public token corpus lies inside --out {out_dir}, which may be published, "
+            "and it is the corpus before the cut: move it out of --out (e.g. to the private state, as this "
+            "job's own tokenizing does) and pass that")
+    legacy = os.path.join(out_dir, TOKENS_DIR)
+    if os.path.isdir(os.path.join(legacy, PUBLIC)):
+        logger.warning("dedup: removing %s (the public corpus before the cut, left there by an older dpsynth: it "
+                       "may not be published); this run's public tokens: %s", os.path.join(legacy, PUBLIC), public_tokens)
+        shutil.rmtree(os.path.join(legacy, PUBLIC))
+        if not os.listdir(legacy):
+            os.rmdir(legacy)
+
+
 def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer_path: str,
-                out_dir: str, state_dir: str) -> dict[str, str]:
-    """Source name -> its token corpus: given (same tokenizer, checked), `out_dir/tokens/public`
-    or the private `state_dir/tokens/sensitive/NAME`, in the order of `sources`."""
+                state_dir: str) -> dict[str, str]:
+    """Source name -> its token corpus: given (same tokenizer, checked), else in the private
+    `state_dir`: `tokens/public` (the corpus before the cut) or `tokens/sensitive/NAME`, in the
+    order of `sources`."""
     dirs = {}
     for src in sources:
         if src.token_dir is not None:
@@ -251,8 +278,8 @@ def _token_dirs(sources: Sequence[CorpusSource], tokenizer: Tokenizer, tokenizer
             check_not_empty(m, src)
             dirs[src.name] = src.token_dir
         else:
-            root, sub = (out_dir, [PUBLIC]) if src.kind == "public" else (state_dir, ["sensitive", src.name])
-            dirs[src.name] = FileSystems.join(root, TOKENS_DIR, *sub)
+            sub = [PUBLIC] if src.kind == "public" else ["sensitive", src.name]
+            dirs[src.name] = FileSystems.join(state_dir, TOKENS_DIR, *sub)
     return dirs
 
 

@@ -129,7 +129,7 @@ def _private(out: pathlib.Path) -> pathlib.Path:
 
 def _check_against_reference(out: pathlib.Path, tokenizer_path: str, report: dict):
     tokenizer = Tokenizer.load(tokenizer_path)
-    public = token_shards.read_corpus(str(out / "tokens" / "public"))
+    public = token_shards.read_corpus(str(_private(out) / "tokens" / "public"))
     sensitive = token_shards.read_corpus(str(_private(out) / "tokens" / "sensitive" / "reviews"))
     ranges, hit = reference(public, sensitive, K)
     assert hit, "the planted passages must be found"
@@ -178,7 +178,7 @@ def test_dedup_matches_brute_force_and_reruns_identically(corpora, tokenizer_pat
     assert len(made) == 1
 
     # Already tokenized inputs are accepted and give the same clean corpus and report.
-    again = dedup_job.run(["--public", str(tmp_path / "out" / "tokens" / "public"), "--sensitive",
+    again = dedup_job.run(["--public", str(_private(tmp_path / "out") / "tokens" / "public"), "--sensitive",
                            f"reviews={_private(tmp_path / 'out') / 'tokens' / 'sensitive' / 'reviews'}",
                            "--tokenizer", tokenizer_path, "--out", str(tmp_path / "pre"), "--min-tokens", str(K)])
     assert again == report
@@ -194,7 +194,7 @@ def test_mismatched_tokenizer_is_refused(corpora, tokenizer_path, tmp_path):
     from dpsynth.data.readers import InputError
 
     with pytest.raises(InputError, match="tokenized with tokenizer"):
-        jobs.dedup([str(tmp_path / "out" / "tokens" / "public")], [str(corpora / "sens")],
+        jobs.dedup([str(_private(tmp_path / "out") / "tokens" / "public")], [str(corpora / "sens")],
                    tokenizer_path=str(tmp_path / "other.model"), out_dir=str(tmp_path / "o2"))
 
 
@@ -221,8 +221,8 @@ def test_a_corpus_without_a_valid_document_stops_the_job_before_the_index(corpor
     with pytest.raises(EmptyDatasetError, match=r"bad.jsonl: no valid document \(2 dead-lettered"):
         jobs.dedup([public], [sensitive], tokenizer_path=tokenizer_path, out_dir=str(tmp_path / "out"),
                    min_tokens=K)
-    written = {p.name for p in (tmp_path / "out").iterdir()}
-    assert written == {"tokens"}
+    assert not list((tmp_path / "out").iterdir())  # the token corpora are in the private state
+    assert (_private(tmp_path / "out") / "tokens" / "public" / "manifest.json").is_file()
 
 
 def test_clean_texts_equal_sentencepiece_on_each_kept_piece(tokenizer_path):
@@ -330,7 +330,7 @@ def test_an_unread_sensitive_record_is_refused_one_line(cp1252_case, tokenizer_p
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and err[0].startswith("dpsynth dedup: error: sensitive 'reviews': 3 of 12 records")
     assert "record 3: invalid UTF-8" in err[0] and "--encoding" in err[0] and "--allow-unread-sensitive" in err[0]
-    assert set(outdir.without_run_files(os.listdir(out))) == {"tokens"}  # nothing cut, no clean corpus, no report
+    assert not out.exists() or outdir.without_run_files(os.listdir(out)) == []  # nothing cut, no report, no tokens
 
 
 def test_allow_unread_sensitive_lists_the_records_not_protected(cp1252_case, tokenizer_path, capsys):
@@ -357,9 +357,9 @@ def test_the_right_encoding_reads_every_record_and_cuts_the_planted_review(cp125
 def test_sensitive_material_is_owner_only_state_outside_out(cp1252_case, tokenizer_path):
     out, state = cp1252_case / "out", cp1252_case / "state"
     dedup_job.run(_unread_argv(cp1252_case, tokenizer_path, out, "--encoding", "cp1252", "--state-dir", str(state)))
-    assert sorted(p.name for p in out.iterdir()) == ["clean", "clean_tokens", "contamination.json", "tokens"]
-    assert [p.name for p in (out / "tokens").iterdir()] == ["public"]
+    assert sorted(p.name for p in out.iterdir()) == ["clean", "clean_tokens", "contamination.json"]
     assert (state / "index").is_file() and (state / "tokens" / "sensitive" / "reviews" / "manifest.json").is_file()
+    assert (state / "tokens" / "public" / "manifest.json").is_file()
     for p in [state, *state.rglob("*")]:
         assert stat.S_IMODE(p.stat().st_mode) == (0o700 if p.is_dir() else 0o600), p
     with pytest.raises(ValueError, match="inside the released directory"):
@@ -386,3 +386,87 @@ def test_a_bad_cut_setting_is_one_line_before_anything_is_written(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and f"{flag[2:].replace('-', '_')}: must be an integer >= 1" in err and "Traceback" not in err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- what OUT may hold (publishable)
+
+
+def _planted(case: pathlib.Path) -> str:
+    """The review the `cp1252_case` planted in its public corpus (r5 of its sensitive CSV)."""
+    rows = list(csv.DictReader(io.StringIO((case / "sens.csv").read_bytes().decode("cp1252"))))
+    (text,) = [r["text"] for r in rows if r["id"] == "r5"]
+    return text
+
+
+def _everything_in(out: pathlib.Path, tokenizer_path: str) -> list[str]:
+    """Every file under `out` as text, and every token corpus under it decoded document by document."""
+    tokenizer = Tokenizer.load(tokenizer_path)
+    texts = [p.read_bytes().decode("utf-8", "replace") for p in sorted(out.rglob("*")) if p.is_file()]
+    for manifest in sorted(out.rglob(token_shards.MANIFEST)):
+        if json.loads(manifest.read_text()).get("format") == "dpsynth.tokens":
+            corpus = token_shards.read_corpus(str(manifest.parent))
+            texts += [tokenizer.decode(corpus.document(j)) for j in range(corpus.num_documents)]
+    return texts
+
+
+def test_out_holds_only_the_declared_publishable_layout_and_no_planted_review(cp1252_case, tokenizer_path):
+    """The planted review is cut, and nothing in OUT (a file's bytes, a token corpus decoded)
+    holds 20 consecutive words of it: every word is at least one token, so such a run would be a
+    shared sequence of >= 20 > K tokens, which the cut removes. The uncleaned public corpus,
+    which holds it, is private state, as `PRIVATE` declares."""
+    from dpsynth.beam import dedup as bdedup
+
+    out = cp1252_case / "out"
+    assert dedup_job.main(_unread_argv(cp1252_case, tokenizer_path, out, "--encoding", "cp1252")) == 0
+    assert set(outdir.without_run_files(os.listdir(out))) == bdedup.publishable_names() \
+        == {"clean", "clean_tokens", "contamination.json"}
+    words = _planted(cp1252_case).split()
+    windows = [" ".join(words[i:i + 20]) for i in range(len(words) - 19)]
+    assert len(words) >= 40 and windows
+    texts = _everything_in(out, tokenizer_path)
+    assert not [w for w in windows if any(w in t for t in texts)]
+    private = _everything_in(_private(out) / "tokens" / "public", tokenizer_path)
+    assert all(any(w in t for t in private) for w in windows)  # (the check can see it where it is)
+    assert "tokens/public/" in dict(bdedup.PRIVATE)
+
+
+def test_an_older_layouts_public_tokens_in_out_are_removed_and_a_public_token_corpus_in_out_is_refused(
+        cp1252_case, tokenizer_path, caplog):
+    """A rerun into an OUT where an older dpsynth left `tokens/public/` removes it (the tokens are
+    made again in the private state) and writes the same OUT otherwise; `--public OUT/...` (a token
+    corpus inside OUT) is one line, before anything is written."""
+    import shutil
+
+    from dpsynth.data.readers import InputError
+
+    out = cp1252_case / "out"
+    argv = _unread_argv(cp1252_case, tokenizer_path, out, "--encoding", "cp1252")
+    dedup_job.run(argv)
+    first = _tree_digest(out)
+    shutil.copytree(_private(out) / "tokens" / "public", out / "tokens" / "public")  # the old layout
+    with caplog.at_level("WARNING", logger="dpsynth"):
+        dedup_job.run(argv)
+    assert _tree_digest(out) == first and not (out / "tokens").exists()
+    assert any("older dpsynth" in r.getMessage() for r in caplog.records)
+    shutil.copytree(_private(out) / "tokens" / "public", out / "tokens" / "public")
+    given = ["--public", str(out / "tokens" / "public")] + argv[2:]
+    with pytest.raises(InputError, match=r"the public token corpus lies inside --out .* may be published"):
+        dedup_job.run(given)
+    assert (out / "tokens" / "public" / "manifest.json").is_file()  # refused: nothing of the user's is touched
+
+
+def test_the_help_and_formats_md_quote_the_declared_layout():
+    """`dpsynth dedup --help` prints `layout_text()` as it is, and docs/formats.md quotes it (in
+    its "Dedup output" item, indented two spaces)."""
+    import textwrap
+
+    from dpsynth.beam import dedup as bdedup
+
+    layout = bdedup.layout_text()
+    assert layout in dedup_job.build_parser().format_help()
+    formats = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text(encoding="utf-8")
+    assert textwrap.indent(layout, "  ") in formats
+    for path, _ in bdedup.PUBLISHABLE:
+        assert f"OUT/{path}" in layout
+    for path, _ in bdedup.PRIVATE:
+        assert f"STATE/{path}" in layout and f"OUT/{path}" not in layout

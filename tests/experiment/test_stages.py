@@ -119,9 +119,10 @@ def test_released_tokenizer_never_sees_the_planted_reviews(files, tmp_path, caps
     temporary = tmp_path / "run" / "private" / "dedup" / dedup.hash[:16] / stages.DEDUP_TOKENIZER
     assert os.stat(temporary).st_mode & 0o777 == 0o600 and not any(
         f.endswith(".model") for f in os.listdir(dedup.dir))  # the dedup's tokenizer stays private
-    # ... and so do the sensitive token corpus and index: the stage's output holds the public tokens only.
-    assert os.listdir(dedup.path("tokens")) == ["public"] and not os.path.exists(dedup.path("index"))
+    # ... and so do the token corpora (the public one is the corpus before the cut) and the index.
+    assert not os.path.exists(dedup.path("tokens")) and not os.path.exists(dedup.path("index"))
     assert os.path.isfile(temporary.parent / "dedup" / "index")
+    assert os.path.isfile(temporary.parent / "dedup" / "tokens" / "public" / "manifest.json")
     out = capsys.readouterr().out
     assert "DEMO: planted 2 sensitive training reviews" in out
     assert REVIEW.strip() not in out and RARE not in out  # private text never printed
