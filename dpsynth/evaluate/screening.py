@@ -109,6 +109,7 @@ class SelectPlan:
       candidates: the candidates the classifiers score (a prefix candidate costs no generation).
       trainings_per_candidate: classifier trainings of one candidate's sweep (trials x repeats).
       max_len: tokens per example at most (prompt + text).
+      candidate_train_sizes: each candidate's synthetic train examples (what its classifiers train on).
     """
 
     screen_size: int
@@ -413,4 +414,5 @@ def screening_record(plan: SelectPlan, winner: str, final_dir: str) -> dict[str,
                     "post-processing of the model and of the DP choice, no further privacy cost (the epsilon above "
                     "is the release's whole guarantee)"),
         "multiples": "not chosen: the release has the largest multiple of |D_train| asked for",
+        "plan": plan.to_json(),
     }

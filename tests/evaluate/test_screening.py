@@ -124,6 +124,8 @@ def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_set
     assert sel["selected"] == summary["selected"] and sel["candidates"] == ["w0-t1", "w1.5-t1"]
     assert sel["screening"]["released_setting"] == {"guidance": w, "temperature": 1.0}
     assert sel["screening"]["released_train_size"] == 40 and "no further privacy cost" in sel["screening"]["privacy"]
+    assert sel["screening"]["plan"] == {"screen_size": 16, "screening_examples": 36, "final_examples": 44,
+                                        "examples": 80, "trainings": 4, "max_tokens": 80 * 12}
     gen = json.load(open(os.path.join(out, "generation_config.json")))
     assert gen["num_examples"] == {"train": 40, "valid": 4}
     assert gen["sampler"]["guidance"] == w and gen["sampler"]["temperature"] == 1.0
