@@ -103,7 +103,6 @@ def parser() -> argparse.ArgumentParser:
 
 @errors.command("select", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora, dp_select, screening
 
     ap = parser()
@@ -189,6 +188,8 @@ def _plan(args, config):
     size = screening.DEFAULT_SCREEN_SIZE if args.screen_size is None else args.screen_size
     if size < 0:
         raise errors.DpsynthError(f"--screen-size must be >= 0 (0: no screening), got {size}")
+    if args.time_budget is not None and not args.time_budget > 0:  # (before the probe)
+        raise errors.DpsynthError(f"--time-budget must be > 0 seconds, got {args.time_budget:g}")
     gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
     speed, max_len = screening.probe(args.model, screening.settings_of(grid), config=config, **gen)
     plan = screening.make_plan(grid, dataset_size=dataset_size, valid_fraction=args.valid_fraction, screen_size=size,

@@ -189,3 +189,11 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     assert total(n) <= 100 < total(n + 1)  # the largest size that fits
     assert cli.main(["--candidates", out, "--valid", "v", "--out", out, "--time-budget", "5"]) == 2
     assert "apply with --model" in capsys.readouterr().err
+
+
+    def no_probe(*a, **k):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(screening, "probe", no_probe)  # a bad budget is refused before the probe
+    assert cli.main(common + ["--out", out, "--time-budget", "0", "--dry-run"]) == 2
+    assert "--time-budget must be > 0 seconds" in capsys.readouterr().err
