@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         if screened is not None:  # the winner's setting at full size: post-processing, no privacy cost
             release_dir = screening.generate_final(args.model, root, screened, selection.winner_name,
                                                    label_distribution=distribution, beam_args=beam_args, **gen)
-            record = screening.screening_record(screened, selection.winner_name, release_dir)
+            record = screening.screening_record(screened, selection.winner_name, release_dir, speed)
         dp_select.write_selection(args.out, selection, paths, release_dir=release_dir, screening=record)
         sel = selection.report["selection"]
         if not sel["within_target"]:

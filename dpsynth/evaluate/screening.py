@@ -105,7 +105,8 @@ class SelectPlan:
         candidate of the grid at its size, the winner copied as it is).
       screening: the generation jobs scored by the classifiers.
       final: the winner's full-size job (None without screening). Its setting is the DP choice,
-        unknown before: the plan counts it at the slowest setting of the grid.
+        unknown before (guidance and temperature -1 here; `generate_final` sets the winner's): the
+        ETA counts it at the slowest setting of the grid.
       candidates: the candidates the classifiers score (a prefix candidate costs no generation).
       trainings_per_candidate: classifier trainings of one candidate's sweep (trials x repeats).
       max_len: tokens per example at most (prompt + text).
@@ -401,8 +402,8 @@ def _generate(model_dir, out_dir, j: Job, label_distribution, beam_args, job_kwa
     return out_dir
 
 
-def screening_record(plan: SelectPlan, winner: str, final_dir: str) -> dict[str, Any]:
-    """The `screening` section of selection.json (public: sizes, the setting, no score)."""
+def screening_record(plan: SelectPlan, winner: str, final_dir: str, speed: Speed | None = None) -> dict[str, Any]:
+    """The `screening` section of selection.json (public: sizes, the setting, the probe's speed; no score)."""
     screened = {j.name: j for j in plan.screening}[winner]
     return {
         "screen_size": plan.screen_size, "screen_valid_size": screened.valid,
@@ -414,5 +415,5 @@ def screening_record(plan: SelectPlan, winner: str, final_dir: str) -> dict[str,
                     "post-processing of the model and of the DP choice, no further privacy cost (the epsilon above "
                     "is the release's whole guarantee)"),
         "multiples": "not chosen: the release has the largest multiple of |D_train| asked for",
-        "plan": plan.to_json(),
+        "plan": plan.to_json(), **({"probe": speed.to_json()} if speed is not None else {}),
     }

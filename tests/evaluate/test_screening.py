@@ -113,6 +113,10 @@ def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_set
     assert "plan: screening 2 sampling settings at 16 train examples each: 36 examples" in got.err
     assert "the winner at full size: 44 examples (40 train + 4 valid)" in got.err and "plan: ETA" in got.err
     assert got.err.index("plan: ETA") < got.err.index("select: screening generation")
+    progress = [line for line in got.err.splitlines() if line.startswith(("select: screening generation",
+                                                                          "select: the winner at full size"))]
+    assert progress and all("example/s" in line and "ETA" in line for line in progress)
+    assert progress[-1].startswith("select: the winner at full size: 44/44 example")
     assert summary["candidates"] == 2 and summary["selected"] in ("w0-t1", "w1.5-t1")
     screened = os.path.join(out + ".candidates", screening.SCREEN_DIR)
     assert sorted(os.listdir(screened)) == ["w0-t1", "w1.5-t1"]
@@ -126,6 +130,7 @@ def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_set
     assert sel["screening"]["released_train_size"] == 40 and "no further privacy cost" in sel["screening"]["privacy"]
     assert sel["screening"]["plan"] == {"screen_size": 16, "screening_examples": 36, "final_examples": 44,
                                         "examples": 80, "trainings": 4, "max_tokens": 80 * 12}
+    assert set(sel["screening"]["probe"]["examples_per_second"]) == {"unguided", "guided"}
     gen = json.load(open(os.path.join(out, "generation_config.json")))
     assert gen["num_examples"] == {"train": 40, "valid": 4}
     assert gen["sampler"]["guidance"] == w and gen["sampler"]["temperature"] == 1.0
