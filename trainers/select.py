@@ -2,12 +2,19 @@
 
     dpsynth select --model runs/lora --valid data/valid.csv --epsilon 1 --out runs/synth \
         [--guidance 0,1.5,3,6] [--temperatures 1,1.2] [--multiples 1,3] \
+        [--screen-size 2000] [--time-budget SECONDS] [--dry-run]
         [--label-source data/train.csv --label-noise-multiplier 30] [Beam flags...]
     dpsynth select --candidates runs/synth_a runs/synth_b ... --valid data/valid.csv --epsilon 1 --out runs/synth
 
-With `--model`, the candidates are generated first (each sampling setting once, at its
-largest multiple of |D_train|; smaller multiples are its prefixes) under `OUT.candidates/`;
-with `--candidates`, they are corpus directories that exist. A classifier is trained on each
+With `--model`, the candidates are generated first under `OUT.candidates/`: by default each
+sampling setting once as a small candidate (`--screen-size` train examples), and only the
+winner's setting is then generated at the size asked for (the largest `--multiples` x |D_train|)
+and released (post-processing of the model and the DP choice: no further privacy cost;
+`dpsynth.evaluate.screening`); with `--screen-size 0`, each setting at its largest multiple
+(smaller multiples are its prefixes), every one a candidate. Before any generation the plan is
+printed (examples, tokens, classifier trainings, an ETA from a timed probe of the real model);
+`--time-budget` shrinks the screening size to fit or refuses, `--dry-run` stops after the plan.
+With `--candidates`, they are corpus directories that exist. A classifier is trained on each
 candidate's synthetic splits and its correct predictions on the real `--valid` are counted; only
 the winner is released, by the exponential mechanism (or `--mechanism gaussian`) at
 `--epsilon`, into `--out` (a corpus directory: splits, composed `privacy_report.json`,
@@ -37,7 +44,7 @@ def _floats(s: str) -> tuple[float, ...]:
 
 def parser() -> argparse.ArgumentParser:
     from dpsynth.dp import private_selection as ps
-    from dpsynth.evaluate import dp_select, registry
+    from dpsynth.evaluate import dp_select, registry, screening
     from dpsynth.evaluate import train_classifier as tc
     from dpsynth.generate.plan import GenerateConfig
     from dpsynth.train import resources
@@ -68,6 +75,19 @@ def parser() -> argparse.ArgumentParser:
                         f"comma-separated; default: {','.join(map(str, dp_select.DEFAULT_MULTIPLES))})")
     g.add_argument("--valid-fraction", type=float, default=0.1,
                    help="synthetic valid = this x synthetic train (default: %(default)s)")
+    g.add_argument("--screen-size", type=int, default=None, metavar="N",
+                   help=f"synthetic train examples per sampling setting when screening (default "
+                        f"{screening.DEFAULT_SCREEN_SIZE}): the DP choice is made among these small candidates and only "
+                        "the winner's setting is generated at the largest --multiples x |D_train| and released (no "
+                        "further privacy cost); the multiple is not chosen. 0: every candidate of the grid at full "
+                        "size, the multiples chosen too (the pre-screening behaviour)")
+    g.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds the whole run (generation and classifiers) may take, by the ETA measured on this "
+                        "machine (a timed probe of the model's sampler and of one classifier training): the screening "
+                        f"size shrinks to fit (down to {screening.MIN_SCREEN_SIZE}), else the run is refused, saying what "
+                        "fits; the grid and the released size are never shrunk")
+    g.add_argument("--dry-run", action="store_true", help="print the plan (counts and the measured ETA) and stop: "
+                   "nothing is written and D_valid is not read")
     # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
     binding.add_flags(g, GenerateConfig, prefix="gen", skip=tuple(f.name for f in dataclasses.fields(GenerateConfig)
                                                                   if f.name not in _GENERATE_BOUND), overrides={
@@ -87,13 +107,19 @@ def parser() -> argparse.ArgumentParser:
 
 @errors.command("select", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    from dpsynth.dp import report as report_lib
-    from dpsynth.evaluate import corpora, dp_select
+    from dpsynth.evaluate import corpora, dp_select, screening
 
     ap = parser()
     args, beam_args = ap.parse_known_args(argv)
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     config = binding.from_args(dp_select.SelectConfig, args)
+    if args.candidates and (args.screen_size is not None or args.time_budget is not None or args.dry_run):
+        raise errors.DpsynthError("--screen-size, --time-budget and --dry-run apply with --model (generated candidates)")
+    if args.dry_run:  # before --out is claimed: nothing is written, D_valid is not read
+        plan, speed, _, _ = _plan(args, config)
+        for line in plan.lines(speed):
+            print(f"dpsynth select: {line}", file=sys.stderr)
+        return 0
     # --out is one run's corpus (kind, lock, writable before any compute: `dpsynth.outdir`).
     with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args), parser=ap,
                       writable=(("private state", dead_letters.private_dir(args.out)),), secret=("seed",)):
@@ -101,20 +127,27 @@ def main(argv=None) -> int:
                                         prefix="dpsynth select: ")
         dead_letters.read_checked([("valid (--valid)", args.valid)], policy, encoding=args.encoding)
         valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit, encoding=args.encoding)
+        release_dir = screened = None
         if args.model:
-            report = report_lib.load_report(args.model)
+            plan, speed, grid, dataset_size = _plan(args, config)
+            for line in plan.lines(speed):
+                print(f"dpsynth select: {line}", file=sys.stderr)
             distribution = None
             if args.label_source:
                 from dpsynth.generate import job
 
                 distribution = job.dp_label_distribution(args.model, args.label_source,
                                                          noise_multiplier=args.label_noise_multiplier)
-            paths = dp_select.generate_candidates(
-                args.model, os.path.normpath(args.out) + ".candidates",
-                dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples),
-                dataset_size=int(report["training"]["dataset_size"]), valid_fraction=args.valid_fraction,
-                label_distribution=distribution, beam_args=beam_args,
-                **{name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND})
+            root = os.path.normpath(args.out) + ".candidates"
+            gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
+            if plan.screen_size:
+                paths = screening.generate_screened(args.model, root, plan, label_distribution=distribution,
+                                                    beam_args=beam_args, **gen)
+                screened = plan
+            else:
+                paths = dp_select.generate_candidates(
+                    args.model, root, grid, dataset_size=dataset_size, valid_fraction=args.valid_fraction,
+                    label_distribution=distribution, beam_args=beam_args, **gen)
         else:
             if beam_args:
                 raise errors.DpsynthError(f"unknown flags {beam_args} (Beam flags only apply with --model)")
@@ -125,7 +158,12 @@ def main(argv=None) -> int:
                     raise errors.DpsynthError(f"two candidates are named {name!r}: give directories with distinct names")
                 paths[name] = d
         selection = dp_select.select_corpora(paths, valid, config)
-        dp_select.write_selection(args.out, selection, paths)
+        record = None
+        if screened is not None:  # the winner's setting at full size: post-processing, no privacy cost
+            release_dir = screening.generate_final(args.model, root, screened, selection.winner_name,
+                                                   label_distribution=distribution, beam_args=beam_args, **gen)
+            record = screening.screening_record(screened, selection.winner_name, release_dir, speed)
+        dp_select.write_selection(args.out, selection, paths, release_dir=release_dir, screening=record)
         sel = selection.report["selection"]
         if not sel["within_target"]:
             acc = selection.report.get("accountant", "rdp")
@@ -140,6 +178,28 @@ def main(argv=None) -> int:
                           "composition": selection.report["selection"]["composition"],
                           "within_target": selection.report["selection"]["within_target"], "out": args.out}))
     return 0
+
+
+def _plan(args, config):
+    """The run's `screening.SelectPlan` over the grid of the flags, timed by a probe of the model and
+    fitted to --time-budget (`screening.fit_time_budget`). Returns (plan, the probe's `Speed`, grid, |D_train|)."""
+    from dpsynth.dp import report as report_lib
+    from dpsynth.evaluate import dp_select, screening
+
+    report = report_lib.load_report(args.model)
+    dataset_size = int(report["training"]["dataset_size"])
+    grid = dp_select.candidate_grid(args.guidance, args.temperatures, args.multiples)
+    size = screening.DEFAULT_SCREEN_SIZE if args.screen_size is None else args.screen_size
+    if size < 0:
+        raise errors.DpsynthError(f"--screen-size must be >= 0 (0: no screening), got {size}")
+    if args.time_budget is not None and not args.time_budget > 0:  # (before the probe)
+        raise errors.DpsynthError(f"--time-budget must be > 0 seconds, got {args.time_budget:g}")
+    gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
+    speed, max_len = screening.probe(args.model, screening.settings_of(grid), config=config, **gen)
+    plan = screening.make_plan(grid, dataset_size=dataset_size, valid_fraction=args.valid_fraction, screen_size=size,
+                               trainings_per_candidate=screening.trainings_per_candidate(config), max_len=max_len)
+    return (screening.fit_time_budget(plan, speed, args.time_budget, valid_fraction=args.valid_fraction), speed, grid,
+            dataset_size)
 
 
 if __name__ == "__main__":

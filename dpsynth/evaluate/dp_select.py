@@ -146,8 +146,11 @@ def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapp
 def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: SelectConfig,
                    rng: np.random.Generator | None = None) -> Selection:
     """Scores every candidate corpus (`paths`: name -> directory) on `valid` and DP-selects one."""
+    from dpsynth.progress import Progress
+
     names, scores, reports = [], [], []
     tc.check_records("real valid", valid)
+    progress = Progress(total=len(paths), desc="select: scoring", unit="candidate", interval=0.0)
     for name, path in paths.items():
         corpus = corpora.read_corpus(path, name)
         reports.append(corpus.privacy_report)
@@ -155,15 +158,20 @@ def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: S
         names.append(name)
         scores.append(correct_counts(corpus, valid, config))
         logger.info("candidate %s scored", name)  # the score goes to the private state, not to logs
+        progress.update(1)  # (counts and rates only)
     return select(names, scores, reports, config, rng)
 
 
 def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str], *,
-                    private_dir: str | None = None) -> str:
+                    private_dir: str | None = None, release_dir: str | None = None,
+                    screening: Mapping[str, Any] | None = None) -> str:
     """Writes the winner as a corpus directory `out_dir` (its splits, reports, the composed privacy
-    report and `selection.json`); the counts go to the owner-only `private_dir` (default OUT.private)."""
+    report and `selection.json`); the counts go to the owner-only `private_dir` (default OUT.private).
+    `release_dir`: the corpus released for the winner (default its candidate directory; screening:
+    the winner's setting generated at full size, `dpsynth.evaluate.screening`), described by the
+    `screening` section of selection.json."""
     private_dir = private_dir or os.path.normpath(out_dir) + ".private"
-    src = paths[selection.winner_name]
+    src = release_dir or paths[selection.winner_name]
     os.makedirs(out_dir, exist_ok=True)
     for name in COPIED:
         if os.path.exists(os.path.join(src, name)):
@@ -176,7 +184,8 @@ def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str]
     fileio.write_json(os.path.join(out_dir, SELECTION_FILE), {
         "format": "dpsynth.selection", "format_version": 1, **selection.report["selection"],
         "epsilon": selection.report["epsilon"], "delta": selection.report["delta"],
-        "candidate_dirs": {n: os.path.abspath(p) for n, p in paths.items()}})
+        "candidate_dirs": {n: os.path.abspath(p) for n, p in paths.items()},
+        **({"screening": dict(screening)} if screening is not None else {})})
     _write_manifest(out_dir, selection.winner_name)
     return out_dir
 

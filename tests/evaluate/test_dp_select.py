@@ -183,7 +183,8 @@ def test_cli_chains_a_selection_counting_the_tuning_once(candidates, tmp_path, c
 
 def test_cli_hands_the_generation_settings_to_the_generation_job(tmp_path, monkeypatch, capsys):
     """`dpsynth select --model`: --max-len, --gen-batch-size, --gen-seed and the memory flags are the
-    generation job's `GenerateConfig` settings, handed over as such (declared once, there)."""
+    generation job's `GenerateConfig` settings, handed over as such (declared once, there), to the
+    jobs and to the plan's probe."""
     from dpsynth.generate.plan import GenerateConfig
     from trainers import select as cli
 
@@ -198,14 +199,21 @@ def test_cli_hands_the_generation_settings_to_the_generation_job(tmp_path, monke
         seen.update(kwargs)
         raise Stop
 
+    from dpsynth.evaluate import screening
+
     monkeypatch.setattr(report_lib, "load_report", lambda d: {"training": {"dataset_size": 50}})
     monkeypatch.setattr(dp_select, "generate_candidates", fake_generate_candidates)
-    argv = ["--model", str(tmp_path / "m"), "--valid", str(valid_path), "--out", str(tmp_path / "o")]
+    probed = {}
+    monkeypatch.setattr(screening, "probe", lambda model, settings, config, **kw: (probed.update(kw), (
+        screening.Speed(examples_per_second={False: 1.0, True: 1.0}, job_overhead_seconds=0.0, mean_tokens=1.0,
+                        classifier_seconds_per_example=0.0), 8))[1])
+    argv = ["--model", str(tmp_path / "m"), "--valid", str(valid_path), "--out", str(tmp_path / "o"), "--screen-size", "0"]
     with pytest.raises(Stop):
         cli.main(argv + ["--max-len", "40", "--gen-batch-size", "auto", "--gen-seed", "3", "--memory-limit", "1GiB",
                          "--memory-headroom", "0.3"])
     assert {k: seen[k] for k in cli._GENERATE_BOUND} == {"max_len": 40, "batch_size": "auto", "seed": 3,
                                                          "memory_limit": 1 << 30, "memory_headroom": 0.3}
+    assert probed == {k: seen[k] for k in cli._GENERATE_BOUND}  # the probe times the job the run will run
     with pytest.raises(Stop):
         cli.main(argv)
     defaults = GenerateConfig(model_dir="m", out_dir="o", num_examples=1)

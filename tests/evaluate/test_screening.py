@@ -1,0 +1,204 @@
+"""`dpsynth select --model` with screening (dpsynth.evaluate.screening): the plan's counts against
+the grid arithmetic, --time-budget shrinking or refusing, and end to end on the fake model: the
+released corpus has the size asked for and the winner's setting, its privacy report is the one
+the full-size path writes."""
+
+import json
+import os
+
+import pytest
+
+from dpsynth.dp import report as report_lib
+from dpsynth.dp.ledger import PrivacyLedger
+from dpsynth.evaluate import dp_select, screening
+from tests.evaluate.conftest import make_records
+
+# A hand-made speed (no timing in tests): guided sampling half as fast as unguided.
+SPEED = screening.Speed(examples_per_second={False: 100.0, True: 50.0}, job_overhead_seconds=10.0, mean_tokens=40.0,
+                        classifier_seconds_per_example=0.01)
+
+
+def default_plan(screen_size=2000, dataset_size=20_000):
+    return screening.make_plan(dp_select.candidate_grid(), dataset_size=dataset_size, valid_fraction=0.1,
+                               screen_size=screen_size, trainings_per_candidate=2, max_len=128)
+
+
+def test_plan_counts_follow_the_grid_arithmetic():
+    # Screening: 8 settings x (2000 + 200) examples, then the winner at 3 x 20,000 (+ 10% valid).
+    plan = default_plan()
+    assert plan.screening_examples == 8 * 2200 and plan.final_examples == 60_000 + 6_000
+    assert plan.examples == 8 * 2200 + 66_000 and plan.max_tokens() == plan.examples * 128
+    assert plan.candidates == 8 and plan.trainings == 16
+    guided = sum(1 for j in plan.screening if j.guidance > 0)  # 6 of the 8 settings
+    assert guided == 6
+    eta = plan.seconds(SPEED)
+    assert eta["screening"] == pytest.approx(8 * 10 + 2 * 2200 / 100 + 6 * 2200 / 50)
+    assert eta["final"] == pytest.approx(10 + 66_000 / 50)  # the winner is unknown: the slowest setting
+    assert eta["classifiers"] == pytest.approx(2 * 0.01 * 8 * 2000)
+    assert eta["total"] == pytest.approx(eta["screening"] + eta["final"] + eta["classifiers"])
+    # Without screening: each setting at its largest multiple (528,000 examples), all 16 candidates scored.
+    full = default_plan(screen_size=0)
+    assert full.screening_examples == 8 * 66_000 and full.final is None and full.trainings == 16 * 2
+    assert full.seconds(SPEED)["classifiers"] == pytest.approx(2 * 0.01 * 8 * (20_000 + 60_000))
+    text = "\n".join(plan.lines(SPEED))
+    assert "83,600 examples" in text and "16 trainings" in text and "ETA" in text
+    with pytest.raises(ValueError):
+        default_plan(screen_size=-1)
+
+
+def test_time_budget_shrinks_the_screening_size_or_refuses_saying_what_fits():
+    plan = default_plan()
+    need = plan.seconds(SPEED)["total"]
+    assert screening.fit_time_budget(plan, SPEED, None, valid_fraction=0.1) is plan
+    assert screening.fit_time_budget(plan, SPEED, need + 1, valid_fraction=0.1) is plan
+    floor = screening.fit_time_budget(plan, SPEED, need * 10, valid_fraction=0.1)  # (unchanged when it fits)
+    assert floor.screen_size == 2000
+    smallest = plan_at(plan, screening.MIN_SCREEN_SIZE).seconds(SPEED)["total"]
+    budget = (smallest + need) / 2
+    fitted = screening.fit_time_budget(plan, SPEED, budget, valid_fraction=0.1)
+    assert screening.MIN_SCREEN_SIZE <= fitted.screen_size < 2000
+    assert fitted.seconds(SPEED)["total"] <= budget  # it fits ...
+    assert plan_at(plan, fitted.screen_size + 1).seconds(SPEED)["total"] > budget  # ... the largest
+    # The grid and the released size are never shrunk.
+    assert fitted.final == plan.final and len(fitted.screening) == len(plan.screening)
+    assert all(j.train == fitted.screen_size and j.valid == round(0.1 * fitted.screen_size) for j in fitted.screening)
+    with pytest.raises(screening.BudgetError, match="what fits is a final corpus of about") as e:
+        screening.fit_time_budget(plan, SPEED, smallest - 100, valid_fraction=0.1)
+    assert "\n" not in str(e.value)
+    with pytest.raises(screening.BudgetError, match="nothing fits"):
+        screening.fit_time_budget(plan, SPEED, 5, valid_fraction=0.1)
+    with pytest.raises(screening.BudgetError, match="--screen-size 2000"):  # full size: nothing to shrink
+        screening.fit_time_budget(default_plan(0), SPEED, need, valid_fraction=0.1)
+
+
+def plan_at(plan, size):
+    """`plan` screened at `size` (an independent construction from the grid)."""
+    return default_plan(screen_size=size)
+
+
+# ---------------------------------------------------------------------- end to end on the fake model
+
+
+@pytest.fixture
+def fake_setup(tmp_path, monkeypatch):
+    from dpsynth.generate import model_info
+    from tests.generate.fakes import load_fake_bundle, write_fake_model_dir
+
+    model = write_fake_model_dir(str(tmp_path / "model"), max_len=12)
+    ledger = PrivacyLedger(delta=1e-5, target_epsilon=3.0)  # a report with |D_train| = 20
+    ledger.record_dpsgd(sampling_probability=0.05, noise_multiplier=1.0, steps=100, clip_norm=1.0, dataset_size=20)
+    report_lib.write_report(model, report_lib.build_report(ledger, training={"mode": "lora", "dataset_size": 20},
+                                                           contamination_sha256=None, max_tokens_per_example=12))
+    monkeypatch.setattr(model_info, "load_bundle", load_fake_bundle)  # (the CLI's loader, looked up at call time)
+    valid = tmp_path / "valid.jsonl"
+    valid.write_text("".join(json.dumps(r) + "\n" for r in make_records(30, 7)))
+    common = ["--model", model, "--valid", str(valid), "--temperatures", "1", "--guidance", "0,1.5",
+              "--max-epochs", "1", "--seed", "0", "--max-len", "12", "--gen-batch-size", "4"]
+    return tmp_path, common
+
+
+def lines(path):
+    return open(path).read().splitlines()
+
+
+def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_setup, capsys):
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    out = str(tmp_path / "synth")
+    assert cli.main(common + ["--out", out, "--multiples", "1,2", "--screen-size", "16"]) == 0
+    got = capsys.readouterr()
+    summary = json.loads(got.out.strip().splitlines()[-1])
+    # The plan came first: 2 settings x (16 + 2) screened, the winner at 2 x 20 (+ 4 valid), 2 candidates.
+    assert "plan: screening 2 sampling settings at 16 train examples each: 36 examples" in got.err
+    assert "the winner at full size: 44 examples (40 train + 4 valid)" in got.err and "plan: ETA" in got.err
+    assert got.err.index("plan: ETA") < got.err.index("select: screening generation")
+    progress = [line for line in got.err.splitlines() if line.startswith(("select: screening generation",
+                                                                          "select: the winner at full size"))]
+    assert progress and all("example/s" in line and "ETA" in line for line in progress)
+    assert progress[-1].startswith("select: the winner at full size: 44/44 example")
+    assert summary["candidates"] == 2 and summary["selected"] in ("w0-t1", "w1.5-t1")
+    screened = os.path.join(out + ".candidates", screening.SCREEN_DIR)
+    assert sorted(os.listdir(screened)) == ["w0-t1", "w1.5-t1"]
+    assert all(len(lines(os.path.join(screened, d, "train.jsonl"))) == 16 for d in os.listdir(screened))
+    # The release: the size asked for (the largest multiple), generated with the winner's setting.
+    assert len(lines(os.path.join(out, "train.jsonl"))) == 40 and len(lines(os.path.join(out, "valid.jsonl"))) == 4
+    sel = json.load(open(os.path.join(out, dp_select.SELECTION_FILE)))
+    w = 1.5 if summary["selected"] == "w1.5-t1" else 0.0
+    assert sel["selected"] == summary["selected"] and sel["candidates"] == ["w0-t1", "w1.5-t1"]
+    assert sel["screening"]["released_setting"] == {"guidance": w, "temperature": 1.0}
+    assert sel["screening"]["released_train_size"] == 40 and "no further privacy cost" in sel["screening"]["privacy"]
+    assert sel["screening"]["plan"] == {"screen_size": 16, "screening_examples": 36, "final_examples": 44,
+                                        "examples": 80, "trainings": 4, "max_tokens": 80 * 12}
+    assert set(sel["screening"]["probe"]["examples_per_second"]) == {"unguided", "guided"}
+    gen = json.load(open(os.path.join(out, "generation_config.json")))
+    assert gen["num_examples"] == {"train": 40, "valid": 4}
+    assert gen["sampler"]["guidance"] == w and gen["sampler"]["temperature"] == 1.0
+    assert sel["screening"]["released_dir"] == os.path.abspath(os.path.join(out + ".candidates", screening.FINAL_DIR,
+                                                                            summary["selected"]))
+
+
+def test_the_release_privacy_report_is_the_full_size_paths(fake_setup, capsys):
+    """Same grid (one multiple: the same candidates), same epsilon: screened or not, the release's
+    ledger, epsilon, delta and composition are the same (the full-size generation spends nothing)."""
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    a, b = str(tmp_path / "screened"), str(tmp_path / "full")
+    assert cli.main(common + ["--out", a, "--multiples", "1", "--screen-size", "20", "--epsilon", "2"]) == 0
+    assert cli.main(common + ["--out", b, "--multiples", "1", "--screen-size", "0", "--epsilon", "2"]) == 0
+    capsys.readouterr()
+    ra, rb = report_lib.load_report(a), report_lib.load_report(b)
+
+    def ledger(r):
+        return [{k: v for k, v in e.items() if k != "run"} for e in r["ledger"]["entries"]]
+
+    assert ledger(ra) == ledger(rb) and ledger(ra)[-1]["epsilon"] == 2.0
+    assert ra["epsilon"] == rb["epsilon"] and ra["delta"] == rb["delta"]
+    for key in ("composition", "epsilon_by_dataset", "epsilon_tuning", "mechanism", "epsilon"):
+        assert ra["selection"][key] == rb["selection"][key]
+    assert "screening" not in json.load(open(os.path.join(b, dp_select.SELECTION_FILE)))
+    # The full-size path released a candidate as it was (20 = 1 x |D_train|); the screened path, a new one of that size.
+    assert len(lines(os.path.join(a, "train.jsonl"))) == len(lines(os.path.join(b, "train.jsonl"))) == 20
+
+
+def test_dry_run_prints_the_plan_writes_nothing_and_reads_no_valid(fake_setup, capsys):
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    out = str(tmp_path / "synth")
+    argv = [a if a != str(tmp_path / "valid.jsonl") else str(tmp_path / "absent.jsonl") for a in common]
+    assert cli.main(argv + ["--out", out, "--multiples", "1,3", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert f"at {screening.DEFAULT_SCREEN_SIZE:,} train examples each" in err and "60 train + 6 valid" in err
+    assert not os.path.exists(out) and not os.path.exists(out + ".candidates") and not os.path.exists(out + ".private")
+
+
+def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    monkeypatch.setattr(screening, "probe", lambda *a, **k: (SPEED, 12))  # (a slow machine, by hand)
+    out = str(tmp_path / "synth")
+    assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dpsynth select: error: --time-budget 1 s") and "nothing fits" in err[0]
+    # 2 settings (1 guided) screened at n: 2 x 10 + 1.1 n / 100 + 1.1 n / 50 + 2 x 2 x 0.01 n, + 10 + 22 / 50 final.
+    assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "100", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    n = int(err.split("sampling settings at ")[1].split(" train")[0].replace(",", ""))
+    assert screening.MIN_SCREEN_SIZE <= n < screening.DEFAULT_SCREEN_SIZE
+    def total(k):
+        return 2 * 10 + (k + round(0.1 * k)) * (1 / 100 + 1 / 50) + 2 * 2 * 0.01 * k + 10 + 22 / 50
+
+    assert total(n) <= 100 < total(n + 1)  # the largest size that fits
+    assert cli.main(["--candidates", out, "--valid", "v", "--out", out, "--time-budget", "5"]) == 2
+    assert "apply with --model" in capsys.readouterr().err
+
+
+    def no_probe(*a, **k):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(screening, "probe", no_probe)  # a bad budget is refused before the probe
+    assert cli.main(common + ["--out", out, "--time-budget", "0", "--dry-run"]) == 2
+    assert "--time-budget must be > 0 seconds" in capsys.readouterr().err
