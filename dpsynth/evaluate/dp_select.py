@@ -275,9 +275,11 @@ def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec]
     multiples as its prefixes. One label distribution (e.g. ONE DP histogram draw) serves all.
     `generate_options`: more `GenerateConfig` fields; `job_kwargs`: more `job.generate` arguments
     (tests: `loader`). Returns candidate name -> corpus directory. Reruns resume (the job's own resume)."""
-    from dpsynth.generate import job
+    from dpsynth.generate import job, model_info
     from dpsynth.generate.sampler_config import SamplingOptions
 
+    kwargs = dict(job_kwargs or {})
+    kwargs.setdefault("loader", model_info.load_bundle)  # (looked up now, not at import: tests patch it)
     largest: dict[str, CandidateSpec] = {}
     for c in grid:
         if c.source_name not in largest or c.multiple > largest[c.source_name].multiple:
@@ -289,7 +291,7 @@ def generate_candidates(model_dir: str, root: str, grid: Sequence[CandidateSpec]
         job.generate(job.GenerateConfig(model_dir=model_dir, out_dir=gen_dir, num_examples=n, valid_examples=v,
                                         sampling=SamplingOptions(temperature=spec.temperature, guidance=spec.guidance),
                                         label_distribution=label_distribution, **generate_options),
-                     beam_args=beam_args, **dict(job_kwargs or {}))
+                     beam_args=beam_args, **kwargs)
     for c in grid:
         src = os.path.join(root, "generated", c.source_name)
         if c.multiple == largest[c.source_name].multiple:
