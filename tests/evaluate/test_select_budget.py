@@ -182,3 +182,21 @@ def test_a_candidate_without_a_privacy_report_is_named_by_its_directory(tmp_path
     with pytest.raises(ValueError) as e:
         dp_select.select_corpora({"ok": ok, "bare": bare}, make_records(10, 5, prefix="v"), FAST)
     assert f"candidate bare ({bare}) has no privacy report" in str(e.value) and "candidate 1" not in str(e.value)
+
+
+def test_the_cli_refuses_an_uncovered_histogram_before_anything_is_generated(tmp_path, capsys):
+    from trainers import select as cli
+
+    rep, _ = tuned_report(TuneConfig(epsilon=TARGET, batch_size=256, steps=200))  # reserved nothing
+    model = str(tmp_path / "lora")
+    report_lib.write_report(model, rep)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in make_records(50, 1)))
+    valid = tmp_path / "valid.jsonl"
+    valid.write_text("".join(json.dumps(r) + "\n" for r in make_records(20, 2, prefix="v")))
+    out = str(tmp_path / "synth")
+    assert cli.main(["--model", model, "--valid", str(valid), "--label-source", str(train), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dpsynth select: error: --label-source: a DP label histogram at noise multiplier 30 ")
+    assert "above its target 3" in err[-1]
+    assert not os.path.exists(out + ".candidates")
