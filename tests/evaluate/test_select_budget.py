@@ -68,6 +68,7 @@ def test_the_readme_flow_releases_at_most_the_target(reserved):
     assert plan.reserved == (histogram.reserved_entry(reserved),)
     sigma = dp_select.label_noise_multiplier(rep)  # select's default: the reserved sigma
     assert sigma == reserved
+    assert f"a DP label histogram of D_train at noise multiplier {reserved:g}" in report_lib.render_markdown(rep)
     corpus = report_lib.compose_gaussian(rep, noise_multiplier=sigma, name="label_histogram", run="draw-1")
     sel = dp_select.select(["a", "b"], [10, 12], [corpus, corpus], FAST)
     eps = sel.report["epsilon"]["rdp"]
