@@ -111,7 +111,8 @@ def compute(
         raise accounting.PrivacyConfigError(f"--reserve-selection-epsilon must be a finite number >= 0, got {reserve}")
     sigma_h = float(reserve_label_noise_multiplier or 0.0)
     if sigma_h < 0 or not math.isfinite(sigma_h):
-        raise accounting.PrivacyConfigError(f"--reserve-label-noise-multiplier must be a finite number >= 0, got {sigma_h}")
+        raise accounting.PrivacyConfigError(
+            f"--reserve-label-noise-multiplier must be a finite number >= 0, got {sigma_h}")
     if sigma_h and privacy_unit != "example":
         raise accounting.PrivacyConfigError("--reserve-label-noise-multiplier: a DP label histogram does not compose "
                                             "into a user-level run")

@@ -387,6 +387,7 @@ def _guarantee_text(how: str, split: str, disjointness: Mapping[str, Any] | None
                     "only (epsilon_sequential, delta)-DP")
         checked = (" and checked disjoint from D_train (exact duplicates within what such a split predicts)"
                    if disjointness is not None else "")
-        return f"D_valid was split from D data-independently ({split}){checked} and the tuning did not read it: {parallel}"
+        return (f"D_valid was split from D data-independently ({split}){checked} and the tuning did not read it: "
+                f"{parallel}")
     return (f"the split ({split}) is not data-independent or the tuning read D_valid without DP: the tuning and the "
             "selection compose sequentially (every ledger entry composed)")

@@ -113,7 +113,8 @@ class Selection:
     entry: dict
     mechanism: dict
     report: dict  # the winner's privacy report with every candidate's tuning and the selection composed
-    overlaps: tuple[dict, ...] = ()  # non-DP counts of D_valid records found in D_train (`dpsynth.dp.disjoint`): private
+    # non-DP counts of D_valid records found in D_train (`dpsynth.dp.disjoint`): private state only
+    overlaps: tuple[dict, ...] = ()
 
     @property
     def winner_name(self) -> str:
