@@ -36,7 +36,7 @@ def _float_or_inf(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsynth.dp import accounting, mechanisms, selection
+    from dpsynth.dp import accounting, histogram, mechanisms, selection
     from dpsynth.dp.users import PRIVACY_UNITS
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import tune_config as tune
@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                                               "positionally (it composes sequentially, at twice this epsilon): "
                                               "--epsilon then covers both (more noise here); 0: none (own files or "
                                               "a hash split compose in parallel and need none)"},
+        "reserve_label_noise_multiplier": {
+            "metavar": "SIGMA",
+            "help": "sigma of the DP label histogram of D_train that `dpsynth select --label-source` will draw (e.g. "
+                    f"{histogram.DEFAULT_NOISE_MULTIPLIER:g}): --epsilon then covers it too (a little more noise "
+                    "here); 0: none (select then refuses a histogram that would exceed --epsilon)"},
         "token_budget": {"help": "example-tokens an automatic recipe may process (default "
                                  f"{recipe_lib.DEFAULT_TOKEN_BUDGET:,})"},
         "time_budget": {"metavar": "SECONDS",

@@ -24,7 +24,7 @@ from dpsynth import binding, errors, logs
 # TuneConfig fields that do not change the compiled step (or that need the data): no flag here.
 _NOT_FLAGS = ("template", "full_lm", "label_dropout", "seed", "checkpoint_every", "privacy_unit",
               "max_examples_per_user", "recipe", "token_budget", "time_budget", "max_batch_size",
-              "reserve_selection_epsilon")
+              "reserve_selection_epsilon", "reserve_label_noise_multiplier")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@
     dpsynth select --model runs/lora --valid data/valid.csv --epsilon 1 --out runs/synth \
         [--guidance 0,1.5,3,6] [--temperatures 1,1.2] [--multiples 1,3] \
         [--screen-size 2000] [--time-budget SECONDS] [--dry-run]
-        [--label-source data/train.csv --label-noise-multiplier 30] [Beam flags...]
+        [--label-source data/train.csv [--label-noise-multiplier SIGMA]] [Beam flags...]
     dpsynth select --candidates runs/synth_a runs/synth_b ... --valid data/valid.csv --epsilon 1 --out runs/synth
 
 With `--model`, the candidates are generated first under `OUT.candidates/`: by default each
@@ -18,8 +18,11 @@ With `--candidates`, they are corpus directories that exist. A classifier is tra
 candidate's synthetic splits and its correct predictions on the real `--valid` are counted; only
 the winner is released, by the exponential mechanism (or `--mechanism gaussian`) at
 `--epsilon`, into `--out` (a corpus directory: splits, composed `privacy_report.json`,
-`selection.json`). The counts stay in the owner-only `OUT.private/`. See
-`dpsynth.evaluate.dp_select` and docs/dp.md, "DP selection on D_valid".
+`selection.json`). The counts stay in the owner-only `OUT.private/`. Before any compute,
+`--valid` is checked disjoint from D_train (`--label-source`, or the record hashes dp-tune kept
+in the model's private state), and a DP label histogram is checked against the tuning's target
+(drawn at the sigma the tuning reserved). See `dpsynth.evaluate.dp_select` and docs/dp.md,
+"DP selection on D_valid".
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="DP-tuned model directory: generate the candidate grid from it")
     src.add_argument("--candidates", nargs="+", help="existing synthetic corpus directories to choose among")
-    ap.add_argument("--valid", required=True, help="the real D_valid (disjoint from D_train)")
+    ap.add_argument("--valid", required=True, help="the real D_valid (disjoint from D_train: checked against "
+                                                   "--label-source or the model's D_train record hashes)")
     ap.add_argument("--out", required=True, help="the selected corpus directory")
     binding.add_flags(ap, dp_select.SelectConfig, overrides={
         "epsilon": {"help": "epsilon of the selection on D_valid"},
@@ -97,8 +101,11 @@ def parser() -> argparse.ArgumentParser:
         "memory_headroom": {"flags": ("--memory-headroom",), "metavar": "FRACTION"},
         "seed": {"help": "generation job seed (shard seeds derive from it)"},
     })
-    g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates")
-    g.add_argument("--label-noise-multiplier", type=float, default=None, help="sigma of that histogram")
+    g.add_argument("--label-source", default=None, help="D_train file(s): ONE DP label histogram shared by all candidates "
+                                                        "(with --model); --valid is checked disjoint from it")
+    g.add_argument("--label-noise-multiplier", type=float, default=None,
+                   help="sigma of that histogram (default: the one the model's tuning reserved, "
+                        "dp-tune --reserve-label-noise-multiplier; refused when it would exceed the tuning's target)")
     read_config.add_flags(ap, "encoding", "max_dead_letters",
                           notes={"max_dead_letters": "here: --valid; OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
@@ -107,6 +114,8 @@ def parser() -> argparse.ArgumentParser:
 
 @errors.command("select", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora, dp_select, screening
 
     ap = parser()
@@ -128,6 +137,13 @@ def main(argv=None) -> int:
         dead_letters.read_checked([("valid (--valid)", args.valid)], policy, encoding=args.encoding)
         valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit, encoding=args.encoding)
         release_dir = screened = None
+        # D_valid disjoint from D_train (the parallel composition's premise), before any compute (`dpsynth.dp.disjoint`)
+        disjointness, overlaps = dp_select.check_disjoint(valid, dp_select.train_hash_sources(
+            model=args.model, candidates=args.candidates or (), label_source=args.label_source, encoding=args.encoding,
+            max_dead_letters=policy.limit))
+        if not disjointness["checked"]:
+            print(f"dpsynth select: note: D_valid was not checked disjoint from D_train ({disjointness['detail']}; "
+                  "pass --label-source D_TRAIN to check it); selection.json says so", file=sys.stderr)
         if args.model:
             plan, speed, grid, dataset_size = _plan(args, config)
             for line in plan.lines(speed):
@@ -136,8 +152,9 @@ def main(argv=None) -> int:
             if args.label_source:
                 from dpsynth.generate import job
 
-                distribution = job.dp_label_distribution(args.model, args.label_source,
-                                                         noise_multiplier=args.label_noise_multiplier)
+                report = report_lib.load_report(args.model)
+                distribution = job.dp_label_distribution(args.model, args.label_source, noise_multiplier=(
+                    dp_select.label_noise_multiplier(report, args.label_noise_multiplier)))
             root = os.path.normpath(args.out) + ".candidates"
             gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
             if plan.screen_size:
@@ -157,7 +174,7 @@ def main(argv=None) -> int:
                 if name in paths:
                     raise errors.DpsynthError(f"two candidates are named {name!r}: give directories with distinct names")
                 paths[name] = d
-        selection = dp_select.select_corpora(paths, valid, config)
+        selection = dp_select.select_corpora(paths, valid, config, disjointness=disjointness, overlaps=overlaps)
         record = None
         if screened is not None:  # the winner's setting at full size: post-processing, no privacy cost
             release_dir = screening.generate_final(args.model, root, screened, selection.winner_name,
@@ -168,8 +185,7 @@ def main(argv=None) -> int:
         if not sel["within_target"]:
             acc = selection.report.get("accountant", "rdp")
             print(f"dpsynth select: note: the release's epsilon {selection.report['epsilon'].get(acc)} ({acc.upper()}, "
-                  f"{sel['composition']} composition) exceeds the tuning's target "
-                  f"{selection.report['ledger']['target_epsilon']}"
+                  f"{sel['composition']} composition) exceeds the {ps.describe_targets(sel['target_epsilons'])}"
                   + ("; a sequential selection can be reserved in dp-tune (--reserve-selection-epsilon "
                      f"{config.epsilon:g})" if sel["composition"] == "sequential" and not sel["reserved_by_tuning"]
                      else ""), file=sys.stderr)

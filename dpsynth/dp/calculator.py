@@ -30,7 +30,7 @@ import sys
 
 from dpsynth import errors, logs
 from dpsynth.dp import accounting
-from dpsynth.dp import mechanisms, private_selection
+from dpsynth.dp import histogram, mechanisms, private_selection
 from dpsynth.dp.plan import plan_privacy
 from dpsynth.dp.users import PRIVACY_UNITS
 
@@ -75,6 +75,7 @@ def compute(
     max_examples_per_user: int | None = None,
     allow_large_delta: bool = False,
     reserve_selection_epsilon: float = 0.0,
+    reserve_label_noise_multiplier: float = 0.0,
 ) -> dict:
     """Every input and result of one calculation, as a JSON-ready dict.
 
@@ -83,6 +84,8 @@ def compute(
     unless `allow_large_delta` (the result then carries a `delta_warning`).
     `reserve_selection_epsilon`: the epsilon of a later DP selection on a positionally split D_valid
     that the target covers too (`dpsynth.dp.private_selection.reserved_entry`; RDP only).
+    `reserve_label_noise_multiplier`: sigma of a later DP label histogram of D_train that the target
+    covers too (`dpsynth.dp.histogram.reserved_entry`), as `dp-tune --reserve-label-noise-multiplier`.
 
     Raises:
         accounting.PrivacyConfigError: invalid or unreachable parameters.
@@ -106,11 +109,20 @@ def compute(
     reserve = float(reserve_selection_epsilon or 0.0)
     if reserve < 0 or not math.isfinite(reserve):
         raise accounting.PrivacyConfigError(f"--reserve-selection-epsilon must be a finite number >= 0, got {reserve}")
+    sigma_h = float(reserve_label_noise_multiplier or 0.0)
+    if sigma_h < 0 or not math.isfinite(sigma_h):
+        raise accounting.PrivacyConfigError(
+            f"--reserve-label-noise-multiplier must be a finite number >= 0, got {sigma_h}")
+    if sigma_h and privacy_unit != "example":
+        raise accounting.PrivacyConfigError("--reserve-label-noise-multiplier: a DP label histogram does not compose "
+                                            "into a user-level run")
+    # (in the order `dpsynth.train.tune_config.reserved_entries` reserves them)
+    reserved = (((histogram.reserved_entry(sigma_h),) if sigma_h else ())
+                + ((private_selection.reserved_entry(reserve),) if reserve else ()))
     plan = plan_privacy(dataset_size=units, expected_batch_size=batch_size, steps=steps, epochs=epochs,
                         epsilon=epsilon, noise_multiplier=noise_multiplier, delta=delta, accountant=accountant,
                         mechanism=mechanism, bands=bands, privacy_unit=privacy_unit,
-                        allow_large_delta=allow_large_delta,
-                        reserved=(private_selection.reserved_entry(reserve),) if reserve else ())
+                        allow_large_delta=allow_large_delta, reserved=reserved)
     user = privacy_unit == "user"
     result = {
         "privacy_unit": privacy_unit,
@@ -138,8 +150,11 @@ def compute(
     eps = plan.epsilons()
     result.update(noise_multiplier=plan.noise_multiplier, epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"])
     if reserve:
-        result.update(reserve_selection_epsilon=reserve, reserved_entry=dict(plan.reserved[0]),
-                      epsilon_with_reserved_rdp=plan.epsilon_with_reserved("rdp"))
+        result.update(reserve_selection_epsilon=reserve, reserved_entry=dict(plan.reserved[-1]))
+    if sigma_h:
+        result.update(reserve_label_noise_multiplier=sigma_h)
+    if reserved:
+        result.update(epsilon_with_reserved_rdp=plan.epsilon_with_reserved("rdp"))
     if not user and max_examples_per_user is not None:
         if plan.mechanism != mechanisms.DEFAULT:
             raise accounting.PrivacyConfigError(f"--max-examples-per-user at example level is only analysed for "
@@ -171,10 +186,14 @@ def _format(result: dict) -> str:
         f"epsilon (PLD)       {result['epsilon_pld']:.6g}",
         f"adjacency           {result['adjacency']}",
     ]
+    if "reserve_label_noise_multiplier" in result:
+        lines.append(f"reserved histogram  a DP label histogram of D_train at noise multiplier "
+                     f"{result['reserve_label_noise_multiplier']:g}")
     if "reserve_selection_epsilon" in result:
         lines.append(f"reserved selection  epsilon {result['reserve_selection_epsilon']:g} on D_valid (accounted at "
-                     f"{result['reserved_entry']['epsilon']:g}: positional split); with it, epsilon (RDP) "
-                     f"{result['epsilon_with_reserved_rdp']:.6g}")
+                     f"{result['reserved_entry']['epsilon']:g}: positional split)")
+    if "epsilon_with_reserved_rdp" in result:
+        lines.append(f"with the reserved   epsilon (RDP) {result['epsilon_with_reserved_rdp']:.6g}")
     mechanism = mechanisms.get(result["mechanism"]).plan_line(result["bands"])
     if mechanism:
         lines.append(f"mechanism           {mechanism}")
@@ -213,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the epsilon of a later `dpsynth select` on a positionally split D_valid (sequential, at "
                         "twice this epsilon) that --epsilon covers too, as `dp-tune --reserve-selection-epsilon` "
                         "(default: %(default)s)")
+    p.add_argument("--reserve-label-noise-multiplier", type=float, default=0.0, metavar="SIGMA",
+                   help="sigma of a later DP label histogram of D_train (`dpsynth select --label-source`) that "
+                        "--epsilon covers too, as `dp-tune --reserve-label-noise-multiplier` "
+                        "(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every input and result")
     logs.add_flags(p)
     return p
@@ -229,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         mechanism=args.mechanism, bands=args.bands,
         max_examples_per_user=args.max_examples_per_user, allow_large_delta=args.allow_large_delta,
         reserve_selection_epsilon=args.reserve_selection_epsilon,
+        reserve_label_noise_multiplier=args.reserve_label_noise_multiplier,
     )
     print(json.dumps(result, sort_keys=True) if args.json else _format(result))
     return 0

@@ -26,6 +26,23 @@ from dpsynth.dp.accounting import (
     make_accountant,
 )
 
+# The label histogram's default noise multiplier: what `dpsynth select --label-source` draws when
+# the model reserved no other sigma, and what `dpsynth dp-tune --reserve-label-noise-multiplier`
+# suggests (`reserved_entry`). At sigma 30 a count is off by about 30 examples, negligible for
+# a D_train of thousands of examples per label.
+DEFAULT_NOISE_MULTIPLIER = 30.0
+RESERVED_NAME = "reserved: a DP label histogram of D_train after the tuning"
+
+
+def reserved_entry(noise_multiplier: float) -> dict:
+    """The ledger entry a tuning run reserves for the later DP label histogram of D_train at sigma
+    `noise_multiplier` (`dpsynth select --label-source`, the experiment's `labels` stage): one Gaussian
+    mechanism of L2 sensitivity 1, as `dpsynth.dp.report.compose_gaussian` will record it.
+    `dpsynth.dp.plan.plan_privacy(reserved=...)` calibrates the tuning's sigma on the run composed
+    with it, so that the model and a histogram drawn at this sigma (or more) meet the target."""
+    return {"mechanism": "gaussian", "name": RESERVED_NAME, "noise_multiplier": _check_sigma(noise_multiplier),
+            "count": 1}
+
 
 def _check_sigma(noise_multiplier: float) -> float:
     if not noise_multiplier > 0:

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth.dp import accounting, histogram
-from dpsynth.dp.accounting import PrivacyConfigError
+from dpsynth.dp.accounting import PrivacyConfigError  # noqa: F401 (raised by callers too)
 
 EXPONENTIAL, GAUSSIAN = "exponential", "gaussian"
 MECHANISMS = (EXPONENTIAL, GAUSSIAN)
@@ -237,7 +237,8 @@ def within_tuning(tuning_epsilon: float, selection_epsilon: float) -> bool:
 # every candidate's tuning entries and the selection's entry composed, as `guarantee` says.
 
 
-def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[dict], float]:
+def tuning_entries(reports: Sequence[Mapping[str, Any] | None],
+                   where: Sequence[str] | None = None) -> tuple[list[dict], float]:
     """The entries of every release behind the candidates, each counted once, and their common delta.
 
     An entry with a run id (`dpsynth.dp.ledger`, `"run"`) is one release however many reports
@@ -248,7 +249,8 @@ def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[di
     one once: such candidates are taken to come from one run per distinct ledger.
 
     Raises ValueError for a candidate without a privacy report (a non-private corpus cannot be
-    selected into a DP release) or for different deltas.
+    selected into a DP release) or for different deltas; `where` names each candidate in the
+    message (default "candidate I").
     """
     import collections
     import json
@@ -258,9 +260,10 @@ def tuning_entries(reports: Sequence[Mapping[str, Any] | None]) -> tuple[list[di
     taken: collections.Counter = collections.Counter()
     legacy, entries, deltas = set(), [], set()
     for i, rep in enumerate(reports):
+        name = where[i] if where is not None else f"candidate {i}"
         if not rep:
-            raise ValueError(f"candidate {i} has no privacy report: a non-private corpus cannot be selected with DP")
-        report_lib.check_report(dict(rep), f"candidate {i}'s privacy report")
+            raise ValueError(f"{name} has no privacy report: a non-private corpus cannot be selected with DP")
+        report_lib.check_report(dict(rep), f"{name}'s privacy report")
         deltas.add(float(rep["delta"]))
         own = [e for e in rep["ledger"]["entries"] if "run" not in e]
         key = json.dumps(own, sort_keys=True)
@@ -296,12 +299,15 @@ def check_candidates(names: Sequence[str], scores: Sequence[float],
 
 def select_release(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapping[str, Any] | None],
                    mech: DpSelection, *, split: str, rng: np.random.Generator, entry_name: str, selected_by: str,
-                   covers: str) -> tuple[int, dict, dict]:
+                   covers: str, disjointness: Mapping[str, Any] | None = None) -> tuple[int, dict, dict]:
     """Selects one candidate with `mech` and builds the release's privacy report.
 
     Returns (winner, the selection's ledger entry on D_valid, the winner's report refreshed with
     every candidate's tuning entries and the selection's entry, its `epsilon` as `guarantee`
     composes them, and a `selection` section). `covers` is appended to the report's coverage.
+    `disjointness`: whether D_valid was checked disjoint from D_train (`dpsynth.dp.disjoint`;
+    {"checked": bool, "detail": str}), recorded in the section and stated by its `guarantee`;
+    None: not a question for this caller (the guarantee text asserts the declared split).
     """
     from dpsynth.dp import report as report_lib
     from dpsynth.dp.ledger import new_run_id
@@ -313,9 +319,12 @@ def select_release(names: Sequence[str], scores: Sequence[float], reports: Seque
     g = guarantee(entries + [entry], delta, how)
     # (what the candidates' releases read of D_train: an earlier selection's D_valid entry is not tuning)
     tuning_eps = guarantee([e for e in entries if e.get("dataset", TRAIN) != VALID], delta, SEQUENTIAL)["epsilon"]
-    rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta))
+    targets = target_epsilons(names, reports)
+    target = max(targets.values())
+    rep = report_lib.refresh(dict(reports[winner]), _ledger(reports[winner], entries + [entry], delta, target))
     fmt = report_lib._fmt_eps
     rep["epsilon"] = {k: fmt(v) for k, v in g["epsilon"].items()}
+    rep["target_epsilon"] = fmt(target)
     rep["covers"] = rep.get("covers", "") + "; and " + covers
     acc = rep.get("accountant", "rdp")
     rep["selection"] = {
@@ -326,32 +335,59 @@ def select_release(names: Sequence[str], scores: Sequence[float], reports: Seque
         "epsilon_tuning": {k: fmt(v) for k, v in tuning_eps.items()},
         "epsilon_by_dataset": {d: {k: fmt(v) for k, v in e.items()} for d, e in g["epsilon_by_dataset"].items()},
         "epsilon_sequential": {k: fmt(v) for k, v in g["epsilon_sequential"].items()},
-        "guarantee": _guarantee_text(how, split),
+        "guarantee": _guarantee_text(how, split, disjointness),
+        **({"disjointness": dict(disjointness)} if disjointness is not None else {}),
         # The smallest selection epsilon the candidates' tunings reserved (`reserved_entry`), and whether
         # the release (tuning + selection, as composed above) stays within the tuning's target epsilon.
         "reserved_by_tuning": min(reserved_epsilon(r) for r in reports),
-        "within_target": _within(g["epsilon"].get(acc), report_lib.ledger_of(dict(reports[winner])).target_epsilon),
+        # Whether the release stays within the target (the candidates' tunings' targets: the largest
+        # when they differ, `target_epsilons` lists them all).
+        "within_target": within_target(g["epsilon"].get(acc), target),
+        "target_epsilons": {n: fmt(t) for n, t in targets.items()},
     }
     return winner, entry, rep
 
 
-def _within(epsilon: float | None, target: float, rel_tol: float = 1e-6) -> bool:
+def within_target(epsilon: float | None, target: float, rel_tol: float = 1e-6) -> bool:
     """epsilon <= target up to the calibration's tolerance (None: not composed by the accountant)."""
     return epsilon is not None and epsilon <= target * (1.0 + rel_tol)
 
 
-def _ledger(report, entries, delta):
+def target_epsilons(names: Sequence[str], reports: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each candidate's target epsilon (its tuning's, from its privacy report's ledger)."""
+    return {n: float(r["ledger"]["target_epsilon"]) for n, r in zip(names, reports)}
+
+
+def describe_targets(targets: Mapping[str, Any]) -> str:
+    """"tuning's target epsilon 3", or, when the candidates' targets differ, "candidates' target epsilons 3 (a, b),
+    8 (c)"."""
+    by: dict[float, list[str]] = {}
+    for name, t in targets.items():
+        by.setdefault(float(t), []).append(name)
+    if len(by) == 1:
+        return f"tuning's target epsilon {next(iter(by)):g}"
+    return "candidates' target epsilons " + ", ".join(f"{t:g} ({', '.join(ns)})" for t, ns in sorted(by.items()))
+
+
+def _ledger(report, entries, delta, target):
     from dpsynth.dp.ledger import PrivacyLedger
 
-    target = report["ledger"]["target_epsilon"]
     return PrivacyLedger(delta=delta, target_epsilon=float(target), accountant=report["ledger"]["accountant"],
                          entries=[dict(e) for e in entries])
 
 
-def _guarantee_text(how: str, split: str) -> str:
+def _guarantee_text(how: str, split: str, disjointness: Mapping[str, Any] | None = None) -> str:
     if how == PARALLEL:
-        return (f"D_valid was split from D data-independently ({split}) and the tuning did not read it: one record "
-                "changes D_train or D_valid, never both, so the release is (max(epsilon_tuning, epsilon_selection), "
-                "delta)-DP with respect to D (parallel composition)")
+        parallel = ("one record changes D_train or D_valid, never both, so the release is (max(epsilon_tuning, "
+                    "epsilon_selection), delta)-DP with respect to D (parallel composition)")
+        if disjointness is not None and not disjointness.get("checked"):
+            return (f"D_valid was declared split from D data-independently ({split}) and the tuning did not read it, "
+                    "but its disjointness from D_train was NOT checked (no record hashes of D_train: "
+                    f"{disjointness.get('detail', '')}): if it is disjoint, {parallel}; if not, the release is "
+                    "only (epsilon_sequential, delta)-DP")
+        checked = (" and checked disjoint from D_train (exact duplicates within what such a split predicts)"
+                   if disjointness is not None else "")
+        return (f"D_valid was split from D data-independently ({split}){checked} and the tuning did not read it: "
+                f"{parallel}")
     return (f"the split ({split}) is not data-independent or the tuning read D_valid without DP: the tuning and the "
             "selection compose sequentially (every ledger entry composed)")

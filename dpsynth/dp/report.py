@@ -224,6 +224,16 @@ def _recipe_sources(recipe: dict) -> str:
             else " and public settings")
 
 
+def _target(report: dict[str, Any]) -> str:
+    """"target epsilon T", or the candidates' targets of a DP selection among models tuned at different ones."""
+    targets = (report.get("selection") or {}).get("target_epsilons")
+    if targets and len({float(t) for t in targets.values()}) > 1:
+        from dpsynth.dp.private_selection import describe_targets
+
+        return "the " + describe_targets(targets)
+    return f"target epsilon {_num(report['target_epsilon'])}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """A human-readable rendering of the report."""
     eps = report["epsilon"]
@@ -236,7 +246,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "# Privacy report",
         "",
         f"**{status}**: ({_num(eps.get(report['accountant']))}, {report['delta']:.3g})-DP "
-        f"by the {report['accountant'].upper()} accountant (target epsilon {_num(report['target_epsilon'])})."
+        f"by the {report['accountant'].upper()} accountant ({_target(report)})."
         + (f" **{accounting.weak_delta_note(report['delta'], units, unit)}.**" if weak else ""),
         "",
         "| | |",
@@ -290,8 +300,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             lines.append(f"- `{e['name']}`: NON-PRIVATE release")
     if t.get("reserve_selection_epsilon"):
         lines.append(f"- reserved (not spent by this run; the target covers it): a DP selection on D_valid at epsilon "
-                     f"{_num(t['reserve_selection_epsilon'])}, accounted at {_num(sum(e['epsilon'] for e in t.get('reserved', ())))} "
+                     f"{_num(t['reserve_selection_epsilon'])}, accounted at "
+                     f"{_num(sum(e['epsilon'] for e in t.get('reserved', ()) if e.get('mechanism') == 'exponential'))} "
                      "(a positional split: one record may move another across the boundary)")
+    if t.get("reserve_label_noise_multiplier"):
+        lines.append(f"- reserved (not spent by this run; the target covers it): a DP label histogram of D_train at "
+                     f"noise multiplier {_num(t['reserve_label_noise_multiplier'])} (`dpsynth select --label-source` "
+                     "draws it at that sigma)")
     lines += ["", "## Non-DP side channels", ""]
     lines += [f"- **{c['name']}**: {c['detail']}" for c in report["side_channels"]] or ["- none"]
     return "\n".join(lines)

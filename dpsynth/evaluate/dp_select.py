@@ -18,6 +18,11 @@ the output holds the entries of every release behind the candidates, each once b
 selection's entry (`"dataset": "D_valid"`), and its `epsilon` is their parallel composition
 (the max over D_train and D_valid) when the split is data-independent and the tuning did not
 read D_valid without DP, else their sequential composition. `selection.composition` says which.
+The parallel composition needs D_valid disjoint from D_train: `check_disjoint` refuses one that
+shares far more exact-duplicate records with D_train than a data-independent split explains
+(`dpsynth.dp.disjoint`), and `selection.disjointness` says whether that was checked. A DP label
+histogram of D_train for the candidates is drawn at the sigma the tuning reserved
+(`label_noise_multiplier`), so the release stays within the tuning's target.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 from dpsynth import fileio, outdir
 from dpsynth.dp import private_selection as ps
 from dpsynth.dp import report as report_lib
-from dpsynth.dp import seeds
+from dpsynth.dp import disjoint, seeds
 from dpsynth.evaluate import classifiers, corpora
 from dpsynth.evaluate import train_classifier as tc
 from dpsynth.evaluate.trainer import TrainConfig
@@ -108,6 +113,8 @@ class Selection:
     entry: dict
     mechanism: dict
     report: dict  # the winner's privacy report with every candidate's tuning and the selection composed
+    # non-DP counts of D_valid records found in D_train (`dpsynth.dp.disjoint`): private state only
+    overlaps: tuple[dict, ...] = ()
 
     @property
     def winner_name(self) -> str:
@@ -125,10 +132,82 @@ tuning_entries = ps.tuning_entries  # (declared in `dpsynth.dp.private_selection
 reads_valid_without_dp = ps.reads_valid_without_dp
 
 
+def label_noise_multiplier(model_report: Mapping[str, Any], given: float | None = None) -> float:
+    """The sigma at which `dpsynth select --label-source` draws the DP label histogram of D_train.
+
+    `given` (--label-noise-multiplier), else the sigma the model's tuning reserved
+    (`TuneConfig.reserve_label_noise_multiplier`), else `dpsynth.dp.histogram.DEFAULT_NOISE_MULTIPLIER`.
+    Refuses (PrivacyConfigError, before anything is drawn) a histogram whose composition with the
+    model's ledger, by the report's accountant, exceeds the model's target epsilon: the tuning
+    reserved nothing, or less noise than that is asked for. Every corpus of the grid carries that
+    composition, and the selection composes in parallel or sequentially on top of it.
+    """
+    from dpsynth.dp import histogram
+
+    reserved = float((model_report.get("training") or {}).get("reserve_label_noise_multiplier") or 0.0)
+    sigma = float(given) if given is not None else (reserved or histogram.DEFAULT_NOISE_MULTIPLIER)
+    if not sigma > 0:
+        raise ps.PrivacyConfigError(f"--label-noise-multiplier must be > 0, got {sigma:g}")
+    ledger = report_lib.ledger_of(dict(model_report))
+    target = ledger.target_epsilon
+    ledger.record_gaussian(noise_multiplier=sigma, name="label_histogram")
+    eps = ledger.epsilon(ledger.accountant)
+    if not ps.within_target(eps, target):
+        fix = (f"re-tune with --reserve-label-noise-multiplier {sigma:g} so that the target covers it, or omit "
+               "--label-source (uniform labels, no cost)" if not reserved else
+               f"the tuning reserved sigma {reserved:g}: draw at that or more (the default), or omit --label-source")
+        raise ps.PrivacyConfigError(
+            f"--label-source: a DP label histogram at noise multiplier {sigma:g} brings the model's epsilon to "
+            f"{eps:.4f} ({ledger.accountant.upper()}), above its target {target:g}: {fix}")
+    return sigma
+
+
+def train_hash_sources(*, model: str | None = None, candidates: Sequence[str] = (), label_source: str | None = None,
+                       encoding: str | None = None, max_dead_letters=0) -> list[tuple[str, np.ndarray]]:
+    """The record hashes of D_train to check D_valid against (`dpsynth.dp.disjoint`): [(where, hashes)].
+
+    `label_source` (D_train itself) when given; else those `dpsynth dp-tune` kept in the owner-only
+    private state of `model`, or of each candidate's model (its `generation_config.json`'s
+    `model_dir`), where it did (models tuned before it kept none). [] when none is known.
+    """
+    from dpsynth.train.tune_resume import default_state_dir
+
+    if label_source:
+        return [("--label-source", disjoint.record_hashes(corpora.read_real(
+            label_source, "D_train (--label-source)", max_dead_letters=max_dead_letters, encoding=encoding)))]
+    models = [model] if model else []
+    for d in candidates:
+        cfg = os.path.join(d, "generation_config.json")
+        if os.path.exists(cfg):
+            models.append(fileio.read_json(cfg).get("model_dir") or "")
+    out = []
+    for m in dict.fromkeys(os.path.abspath(m) for m in models if m):
+        path = os.path.join(default_state_dir(m), disjoint.HASHES_FILE)
+        if os.path.exists(path):
+            out.append((f"the hashes dp-tune kept for {m}", disjoint.read_hashes(path)))
+    return out
+
+
+def check_disjoint(valid: Sequence[Mapping], sources: Sequence[tuple[str, np.ndarray]]) -> tuple[dict, tuple[dict, ...]]:
+    """Refuses a D_valid that shares far more records with D_train than a data-independent split
+    explains (`dpsynth.dp.disjoint.check_overlap`, against every source). Returns the public statement
+    ({"checked", "detail"}, for `selection.json`) and the non-DP counts (private state only)."""
+    if not sources:
+        return {"checked": False, "detail": "no --label-source, and no D_train record hashes in the private state of "
+                                            "the candidates' models (models tuned before dp-tune kept them have none)"}, ()
+    counts = tuple({"against": where, **disjoint.check_overlap(valid, hashes, where=where).to_json()}
+                   for where, hashes in sources)
+    return {"checked": True, "detail": "exact-duplicate records of D_valid in D_train (8-byte SHA-256 prefixes of the "
+                                       "normalized records) within what a data-independent split predicts "
+                                       "(docs/dp.md)"}, counts
+
+
 def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapping[str, Any] | None],
-           config: SelectConfig, rng: np.random.Generator | None = None) -> Selection:
+           config: SelectConfig, rng: np.random.Generator | None = None, *,
+           disjointness: Mapping[str, Any] | None = None, overlaps: Sequence[dict] = ()) -> Selection:
     """DP-selects one candidate by its `scores` (counts on D_valid) and builds its privacy report
-    (`dpsynth.dp.private_selection.select_release`)."""
+    (`dpsynth.dp.private_selection.select_release`; `disjointness`: `check_disjoint`'s statement,
+    `overlaps` its private counts)."""
     _, delta = ps.check_candidates(names, scores, reports)
     mech = ps.DpSelection(epsilon=config.epsilon, mechanism=config.mechanism,
                           delta=config.delta if config.delta is not None else delta)
@@ -139,13 +218,17 @@ def select(names: Sequence[str], scores: Sequence[float], reports: Sequence[Mapp
         selected_by=f"correct predictions of a {config.classifier} (trained on each candidate's synthetic train split, "
                     "selected on its synthetic valid split) on the real D_valid, released through "
                     f"{mech.mechanism} selection at epsilon {config.epsilon:g}",
-        covers="the choice of this corpus among the candidates on the real D_valid (DP, see `selection`)")
-    return Selection(tuple(names), winner, tuple(float(s) for s in scores), entry, mech.to_json(), rep)
+        covers="the choice of this corpus among the candidates on the real D_valid (DP, see `selection`)",
+        disjointness=disjointness)
+    return Selection(tuple(names), winner, tuple(float(s) for s in scores), entry, mech.to_json(), rep,
+                     tuple(dict(o) for o in overlaps))
 
 
 def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: SelectConfig,
-                   rng: np.random.Generator | None = None) -> Selection:
-    """Scores every candidate corpus (`paths`: name -> directory) on `valid` and DP-selects one."""
+                   rng: np.random.Generator | None = None, *, disjointness: Mapping[str, Any] | None = None,
+                   overlaps: Sequence[dict] = ()) -> Selection:
+    """Scores every candidate corpus (`paths`: name -> directory) on `valid` and DP-selects one
+    (`disjointness`, `overlaps`: `check_disjoint`'s, done before anything is generated or trained)."""
     from dpsynth.progress import Progress
 
     names, scores, reports = [], [], []
@@ -154,12 +237,13 @@ def select_corpora(paths: Mapping[str, str], valid: Sequence[Mapping], config: S
     for name, path in paths.items():
         corpus = corpora.read_corpus(path, name)
         reports.append(corpus.privacy_report)
-        tuning_entries([corpus.privacy_report])  # refuse a non-private candidate before training anything
+        # refuse a non-private candidate before training anything
+        tuning_entries([corpus.privacy_report], where=[f"candidate {name} ({path})"])
         names.append(name)
         scores.append(correct_counts(corpus, valid, config))
         logger.info("candidate %s scored", name)  # the score goes to the private state, not to logs
         progress.update(1)  # (counts and rates only)
-    return select(names, scores, reports, config, rng)
+    return select(names, scores, reports, config, rng, disjointness=disjointness, overlaps=overlaps)
 
 
 def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str], *,
@@ -180,7 +264,7 @@ def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str]
     make_private_dir(private_dir)
     write_private_json(os.path.join(private_dir, SCORES_FILE), {
         "candidates": list(selection.names), "correct_on_valid": list(selection.scores), "dp": False,
-        "notice": NON_DP_SCORES_NOTICE})
+        "notice": NON_DP_SCORES_NOTICE, **({"valid_in_train": list(selection.overlaps)} if selection.overlaps else {})})
     fileio.write_json(os.path.join(out_dir, SELECTION_FILE), {
         "format": "dpsynth.selection", "format_version": 1, **selection.report["selection"],
         "epsilon": selection.report["epsilon"], "delta": selection.report["delta"],

@@ -81,7 +81,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
                                     #   memory_limit, required on CPU, and memory_headroom)
       audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
-      label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report)
+      label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report;
+                                    #   each private dp_tune run reserves it: reserve_label_noise_multiplier)
       options: {}                   # any other dpsynth.generate.plan.GenerateConfig field (its batch_size is
                                     #   the section's, at the preset 32), validated by it when the file loads
     evaluate:

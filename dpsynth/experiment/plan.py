@@ -312,6 +312,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     gen = to_dict(config.generate)
     shared_gen = {k: v for k, v in stage_dict(config.generate).items() if k not in ("samplings", "multiples")}
     reserve = reserved_selection_epsilon(config)
+    hist_sigma = reserved_label_noise_multiplier(config)
     trials: list[Trial] = []
     for mode in config.dp_tune.modes:
         for eps in config.dp_tune.epsilons:
@@ -326,6 +327,8 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
                             tune_cfg["learning_rate"] = lr
                         if reserve and not math.isinf(float(eps)):  # the target covers the later selection
                             tune_cfg["reserve_selection_epsilon"] = reserve
+                        if hist_sigma and not math.isinf(float(eps)):  # ... and the model's label histogram
+                            tune_cfg["reserve_label_noise_multiplier"] = hist_sigma
                         if rep:  # a repeat: its own node (the tuner draws a fresh secret noise seed)
                             tune_cfg["replicate"] = rep
                         if mode == "lora":
@@ -388,6 +391,16 @@ def reserved_selection_epsilon(config: ExperimentConfig) -> float:
     if config.select.epsilon is None or config.select.mechanism != "exponential":
         return 0.0
     return float(config.select.epsilon) if valid_split_kind(config.sensitive) == "positional" else 0.0
+
+
+def reserved_label_noise_multiplier(config: ExperimentConfig) -> float:
+    """The label histogram each private `dp_tune` run reserves (`TuneConfig.reserve_label_noise_multiplier`):
+    `generate.label_noise_multiplier` with `label_distribution: dp_histogram` (one draw per model, the
+    `labels` stage), so that each corpus (the model and its histogram) meets `dp_tune.epsilons`; else 0.
+    (A user-level run refuses a histogram anyway: `TuneConfig` then names the conflict.)"""
+    if config.generate.label_distribution != "dp_histogram":
+        return 0.0
+    return float(config.generate.label_noise_multiplier)
 
 
 def _select_nodes(config: ExperimentConfig, trials: Sequence[Trial], sensitive: str, add) -> list[tuple[str, str]]:

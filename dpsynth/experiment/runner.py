@@ -364,7 +364,8 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
         if config.generate.label_distribution == "dp_histogram":
             lines.append(f"  plus, per DP-tuned model, one DP label histogram of D_train (Gaussian, sigma "
                          f"{config.generate.label_noise_multiplier:g}, sensitivity 1) shared by all its corpora and "
-                         "composed into their privacy reports: a corpus's epsilon is above the DP-tuning target")
+                         "composed into their privacy reports; each private run's target covers it "
+                         "(`reserve_label_noise_multiplier`): the noise multiplier above is calibrated on both")
         from dpsynth.dp.private_selection import reserved_entry
         from dpsynth.experiment.plan import reserved_selection_epsilon
 

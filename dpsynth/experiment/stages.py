@@ -557,8 +557,10 @@ def select(ctx: StageContext) -> dict[str, Any]:
     """DP-selects one corpus of a DP run group on the real D_valid (`dpsynth.evaluate.dp_select`).
 
     The stage directory is the selected corpus (splits, composed privacy report, `selection.json`);
-    the non-DP counts go to the stage's owner-only private state.
+    the non-DP counts go to the stage's owner-only private state. D_valid is first checked disjoint
+    from D_train (`dpsynth.dp.disjoint`: refused when it shares far more records than the split explains).
     """
+    from dpsynth.dp import disjoint
     from dpsynth.evaluate import corpora, dp_select
 
     c = ctx.config
@@ -566,7 +568,9 @@ def select(ctx: StageContext) -> dict[str, Any]:
     paths = {trial: out.dir for trial, out in zip(c["candidates"], ctx.inputs["synthetic"])}
     config = make_config(dp_select.SelectConfig, {"epsilon": c["epsilon"], "mechanism": c["mechanism"],
                                                  "split": c["split"], **dict(c.get("options") or {})}, "select.options")
-    selection = dp_select.select_corpora(paths, valid, config)
+    train = corpora.read_real(ctx.inputs["sensitive"].path("data", "train.jsonl"), "real train")
+    disjointness, overlaps = dp_select.check_disjoint(valid, [("the experiment's D_train", disjoint.record_hashes(train))])
+    selection = dp_select.select_corpora(paths, valid, config, disjointness=disjointness, overlaps=overlaps)
     dp_select.write_selection(ctx.out_dir, selection, paths, private_dir=ctx.private_path())
     s = selection.report["selection"]
     ctx.report(f"DP selection among {len(paths)} corpora on the real D_valid ({s['mechanism']}, epsilon "

@@ -62,7 +62,8 @@ from typing import Any
 import jax
 
 from dpsynth import fileio
-from dpsynth.dp import report as report_lib, seeds
+from dpsynth.dp import disjoint, seeds
+from dpsynth.dp import report as report_lib
 from dpsynth.dp.ledger import PrivacyLedger
 from dpsynth.dp.mechanisms.run import count_users
 from dpsynth.owner_only import make_private_dir, write_private_json
@@ -236,7 +237,8 @@ def dp_tune(
             mesh's data axis (`dpsynth.models.sharding.FSDP_RULES`; the layout `dpsynth plan
             --fsdp` plans): per-device parameter memory / data axis, the same updates.
         state_dir: the private state directory (created 0700): checkpoints with the secret seed,
-            `losses.json` (non-DP train/valid losses). Default `<out_dir>.private/`; must lie
+            `losses.json` (non-DP train/valid losses), D_train's record hashes (`dpsynth.dp.disjoint`,
+            for `dpsynth select`'s check that D_valid is disjoint). Default `<out_dir>.private/`; must lie
             outside `out_dir`.
         compositions: k > 1 for one of k sweep trials that together meet the target
             (`dpsynth.dp.plan.plan_privacy(compositions=k)`).
@@ -304,6 +306,8 @@ def dp_tune(
             "truncated_train": int(data.train.truncated),
             "truncated_valid": int(data.valid.truncated) if data.valid else 0,
             **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": tune_report.NON_DP_COUNTS_NOTICE})
+        # D_train's record hashes (NOT DP; owner-only): `dpsynth select` checks D_valid against them (`dpsynth.dp.disjoint`).
+        disjoint.write_hashes(prep.state_dir, train_records)
     fingerprint = run_fingerprint(config, data_fingerprint(data.train_arrays), base.tokenizer.sha256)
     loss_fn = make_loss_fn(model_config, config)
     state, ledger, losses, start = train_run(

@@ -115,6 +115,14 @@ class TuneConfig:
             split, `dpsynth.dp.private_selection.reserved_entry`; RDP accountant), and the privacy
             report records the reservation. 0 (default): nothing reserved; a data-independent split
             (own files, a hash) composes in parallel and needs none.
+        reserve_label_noise_multiplier: sigma of a later DP label histogram of D_train (`dpsynth
+            select --label-source`, the experiment's `dp_histogram` labels; e.g.
+            `dpsynth.dp.histogram.DEFAULT_NOISE_MULTIPLIER`) that the target covers too: sigma of
+            the run is calibrated on the run composed with that Gaussian mechanism
+            (`dpsynth.dp.histogram.reserved_entry`), so that the model and a histogram drawn at this
+            sigma or more stay within the target; the privacy report records it and `dpsynth
+            select` draws at it by default. 0 (default): nothing reserved (a histogram drawn later
+            then exceeds the target, and `dpsynth select` refuses it). Example level only.
     """
 
     mode: str = "lora"
@@ -152,6 +160,7 @@ class TuneConfig:
     allow_large_delta: bool = False
     clipping: str = "vmap"
     reserve_selection_epsilon: float = 0.0
+    reserve_label_noise_multiplier: float = 0.0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -253,6 +262,16 @@ class TuneConfig:
         if r and self.accountant != "rdp":
             raise TuneError("reserve_selection_epsilon: the reserved pure-DP selection is composed by the RDP "
                             "accountant only: pass --accountant rdp")
+        h = self.reserve_label_noise_multiplier
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < math.inf:
+            raise TuneError(f"reserve_label_noise_multiplier must be a finite number >= 0 (0: none), got {h!r}")
+        object.__setattr__(self, "reserve_label_noise_multiplier", float(h))
+        if h and not self.private:
+            raise TuneError("reserve_label_noise_multiplier: a non-private run (epsilon inf) has no budget to reserve "
+                            "from")
+        if h and self.privacy_unit != "example":
+            raise TuneError("reserve_label_noise_multiplier: a DP label histogram does not compose into a user-level "
+                            "model (one user may change several counts)")
         from dpsynth.dp.clipping import METHODS as clipping_methods
 
         if self.clipping not in clipping_methods:
@@ -300,7 +319,8 @@ class TuneConfig:
         d = dataclasses.asdict(self)
         d["epsilon"] = "inf" if math.isinf(self.epsilon) else self.epsilon
         for name, off in (("label_dropout", 0.0), ("label_contrast", 0.0), ("recipe", "manual"), ("token_budget", None), ("time_budget", None),
-                          ("allow_large_delta", False), ("clipping", "vmap"), ("reserve_selection_epsilon", 0.0)):
+                          ("allow_large_delta", False), ("clipping", "vmap"), ("reserve_selection_epsilon", 0.0),
+                          ("reserve_label_noise_multiplier", 0.0)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
         return d
@@ -357,12 +377,18 @@ def plan_run(config: TuneConfig, num_train: int, *, compositions: int = 1, num_u
 
 
 def reserved_entries(config: TuneConfig) -> tuple[dict, ...]:
-    """The ledger entries the run's target covers after it (`TuneConfig.reserve_selection_epsilon`)."""
-    if not (config.private and config.reserve_selection_epsilon):
+    """The ledger entries the run's target covers after it (`TuneConfig.reserve_selection_epsilon`,
+    `TuneConfig.reserve_label_noise_multiplier`)."""
+    if not config.private:
         return ()
-    from dpsynth.dp import private_selection
+    from dpsynth.dp import histogram, private_selection
 
-    return (private_selection.reserved_entry(config.reserve_selection_epsilon),)
+    out = []
+    if config.reserve_label_noise_multiplier:
+        out.append(histogram.reserved_entry(config.reserve_label_noise_multiplier))
+    if config.reserve_selection_epsilon:
+        out.append(private_selection.reserved_entry(config.reserve_selection_epsilon))
+    return tuple(out)
 
 
 def user_ids(config: TuneConfig, records: Sequence[dict], where: str = "D_train") -> list[str] | None:

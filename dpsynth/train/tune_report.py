@@ -122,8 +122,12 @@ class RunReporter:
             **({"recipe": recipe.to_json()} if recipe else {}),
             "base_model": os.path.abspath(self.base_dir), "base_manifest_sha256": self.base_manifest_sha256,
         }
-        if plan.reserved:  # the target covers a later sequential selection too (`TuneConfig.reserve_selection_epsilon`)
-            training["reserve_selection_epsilon"] = config.reserve_selection_epsilon
+        if plan.reserved:  # the target covers later releases too (`TuneConfig.reserve_selection_epsilon`,
+            # `TuneConfig.reserve_label_noise_multiplier`)
+            if config.reserve_selection_epsilon:
+                training["reserve_selection_epsilon"] = config.reserve_selection_epsilon
+            if config.reserve_label_noise_multiplier:
+                training["reserve_label_noise_multiplier"] = config.reserve_label_noise_multiplier
             training["reserved"] = [dict(e) for e in plan.reserved]
         channels = side_channels(config, self.labels_from_data, self.selection, recipe is not None,
                                  dp_length=bool(recipe is not None and recipe.example_length))

@@ -132,16 +132,22 @@ def test_mode_learning_rates_replace_the_axis_of_their_mode_only(data_files, tmp
     assert changed and all(k.startswith(("dp_tune[prompt", "generate[prompt")) or k == "evaluate" for k in changed)
 
 
-def test_dp_label_histogram_changes_only_generation_and_below(data_files, tmp_path):
-    base = build_plan(grid_config(data_files), str(tmp_path / "run"))
+def test_dp_label_histogram_changes_the_private_tunings_and_below(data_files, tmp_path):
+    kw = {"dp_tune": {"modes": ["lora", "prompt"], "epsilons": [1, 3, float("inf")]}}
+    base = build_plan(grid_config(data_files, **kw), str(tmp_path / "run"))
     assert all("label_distribution" not in n.config for n in base.nodes)  # the default stays out of the hashes
-    hist = build_plan(grid_config(data_files, generate={"label_distribution": "dp_histogram", "label_noise_multiplier": 10}),
-                      str(tmp_path / "run"))
+    hist = build_plan(grid_config(data_files, **kw, generate={"label_distribution": "dp_histogram",
+                                                              "label_noise_multiplier": 10}), str(tmp_path / "run"))
     shared = {n.key for n in base.nodes}
     assert {n.key for n in hist.nodes} - shared == {n.key for n in hist.nodes if n.stage == "labels"}  # one per model
     hb = {n.key: n.hash for n in hist.nodes}
     changed = {n.key for n in base.nodes if n.hash != hb[n.key]}
-    assert changed == _downstream(base, {n.key for n in base.nodes if n.stage == "generate"})
+    # Each private tuning reserves its histogram (`reserve_label_noise_multiplier`: its target covers the
+    # corpus's histogram too), so it and everything below it change; the non-private ones do not.
+    private_tunes = {n.key for n in base.nodes if n.stage == "dp_tune" and "epsinf" not in n.key}
+    assert all(hist.node(k).config["reserve_label_noise_multiplier"] == 10 for k in private_tunes)
+    assert changed == _downstream(base, private_tunes | {n.key for n in base.nodes if n.stage == "generate"})
+    assert not any("reserve_label_noise_multiplier" in n.config for n in hist.nodes if "epsinf" in n.key)
     assert all(n.config["label_noise_multiplier"] == 10 for n in hist.nodes if n.stage == "generate")
 
 

@@ -55,7 +55,8 @@ def test_dry_run_composes_every_model_and_one_histogram_per_model(data_files, tm
     assert root.composition.epsilon["rdp"] == pytest.approx(expected, rel=1e-9)
     own = root.corpus_epsilons()
     assert len(own) == 8 and max(e["rdp"] for e in own.values()) < expected  # the root costs more than any corpus
-    assert own[plan.trials[-1].id]["rdp"] > 3.0  # a corpus = its model (eps 3) + its histogram
+    # a corpus = its model (eps 3) + its histogram, which the tuning reserved: within the target, and only just
+    assert 2.99 < own[plan.trials[-1].id]["rdp"] <= 3.0 * (1 + 1e-6)
     monkeypatch.setattr(runner, "train_size", lambda plan, config: (N, "test"))
     monkeypatch.setattr(runner, "privacy_budgets", lambda plan, config, num_train: rows)  # calibrated above
     text = runner.describe_plan(plan, cfg)

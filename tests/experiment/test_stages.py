@@ -1,5 +1,6 @@
 """The real stage adapters that run in seconds (data, public corpus, tokenizer) and helpers."""
 
+import dataclasses
 import json
 import os
 
@@ -363,6 +364,8 @@ def test_select_stage_releases_one_corpus_and_keeps_the_counts_private(tmp_path,
     (sens / "data").mkdir(parents=True)
     with open(sens / "data" / "valid.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in make_records(30, 7, prefix="v"))
+    with open(sens / "data" / "train.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in make_records(200, 8, prefix="t"))
     sens_out = StageOutput(key="sensitive", stage="sensitive", hash="1" * 64, dir=str(sens), summary={}, seconds=0.0,
                            cached=True)
     (tmp_path / "work").mkdir()
@@ -376,3 +379,14 @@ def test_select_stage_releases_one_corpus_and_keeps_the_counts_private(tmp_path,
     scores = json.load(open(tmp_path / "priv" / "x" / "selection_scores.json"))
     assert scores["candidates"] == ["a", "b"] and not os.path.exists(tmp_path / "work.private")
     assert "DP selection among 2 corpora" in capsys.readouterr().out
+    assert json.load(open(tmp_path / "work" / "selection.json"))["disjointness"]["checked"] is True
+    # A D_valid that is D_train (here: the sensitive stage's train split copied over it) is refused before any compute.
+    import shutil
+
+    from dpsynth.dp import disjoint
+
+    shutil.copy(sens / "data" / "train.jsonl", sens / "data" / "valid.jsonl")
+    (tmp_path / "work2").mkdir()
+    with pytest.raises(disjoint.OverlapError, match="200 of its 200 records are exact copies"):
+        stages.select(dataclasses.replace(ctx, out_dir=str(tmp_path / "work2")))
+    assert os.listdir(tmp_path / "work2") == []

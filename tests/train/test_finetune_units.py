@@ -80,6 +80,13 @@ def test_user_level_run_reports_users(user_run):
     assert counts_kept["truncated_train"] == res.truncated_train
     assert all(e["unit"] == "user" and e["dataset_size"] == USERS for e in rep["ledger"]["entries"])
     assert "(users)" in open(os.path.join(out, "privacy_report.md")).read()
+    # D_train's record hashes (for `dpsynth select`'s disjointness check): owner-only private state, never in --out.
+    from dpsynth.dp import disjoint
+
+    kept = os.path.join(res.state_dir, disjoint.HASHES_FILE)
+    assert os.stat(kept).st_mode & 0o077 == 0
+    assert np.array_equal(disjoint.read_hashes(kept), np.sort(disjoint.record_hashes(TRAIN)))
+    assert not any(disjoint.HASHES_FILE in files for _, _, files in os.walk(out))
 
 
 def test_missing_user_ids_fail_before_compute(tiny_base, tmp_path, monkeypatch, capsys):
