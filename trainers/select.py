@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
                                                         "(with --model); --valid is checked disjoint from it")
     g.add_argument("--label-noise-multiplier", type=float, default=None,
                    help="sigma of that histogram (default: the one the model's tuning reserved, "
-                        "dp-tune --reserve-label-noise-multiplier; refused when it would exceed the tuning's target)")
+                        "`dp-tune --reserve-label-noise-multiplier`; refused when it would exceed the tuning's target)")
     read_config.add_flags(ap, "encoding", "max_dead_letters",
                           notes={"max_dead_letters": "here: --valid; OUT.private/dead_letters.jsonl"})
     logs.add_flags(ap)
@@ -145,6 +145,9 @@ def main(argv=None) -> int:
             print(f"dpsynth select: note: D_valid was not checked disjoint from D_train ({disjointness['detail']}; "
                   "pass --label-source D_TRAIN to check it); selection.json says so", file=sys.stderr)
         if args.model:
+            # the histogram's sigma, refused before any compute if the tuning's target does not cover it
+            sigma = (dp_select.label_noise_multiplier(report_lib.load_report(args.model), args.label_noise_multiplier)
+                     if args.label_source else None)
             plan, speed, grid, dataset_size = _plan(args, config)
             for line in plan.lines(speed):
                 print(f"dpsynth select: {line}", file=sys.stderr)
@@ -152,9 +155,7 @@ def main(argv=None) -> int:
             if args.label_source:
                 from dpsynth.generate import job
 
-                report = report_lib.load_report(args.model)
-                distribution = job.dp_label_distribution(args.model, args.label_source, noise_multiplier=(
-                    dp_select.label_noise_multiplier(report, args.label_noise_multiplier)))
+                distribution = job.dp_label_distribution(args.model, args.label_source, noise_multiplier=sigma)
             root = os.path.normpath(args.out) + ".candidates"
             gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
             if plan.screen_size:
