@@ -122,18 +122,19 @@ def check_unowned_empty(directory: str, flag: str = "--out") -> None:
 
 
 def check_sibling(directory: str, flag: str, out_dir: str) -> None:
-    """Raises `OutDirError` if the sibling `directory` (e.g. `OUT.private`) holds files but neither its
-    `SIBLING_MARK` nor an `out_dir` that a dpsynth run owns says a run of dpsynth wrote them, or its
-    mark names another `--out` (one --audit-dir or --state-dir for two runs: the second would
-    overwrite the first's files)."""
+    """Raises `OutDirError` if the sibling `directory` (e.g. `OUT.private`) holds files although
+    `out_dir` holds no dpsynth run and the sibling no `SIBLING_MARK` of a run into `out_dir` (a
+    user's directory; or one --audit-dir or --state-dir for two runs, whose second would overwrite
+    the first's files). A sibling of a directory a dpsynth run owns is that run's (also when the
+    two were copied or moved together, or the sibling predates the mark)."""
     names = _contents(directory)
-    if not names:
-        return
+    if not names or owner(out_dir) is not None:
+        return  # (a directory and its sibling copied or moved together resume too)
     mark = _read_json(os.path.join(directory, SIBLING_MARK))
-    if isinstance(mark, dict) and mark.get("out") not in (None, os.path.abspath(out_dir)):
-        raise _not_ours(flag, directory, names, f"the run into {mark['out']} made, not this --out,")
-    if mark is None and owner(out_dir) is None:
+    if not isinstance(mark, dict):
         raise _not_ours(flag, directory, names, "no dpsynth run made")
+    if mark.get("out") not in (None, os.path.abspath(out_dir)):
+        raise _not_ours(flag, directory, names, f"a run into another --out, {mark['out']}, made")
 
 
 def mark_sibling(directory: str, out_dir: str) -> None:

@@ -259,6 +259,17 @@ def test_a_sibling_a_run_made_is_its_own_on_the_rerun(tmp_path):
     with _claim(out, siblings=sib):
         pass
     assert (private / outdir.SIBLING_MARK).exists()
+    import shutil  # moved together (the mark names the old --out): still the run's
+
+    shutil.move(str(out), str(tmp_path / "moved"))
+    shutil.move(str(private), str(tmp_path / "moved.private"))
+    with _claim(tmp_path / "moved", siblings=(("private state", str(tmp_path / "moved.private")),)):
+        pass
+    # One --audit-dir for two runs: the second, into a new --out, would overwrite the first's files.
+    with pytest.raises(OutDirError, match=r"--audit-dir .*moved.private: a non-empty directory that a run into "
+                                          r"another --out, .*/out, made \(it holds"):
+        with _claim(tmp_path / "second", siblings=(("--audit-dir", str(tmp_path / "moved.private")),)):
+            pytest.fail("refused")
 
 
 # ------------------------------------------------------------------------------------------ the lock
