@@ -89,15 +89,12 @@ def open_atomic(path: str, mode: str = "w", *, encoding: str | None = "utf-8", n
 
 
 def copy_file(src: str, dst: str, *, mode: int | None = None) -> str:
-    """Copies the local file `src` to `dst` atomically (content and modification time; `mode`: the
-    new file's bits, else `src`'s); returns `dst`."""
+    """Copies the content of the local file `src` to `dst` atomically; returns `dst`.
+
+    The copy is a new file: its mode is the umask's (or `mode`), not `src`'s (a release copied
+    out of owner-only private state is not left 0600)."""
     with open(src, "rb") as fin, open_atomic(dst, "wb", file_mode=mode) as fout:
         shutil.copyfileobj(fin, fout, CHUNK_BYTES)
-        if mode is None:
-            shutil.copymode(src, fout.name)
-    with contextlib.suppress(OSError):
-        st = os.stat(src)
-        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     return dst
 
 

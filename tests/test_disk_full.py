@@ -130,12 +130,18 @@ def _stream(path):
             f.write("y" * 50 + "\n")
 
 
-def test_copy_file_copies_bytes_and_mode(tmp_path):
+def test_copy_file_copies_the_bytes_into_a_new_file(tmp_path):
     src = tmp_path / "a"
     src.write_bytes(os.urandom(3 * fileio.CHUNK_BYTES // 2))
-    os.chmod(src, 0o640)
-    fileio.copy_file(str(src), str(tmp_path / "b"))
-    assert (tmp_path / "b").read_bytes() == src.read_bytes() and (tmp_path / "b").stat().st_mode & 0o777 == 0o640
+    os.chmod(src, 0o600)  # e.g. a trial's model in the private state, released by a sweep
+    old = os.umask(0o022)
+    try:
+        fileio.copy_file(str(src), str(tmp_path / "b"))
+        fileio.copy_file(str(src), str(tmp_path / "c"), mode=0o600)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "b").read_bytes() == src.read_bytes() and (tmp_path / "b").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "c").stat().st_mode & 0o777 == 0o600
     (tmp_path / "t" / "sub").mkdir(parents=True)
     (tmp_path / "t" / "sub" / "f").write_text("f")
     fileio.copy_tree(str(tmp_path / "t"), str(tmp_path / "u"))
