@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import re
 import sys
 from collections.abc import Callable
 
@@ -52,8 +53,11 @@ class DiskFullError(DpsynthError, OSError):
     @classmethod
     def of(cls, path: str, error: OSError | None = None) -> "DiskFullError":
         """The error of a failed write of `path` (`error`: the `OSError` it raised, for its errno)."""
-        words = _DISK_FULL_WORDS.get(getattr(error, "errno", None), _DISK_FULL_WORDS[errno.ENOSPC])
-        return cls(f"{words} writing {path}")
+        code = getattr(error, "errno", None)
+        made = cls(f"{_DISK_FULL_WORDS.get(code, _DISK_FULL_WORDS[errno.ENOSPC])} writing {path}")
+        if code in DISK_FULL_ERRNOS:
+            made.errno = code
+        return made
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "no space left on device"
@@ -64,10 +68,17 @@ def is_disk_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
 
 
+# A `DiskFullError`'s message inside the text of a `RuntimeError` (a Beam worker in another process
+# sends its error back as text only).
+_DISK_FULL_TEXT = re.compile(r"DiskFullError: ((?:no space left on device|disk quota exceeded) writing .+?)"
+                             r"(?: \[while running .*)?$", re.M)
+
+
 def disk_full_in(error: BaseException) -> DiskFullError | None:
     """The full disk behind `error` (itself, or its `__cause__`/`__context__` chain: Apache Beam
-    re-raises a step's error as a `RuntimeError`, or as a copy with the step's name appended), as a
-    `DiskFullError` (the innermost one: the original message); None if there is none."""
+    re-raises a step's error as a `RuntimeError`, or as a copy with the step's name appended; or
+    the text of a `RuntimeError` from a worker process), as a `DiskFullError` (the innermost one:
+    the original message); None if there is none."""
     found, seen, e = None, set(), error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -76,6 +87,8 @@ def disk_full_in(error: BaseException) -> DiskFullError | None:
         elif is_disk_full(e) and found is None:
             found = DiskFullError.of(e.filename if e.filename is not None else "a file", e)
         e = e.__cause__ or e.__context__
+    if found is None and isinstance(error, RuntimeError) and (m := _DISK_FULL_TEXT.search(str(error))):
+        found = DiskFullError(m.group(1))
     return found
 
 

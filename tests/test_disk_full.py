@@ -161,7 +161,11 @@ def test_a_full_disk_however_wrapped_is_one_line_exit_2(capsys):
               "no space left on device writing /o/m.jsonl"),
              (lambda: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Disk quota exceeded", "/o/q")),
               "disk quota exceeded writing /o/q"),
-             (beam_wrapped, "no space left on device writing /o/shards/train-00000.jsonl")]
+             (beam_wrapped, "no space left on device writing /o/shards/train-00000.jsonl"),
+             (lambda: (_ for _ in ()).throw(RuntimeError(  # from a worker process: text only
+                 "Pipeline failed: Traceback ...\ndpsynth.errors.DiskFullError: no space left on device writing "
+                 "/o/shards/a b.jsonl [while running 'GenerateShards']\n")),
+              "no space left on device writing /o/shards/a b.jsonl")]
     for fail, message in cases:
         main = errors.command("generate")(lambda argv, fail=fail: fail())
         assert main([]) == errors.EXIT_USER_ERROR
