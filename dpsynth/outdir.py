@@ -23,8 +23,10 @@ before any compute. The claim
 4. refuses a non-empty directory that no dpsynth run wrote (no run record, manifest or marker
    file: a user's own directory, whose files the run would overwrite or publish), and likewise
    a non-empty sibling directory the run writes (`siblings`: `OUT.private`, `OUT.candidates`,
-   `--state-dir`, `--audit-dir`) that holds no `SIBLING_MARK` of an earlier run (a sibling of
-   an `--out` that a dpsynth run already owns is that run's, also when it predates the mark);
+   `--state-dir`, `--audit-dir`) unless `--out` holds a dpsynth run (its sibling, also one moved
+   with it or made before the mark existed) or the sibling's `SIBLING_MARK` names this `--out`
+   (a rerun after a run that failed before it wrote into `--out`); temporary files
+   (`fileio.TMP_MARK`), the run record and the lock do not count;
 5. writes the run record (once, when the directory is new), and `SIBLING_MARK` into each
    sibling the run made;
 6. removes the lock file when the run ends (success or failure): a finished directory holds
