@@ -20,7 +20,7 @@ import sys
 from dpsynth import binding, errors, logs, outdir
 from dpsynth.beam import dedup as bdedup
 from dpsynth.beam import jobs
-from dpsynth.data import read_config, readers
+from dpsynth.data import dead_letters, read_config, readers
 from dpsynth.dedup.config import DedupConfig
 
 
@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
     binding.from_args(DedupConfig, args)  # a bad setting is refused before --out is claimed
-    with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args), parser=ap):
+    with outdir.claim(args.out, kind=outdir.DEDUP, command="dedup", config=vars(args), parser=ap,
+                      siblings=(("--state-dir", args.state_dir or dead_letters.private_dir(args.out)),)):
         run(argv)
     return 0
 

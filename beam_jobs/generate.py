@@ -94,7 +94,8 @@ def run(argv=None, test_pipeline=None) -> dict:
     # default run's record is as before.
     with outdir.claim(args.out, kind=outdir.CORPUS, command="generate", config=vars(args), parser=ap,
                       ignore=("format", "train", "min_shared_tokens", "memory_limit", "memory_headroom"),
-                      writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),)):
+                      writable=(("--audit-dir", args.audit_dir or os.path.dirname(private)),),
+                      siblings=(("private state", os.path.dirname(private)), ("--audit-dir", args.audit_dir))):
         return generate(config, beam_args=beam_args, test_pipeline=test_pipeline, label_histogram=histogram,
                         train_path=args.train, audit_dir=args.audit_dir, min_shared_tokens=args.min_shared_tokens)
 

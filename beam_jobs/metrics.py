@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(levelname)s %(name)s: %(message)s", verbose=args.verbose)
     with outdir.claim(args.out, kind=outdir.EVALUATION, command="evaluate", config=vars(args), parser=ap,
-                      writable=(("--out (its dead letters)", os.path.dirname(dead_letters.default_path(args.out))),)):
+                      siblings=(("--out (its dead letters)", os.path.dirname(dead_letters.default_path(args.out))),)):
         out = run(argv)
     print(out["summary"])
     print(f"report: {out['out']}/report.html ({out['corpora']} corpora; metrics.json, metrics.csv)")

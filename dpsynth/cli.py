@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(rest) or 0)
     except errors.DpsynthError as e:  # (the entry points' `errors.command` already reports their own)
         return errors.report(name, e)
+    except Exception as e:  # a full disk, however wrapped (`errors.disk_full_in`)
+        full = errors.disk_full_in(e)
+        if full is None:
+            raise
+        return errors.report(name, full)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,19 @@ before any compute. The claim
    configuration continues (a resume after a kill, or an identical rerun), also when the
    directory's record predates flags added to dpsynth since and this run leaves them at their
    defaults (an upgrade does not strand a half-finished run);
-4. writes the run record (once, when the directory is new).
+4. refuses a non-empty directory that no dpsynth run wrote (no run record, manifest or marker
+   file: a user's own directory, whose files the run would overwrite or publish), and likewise
+   a non-empty sibling directory the run writes (`siblings`: `OUT.private`, `OUT.candidates`,
+   `--state-dir`, `--audit-dir`) unless `--out` holds a dpsynth run (its sibling, also one moved
+   with it or made before the mark existed) or the sibling's `SIBLING_MARK` names this `--out`
+   (a rerun after a run that failed before it wrote into `--out`); temporary files
+   (`fileio.TMP_MARK`), the run record and the lock do not count;
+5. writes the run record (once, when the directory is new), and `SIBLING_MARK` into each
+   sibling the run made;
+6. removes the lock file when the run ends (success or failure): a finished directory holds
+   only what the run wrote. A run that opened the lock file just before it was unlinked finds,
+   after its `flock`, that the path no longer names the file it holds, and retries (`_lock`),
+   so two runs never both hold "the" lock.
 
 The commands write their own manifest last, so a reader sees a finished run or none (and
 `require_corpus` refuses a corpus whose run left no manifest). The kinds are `KINDS`; the
@@ -50,6 +62,7 @@ from dpsynth.errors import DpsynthError
 RUN_FILE = "dpsynth_run.json"
 LOCK_FILE = ".dpsynth_run.lock"
 RUN_FILES = (RUN_FILE, LOCK_FILE)
+SIBLING_MARK = ".dpsynth_sibling"  # in a sibling directory a run wrote (OUT.private, ...): {"format", "out"}
 FORMAT = "dpsynth.run"
 FORMAT_VERSION = 1
 
@@ -87,6 +100,50 @@ def is_url(path: str) -> bool:
 def without_run_files(names: Iterable[str]) -> list[str]:
     """`names` (a directory listing) without the run record and lock (for "is it empty?" checks)."""
     return [n for n in names if n not in RUN_FILES]
+
+
+def _contents(directory: str) -> list[str]:
+    """What `directory` holds besides run files, sibling marks and temporary files (a killed
+    writer's leftovers, `fileio.TMP_MARK`); [] when it is missing or not a directory."""
+    if is_url(directory) or not os.path.isdir(directory):
+        return []
+    return sorted(n for n in without_run_files(os.listdir(directory))
+                  if n != SIBLING_MARK and fileio.TMP_MARK not in n)
+
+
+def _not_ours(flag: str, directory: str, names: list[str], what: str) -> OutDirError:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return OutDirError(f"{flag} {directory}: a non-empty directory that {what} (it holds {shown}); "
+                       f"dpsynth would overwrite or publish its files: choose a new or empty {flag}")
+
+
+def check_unowned_empty(directory: str, flag: str = "--out") -> None:
+    """Raises `OutDirError` if `directory` holds files although no dpsynth run wrote it (`owner`)."""
+    if owner(directory) is None and (names := _contents(directory)):
+        raise _not_ours(flag, directory, names, "no dpsynth run wrote")
+
+
+def check_sibling(directory: str, flag: str, out_dir: str) -> None:
+    """Raises `OutDirError` if the sibling `directory` (e.g. `OUT.private`) holds files although
+    `out_dir` holds no dpsynth run and the sibling no `SIBLING_MARK` of a run into `out_dir` (a
+    user's directory; or one --audit-dir or --state-dir for two runs, whose second would overwrite
+    the first's files). A sibling of a directory a dpsynth run owns is that run's (also when the
+    two were copied or moved together, or the sibling predates the mark)."""
+    names = _contents(directory)
+    if not names or owner(out_dir) is not None:
+        return  # (a directory and its sibling copied or moved together resume too)
+    mark = _read_json(os.path.join(directory, SIBLING_MARK))
+    if not isinstance(mark, dict):
+        raise _not_ours(flag, directory, names, "no dpsynth run made")
+    if mark.get("out") not in (None, os.path.abspath(out_dir)):
+        raise _not_ours(flag, directory, names, f"a run into another --out, {mark['out']}, made")
+
+
+def mark_sibling(directory: str, out_dir: str) -> None:
+    """Writes `SIBLING_MARK` (0600) into the existing sibling `directory` of `out_dir`, if it has none."""
+    mark = os.path.join(directory, SIBLING_MARK)
+    if os.path.isdir(directory) and not os.path.exists(mark):
+        fileio.write_json(mark, {"format": "dpsynth.sibling", "out": os.path.abspath(out_dir)}, mode=0o600)
 
 
 def check_writable(path: str, flag: str = "--out") -> None:
@@ -192,13 +249,15 @@ def _differing(theirs: Mapping[str, str], ours: Mapping[str, str], defaults: Map
 
 def check_owner(directory: str, record: Mapping[str, Any], flag: str = "--out",
                 defaults: Mapping[str, str] | None = None) -> None:
-    """Raises `OutDirError` unless `directory` is new, holds nothing dpsynth wrote, or holds a run
-    of the same command and configuration as `record` (a resume, or an identical rerun).
+    """Raises `OutDirError` unless `directory` is new, empty, or holds a run of the same command and
+    configuration as `record` (a resume, or an identical rerun). A non-empty directory no dpsynth run
+    wrote is refused (`check_unowned_empty`).
 
     `defaults` (the "config" of a run record with every flag at its default): a run recorded by an
     older dpsynth, before a flag existed, matches a run that leaves that flag at its default."""
     found = owner(directory)
     if found is None:
+        check_unowned_empty(directory, flag)
         return
     command, kind = record["command"], record["kind"]
     head = f"{flag} {directory}: holds {_describe(found)}"
@@ -254,7 +313,8 @@ def _lock_holder(fd: int) -> str:
 @contextlib.contextmanager
 def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | None = None,
           ignore: Iterable[str] = (), writable: Iterable[tuple[str, str | None]] = (),
-          primary: bool = True, secret: Iterable[str] = (), parser: Any = None) -> Iterator[dict[str, Any]]:
+          siblings: Iterable[tuple[str, str | None]] = (), primary: bool = True, secret: Iterable[str] = (),
+          parser: Any = None) -> Iterator[dict[str, Any]]:
     """Holds `out_dir` for this run (module docstring); yields the run record.
 
     Args:
@@ -264,52 +324,87 @@ def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | 
         config: the run's flags (name -> value, e.g. `vars(args)`).
         ignore: more flags that do not change the output (besides `EXECUTION_FLAGS`).
         writable: (flag, directory) pairs the run also writes (checked, not created).
+        siblings: (flag, directory) pairs of the directories beside `out_dir` that the run makes and
+            fills (`OUT.private`, `--state-dir`, ...): also checked writable, refused when non-empty
+            and no dpsynth run made them (`check_sibling`), marked (`mark_sibling`) as this run's.
         primary: False in every process of a multi-host run but one: only the writability is checked.
         secret: flags whose values the output withholds (recorded as set or unset, `run_record`).
         parser: the command's argparse parser: its defaults let a run recorded by an older dpsynth
             (without the flags added since) be resumed while those flags stay at their defaults.
 
     Raises:
-        OutDirError: an unwritable directory, a concurrent run, or a directory of another kind,
-            command or configuration.
+        OutDirError: an unwritable directory, a concurrent run, a directory of another kind,
+            command or configuration, or a non-empty directory (or sibling) no dpsynth run wrote.
     """
     record = run_record(kind, command, config, ignore, secret)
     defaults = None if parser is None else run_record(
         kind, command, {k: parser.get_default(k) for k in config or {}}, ignore, secret)["config"]
+    siblings = [(flag, path) for flag, path in siblings if path and not is_url(path)]
     check_writable(out_dir)
-    for flag, path in writable:
+    for flag, path in (*writable, *siblings):
         check_writable(path or "", flag)
     if is_url(out_dir) or not primary:
         yield record
         return
-    check_owner(out_dir, record, defaults=defaults)  # before the lock file is made in another run's directory (again under the lock)
+    # Before the lock file is made in another run's (or a user's) directory; again under the lock.
+    check_owner(out_dir, record, defaults=defaults)
+    for flag, path in siblings:
+        check_sibling(path, flag, out_dir)
     created, fd = _lock(out_dir)
-    record_path, wrote = os.path.join(out_dir, RUN_FILE), False
+    record_path, wrote, checked = os.path.join(out_dir, RUN_FILE), False, False
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         check_owner(out_dir, record, defaults=defaults)
+        for flag, path in siblings:
+            check_sibling(path, flag, out_dir)
+        checked = True
+        for _, path in siblings:
+            mark_sibling(path, out_dir)
         if not os.path.exists(record_path):
             fileio.write_json(record_path, record)
             wrote = True
         yield record
+        for _, path in siblings:  # made during the run
+            mark_sibling(path, out_dir)
     except BaseException:
+        if checked:  # what this run wrote into its siblings is its own (for its rerun), also when it failed
+            for _, path in siblings:
+                with contextlib.suppress(OSError):
+                    mark_sibling(path, out_dir)
         # A run refused or failed before it wrote anything leaves nothing (a rerun with other flags is no
         # "other configuration"); one that wrote outputs keeps its record, so only its resume continues them.
         if wrote and not without_run_files(os.listdir(out_dir)):
             os.remove(record_path)
-            if created:  # (a run that opened the lock file meanwhile sees it unlinked and retries: `_lock`)
-                os.remove(os.path.join(out_dir, LOCK_FILE))
-                os.rmdir(out_dir)
+            if created:
+                _unlock(out_dir, fd)
+                fd = -1
+                with contextlib.suppress(OSError):  # (another run may have made its lock file there meanwhile)
+                    os.rmdir(out_dir)
         raise
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            _unlock(out_dir, fd)
+
+
+def _unlock(out_dir: str, fd: int) -> None:
+    """Removes the lock file if it is still the one `fd` holds, then closes `fd` (releasing the lock).
+
+    Unlinked before it is released: a run that opened the file meanwhile gets its `flock` only on
+    the unlinked file, sees that the path names another file (or none) and retries (`_lock`)."""
+    path = os.path.join(out_dir, LOCK_FILE)
+    try:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.remove(path)
+    finally:
+        os.close(fd)
 
 
 def _lock(out_dir: str) -> tuple[bool, int]:
     """Creates `out_dir` if needed and takes its lock; returns (created it, the lock's descriptor)."""
     path = os.path.join(out_dir, LOCK_FILE)
-    for _ in range(10):  # the lock file may be removed by a failed run (see `claim`) between open and flock
+    for _ in range(10):  # the lock file is removed by the run that ends (see `_unlock`) between open and flock
         created = not os.path.isdir(out_dir)
         try:
             os.makedirs(out_dir, exist_ok=True)

@@ -48,6 +48,24 @@ def _tree(path):
             for d, _, files in os.walk(path) for f in files}
 
 
+@pytest.mark.parametrize("command", sorted(set(WRITERS) - {"classify"}))  # (classify writes one file)
+def test_a_users_non_empty_directory_as_out_is_one_line_and_left_alone(command, tmp_path, capsys, monkeypatch):
+    """The hostile trial's `mkdir userdir; echo keep > userdir/thesis.txt; ... --out userdir`: its
+    train.jsonl was overwritten and thesis.txt published with the corpus."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "userdir"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("keep\n")
+    (mine / "train.jsonl").write_text('{"text":"x","label":"great"}\n')
+    before = _tree(mine)
+    rc, err = _dpsynth(capsys, command, *[a.replace("OUT", str(mine)) for a in WRITERS[command]])
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (f"dpsynth {command}: error: --out {mine}: a non-empty directory that no dpsynth run wrote (it "
+                      "holds thesis.txt, train.jsonl); dpsynth would overwrite or publish its files: choose a new or "
+                      "empty --out"), err
+    assert _tree(mine) == before and sorted(os.listdir(tmp_path)) == ["userdir"]
+
+
 @pytest.mark.parametrize("command", sorted(WRITERS))
 def test_an_unwritable_out_is_one_line_before_any_compute(command, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -65,6 +65,7 @@ def test_a_new_directory_gets_a_run_record_without_the_values(tmp_path):
     out = tmp_path / "out"
     with _claim(out, config={**CFG, "label_source": "/home/alice/patients.csv"}) as record:
         assert _files(out) == [outdir.LOCK_FILE, outdir.RUN_FILE]
+    assert _files(out) == [outdir.RUN_FILE]  # the lock file goes with the run
     on_disk = json.loads((out / outdir.RUN_FILE).read_text())
     assert on_disk == record and on_disk["kind"] == "corpus" and on_disk["command"] == "generate"
     assert set(on_disk["config"]) == {"seed", "num_examples", "label_source"}  # --out, --verbose: not configuration
@@ -173,12 +174,32 @@ def test_directories_written_before_run_records_are_recognised(tmp_path, files, 
     assert outdir.LOCK_FILE not in os.listdir(out)
 
 
-def test_a_directory_dpsynth_did_not_write_is_used(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    (tmp_path / "metrics.json").write_text('{"selected": 1}')  # e.g. a `classify --out` file: not an evaluation
-    with _claim(tmp_path, kind=outdir.EVALUATION, command="evaluate"):
+@pytest.mark.parametrize("kind,command", [(outdir.CORPUS, "generate"), (outdir.CORPUS, "select"),
+                                          (outdir.EVALUATION, "evaluate"), (outdir.MODEL, "dp-tune")])
+def test_a_non_empty_directory_dpsynth_did_not_write_is_refused_and_left_alone(tmp_path, kind, command):
+    """A user's own directory as --out: its files would be overwritten (train.jsonl) or published (thesis.txt)."""
+    mine = tmp_path / "userdir"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("keep")
+    (mine / "train.jsonl").write_text('{"text": "x", "label": "great"}\n')
+    (mine / "metrics.json").write_text('{"selected": 1}')  # e.g. a `classify --out` file: not an evaluation
+    with pytest.raises(OutDirError, match=r"userdir: a non-empty directory that no dpsynth run wrote \(it holds "
+                                          r"metrics.json, thesis.txt, train.jsonl\); .*choose a new or empty --out") as e:
+        with _claim(mine, kind=kind, command=command):
+            pytest.fail("the run must not start")
+    assert "\n" not in str(e.value)
+    assert _files(mine) == ["metrics.json", "thesis.txt", "train.jsonl"]  # no lock file, no run record
+    assert (mine / "thesis.txt").read_text() == "keep"
+
+
+def test_an_empty_directory_or_one_holding_only_temporary_leftovers_is_used(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with _claim(tmp_path / "empty"):
+        (tmp_path / "empty" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "left").mkdir()
+    (tmp_path / "left" / f"train.jsonl{outdir.fileio.TMP_MARK}123-abc").write_text("{")  # a killed writer's
+    with _claim(tmp_path / "left"):
         pass
-    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_a_refused_or_failed_run_that_wrote_nothing_leaves_nothing(tmp_path):
@@ -192,7 +213,7 @@ def test_a_refused_or_failed_run_that_wrote_nothing_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         with _claim(tmp_path / "mine"):
             raise RuntimeError("x")
-    assert _files(tmp_path / "mine") == [outdir.LOCK_FILE]  # the user's directory stays
+    assert _files(tmp_path / "mine") == []  # the user's (empty) directory stays, without the lock file
 
 
 def test_a_failed_run_that_wrote_outputs_keeps_its_record(tmp_path):
@@ -208,6 +229,50 @@ def test_a_failed_run_that_wrote_outputs_keeps_its_record(tmp_path):
         pass
 
 
+# ------------------------------------------------------------------------------------------ siblings
+def test_a_users_non_empty_sibling_directory_is_refused_before_anything_is_written(tmp_path):
+    out, private = tmp_path / "out", tmp_path / "out.private"
+    private.mkdir()
+    (private / "notes.txt").write_text("mine")
+    with pytest.raises(OutDirError, match=r"--state-dir .*out.private: a non-empty directory that no dpsynth run "
+                                          r"made \(it holds notes.txt\)"):
+        with _claim(out, siblings=(("--state-dir", str(private)),)):
+            pytest.fail("the run must not start")
+    assert _files(tmp_path) == ["out.private"] and _files(private) == ["notes.txt"]
+
+
+def test_a_sibling_a_run_made_is_its_own_on_the_rerun(tmp_path):
+    """Marked when the run ends (also a failed one: a select that stopped at its dead letters reruns);
+    an unmarked sibling of a directory that a dpsynth run owns (made before the mark existed) is that run's."""
+    out, private = tmp_path / "out", tmp_path / "out.private"
+    sib = (("private state", str(private)),)
+    with pytest.raises(RuntimeError):
+        with _claim(out, siblings=sib):
+            private.mkdir()
+            (private / "dead_letters.jsonl").write_text("{}\n")
+            raise RuntimeError("too many dead letters")
+    assert _files(tmp_path) == ["out.private"]  # the failed run left nothing in --out
+    assert _files(private) == [outdir.SIBLING_MARK, "dead_letters.jsonl"]
+    assert oct(os.stat(private / outdir.SIBLING_MARK).st_mode & 0o777) == "0o600"
+    with _claim(out, siblings=sib):  # the rerun
+        (out / "train.jsonl").write_text("{}\n")
+    os.remove(private / outdir.SIBLING_MARK)  # as a run of an older dpsynth left it
+    with _claim(out, siblings=sib):
+        pass
+    assert (private / outdir.SIBLING_MARK).exists()
+    import shutil  # moved together (the mark names the old --out): still the run's
+
+    shutil.move(str(out), str(tmp_path / "moved"))
+    shutil.move(str(private), str(tmp_path / "moved.private"))
+    with _claim(tmp_path / "moved", siblings=(("private state", str(tmp_path / "moved.private")),)):
+        pass
+    # One --audit-dir for two runs: the second, into a new --out, would overwrite the first's files.
+    with pytest.raises(OutDirError, match=r"--audit-dir .*moved.private: a non-empty directory that a run into "
+                                          r"another --out, .*/out, made \(it holds"):
+        with _claim(tmp_path / "second", siblings=(("--audit-dir", str(tmp_path / "moved.private")),)):
+            pytest.fail("refused")
+
+
 # ------------------------------------------------------------------------------------------ the lock
 def test_a_second_run_into_a_busy_directory_refuses_at_once(tmp_path):
     out = tmp_path / "out"
@@ -218,6 +283,47 @@ def test_a_second_run_into_a_busy_directory_refuses_at_once(tmp_path):
         assert "\n" not in str(e.value)
     with _claim(out):  # released at the end of the run
         pass
+
+
+def test_the_lock_file_is_removed_when_the_run_ends(tmp_path):
+    out = tmp_path / "out"
+    with _claim(out):
+        (out / "train.jsonl").write_text("{}\n")
+    assert _files(out) == [outdir.RUN_FILE, "train.jsonl"]
+    with pytest.raises(RuntimeError):
+        with _claim(out):
+            assert (out / outdir.LOCK_FILE).exists()
+            raise RuntimeError("failed")
+    assert _files(out) == [outdir.RUN_FILE, "train.jsonl"]
+
+
+def test_a_run_that_opened_the_lock_file_before_it_was_removed_retries(tmp_path, monkeypatch):
+    """Run A ends (unlinks its lock file, releases it) between run B's open and B's flock: B's flock
+    succeeds on the unlinked file. B must see that the path names another file and lock the new one;
+    else a third run C would lock a new file beside B and both would write."""
+    import contextlib
+    import fcntl
+
+    out = tmp_path / "out"
+    a = contextlib.ExitStack()
+    a.enter_context(_claim(out))
+    real_flock, calls = fcntl.flock, []
+
+    def flock(fd, op):
+        if not calls:
+            a.close()  # A ends now
+        result = real_flock(fd, op)
+        calls.append(os.fstat(fd).st_nlink)  # 0: the file B locked is no longer in the directory
+        return result
+
+    monkeypatch.setattr(outdir.fcntl, "flock", flock)
+    with _claim(out):  # B
+        monkeypatch.setattr(outdir.fcntl, "flock", real_flock)
+        assert calls == [0, 1]  # retried on the new file
+        with pytest.raises(OutDirError, match="another run is writing into it now"):
+            with _claim(out):  # C
+                pytest.fail("two runs held one directory")
+    assert _files(out) == [outdir.RUN_FILE]
 
 
 def _holder(out, ready):

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         raise tune.TuneError("--user-column is used with --privacy-unit user")
     state_dir = resolve_state_dir(args.out, args.state_dir)
     with outdir.claim(args.out, kind=outdir.MODEL, command="dp-tune", config=vars(args), parser=ap,
-                      writable=(("--state-dir", state_dir),), primary=distributed.is_primary(args),
+                      siblings=(("--state-dir", state_dir),), primary=distributed.is_primary(args),
                       secret=("seed",)):  # the release withholds the seed
         return _tune(args, config, state_dir)
 

@@ -131,7 +131,9 @@ def main(argv=None) -> int:
         return 0
     # --out is one run's corpus (kind, lock, writable before any compute: `dpsynth.outdir`).
     with outdir.claim(args.out, kind=outdir.CORPUS, command="select", config=vars(args), parser=ap,
-                      writable=(("private state", dead_letters.private_dir(args.out)),), secret=("seed",)):
+                      siblings=(("private state", dead_letters.private_dir(args.out)),
+                                ("candidates", os.path.normpath(args.out) + ".candidates" if args.model else None)),
+                      secret=("seed",)):
         policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                         prefix="dpsynth select: ")
         dead_letters.read_checked([("valid (--valid)", args.valid)], policy, encoding=args.encoding)

@@ -70,6 +70,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from isal import igzip, isal_zlib
 from apache_beam.io.filesystems import FileSystems
 
+from dpsynth import fileio
 from dpsynth.errors import DpsynthError
 
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".xz")
@@ -670,8 +671,4 @@ def iter_public_texts(paths: Sequence[str] | str, *, text_column: str = "text",
 def write_jsonl(path: str, records: Sequence[Record]) -> None:
     """Writes records as JSONL (one object per line, keys sorted), via `FileSystems`."""
     data = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records).encode("utf-8")
-    parent = path.rsplit("/", 1)[0] if "/" in path else "."
-    if _is_local(path):
-        os.makedirs(parent, exist_ok=True)
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
-        fh.write(data)
+    fileio.write_bytes_fs(path, data)  # (atomic; makes a local parent directory)

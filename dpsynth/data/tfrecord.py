@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dpsynth import fileio
+
 
 def to_example(record: dict[str, Any]) -> bytes:
     """One record as a serialized `tf.train.Example`."""
@@ -35,13 +37,21 @@ def write_tfrecord(path: str, records: Iterable[dict[str, Any]]) -> int:
     """Writes records as `tf.Example`s to one TFRecord file (`gs://` works through TF); returns the count."""
     import tensorflow as tf
 
-    tmp = path + ".tmp"
+    if "://" not in path:  # local: whole or absent (`fileio.atomic_path`; a full disk: `DiskFullError`)
+        with fileio.atomic_path(path) as tmp:
+            return _write_all(tf, tmp, records)
+    tmp = fileio.temp_path(path)
+    n = _write_all(tf, tmp, records)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+    return n
+
+
+def _write_all(tf, path: str, records: Iterable[dict[str, Any]]) -> int:
     n = 0
-    with tf.io.TFRecordWriter(tmp) as writer:
+    with tf.io.TFRecordWriter(path) as writer:
         for record in records:
             writer.write(to_example(record))
             n += 1
-    tf.io.gfile.rename(tmp, path, overwrite=True)
     return n
 
 

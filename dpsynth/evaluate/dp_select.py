@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -259,7 +258,7 @@ def write_selection(out_dir: str, selection: Selection, paths: Mapping[str, str]
     os.makedirs(out_dir, exist_ok=True)
     for name in COPIED:
         if os.path.exists(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(out_dir, name))
+            fileio.copy_file(os.path.join(src, name), os.path.join(out_dir, name))
     report_lib.write_report(out_dir, selection.report)
     make_private_dir(private_dir)
     write_private_json(os.path.join(private_dir, SCORES_FILE), {
@@ -339,14 +338,14 @@ def write_prefix(src: str, dst: str, num_train: int, num_valid: int) -> str:
     os.makedirs(dst, exist_ok=True)
     for split, n in (("train", num_train), ("valid", num_valid)):
         with open(os.path.join(src, f"{split}.jsonl"), encoding="utf-8") as f, \
-                fileio.atomic_path(os.path.join(dst, f"{split}.jsonl")) as tmp, open(tmp, "w", encoding="utf-8") as out:
+                fileio.open_atomic(os.path.join(dst, f"{split}.jsonl")) as out:
             for i, line in enumerate(f):
                 if i >= n:
                     break
                 out.write(line)
     for name in (report_lib.REPORT_JSON, report_lib.REPORT_MD, "generation_config.json"):
         if os.path.exists(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+            fileio.copy_file(os.path.join(src, name), os.path.join(dst, name))
     fileio.write_json(os.path.join(dst, CANDIDATE_FILE), {"prefix_of": os.path.abspath(src), "num_train": num_train,
                                                           "num_valid": num_valid})
     return dst

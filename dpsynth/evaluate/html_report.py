@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsynth import fileio
 from dpsynth.evaluate import ngrams, verdict
 
 REPORT_HTML = "report.html"
@@ -144,6 +145,5 @@ def write_html(rows: Sequence[dict], plots: Sequence[dict], baselines: Sequence[
                  "document.body.setAttribute('data-plots-total',im.length);document.body.setAttribute('data-plots-loaded',ok);});"
                  "</script></body></html>")
     path = os.path.join(out_dir, REPORT_HTML)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+    fileio.write_text(path, "\n".join(parts))
     return path

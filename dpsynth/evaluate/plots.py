@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.evaluate.verdict import nominal_epsilon
 
 PLOTS_DIR = "plots"
@@ -44,8 +45,11 @@ def clipped_edges(p: Sequence[float], q: Sequence[float], bins: int,
 def _fig_to_png(fig, path: str) -> str:
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with fileio.atomic_path(path) as tmp:  # whole or absent (a full disk: `DiskFullError`)
+            fig.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return path
 
 

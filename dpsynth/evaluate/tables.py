@@ -77,7 +77,7 @@ def write_tables(rows: Sequence[dict], baselines: Sequence[dict], out_dir: str, 
         doc["verdicts"] = [clean(v) for v in verdicts]
     fileio.write_json(jpath, doc, indent=1, newline=False)
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(cpath, "w", newline="", encoding="utf-8") as f:
+    with fileio.open_atomic(cpath, newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for r in rows:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsynth import fileio
 from dpsynth.dp import private_selection
 from dpsynth.dp import selection as selection_lib
 from dpsynth.evaluate import classifiers, registry
@@ -451,7 +452,7 @@ def classify_files(train: str, valid: str, test: str, config: ClassifyConfig = C
             json_path, _ = report_lib.write_report(directory, result.privacy)
             privacy["report"] = json_path
     if out:
-        with open(out, "w", encoding="utf-8") as f:
+        with fileio.open_atomic(out) as f:
             json_lib.dump({"selected": result.selected, "valid_mean": result.valid_mean, "test_mean": result.test_mean,
                            "test_std": result.test_std, "trials": result.trials,
                            "dp": dp.public() if dp else None, "privacy": privacy,

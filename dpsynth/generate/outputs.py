@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,7 +147,7 @@ def copy_privacy_report(plan: GenerationPlan, private: bool) -> None:
         for name in PRIVACY_FILES:
             src = os.path.join(plan.model_dir, name)
             if os.path.exists(src):
-                shutil.copyfile(src, os.path.join(plan.out_dir, name))
+                fileio.copy_file(src, os.path.join(plan.out_dir, name))
         return
     marker = {
         "private": False,

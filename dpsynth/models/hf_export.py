@@ -34,7 +34,6 @@ does not already release (the report travels with it).
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 import numpy as np
@@ -168,7 +167,7 @@ def export_model(model_dir: str, out_dir: str, *, adapter_only: bool = False) ->
     _write_tokenizer(loaded, source, tokenizer_json, out_dir)
     for name in PRIVACY_FILES:
         if os.path.exists(os.path.join(model_root, name)):
-            shutil.copy2(os.path.join(model_root, name), os.path.join(out_dir, name))
+            fileio.copy_file(os.path.join(model_root, name), os.path.join(out_dir, name))
     manifest_sha = fileio.sha256_file(manifest_path)
     record = {"exported_from": model_root, "manifest_sha256": manifest_sha, "mode": mode, "family": family,
               "source": {k: v for k, v in source.items() if not k.startswith("hf_")},

@@ -4,6 +4,11 @@ Training checkpoints (`TrainCheckpointer`, Orbax `CheckpointManager`):
 
     RUN/checkpoints/<step>/state/   Orbax tree: step, params, frozen, opt_state, rng
     RUN/checkpoints/<step>/meta/    JSON: data position, preset, config, anything the trainer adds
+
+A checkpoint of private state (`private=True`: dp-tune's, in its `.private` state directory)
+is owner-only like the rest of that directory (`dpsynth.owner_only`: directories 0700, files
+0600), not only behind its parent's 0700: Orbax writes with the umask's modes, so every save
+ends by restricting the tree.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from dpsynth import owner_only
 from dpsynth.models.directory import CheckpointError, absolute_path
 from dpsynth.train.core import TrainState
 
@@ -33,8 +39,11 @@ class TrainCheckpointer:
     a save leaves the previous checkpoint intact.
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 2):
+    def __init__(self, directory: str, max_to_keep: int = 2, *, private: bool = False):
         self.directory = absolute_path(directory)
+        self.private = private and "://" not in self.directory
+        if self.private and jax.process_index() == 0:
+            owner_only.make_private_dir(self.directory)
         self._mngr = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False,
@@ -48,6 +57,8 @@ class TrainCheckpointer:
         self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_state_tree(state)),
                                                       meta=ocp.args.JsonSave(meta)), force=True)
         self._mngr.wait_until_finished()
+        if self.private and jax.process_index() == 0:
+            owner_only.restrict_tree(self.directory)
         return step
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:

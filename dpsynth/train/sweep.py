@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 
 import jax
@@ -32,7 +31,7 @@ from dpsynth.dp import report as report_lib
 from dpsynth.dp import private_selection as ps
 from dpsynth.dp import selection as selection_lib
 from dpsynth.dp.ledger import PrivacyLedger
-from dpsynth.owner_only import make_private_dir, write_private_json
+from dpsynth.owner_only import make_private_dir, restrict_tree, write_private_json
 from dpsynth.models.sharding import sync
 from dpsynth.train import release
 from dpsynth.train.finetune import TuneResult, dp_tune
@@ -137,6 +136,8 @@ def sweep(
         tdir = os.path.join(state_dir, "trials", f"{i:03d}")
         res = dp_tune(base_dir, train_records, valid_records, os.path.join(tdir, "model"), trial_config,
                       state_dir=os.path.join(tdir, "state"), compositions=compositions, **kwargs)
+        if jax.process_index() == 0:  # the trial's model (Orbax writes with the umask's modes): owner-only
+            restrict_tree(tdir)
         results.append(res)
         trials.append({"trial": i, "learning_rate": lr, "clip_norm": c, "valid_loss": res.valid_loss,
                        "epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier})
@@ -168,9 +169,9 @@ def sweep(
             continue  # rebuilt below
         s_, d_ = os.path.join(src, name), os.path.join(out_dir, name)
         if os.path.isdir(s_):
-            shutil.copytree(s_, d_, dirs_exist_ok=True)
+            fileio.copy_tree(s_, d_)
         else:
-            shutil.copy2(s_, d_)
+            fileio.copy_file(s_, d_)
     sync(f"dpsynth sweep copy {out_dir}")
     rep = report_lib.load_report(src)
     if dp_selected is not None:  # every trial's entries and the selection's, composed by `select_release`

@@ -73,7 +73,7 @@ def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, st
         return strategy_ledger_entry(plan, strategy, steps=steps, clip_norm=config.clip_norm,
                                      strategy_sha256=mech.strategy_sha256 if mech is not None else None)
 
-    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2)
+    checkpointer = TrainCheckpointer(ckpt_dir, max_to_keep=2, private=True)  # in the private state dir: 0700/0600
     try:
         if prep.resume_meta is not None:
             meta = prep.resume_meta

@@ -306,7 +306,7 @@ def _broken_source(tmp_path, how):
     ("tokenizer corrupt", "tokenizer.model: cannot be loaded as a tokenizer"),
     ("weights truncated", "model.safetensors: tensor .* truncated"),
     ("out is a file", "out: exists and is not a directory"),
-    ("out holds other files", "out: is not empty and is not an earlier import-model output"),
+    ("out holds other files", "out: a non-empty directory that no dpsynth run wrote"),  # (`dpsynth.outdir.claim`)
     ("out under a file", "--out .*f/out: cannot be created .*f is a file"),  # checked before any work
 ])
 def test_cli_failures_are_one_line(tmp_path, capsys, how, message):

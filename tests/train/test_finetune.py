@@ -130,6 +130,7 @@ def test_end_to_end_model_dir_report_and_only_trainable_changes(full_run):
         losses = json.load(f)
     assert losses["valid_loss"] == res.valid_loss and losses["dp"] is False
     assert os.stat(os.path.join(state, "losses.json")).st_mode & 0o777 == 0o600
+    _assert_owner_only(os.path.join(state, "checkpoints"))  # Orbax's files too, not only behind the 0700 parent
     assert os.path.exists(os.path.join(out, "privacy_report.md"))
     tuned, base = load_model(out), load_model(base_dir)
     assert tuned.manifest["prompt_template"] == BASE_CFG.template and tuned.manifest["collections"] == ["lora"]
@@ -571,6 +572,17 @@ def test_sweep_composed_by_default_accounts_every_trial(tiny_base, tmp_path):
     with open(os.path.join(result.state_dir, sweep.SWEEP_FILE)) as f:
         assert [t["valid_loss"] for t in json.load(f)["trials"]] == [t["valid_loss"] for t in trials]
     assert sorted(os.listdir(os.path.join(result.state_dir, "trials"))) == ["000", "001"]
+    _assert_owner_only(os.path.join(result.state_dir, "trials"))  # each trial's model and checkpoints
+
+
+def _assert_owner_only(root):
+    """Every directory under `root` 0700, every file 0600 (and there are files)."""
+    modes = {}
+    for d, _, files in os.walk(root):
+        modes[d] = os.stat(d).st_mode & 0o777
+        modes.update({os.path.join(d, f): os.stat(os.path.join(d, f)).st_mode & 0o777 for f in files})
+    assert any(os.path.isfile(p) for p in modes)
+    assert {p: m for p, m in modes.items() if m != (0o700 if os.path.isdir(p) else 0o600)} == {}
 
 
 def test_sweep_selected_only_accounts_one_trial_and_says_so(tiny_base, tmp_path):
