@@ -80,7 +80,7 @@ def _get(tree, path):
 
 
 def _write(path, params, *, quant=(), arch="gemma3", drop_key=None, drop_tensor=None, tensor_types=None,
-           unk_type=hf_tokenizer.CONTROL):
+           unk_type=hf_tokenizer.CONTROL, tokenizer_model="llama"):
     """A gemma3 GGUF as llama.cpp's converter writes it. `quant`: GGUF names written as Q8_0."""
     config = _config()
     w = gguf.GGUFWriter(str(path), arch)
@@ -93,7 +93,7 @@ def _write(path, params, *, quant=(), arch="gemma3", drop_key=None, drop_tensor=
             w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.norm_eps)
     w.add_float32(f"{arch}.rope.freq_base", config.rope_base)
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model(tokenizer_model)
     w.add_token_list([p for p, _, _ in PIECES])
     w.add_token_scores([s for _, s, _ in PIECES])
     # llama.cpp's converter marked <unk> CONTROL in the real Gemma 3 file: the import must retype it.
@@ -294,6 +294,12 @@ class _no_raise:
         return False
 
 
+def test_a_tokenizer_other_than_sentencepiece_is_refused(tmp_path):
+    source = gguf_import.inspect(str(_write(tmp_path / "g.gguf", _params(), tokenizer_model="gpt2")))
+    with pytest.raises(GGUFFormatError, match=r"g\.gguf: tokenizer\.ggml\.model='gpt2' is not supported"):
+        gguf_import.load_gguf_tokenizer(source)
+
+
 def test_missing_gguf_package_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)
     assert import_model.main(["--gguf", str(tmp_path / "x.gguf"), "--out", str(tmp_path / "out")]) == 2
@@ -328,6 +334,14 @@ def test_real_gemma3_270m_imports_and_encodes_like_gemma():
     tokenizer = gguf_import.load_gguf_tokenizer(source)
     assert tokenizer.encode("Hello world").tolist() == [9259, 1902]  # Gemma 3's own ids
     params = gguf_import.load_params(source)
-    ids = jnp.asarray([[2, *tokenizer.encode("The capital of France is").tolist()]], jnp.int32)
-    logits = np.asarray(Transformer(c).apply({"params": params}, ids))[0, -1]
-    assert tokenizer.decode([int(logits.argmax())]).strip() == "Paris"
+    ids = [2, *tokenizer.encode(ENGLISH).tolist()]
+    logits = np.asarray(Transformer(c).apply({"params": params}, jnp.asarray([ids], jnp.int32)))[0]
+    logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    nll = -float(np.mean(np.asarray(logp)[np.arange(len(ids) - 1), ids[1:]]))
+    # A language model of English: this run measured 2.07 nats/token; uniform guessing is ln(262144) = 12.5 and
+    # a mis-imported model (e.g. norms without the shift undone) is far above 4.
+    assert nll < 4.0, nll
+
+
+ENGLISH = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+           "want of a wife. The capital of France is Paris, and the capital of Germany is Berlin.")
