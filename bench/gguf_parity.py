@@ -60,7 +60,7 @@ def hf_side(args) -> None:
     logits = []
     with torch.no_grad():
         for x in data["inputs"]:
-            logits.append(model(torch.tensor([x])).logits[0, -1].float().numpy())
+            logits.append(model(torch.tensor([x]), logits_to_keep=1).logits[0, -1].float().numpy().copy())
     np.savez(os.path.join(args.work, "hf.npz"), logits=np.stack(logits))
     with open(os.path.join(args.work, "hf_ids.json"), "w") as f:
         json.dump(ids, f)
@@ -93,8 +93,10 @@ def ours_side(args) -> None:
     same = sum(a == b for a, b in zip(ours_ids, hf_ids))
     params = gguf_import.load_params(source)
     model = Transformer(source.config)
-    apply = jax.jit(lambda p, x: model.apply({"params": p}, x)[0, -1])
-    ours = np.stack([np.asarray(apply(params, jnp.asarray([x], jnp.int32))) for x in data["inputs"]])
+    width = max(len(x) for x in data["inputs"])  # right padding: causal, so it cannot change earlier positions
+    apply = jax.jit(lambda p, x, last: model.apply({"params": p}, x)[0, last])  # one compile for every text
+    ours = np.stack([np.asarray(apply(params, jnp.asarray([x + [tok.pad_id] * (width - len(x))], jnp.int32),
+                                      len(x) - 1)) for x in data["inputs"]])
     ref = np.load(os.path.join(args.work, "hf.npz"))["logits"]
     diff = np.abs(ours - ref)
     argmax = float((ours.argmax(-1) == ref.argmax(-1)).mean())
