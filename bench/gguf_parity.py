@@ -77,7 +77,7 @@ def ours_side(args) -> None:
     source = gguf_import.inspect(args.gguf)
     tok = gguf_import.load_gguf_tokenizer(source)
     path = os.path.join(args.work, "texts.json")
-    if not os.path.exists(os.path.join(args.work, "hf.npz")):  # first run: choose the texts for the hf side
+    if not os.path.exists(path):  # first run: choose the texts for the hf side
         all_texts = texts(args.token_texts, args.chars)
         inputs = [[tok.bos_id, *tok.encode(t).tolist()[:args.max_tokens]] for t in all_texts[:args.logit_texts]]
         os.makedirs(args.work, exist_ok=True)
@@ -87,16 +87,23 @@ def ours_side(args) -> None:
         return
     with open(path) as f:
         data = json.load(f)
+    ours_path = os.path.join(args.work, "ours.npz")
+    if not os.path.exists(ours_path):  # our logits (kept, so a rerun only compares)
+        params = gguf_import.load_params(source)
+        model = Transformer(source.config)
+        width = max(len(x) for x in data["inputs"])  # right padding: causal, so it cannot change earlier positions
+        apply = jax.jit(lambda p, x, last: model.apply({"params": p}, x)[0, last])  # one compile for every text
+        logits = np.stack([np.asarray(apply(params, jnp.asarray([x + [tok.pad_id] * (width - len(x))], jnp.int32),
+                                            len(x) - 1)) for x in data["inputs"]])
+        np.savez(ours_path, logits=logits)
+    if not os.path.exists(os.path.join(args.work, "hf.npz")):
+        print(f"wrote {ours_path}; run the hf side, then this again")
+        return
+    ours = np.load(ours_path)["logits"]
     with open(os.path.join(args.work, "hf_ids.json")) as f:
         hf_ids = json.load(f)
     ours_ids = [tok.encode(t).tolist() for t in data["texts"]]
     same = sum(a == b for a, b in zip(ours_ids, hf_ids))
-    params = gguf_import.load_params(source)
-    model = Transformer(source.config)
-    width = max(len(x) for x in data["inputs"])  # right padding: causal, so it cannot change earlier positions
-    apply = jax.jit(lambda p, x, last: model.apply({"params": p}, x)[0, last])  # one compile for every text
-    ours = np.stack([np.asarray(apply(params, jnp.asarray([x + [tok.pad_id] * (width - len(x))], jnp.int32),
-                                      len(x) - 1)) for x in data["inputs"]])
     ref = np.load(os.path.join(args.work, "hf.npz"))["logits"]
     diff = np.abs(ours - ref)
     argmax = float((ours.argmax(-1) == ref.argmax(-1)).mean())
