@@ -7,7 +7,8 @@ types, NORMAL 1 ... BYTE 6), the special ids (`bos_token_id`, `eos_token_id`,
 is llama.cpp's SentencePiece tokenizer: pieces merged by score, which is SentencePiece's BPE
 model, so `sentencepiece_proto` writes a BPE `ModelProto` with
 
-- the pieces, scores and types in id order (a file that marks no piece UNKNOWN gets its
+- the pieces, scores and types in id order (user-defined pieces with spaces, which the converter
+  writes unescaped, with U+2581 again; a file that marks no piece UNKNOWN gets its
   `unknown_token_id` piece typed UNKNOWN: SentencePiece needs exactly one);
 - `trainer_spec`: model_type BPE, byte_fallback (when the vocabulary has the 256 byte
   pieces `<0x00>`..`<0xFF>`), whitespace-only pieces allowed, the special ids and pieces;
@@ -68,6 +69,9 @@ def sentencepiece_proto(tokens: Sequence[str], scores: Sequence[float], types: S
     types = [int(t) for t in types]
     if UNKNOWN not in types:
         types[special_ids["unk"]] = UNKNOWN
+    # llama.cpp's converter writes user-defined whitespace pieces with plain spaces (Gemma's "  " ... );
+    # SentencePiece matches them in the escaped text, so they are written back with U+2581.
+    tokens = [t.replace(" ", "\u2581") if kind == USER_DEFINED else t for t, kind in zip(tokens, types)]
     pieces = set(tokens)
     byte_fallback = all(f"<0x{b:02X}>" in pieces for b in range(256))
     out = bytearray()

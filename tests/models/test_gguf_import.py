@@ -49,7 +49,7 @@ def _sentencepiece() -> bytes:
         sentence_iterator=iter(CORPUS), model_writer=out, vocab_size=400, hard_vocab_limit=False, minloglevel=2,
         model_type="bpe", byte_fallback=True, split_digits=True, add_dummy_prefix=False,
         remove_extra_whitespaces=False, normalization_rule_name="identity", allow_whitespace_only_pieces=True,
-        user_defined_symbols=["  ", "<ud>"], pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        user_defined_symbols=["\u2581\u2581", "<ud>"], pad_id=0, eos_id=1, bos_id=2, unk_id=3,
         pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>")
     return out.getvalue()
 
@@ -94,7 +94,8 @@ def _write(path, params, *, quant=(), arch="gemma3", drop_key=None, drop_tensor=
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.norm_eps)
     w.add_float32(f"{arch}.rope.freq_base", config.rope_base)
     w.add_tokenizer_model(tokenizer_model)
-    w.add_token_list([p for p, _, _ in PIECES])
+    # The converter writes user-defined whitespace pieces (Gemma's "▁▁" ...) with plain spaces.
+    w.add_token_list([p.replace("\u2581", " ") if t == hf_tokenizer.USER_DEFINED else p for p, _, t in PIECES])
     w.add_token_scores([s for _, s, _ in PIECES])
     # llama.cpp's converter marked <unk> CONTROL in the real Gemma 3 file: the import must retype it.
     w.add_token_types([unk_type if t == hf_tokenizer.UNKNOWN else t for _, _, t in PIECES])
