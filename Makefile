@@ -18,6 +18,7 @@ help:
 	@echo "make demo   - run the whole pipeline on the embedded default dataset ($(DEMO_DIR))"
 	@echo "make bench  - run the benchmarks in bench/"
 	@echo "make test-slow - the slow tests (marked @pytest.mark.slow)"
+	@echo "make test-fp   - the tests on another floating-point path (no AVX/FMA in XLA, another OpenBLAS kernel, XLA's full optimisation)"
 	@echo "make test-hf   - exports loaded by transformers and peft (own venv $(HF_VENV): CPU torch, transformers, peft)"
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
@@ -57,6 +58,14 @@ $(CHROMIUM_STAMP):
 
 test: $(STAMP) data chromium
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
+
+# The suite on another floating-point path than this CPU's: XLA limited to SSE4.2 (no AVX, no FMA),
+# XLA's default backend optimisation instead of tests/conftest.py's fast-compile flags, and OpenBLAS's
+# Prescott kernels. A test whose bound holds on one path only fails here (as on another machine).
+FP_XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_cpu_max_isa=SSE4_2
+test-fp: $(STAMP) data
+	XLA_FLAGS="$(FP_XLA_FLAGS)" OPENBLAS_CORETYPE=Prescott DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) \
+	  $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
 
 test-slow: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m pytest -q -m slow tests

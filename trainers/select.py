@@ -114,7 +114,6 @@ def parser() -> argparse.ArgumentParser:
 
 @errors.command("select", also=(ValueError, FileNotFoundError))
 def main(argv=None) -> int:
-    from dpsynth.dp import private_selection as ps
     from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora, dp_select, screening
 
@@ -188,7 +187,7 @@ def main(argv=None) -> int:
         if not sel["within_target"]:
             acc = selection.report.get("accountant", "rdp")
             print(f"dpsynth select: note: the release's epsilon {selection.report['epsilon'].get(acc)} ({acc.upper()}, "
-                  f"{sel['composition']} composition) exceeds the {ps.describe_targets(sel['target_epsilons'])}"
+                  f"{sel['composition']} composition) exceeds the {report_lib.describe_targets(sel['target_epsilons'])}"
                   + ("; a sequential selection can be reserved in dp-tune (--reserve-selection-epsilon "
                      f"{config.epsilon:g})" if sel["composition"] == "sequential" and not sel["reserved_by_tuning"]
                      else ""), file=sys.stderr)

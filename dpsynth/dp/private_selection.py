@@ -358,17 +358,6 @@ def target_epsilons(names: Sequence[str], reports: Sequence[Mapping[str, Any]]) 
     return {n: float(r["ledger"]["target_epsilon"]) for n, r in zip(names, reports)}
 
 
-def describe_targets(targets: Mapping[str, Any]) -> str:
-    """"tuning's target epsilon 3", or, when the candidates' targets differ, "candidates' target epsilons 3 (a, b),
-    8 (c)"."""
-    by: dict[float, list[str]] = {}
-    for name, t in targets.items():
-        by.setdefault(float(t), []).append(name)
-    if len(by) == 1:
-        return f"tuning's target epsilon {next(iter(by)):g}"
-    return "candidates' target epsilons " + ", ".join(f"{t:g} ({', '.join(ns)})" for t, ns in sorted(by.items()))
-
-
 def _ledger(report, entries, delta, target):
     from dpsynth.dp.ledger import PrivacyLedger
 

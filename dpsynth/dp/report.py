@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpsynth import fileio
@@ -228,8 +228,6 @@ def _target(report: dict[str, Any]) -> str:
     """"target epsilon T", or the candidates' targets of a DP selection among models tuned at different ones."""
     targets = (report.get("selection") or {}).get("target_epsilons")
     if targets and len({float(t) for t in targets.values()}) > 1:
-        from dpsynth.dp.private_selection import describe_targets
-
         return "the " + describe_targets(targets)
     return f"target epsilon {_num(report['target_epsilon'])}"
 
@@ -310,3 +308,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Non-DP side channels", ""]
     lines += [f"- **{c['name']}**: {c['detail']}" for c in report["side_channels"]] or ["- none"]
     return "\n".join(lines)
+
+
+def describe_targets(targets: Mapping[str, Any]) -> str:
+    """"tuning's target epsilon 3", or, when the candidates' targets differ, "candidates' target epsilons 3 (a, b),
+    8 (c)"."""
+    by: dict[float, list[str]] = {}
+    for name, t in targets.items():
+        by.setdefault(float(t), []).append(name)
+    if len(by) == 1:
+        return f"tuning's target epsilon {next(iter(by)):g}"
+    return "candidates' target epsilons " + ", ".join(f"{t:g} ({', '.join(ns)})" for t, ns in sorted(by.items()))

@@ -48,7 +48,7 @@ PROBE_CLASSIFIER_EXAMPLES = 256  # the classifier probe's train set (the probe's
 SCREEN_DIR, FINAL_DIR = "screened", "final"  # under OUT.candidates/
 
 
-class BudgetError(errors.DpsynthError):
+class BudgetError(errors.DpsynthError, ValueError):
     """The plan does not fit `--time-budget` (the message says what fits)."""
 
 
