@@ -87,10 +87,11 @@ def test_demo_end_to_end_on_a_shrunken_config(tmp_path, capsys):
     assert code == 0, text.err[-3000:]
     assert "planted 2 sensitive training reviews" in text.out
     assert "How good is the synthetic data?" in text.out and "always answering the majority class" in text.out
-    # The summary ends with the plain verdict: the lora corpus at epsilon 3 against DP-on-real at 3.
-    last = text.out.rstrip().splitlines()[-1]
-    assert "eps 3, lora, wordcnn: synthetic " in last and " vs DP-on-real " in last
-    assert last.endswith(": beats DP-on-real") or ": does NOT beat DP-on-real" in last
+    # The summary ends with the plain verdict (the lora corpus at epsilon 3 against DP-on-real at 3),
+    # then the report's path.
+    verdict = [line for line in text.out.splitlines() if line.strip()][-2]
+    assert "eps 3, lora, wordcnn: synthetic " in verdict and " vs DP-on-real " in verdict
+    assert verdict.endswith(": beats DP-on-real") or ": does NOT beat DP-on-real" in verdict
     assert os.path.exists(os.path.join(out, "report"))
     last = text.out.strip().splitlines()[-1]  # the report where it stays, which exists
     assert last == f"report: {os.path.join(os.path.abspath(out), 'report', 'report.html')}" and ".work-" not in last
