@@ -77,8 +77,8 @@ def run(model_dir: str, valid_path: str, out: str, *, screen_size: int, guidance
     plan = screening.make_plan(grid, dataset_size=dataset_size, valid_fraction=valid_fraction, screen_size=screen_size,
                                trainings_per_candidate=screening.trainings_per_candidate(config), max_len=0)
     t0 = time.monotonic()
-    small = screening.generate_screened(model_dir, os.path.join(out, "screened"), plan, job_kwargs=job_kwargs,
-                                        **generate_options)
+    small = screening.generate_screened(model_dir, os.path.join(out, f"screened-{screen_size}"), plan,
+                                        job_kwargs=job_kwargs, **generate_options)  # (one per size: reruns compare)
     big = dp_select.generate_candidates(model_dir, os.path.join(out, "full"), grid, dataset_size=dataset_size,
                                         valid_fraction=valid_fraction, job_kwargs=job_kwargs, **generate_options)
     gen_seconds = time.monotonic() - t0
