@@ -43,7 +43,6 @@ import numpy as np
 from dpsynth import fileio
 from dpsynth.errors import DpsynthError
 from dpsynth.models import gguf_tokenizer, hf_files, hf_import
-from dpsynth.models import sharding as sharding_lib
 from dpsynth.models.config import ModelConfig
 from dpsynth.models.hf_files import Entry, HFFormatError
 
@@ -274,21 +273,10 @@ def to_ours(source: GGUFSource, entry: Entry, array: np.ndarray) -> np.ndarray:
 def load_params(source: GGUFSource, *, param_dtype: str = "float32", mesh=None) -> dict:
     """The "params" tree, tensor by tensor (each dequantized, converted and placed on its own)."""
     dtype = hf_import.PARAM_DTYPES[param_dtype]
-    if mesh is not None:
-        specs = sharding_lib.param_shardings(hf_import.abstract_params(source.config), mesh)
-        flat_specs = {hf_import._path_key(tuple(str(getattr(k, "key", k)) for k in p)): s
-                      for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
-    params: dict[str, Any] = {}
-    for key, (entry, tensor) in sorted(source.tensors.items(), key=lambda kv: int(kv[1][1].data_offset)):
-        host = np.ascontiguousarray(to_ours(source, entry, read_tensor(tensor)), dtype=dtype)
-        value = jax.device_put(host, flat_specs[key]) if mesh is not None else jax.device_put(host)
-        del host
-        node = params
-        *parents, leaf = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return params
+    return hf_import.placed_params(source.config, (
+        (key, np.ascontiguousarray(to_ours(source, entry, read_tensor(tensor)), dtype=dtype))
+        for key, (entry, tensor) in sorted(source.tensors.items(), key=lambda kv: int(kv[1][1].data_offset))),
+        mesh=mesh)
 
 
 def tokenizer_proto(source: GGUFSource) -> bytes:

@@ -169,25 +169,33 @@ def load_params(source: HFSource, *, param_dtype: str = "float32", mesh=None) ->
         None for the default device.
     """
     dtype = PARAM_DTYPES[param_dtype]
-    abstract = abstract_params(source.config)
-    if mesh is not None:
-        specs = sharding_lib.param_shardings(abstract, mesh)
-        flat_specs = {_path_key(tuple(str(getattr(k, "key", k)) for k in p)): s
-                      for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
-    params: dict[str, Any] = {}
     by_file: dict[str, list[tuple[str, hf_files.Entry, TensorInfo]]] = {}
     for key, (entry, info) in source.tensors.items():
         by_file.setdefault(info.file, []).append((key, entry, info))
-    for file in source.files:  # shard by shard, in file order
-        for key, entry, info in sorted(by_file.get(file, []), key=lambda t: t[2].begin):
-            host = np.ascontiguousarray(hf_files.to_ours(entry, hf_files.read_tensor(info)), dtype=dtype)
-            value = jax.device_put(host, flat_specs[key]) if mesh is not None else jax.device_put(host)
-            del host
-            node = params
-            *parents, leaf = key.split("/")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
+    return placed_params(source.config, (
+        (key, np.ascontiguousarray(hf_files.to_ours(entry, hf_files.read_tensor(info)), dtype=dtype))
+        for file in source.files  # shard by shard, in file order
+        for key, entry, info in sorted(by_file.get(file, []), key=lambda t: t[2].begin)), mesh=mesh)
+
+
+def placed_params(config: ModelConfig, tensors, *, mesh=None) -> dict:
+    """The "params" tree of `tensors` ((path key, host array) pairs, made one at a time by the
+    caller's generator), each placed on its `mesh` sharding (or the default device) as it comes,
+    so the host holds one tensor at a time. Shared by the safetensors and GGUF importers."""
+    flat_specs = None
+    if mesh is not None:
+        specs = sharding_lib.param_shardings(abstract_params(config), mesh)
+        flat_specs = {_path_key(tuple(str(getattr(k, "key", k)) for k in p)): s
+                      for p, s in jax.tree_util.tree_flatten_with_path(specs)[0]}
+    params: dict[str, Any] = {}
+    for key, host in tensors:
+        value = jax.device_put(host, flat_specs[key]) if flat_specs is not None else jax.device_put(host)
+        del host
+        node = params
+        *parents, leaf = key.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
     return params
 
 
