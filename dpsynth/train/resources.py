@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpsynth.errors import DpsynthError
+
+logger = logging.getLogger("dpsynth.train.resources")
 
 GIB = 1024 ** 3
 DEFAULT_HEADROOM = 0.10  # fraction of device memory left free (allocator fragmentation, XLA's runtime buffers)
@@ -128,15 +131,42 @@ def count(tree: Any) -> int:
     return sum(int(np.prod(np.shape(x), dtype=np.int64)) for x in jax.tree.leaves(tree))
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's memory: physical memory, or the cgroup's limit where that is lower
+    (a container: cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); None where neither is known."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+            found.append(int(text))
+    return min(found) if found else None
+
+
 def device_memory_limit(device: jax.Device | None = None) -> int | None:
-    """The memory XLA may allocate on `device` (`memory_stats()["bytes_limit"]`); None where the
-    backend does not say (CPU)."""
+    """The memory XLA may allocate on `device`: `memory_stats()["bytes_limit"]` where the backend
+    says (accelerators); on the CPU, the host's memory (`host_memory_bytes`) shared by this
+    process's CPU devices (8 virtual devices: an eighth each); None where neither is known."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
     except Exception:  # backends without the call
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if device.platform != "cpu":
         return None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+    host = host_memory_bytes()
+    if host is None:
+        return None
+    return host // max(1, sum(d.platform == "cpu" for d in jax.local_devices(backend="cpu")))
 
 
 def parse_bytes(text: str) -> int:
@@ -284,6 +314,9 @@ def memory_limit(memory_limit: int | None, device: jax.Device | None = None, *,
     if found is None:
         raise PlanError(f"{flag}: the {jax.default_backend()} backend does not report its memory; "
                         "pass --memory-limit (e.g. 8GiB)")
+    if (device or jax.local_devices()[0]).platform == "cpu":
+        logger.info("%s: fitting in %.1f GiB per CPU device (this host's memory over its %d CPU device(s); "
+                    "--memory-limit to choose)", flag, found / GIB, len(jax.local_devices(backend="cpu")))
     return found
 
 

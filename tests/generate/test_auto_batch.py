@@ -10,6 +10,7 @@ import pytest
 from dpsynth.generate import auto_batch
 from dpsynth.generate.job import GenerateConfig, GenerateError, generate
 from dpsynth.generate.postprocess import PostprocessConfig
+from dpsynth.train import resources
 from tests.generate.fakes import load_fake_bundle, write_fake_model_dir
 from tests.generate.test_job import tiny_model_dir  # noqa: F401 (a fixture)
 
@@ -49,7 +50,8 @@ def test_make_plan_needs_the_batch_resolved(tmp_path):
                   read_model_info(model))
 
 
-def test_cpu_needs_a_memory_limit_and_a_fake_model_a_real_one(tmp_path):
+def test_a_backend_without_memory_figures_needs_a_memory_limit_and_a_fake_model_a_real_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources, "device_memory_limit", lambda device=None: None)  # a backend that does not say
     model = write_fake_model_dir(str(tmp_path / "m"), max_len=24)
     config = GenerateConfig(model_dir=model, out_dir=str(tmp_path / "o"), num_examples=4, batch_size="auto")
     with pytest.raises(GenerateError, match=r"--batch-size auto: the cpu backend does not report its memory; pass "
@@ -110,12 +112,14 @@ def test_guided_off_label_job_compiles_its_contrast_streams_and_scoring_pass(tin
     assert programs.peak_bytes(2) == max(c.total_bytes for c in costs.values())
 
 
-def test_cli_refusals_exit_2_in_one_line_and_leave_no_out(tiny_model_dir, tmp_path, capsys):  # noqa: F811
+def test_cli_refusals_exit_2_in_one_line_and_leave_no_out(tiny_model_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
     from beam_jobs.generate import main
+
+    monkeypatch.setattr(resources, "device_memory_limit", lambda device=None: None)  # a backend that does not say
 
     model_dir, _ = tiny_model_dir
     base = ["--model", model_dir, "--num-examples", "4", "--max-len", str(MAX_LEN), "--batch-size", "auto"]
-    assert main(base + ["--out", str(tmp_path / "a")]) == 2  # CPU: no --memory-limit
+    assert main(base + ["--out", str(tmp_path / "a")]) == 2  # no memory figure and no --memory-limit
     assert "--batch-size auto: the cpu backend does not report its memory; pass --memory-limit" in capsys.readouterr().err
     assert main(base + ["--out", str(tmp_path / "b"), "--memory-limit", "100kB"]) == 2
     err = capsys.readouterr().err

@@ -352,8 +352,12 @@ def test_microbatch_setting_is_validated():
     assert resolved.microbatch_size == 2
 
 
-def test_auto_microbatch_needs_a_memory_limit_on_cpu_and_refuses_when_none_fits(tiny_corpus, tmp_path, capsys):
+def test_auto_microbatch_needs_a_memory_limit_where_the_backend_says_none_and_refuses_when_none_fits(
+        tiny_corpus, tmp_path, capsys, monkeypatch):
+    from dpsynth.train import resources
     from trainers import pretrain as cli
+
+    monkeypatch.setattr(resources, "device_memory_limit", lambda device=None: None)  # a backend that does not say
 
     corpus, tok_path, _ = tiny_corpus
     argv = ["--corpus", corpus, "--tokenizer", tok_path, "--preset", "tiny", "--set", "num_layers=1", "--set",

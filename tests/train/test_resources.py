@@ -206,7 +206,8 @@ def test_auto_microbatch_picks_the_largest_that_fits_and_refuses(tiny_base, tmp_
     manifest = json.load(open(os.path.join(res.out_dir, "manifest.json")))
     assert manifest["dp_tune"]["config"]["microbatch_size"] == 2 == seen["rows"]
     assert any("microbatch auto: microbatch 2" in r.getMessage() and "3: " in r.getMessage() for r in caplog.records)
-    with pytest.raises(resources.PlanError, match="--memory-limit"):  # the CPU does not report its memory
+    monkeypatch.setattr(resources, "device_memory_limit", lambda device=None: None)  # a backend that does not say
+    with pytest.raises(resources.PlanError, match="--memory-limit"):
         finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "cpu"), config, progress_interval=1e9)
 
 
@@ -245,3 +246,38 @@ def test_every_process_takes_process_0s_size_or_all_stop_together():
     assert "failed on process(es) [1]" in fail[0]["error"]
     one = resources.agreed_size(lambda: resources.MicrobatchChoice(3, 1, 2, 2, 0.0, ((3, 1),)))
     assert one[0] == 3 and one[1].microbatch == 3
+
+
+def test_the_cpu_memory_limit_is_the_hosts_memory_shared_by_its_cpu_devices(monkeypatch, tmp_path):
+    host = resources.host_memory_bytes()
+    assert host is not None and host > 0  # physical pages (or a lower cgroup limit) are known on Linux
+    cpus = jax.local_devices(backend="cpu")
+    assert resources.device_memory_limit(cpus[0]) == host // len(cpus)
+    assert resources.memory_limit(None, cpus[0]) == host // len(cpus)  # --microbatch-size auto needs no flag
+    assert resources.memory_limit(12345, cpus[0]) == 12345  # --memory-limit wins
+    monkeypatch.setattr(resources, "host_memory_bytes", lambda: None)
+    assert resources.device_memory_limit(cpus[0]) is None
+    with pytest.raises(resources.PlanError, match="pass --memory-limit"):
+        resources.memory_limit(None, cpus[0])
+
+
+def test_host_memory_takes_a_lower_cgroup_limit_and_ignores_max(monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def fake(text):
+        def opener(path, *a, **k):
+            if str(path).startswith("/sys/fs/cgroup/"):
+                if text is None:
+                    raise FileNotFoundError(path)
+                import io
+                return io.StringIO(text)
+            return real_open(path, *a, **k)
+        return opener
+
+    for text, expected in ((str(physical // 2), physical // 2), ("max", physical), (str(physical * 4), physical),
+                           (None, physical)):
+        monkeypatch.setattr(builtins, "open", fake(text))
+        assert resources.host_memory_bytes() == expected, text
