@@ -6,8 +6,8 @@ default grid). Screening generates each setting as a small candidate instead (`s
 synthetic train examples, default `DEFAULT_SCREEN_SIZE`), DP-selects among those on the real
 D_valid exactly as `dpsynth.evaluate.dp_select.select_corpora` does (same mechanism, same
 epsilon, same composition: `dpsynth.dp.private_selection.select_release`), then generates ONLY
-the winner's setting at the size asked for (the largest of the grid's multiples x |D_train|)
-and releases that corpus.
+the winner's setting at the size asked for (the largest of the grid's multiples x |D_train|
+that fits the time budget, below) and releases that corpus.
 
 Privacy (`dpsynth.dp.private_selection`): the selection is the one DP mechanism that reads
 D_valid, at the epsilon given, among the screened candidates; its ledger entry is the one the
@@ -15,8 +15,9 @@ full-size path writes (the exponential mechanism's epsilon does not depend on th
 candidates; the Gaussian variant's sigma does, its (epsilon, delta) does not). The full-size
 corpus is generated from the same DP-tuned model with the selected sampling setting:
 post-processing of the model and of the DP choice, no further privacy cost. The multiple is
-not chosen (choosing it as well would be a second selection on D_valid, whose epsilon would add
-to the first's on D_valid): the release has the largest multiple asked for.
+not chosen on D_valid (choosing it as well would be a second selection on D_valid, whose epsilon
+would add to the first's on D_valid): the release has the largest multiple asked for that fits
+the time budget.
 
 The plan before compute (`SelectPlan`): the examples and tokens to generate (screening and
 final), the classifier trainings, and an ETA from a timed probe (`probe`: a few batches sampled
@@ -367,8 +368,9 @@ def _what_fits(smallest: SelectPlan, speed: Speed, seconds: float, valid_fractio
     rest = seconds - (eta["total"] - eta["final"]) - speed.job_overhead_seconds
     slowest = min(speed.rate(j.guidance > 0) for j in smallest.screening)
     fits = int(rest * slowest / (1 + valid_fraction)) if rest > 0 else 0
+    at = f"{smallest.final_multiple:g}x |D_train| = " if smallest.final_multiple else ""
     head = (f"--time-budget {seconds:g} s: even the smallest plan asked for (the final corpus at "
-            f"{smallest.final_multiple:g}x |D_train| = {smallest.final.train:,} train examples, screening at "
+            f"{at}{smallest.final.train:,} train examples, screening at "
             f"{smallest.screen_size:,} per setting) needs ~{_fmt(eta['total'])} on this machine (measured), "
             f"~{_fmt(eta['final'])} of it the final corpus; ")
     if fits <= 0:
