@@ -2,18 +2,19 @@
 
     dpsynth select --model runs/lora --valid data/valid.csv --epsilon 1 --out runs/synth \
         [--guidance 0,1.5,3,6] [--temperatures 1,1.2] [--multiples 1,3] \
-        [--screen-size 2000] [--time-budget SECONDS] [--dry-run]
+        [--screen-size 2000] [--time-budget 3600] [--dry-run]
         [--label-source data/train.csv [--label-noise-multiplier SIGMA]] [Beam flags...]
     dpsynth select --candidates runs/synth_a runs/synth_b ... --valid data/valid.csv --epsilon 1 --out runs/synth
 
 With `--model`, the candidates are generated first under `OUT.candidates/`: by default each
 sampling setting once as a small candidate (`--screen-size` train examples), and only the
-winner's setting is then generated at the size asked for (the largest `--multiples` x |D_train|)
-and released (post-processing of the model and the DP choice: no further privacy cost;
+winner's setting is then generated at the size asked for (the largest `--multiples` x |D_train|
+that fits `--time-budget`) and released (post-processing of the model and the DP choice: no further privacy cost;
 `dpsynth.evaluate.screening`); with `--screen-size 0`, each setting at its largest multiple
 (smaller multiples are its prefixes), every one a candidate. Before any generation the plan is
 printed (examples, tokens, classifier trainings, an ETA from a timed probe of the real model);
-`--time-budget` shrinks the screening size to fit or refuses, `--dry-run` stops after the plan.
+`--time-budget` (default one hour; 0: no limit) shrinks the released size within `--multiples`,
+then the screening size, to fit, or refuses; `--dry-run` stops after the plan.
 With `--candidates`, they are corpus directories that exist. A classifier is trained on each
 candidate's synthetic splits and its correct predictions on the real `--valid` are counted; only
 the winner is released, by the exponential mechanism (or `--mechanism gaussian`) at
@@ -82,14 +83,16 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--screen-size", type=int, default=None, metavar="N",
                    help=f"synthetic train examples per sampling setting when screening (default "
                         f"{screening.DEFAULT_SCREEN_SIZE}): the DP choice is made among these small candidates and only "
-                        "the winner's setting is generated at the largest --multiples x |D_train| and released (no "
-                        "further privacy cost); the multiple is not chosen. 0: every candidate of the grid at full "
+                        "the winner's setting is generated at the largest --multiples x |D_train| that fits --time-budget "
+                        "and released (no further privacy cost); the multiple is not chosen on D_valid. 0: every candidate of the grid at full "
                         "size, the multiples chosen too (the pre-screening behaviour)")
     g.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="seconds the whole run (generation and classifiers) may take, by the ETA measured on this "
-                        "machine (a timed probe of the model's sampler and of one classifier training): the screening "
-                        f"size shrinks to fit (down to {screening.MIN_SCREEN_SIZE}), else the run is refused, saying what "
-                        "fits; the grid and the released size are never shrunk")
+                        "machine (a timed probe of the model's sampler and of one classifier training; default "
+                        f"{screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit): the released size shrinks first, "
+                        "to the largest --multiples that fits (down to the smallest), then the screening size (down "
+                        f"to {screening.MIN_SCREEN_SIZE}), else the run is refused, saying what fits; the grid is never "
+                        "shrunk, and the choice reads no private data (no privacy cost)")
     g.add_argument("--dry-run", action="store_true", help="print the plan (counts and the measured ETA) and stop: "
                    "nothing is written and D_valid is not read")
     # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
@@ -210,13 +213,14 @@ def _plan(args, config):
     size = screening.DEFAULT_SCREEN_SIZE if args.screen_size is None else args.screen_size
     if size < 0:
         raise errors.DpsynthError(f"--screen-size must be >= 0 (0: no screening), got {size}")
-    if args.time_budget is not None and not args.time_budget > 0:  # (before the probe)
-        raise errors.DpsynthError(f"--time-budget must be > 0 seconds, got {args.time_budget:g}")
+    budget = screening.DEFAULT_TIME_BUDGET if args.time_budget is None else args.time_budget
+    if not budget >= 0:  # (before the probe)
+        raise errors.DpsynthError(f"--time-budget must be >= 0 seconds (0: no limit), got {budget:g}")
     gen = {name: getattr(args, f"gen_{name}") for name in _GENERATE_BOUND}
     speed, max_len = screening.probe(args.model, screening.settings_of(grid), config=config, **gen)
     plan = screening.make_plan(grid, dataset_size=dataset_size, valid_fraction=args.valid_fraction, screen_size=size,
                                trainings_per_candidate=screening.trainings_per_candidate(config), max_len=max_len)
-    return (screening.fit_time_budget(plan, speed, args.time_budget, valid_fraction=args.valid_fraction), speed, grid,
+    return (screening.fit_time_budget(plan, speed, budget, valid_fraction=args.valid_fraction), speed, grid,
             dataset_size)
 
 

@@ -6,8 +6,8 @@ default grid). Screening generates each setting as a small candidate instead (`s
 synthetic train examples, default `DEFAULT_SCREEN_SIZE`), DP-selects among those on the real
 D_valid exactly as `dpsynth.evaluate.dp_select.select_corpora` does (same mechanism, same
 epsilon, same composition: `dpsynth.dp.private_selection.select_release`), then generates ONLY
-the winner's setting at the size asked for (the largest of the grid's multiples x |D_train|)
-and releases that corpus.
+the winner's setting at the size asked for (the largest of the grid's multiples x |D_train|
+that fits the time budget, below) and releases that corpus.
 
 Privacy (`dpsynth.dp.private_selection`): the selection is the one DP mechanism that reads
 D_valid, at the epsilon given, among the screened candidates; its ledger entry is the one the
@@ -15,15 +15,38 @@ full-size path writes (the exponential mechanism's epsilon does not depend on th
 candidates; the Gaussian variant's sigma does, its (epsilon, delta) does not). The full-size
 corpus is generated from the same DP-tuned model with the selected sampling setting:
 post-processing of the model and of the DP choice, no further privacy cost. The multiple is
-not chosen (choosing it as well would be a second selection on D_valid, whose epsilon would add
-to the first's on D_valid): the release has the largest multiple asked for.
+not chosen on D_valid (choosing it as well would be a second selection on D_valid, whose epsilon
+would add to the first's on D_valid): the release has the largest multiple asked for that fits
+the time budget.
 
 The plan before compute (`SelectPlan`): the examples and tokens to generate (screening and
 final), the classifier trainings, and an ETA from a timed probe (`probe`: a few batches sampled
 with the real model, and one classifier training on a small set made of those samples; no
-private data is read and nothing is written). `fit_time_budget` shrinks the screening size to
-fit `--time-budget` or refuses with one line saying what fits; the grid and the final size are
-what the user asked for and are never shrunk.
+private data is read and nothing is written).
+
+The time budget (`fit_time_budget`; `--time-budget`, default `DEFAULT_TIME_BUDGET`, one hour;
+0: no limit): a plan whose ETA does not fit is shrunk, in this order:
+
+1. the released size: the final corpus at the largest of the asked multiples x |D_train| that
+   fits, down to the smallest asked multiple (`--multiples 1,2,3`: 3x, then 2x, then 1x). The
+   multiples are the sizes the user allowed; the release takes the largest of them the budget
+   affords (without a budget, the largest asked). Never below the smallest asked multiple.
+2. then the screening size, down to `MIN_SCREEN_SIZE` (the screening is what makes the DP
+   choice worth its epsilon: `bench/select_screening.py` measured the ranking lost at small
+   sizes, so it shrinks last).
+3. else `BudgetError`: one line saying what fits, ending with "(--time-budget 0: no limit)".
+
+The grid (the sampling settings) is never shrunk. The plan says what shrank and from what
+(`SelectPlan.final_asked`, `SelectPlan.screen_asked`), and so does selection.json's `screening`
+section.
+
+Privacy of the budget: the sizes are chosen from the probe's timing, |D_train| (the published
+privacy report's dataset size) and the flags alone. The probe samples the DP-tuned model and
+trains one classifier on those samples (post-processing of the model), and reads no private
+data; D_valid is not read before the plan is fixed (`--dry-run` prints it without D_valid). So
+the released size is a data-independent choice: no privacy cost, and no second selection on
+D_valid (unlike choosing the multiple by the classifiers' scores, which this module does not do).
+Keep it so: nothing that reads D_valid or D_train may enter `fit_time_budget`.
 """
 
 from __future__ import annotations
@@ -43,6 +66,7 @@ logger = logging.getLogger("dpsynth.evaluate")
 
 DEFAULT_SCREEN_SIZE = 2000  # synthetic train examples per screened sampling setting (valid: valid_fraction of it)
 MIN_SCREEN_SIZE = 200  # the smallest screening size --time-budget shrinks to (fewer cannot rank the settings)
+DEFAULT_TIME_BUDGET = 3600  # seconds the whole of `dpsynth select --model` may take by default (0: no limit)
 PROBE_BATCHES = 2  # timed sampler calls of the generation probe, per kind of setting (after one warm-up call)
 PROBE_CLASSIFIER_EXAMPLES = 256  # the classifier probe's train set (the probe's samples, repeated)
 SCREEN_DIR, FINAL_DIR = "screened", "final"  # under OUT.candidates/
@@ -111,6 +135,12 @@ class SelectPlan:
       trainings_per_candidate: classifier trainings of one candidate's sweep (trials x repeats).
       max_len: tokens per example at most (prompt + text).
       candidate_train_sizes: each candidate's synthetic train examples (what its classifiers train on).
+      dataset_size: |D_train| (the model's privacy report's, public), the multiples' unit.
+      multiples: the asked multiples of |D_train|, ascending (the sizes the release may take).
+      final_multiple: the multiple of `final` (the largest asked, unless the time budget shrank it).
+      final_asked: `final` as asked (the largest multiple); differs from `final` when shrunk.
+      screen_asked: the screening size asked; differs from `screen_size` when shrunk.
+      time_budget: the seconds the plan was fitted to (`fit_time_budget`); None: no limit.
     """
 
     screen_size: int
@@ -120,6 +150,22 @@ class SelectPlan:
     trainings_per_candidate: int
     max_len: int
     candidate_train_sizes: tuple[int, ...] = ()
+    dataset_size: int = 0
+    multiples: tuple[float, ...] = ()
+    final_multiple: float | None = None
+    final_asked: Job | None = None
+    screen_asked: int = 0
+    time_budget: float | None = None
+
+    @property
+    def final_shrunk(self) -> bool:
+        """Whether the time budget shrank the released size below the one asked for."""
+        return self.final is not None and self.final_asked is not None and self.final != self.final_asked
+
+    @property
+    def screen_shrunk(self) -> bool:
+        """Whether the time budget shrank the screening size below the one asked for."""
+        return 0 < self.screen_size < self.screen_asked
 
     @property
     def screening_examples(self) -> int:
@@ -163,12 +209,17 @@ class SelectPlan:
 
         what = (f"screening {len(self.screening)} sampling settings at {self.screen_size:,} train examples each"
                 if self.screen_size else f"{len(self.screening)} sampling settings at full size (no screening)")
-        out = [f"plan: {what}: {self.screening_examples:,} examples to generate{took('screening')}",
+        if self.screen_shrunk:
+            what += f" (shrunk from {self.screen_asked:,} to fit the time budget)"
+        out = [self.budget_line(),
+               f"plan: {what}: {self.screening_examples:,} examples to generate{took('screening')}",
                f"plan: {self.candidates} candidates x {self.trainings_per_candidate} classifier trainings = "
                f"{self.trainings:,} trainings{took('classifiers')}"]
         if self.final is not None:
+            shrunk = (f"; shrunk from {self.final_asked.train:,} train examples to fit the time budget"
+                      if self.final_shrunk else "")
             out.append(f"plan: the winner at full size: {self.final.examples:,} examples ({self.final.train:,} train + "
-                       f"{self.final.valid:,} valid){took('final')}")
+                       f"{self.final.valid:,} valid{shrunk}){took('final')}")
         tokens = f"plan: {self.examples:,} examples, at most {self.max_tokens():,} tokens ({self.max_len} per example)"
         if speed is not None:
             tokens += f", ~{self.examples * speed.mean_tokens:,.0f} at the probe's {speed.mean_tokens:.1f} per example"
@@ -180,6 +231,13 @@ class SelectPlan:
                        f"{_fmt(speed.job_overhead_seconds)}; a classifier training "
                        f"{speed.classifier_seconds_per_example * 1000:.3g} ms per train example)")
         return out
+
+    def budget_line(self) -> str:
+        """The plan's line on the time budget (`DEFAULT_TIME_BUDGET` unless the user gave one)."""
+        if not self.time_budget:
+            return "plan: no time budget (--time-budget 0)"
+        given = "the default" if self.time_budget == DEFAULT_TIME_BUDGET else f"--time-budget {self.time_budget:g}"
+        return f"plan: time budget {_fmt(self.time_budget)} ({given}; --time-budget 0: no limit)"
 
     def to_json(self) -> dict[str, Any]:
         return {"screen_size": self.screen_size, "screening_examples": self.screening_examples,
@@ -209,16 +267,16 @@ def make_plan(grid: Sequence[dp_select.CandidateSpec], *, dataset_size: int, val
     if screen_size < 0:
         raise ValueError(f"the screening size must be >= 0 (0: no screening), got {screen_size}")
     settings = settings_of(grid)
-    largest = max(c.multiple for c in grid)
+    multiples = tuple(sorted({c.multiple for c in grid}))
     if screen_size:
         s_train, s_valid = screen_size, max(1, int(round(valid_fraction * screen_size)))
-        f_train, f_valid = dp_select.sizes(largest, dataset_size, valid_fraction)
+        final = _final_job(multiples[-1], dataset_size, valid_fraction)
         return SelectPlan(screen_size=screen_size, candidates=len(settings), max_len=max_len,
                           trainings_per_candidate=trainings_per_candidate,
                           screening=tuple(Job(guidance=w, temperature=t, train=s_train, valid=s_valid)
                                           for w, t in settings),
-                          final=Job(guidance=-1.0, temperature=-1.0, train=f_train, valid=f_valid),
-                          candidate_train_sizes=(s_train,) * len(settings))
+                          final=final, candidate_train_sizes=(s_train,) * len(settings), dataset_size=dataset_size,
+                          multiples=multiples, final_multiple=multiples[-1], final_asked=final, screen_asked=screen_size)
     jobs = []
     for w, t in settings:
         m = max(c.multiple for c in grid if (c.guidance, c.temperature) == (w, t))
@@ -227,48 +285,100 @@ def make_plan(grid: Sequence[dp_select.CandidateSpec], *, dataset_size: int, val
     return SelectPlan(screen_size=0, screening=tuple(jobs), final=None, candidates=len(grid), max_len=max_len,
                       trainings_per_candidate=trainings_per_candidate,
                       candidate_train_sizes=tuple(dp_select.sizes(c.multiple, dataset_size, valid_fraction)[0]
-                                                  for c in grid))
+                                                  for c in grid),
+                      dataset_size=dataset_size, multiples=multiples)
+
+
+def _final_job(multiple: float, dataset_size: int, valid_fraction: float) -> Job:
+    train, valid = dp_select.sizes(multiple, dataset_size, valid_fraction)
+    return Job(guidance=-1.0, temperature=-1.0, train=train, valid=valid)
 
 
 def fit_time_budget(plan: SelectPlan, speed: Speed, seconds: float | None, *, valid_fraction: float,
                     min_screen_size: int = MIN_SCREEN_SIZE) -> SelectPlan:
-    """`plan` if it fits `seconds` (None: no budget), else the plan at the largest screening size
-    that fits (at least `min_screen_size`); `BudgetError` (one line: what fits) when none does.
-    The grid and the final size are never shrunk: they are what was asked for."""
-    if seconds is None:
+    """`plan` fitted to a time budget of `seconds` (None or 0: no limit), by its ETA at `speed`.
+
+    A plan that fits is returned as it is (its `time_budget` set). Else, in this order (the
+    module docstring says why): the released size, the final corpus at the largest of the asked
+    `plan.multiples` x |D_train| that fits, down to the smallest asked; then, at the smallest
+    multiple, the screening size, the largest that fits down to `min_screen_size` (a screening
+    size asked below it is not shrunk). The grid is never shrunk. The decision reads the plan's
+    counts and the probe's speed only (no private data: data-independent, no privacy cost).
+
+    Raises:
+      BudgetError: `seconds` < 0, or nothing fits (one line: what fits, ending with
+        "(--time-budget 0: no limit)"); a plan without screening (`screen_size` 0) that does
+        not fit is refused too (its candidates are the grid's, all at their full size).
+    """
+    if seconds is None or seconds == 0:
         return plan
     if not seconds > 0:
-        raise BudgetError(f"--time-budget must be > 0 seconds, got {seconds:g}")
-    need = plan.seconds(speed)["total"]
-    if need <= seconds:
+        raise BudgetError(f"--time-budget must be >= 0 seconds (0: no limit), got {seconds:g}")
+    plan = dataclasses.replace(plan, time_budget=float(seconds))
+
+    def need(p):
+        return p.seconds(speed)["total"]
+
+    if need(plan) <= seconds:
         return plan
 
-    def at(size):
+    def at(multiple, size):
+        final = _final_job(multiple, plan.dataset_size, valid_fraction) if plan.multiples else plan.final
         return dataclasses.replace(
-            plan, screen_size=size, candidate_train_sizes=(size,) * len(plan.candidate_train_sizes),
-            screening=tuple(dataclasses.replace(j, train=size, valid=max(1, int(round(valid_fraction * size))))
-                            for j in plan.screening))
+            plan, screen_size=size, candidate_train_sizes=(size,) * len(plan.candidate_train_sizes), final=final,
+            final_multiple=multiple, screening=tuple(
+                dataclasses.replace(j, train=size, valid=max(1, int(round(valid_fraction * size))))
+                for j in plan.screening))
 
     if not plan.screen_size:
-        raise BudgetError(f"--time-budget {seconds:g} s: the full-size candidates need ~{_fmt(need)} on this machine "
-                          f"(measured); screening (--screen-size {DEFAULT_SCREEN_SIZE}, the default) needs "
-                          f"~{_fmt(at(DEFAULT_SCREEN_SIZE).seconds(speed)['total'])}")
-    lo, hi = min_screen_size, plan.screen_size
-    if at(lo).seconds(speed)["total"] > seconds:
-        rest = seconds - (at(lo).seconds(speed)["total"] - at(lo).seconds(speed)["final"]) - speed.job_overhead_seconds
-        slowest = min(speed.rate(j.guidance > 0) for j in plan.screening)
-        fits = int(rest * slowest / (1 + valid_fraction)) if rest > 0 else 0
-        raise BudgetError(
-            f"--time-budget {seconds:g} s: even screening at {lo} examples needs ~{_fmt(at(lo).seconds(speed)['total'])} "
-            f"on this machine (measured), ~{_fmt(at(lo).seconds(speed)['final'])} of it the winner's "
-            f"{plan.final_examples:,} examples; "
-            + (f"what fits is a final corpus of about {fits:,} train examples (lower --multiples), or a budget of "
-               f"{math.ceil(at(lo).seconds(speed)['total']):,} s" if fits > 0 else
-               f"nothing fits: give a budget of at least {math.ceil(at(lo).seconds(speed)['total']):,} s"))
+        raise BudgetError(f"--time-budget {seconds:g} s: the full-size candidates need ~{_fmt(need(plan))} on this "
+                          f"machine (measured); screening (--screen-size {DEFAULT_SCREEN_SIZE}, the default) needs "
+                          f"~{_fmt(need(_screened(plan, valid_fraction)))} (--time-budget 0: no limit)")
+    # 1. The released size: the largest asked multiple that fits, at the asked screening size.
+    multiples = sorted(plan.multiples or (plan.final_multiple,), reverse=True)
+    for m in multiples[1:]:
+        if need(at(m, plan.screen_size)) <= seconds:
+            return at(m, plan.screen_size)
+    # 2. The screening size, at the smallest multiple: the largest that fits.
+    m = multiples[-1]
+    lo, hi = min(min_screen_size, plan.screen_size), plan.screen_size
+    smallest = at(m, lo)
+    if need(smallest) > seconds:
+        raise BudgetError(_what_fits(smallest, speed, seconds, valid_fraction))
     while hi - lo > 1:  # (total time grows with the size: the largest size that fits)
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid).seconds(speed)["total"] <= seconds else (lo, mid)
-    return at(lo)
+        lo, hi = (mid, hi) if need(at(m, mid)) <= seconds else (lo, mid)
+    return at(m, lo)
+
+
+def _screened(plan: SelectPlan, valid_fraction: float, screen_size: int = DEFAULT_SCREEN_SIZE) -> SelectPlan:
+    """The screened plan of the full-size `plan`'s grid (its settings; the final at its largest multiple)."""
+    s_valid = max(1, int(round(valid_fraction * screen_size)))
+    final = _final_job(max(plan.multiples), plan.dataset_size, valid_fraction)
+    return dataclasses.replace(
+        plan, screen_size=screen_size, candidates=len(plan.screening), final=final, final_asked=final,
+        final_multiple=max(plan.multiples), screen_asked=screen_size,
+        screening=tuple(dataclasses.replace(j, train=screen_size, valid=s_valid) for j in plan.screening),
+        candidate_train_sizes=(screen_size,) * len(plan.screening))
+
+
+def _what_fits(smallest: SelectPlan, speed: Speed, seconds: float, valid_fraction: float) -> str:
+    """The refusal's one line: the smallest plan asked for does not fit `seconds`; what would."""
+    eta = smallest.seconds(speed)
+    rest = seconds - (eta["total"] - eta["final"]) - speed.job_overhead_seconds
+    slowest = min(speed.rate(j.guidance > 0) for j in smallest.screening)
+    fits = int(rest * slowest / (1 + valid_fraction)) if rest > 0 else 0
+    at = f"{smallest.final_multiple:g}x |D_train| = " if smallest.final_multiple else ""
+    head = (f"--time-budget {seconds:g} s: even the smallest plan asked for (the final corpus at "
+            f"{at}{smallest.final.train:,} train examples, screening at "
+            f"{smallest.screen_size:,} per setting) needs ~{_fmt(eta['total'])} on this machine (measured), "
+            f"~{_fmt(eta['final'])} of it the final corpus; ")
+    if fits <= 0:
+        return head + f"nothing fits: give a budget of at least {math.ceil(eta['total']):,} s (--time-budget 0: no limit)"
+    multiple = math.floor(100 * fits / smallest.dataset_size) / 100 if smallest.dataset_size else 0
+    lower = f"--multiples {multiple:g}" if multiple > 0 else "a smaller --multiples"
+    return head + (f"what fits is a final corpus of about {fits:,} train examples ({lower}), or a budget of "
+                   f"{math.ceil(eta['total']):,} s (--time-budget 0: no limit)")
 
 
 # ---------------------------------------------------------------------- the probe
@@ -414,6 +524,20 @@ def screening_record(plan: SelectPlan, winner: str, final_dir: str, speed: Speed
                     "at the size asked for, from the same DP-tuned model with the selected sampling setting: "
                     "post-processing of the model and of the DP choice, no further privacy cost (the epsilon above "
                     "is the release's whole guarantee)"),
-        "multiples": "not chosen: the release has the largest multiple of |D_train| asked for",
+        "multiples": ("not chosen on D_valid: the release has the largest multiple of |D_train| asked for that fits "
+                      "the time budget (a data-independent choice: the probe's timing, no private data)"),
+        "released_multiple": plan.final_multiple, "multiples_asked": list(plan.multiples),
+        "time_budget": budget_record(plan),
         "plan": plan.to_json(), **({"probe": speed.to_json()} if speed is not None else {}),
     }
+
+
+def budget_record(plan: SelectPlan) -> dict[str, Any]:
+    """What the time budget did to `plan` (public: sizes only): the budget, and what shrank from what."""
+    shrunk = []
+    if plan.final_shrunk:
+        shrunk.append({"what": "multiples", "asked": max(plan.multiples), "kept": plan.final_multiple,
+                       "train_size_asked": plan.final_asked.train, "train_size_kept": plan.final.train})
+    if plan.screen_shrunk:
+        shrunk.append({"what": "screen_size", "asked": plan.screen_asked, "kept": plan.screen_size})
+    return {"seconds": plan.time_budget, "default": plan.time_budget == DEFAULT_TIME_BUDGET, "shrunk": shrunk}

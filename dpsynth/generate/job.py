@@ -45,8 +45,8 @@ from typing import Any
 import apache_beam as beam
 
 from dpsynth.dedup import DEFAULT_MIN_TOKENS
-from dpsynth.generate.model_info import (GenerateError, ModelBundle, ModelInfo, check_label_histogram, load_bundle,
-                                         read_model_info)
+from dpsynth.generate import model_info
+from dpsynth.generate.model_info import GenerateError, ModelBundle, ModelInfo, check_label_histogram, read_model_info
 from dpsynth.generate.outputs import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -83,9 +83,18 @@ __all__ = [  # the library's generation API (the experiment runner and the CLI u
 logger = logging.getLogger("dpsynth.generate")
 
 
+def __getattr__(name: str):
+    # `job.load_bundle` is `model_info.load_bundle` as it is now (no copy bound at import: a test's
+    # patch of it holds whatever the import order)
+    if name == "load_bundle":
+        return model_info.load_bundle
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def run_shards(plan: GenerationPlan, specs: Sequence[ShardSpec], *, beam_args: Sequence[str] = (),
-               test_pipeline=None, loader: Callable[[str], ModelBundle] = load_bundle) -> None:
-    """Runs the Beam fan-out over `specs` (blocking; `dpsynth.beam.pipeline.run_pipeline`)."""
+               test_pipeline=None, loader: Callable[[str], ModelBundle] | None = None) -> None:
+    """Runs the Beam fan-out over `specs` (blocking; `dpsynth.beam.pipeline.run_pipeline`); `loader`
+    None: `model_info.load_bundle`, looked up when the workers load the model."""
     from dpsynth.beam.pipeline import run_pipeline
 
     def build(p):
@@ -103,7 +112,7 @@ def generate(
     *,
     beam_args: Sequence[str] = (),
     test_pipeline=None,
-    loader: Callable[[str], ModelBundle] = load_bundle,
+    loader: Callable[[str], ModelBundle] | None = None,
     label_histogram: DpLabelHistogram | None = None,
     train_path: str | None = None,
     audit_dir: str | None = None,
@@ -116,7 +125,9 @@ def generate(
       config: the job.
       beam_args: Beam pipeline flags (`--runner`, `--direct_num_workers`, ...).
       test_pipeline: returns the pipeline to run on instead (tests: `TestPipeline`).
-      loader: model directory -> `ModelBundle` (default: the checkpoint loader).
+      loader: model directory -> `ModelBundle` (None: the checkpoint loader, `model_info.load_bundle`,
+        looked up when the workers load the model, not at import: a test's patch of it holds
+        whatever the import order).
       label_histogram: draw the label distribution as a DP histogram of D_train
         (`DpLabelHistogram`; a new release on every call, so a rerun draws anew). To share one
         draw among jobs, draw it once with `dp_label_distribution` and pass it as

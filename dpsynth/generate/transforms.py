@@ -21,7 +21,8 @@ import numpy as np
 
 from dpsynth import fileio
 from dpsynth.generate import label_scores
-from dpsynth.generate.model_info import ModelBundle, load_bundle
+from dpsynth.generate import model_info
+from dpsynth.generate.model_info import ModelBundle
 from dpsynth.generate.outputs import shard_complete
 from dpsynth.generate.plan import GenerationPlan, ShardSpec
 from dpsynth.generate.sampler import Sampler, SamplerConfig, example_keys, seed_to_key_data
@@ -93,7 +94,7 @@ def worker_sampler_config(sampler: SamplerConfig, tokenizer: Any) -> SamplerConf
 class GenerateShardFn(beam.DoFn):
     """Loads the model once per worker (`setup`) and generates whole shards."""
 
-    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle):
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] | None = None):
         self._plan = plan
         self._loader = loader
         self._shards = beam.metrics.Metrics.counter("generate", "shards_generated")
@@ -105,7 +106,8 @@ class GenerateShardFn(beam.DoFn):
             from dpsynth.beam.affinity import claim_cores
 
             claim_cores(self._plan.cores_per_worker)
-        self._bundle = self._loader(self._plan.model_dir)
+        loader = self._loader or model_info.load_bundle  # (looked up now, not at import: tests patch it)
+        self._bundle = loader(self._plan.model_dir)
         self._sampler = Sampler(self._bundle.decoder, worker_sampler_config(self._plan.sampler, self._bundle.tokenizer))
 
     def process(self, spec: ShardSpec):
@@ -125,7 +127,8 @@ class GenerateShardFn(beam.DoFn):
 class GenerateSynthetic(beam.PTransform):
     """Generates the shards of a `GenerationPlan` (each written to its own file)."""
 
-    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] = load_bundle, label: str | None = None):
+    def __init__(self, plan: GenerationPlan, loader: Callable[[str], ModelBundle] | None = None,
+                 label: str | None = None):
         super().__init__(label)
         self._plan = plan
         self._loader = loader

@@ -3,6 +3,7 @@ the grid arithmetic, --time-budget shrinking or refusing, and end to end on the 
 released corpus has the size asked for and the winner's setting, its privacy report is the one
 the full-size path writes."""
 
+import dataclasses
 import json
 import os
 
@@ -46,34 +47,88 @@ def test_plan_counts_follow_the_grid_arithmetic():
         default_plan(screen_size=-1)
 
 
-def test_time_budget_shrinks_the_screening_size_or_refuses_saying_what_fits():
-    plan = default_plan()
-    need = plan.seconds(SPEED)["total"]
-    assert screening.fit_time_budget(plan, SPEED, None, valid_fraction=0.1) is plan
-    assert screening.fit_time_budget(plan, SPEED, need + 1, valid_fraction=0.1) is plan
-    floor = screening.fit_time_budget(plan, SPEED, need * 10, valid_fraction=0.1)  # (unchanged when it fits)
-    assert floor.screen_size == 2000
-    smallest = plan_at(plan, screening.MIN_SCREEN_SIZE).seconds(SPEED)["total"]
-    budget = (smallest + need) / 2
-    fitted = screening.fit_time_budget(plan, SPEED, budget, valid_fraction=0.1)
-    assert screening.MIN_SCREEN_SIZE <= fitted.screen_size < 2000
-    assert fitted.seconds(SPEED)["total"] <= budget  # it fits ...
-    assert plan_at(plan, fitted.screen_size + 1).seconds(SPEED)["total"] > budget  # ... the largest
-    # The grid and the released size are never shrunk.
-    assert fitted.final == plan.final and len(fitted.screening) == len(plan.screening)
-    assert all(j.train == fitted.screen_size and j.valid == round(0.1 * fitted.screen_size) for j in fitted.screening)
+def plan_of(multiples=(1, 2, 3), screen_size=2000, dataset_size=20_000):
+    """The plan of the default settings at `multiples` (the final at the largest of them)."""
+    return screening.make_plan(dp_select.candidate_grid(multiples=multiples), dataset_size=dataset_size,
+                               valid_fraction=0.1, screen_size=screen_size, trainings_per_candidate=2, max_len=128)
+
+
+def need(plan):
+    return plan.seconds(SPEED)["total"]
+
+
+def fit(plan, seconds):
+    return screening.fit_time_budget(plan, SPEED, seconds, valid_fraction=0.1)
+
+
+def test_a_plan_under_the_budget_or_without_one_is_unchanged():
+    plan = plan_of()
+    assert fit(plan, None) is plan and fit(plan, 0) is plan  # 0: no limit (even where nothing would fit)
+    assert plan.time_budget is None and plan.lines(SPEED)[0] == "plan: no time budget (--time-budget 0)"
+    for seconds in (need(plan), need(plan) * 10):
+        fitted = fit(plan, seconds)
+        assert fitted == dataclasses.replace(plan, time_budget=seconds)  # only the budget recorded
+        assert not fitted.final_shrunk and not fitted.screen_shrunk
+        assert "shrunk" not in "\n".join(fitted.lines(SPEED))
+        assert screening.budget_record(fitted) == {"seconds": seconds, "default": False, "shrunk": []}
+
+
+def test_time_budget_shrinks_the_released_size_first_then_the_screening_size():
+    plan = plan_of(multiples=(1, 2, 3))  # the release asked: 3 x 20,000
+    assert plan.final.train == plan.final_asked.train == 60_000 and plan.final_multiple == 3
+    # A budget that 2x fits at the asked screening size: 2x, though 3x would fit with screening shrunk.
+    two = need(plan_of(multiples=(2,)))
+    assert need(plan_of(multiples=(3,), screen_size=screening.MIN_SCREEN_SIZE)) <= two  # (the other order's pick)
+    fitted = fit(plan, two)
+    assert (fitted.final_multiple, fitted.final.train, fitted.final.valid, fitted.screen_size) == (2, 40_000, 4_000, 2000)
+    assert fitted.final_asked == plan.final and fitted.final_shrunk and not fitted.screen_shrunk
+    assert need(fitted) <= two and fitted.screening == plan.screening and fitted.candidates == plan.candidates
+    text = "\n".join(fitted.lines(SPEED))
+    assert "44,000 examples (40,000 train + 4,000 valid; shrunk from 60,000 train examples to fit the time budget)" in text
+    assert screening.budget_record(fitted)["shrunk"] == [{"what": "multiples", "asked": 3.0, "kept": 2.0,
+                                                         "train_size_asked": 60_000, "train_size_kept": 40_000}]
+    # Just under 2x: the smallest multiple, still at the asked screening size.
+    one = fit(plan, two - 1)
+    assert (one.final_multiple, one.final.train, one.screen_size) == (1, 20_000, 2000)
+    # Under 1x at 2,000: 1x, and the screening size shrinks: the largest that fits, at least MIN_SCREEN_SIZE.
+    low, high = need(plan_of(multiples=(1,), screen_size=screening.MIN_SCREEN_SIZE)), need(plan_of(multiples=(1,)))
+    budget = (low + high) / 2
+    both = fit(plan, budget)
+    assert both.final_multiple == 1 and screening.MIN_SCREEN_SIZE <= both.screen_size < 2000
+    assert need(both) <= budget < need(plan_of(multiples=(1,), screen_size=both.screen_size + 1))
+    assert all(j.train == both.screen_size and j.valid == round(0.1 * both.screen_size) for j in both.screening)
+    assert f"at {both.screen_size:,} train examples each (shrunk from 2,000 to fit the time budget)" in both.lines(SPEED)[1]
+    assert [s["what"] for s in screening.budget_record(both)["shrunk"]] == ["multiples", "screen_size"]
+    # Never below the smallest multiple asked: --multiples 2,3 stops at 2x (and shrinks the screening).
+    two_three = fit(plan_of(multiples=(2, 3)), two - 1)
+    assert two_three.final_multiple == 2 and two_three.screen_size < 2000
+
+
+def test_time_budget_refuses_in_one_line_saying_what_fits():
+    plan = plan_of()
+    smallest = need(plan_of(multiples=(1,), screen_size=screening.MIN_SCREEN_SIZE))
     with pytest.raises(screening.BudgetError, match="what fits is a final corpus of about") as e:
-        screening.fit_time_budget(plan, SPEED, smallest - 100, valid_fraction=0.1)
-    assert "\n" not in str(e.value)
-    with pytest.raises(screening.BudgetError, match="nothing fits"):
-        screening.fit_time_budget(plan, SPEED, 5, valid_fraction=0.1)
-    with pytest.raises(screening.BudgetError, match="--screen-size 2000"):  # full size: nothing to shrink
-        screening.fit_time_budget(default_plan(0), SPEED, need, valid_fraction=0.1)
+        fit(plan, smallest - 100)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.endswith("(--time-budget 0: no limit)")
+    assert "even the smallest plan asked for (the final corpus at 1x |D_train| = 20,000 train examples, screening " \
+           "at 200 per setting)" in msg and "--multiples 0." in msg
+    with pytest.raises(screening.BudgetError, match=r"nothing fits.*\(--time-budget 0: no limit\)$"):
+        fit(plan, 5)
+    with pytest.raises(screening.BudgetError, match="--screen-size 2000") as e:  # full size: nothing to shrink
+        fit(plan_of(screen_size=0), need(plan))
+    assert str(e.value).endswith("(--time-budget 0: no limit)")
+    with pytest.raises(screening.BudgetError, match=r"must be >= 0 seconds \(0: no limit\), got -1"):
+        fit(plan, -1)
 
 
-def plan_at(plan, size):
-    """`plan` screened at `size` (an independent construction from the grid)."""
-    return default_plan(screen_size=size)
+def test_the_plan_says_the_budget_and_whether_it_is_the_default():
+    plan = plan_of(multiples=(1,))
+    default = fit(plan, screening.DEFAULT_TIME_BUDGET)
+    assert screening.DEFAULT_TIME_BUDGET == 3600 and need(plan) <= 3600  # (this plan fits the default as it is)
+    assert default.lines(SPEED)[0] == "plan: time budget 1h00m00s (the default; --time-budget 0: no limit)"
+    assert screening.budget_record(default)["default"] is True
+    assert fit(plan, 7200).lines(SPEED)[0] == "plan: time budget 2h00m00s (--time-budget 7200; --time-budget 0: no limit)"
 
 
 # ---------------------------------------------------------------------- end to end on the fake model
@@ -128,6 +183,8 @@ def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_set
     assert sel["selected"] == summary["selected"] and sel["candidates"] == ["w0-t1", "w1.5-t1"]
     assert sel["screening"]["released_setting"] == {"guidance": w, "temperature": 1.0}
     assert sel["screening"]["released_train_size"] == 40 and "no further privacy cost" in sel["screening"]["privacy"]
+    assert sel["screening"]["released_multiple"] == 2.0 and sel["screening"]["multiples_asked"] == [1.0, 2.0]
+    assert sel["screening"]["time_budget"] == {"seconds": 3600.0, "default": True, "shrunk": []}  # (nothing shrank)
     assert sel["screening"]["plan"] == {"screen_size": 16, "screening_examples": 36, "final_examples": 44,
                                         "examples": 80, "trainings": 4, "max_tokens": 80 * 12}
     assert set(sel["screening"]["probe"]["examples_per_second"]) == {"unguided", "guided"}
@@ -180,18 +237,28 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     tmp_path, common = fake_setup
     monkeypatch.setattr(screening, "probe", lambda *a, **k: (SPEED, 12))  # (a slow machine, by hand)
     out = str(tmp_path / "synth")
+    # The plan is fixed before D_valid is read (absent here): the budget's choice is data-independent.
+    common = [a if a != str(tmp_path / "valid.jsonl") else str(tmp_path / "absent.jsonl") for a in common]
     assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "1", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dpsynth select: error: --time-budget 1 s") and "nothing fits" in err[0]
+    assert err[0].endswith("(--time-budget 0: no limit)")
     # 2 settings (1 guided) screened at n: 2 x 10 + 1.1 n / 100 + 1.1 n / 50 + 2 x 2 x 0.01 n, + 10 + 22 / 50 final.
     assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "100", "--dry-run"]) == 0
     err = capsys.readouterr().err
+    assert "plan: time budget 1m40s (--time-budget 100; --time-budget 0: no limit)" in err
     n = int(err.split("sampling settings at ")[1].split(" train")[0].replace(",", ""))
     assert screening.MIN_SCREEN_SIZE <= n < screening.DEFAULT_SCREEN_SIZE
     def total(k):
         return 2 * 10 + (k + round(0.1 * k)) * (1 / 100 + 1 / 50) + 2 * 2 * 0.01 * k + 10 + 22 / 50
 
     assert total(n) <= 100 < total(n + 1)  # the largest size that fits
+    # The default budget applies without the flag; 0 lifts it (the same plan as asked, whatever its ETA).
+    assert cli.main(common + ["--out", out, "--multiples", "1", "--dry-run"]) == 0
+    assert "plan: time budget 1h00m00s (the default; --time-budget 0: no limit)" in capsys.readouterr().err
+    assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "0", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "plan: no time budget (--time-budget 0)" in err and "at 2,000 train examples each:" in err
     assert cli.main(["--candidates", out, "--valid", "v", "--out", out, "--time-budget", "5"]) == 2
     assert "apply with --model" in capsys.readouterr().err
 
@@ -199,6 +266,14 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     def no_probe(*a, **k):
         raise AssertionError("probed")
 
-    monkeypatch.setattr(screening, "probe", no_probe)  # a bad budget is refused before the probe
-    assert cli.main(common + ["--out", out, "--time-budget", "0", "--dry-run"]) == 2
-    assert "--time-budget must be > 0 seconds" in capsys.readouterr().err
+    monkeypatch.setattr(screening, "probe", no_probe)  # a bad budget is refused before the probe, in one line
+    assert cli.main(common + ["--out", out, "--time-budget", "-5", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dpsynth select: error: --time-budget must be >= 0 seconds (0: no limit), got -5"]
+
+
+def test_the_time_budget_default_is_in_the_help():
+    from trainers import select as cli
+
+    action = next(a for a in cli.parser()._actions if "--time-budget" in a.option_strings)
+    assert f"default {screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit" in action.help
