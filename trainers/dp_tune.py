@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "batch_size": {"help": "expected Poisson batch size"},
         "microbatch_size": {"type": binding.int_or_auto, "metavar": "N|auto",
                             "help": "examples per compiled microbatch; auto: the largest whose compiled step fits the "
-                                    "device memory less --memory-headroom (printed with its figures; CPU: the host's memory)"},
+                                    "device memory less --memory-headroom (printed with its figures; CPU: the host's available memory)"},
         "steps": {"container": g},
         "epochs": {"container": g},
         "optimizer": {"choices": tune.OPTIMIZERS},

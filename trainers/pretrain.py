@@ -5,7 +5,7 @@
 
 `--microbatch-size auto` keeps the step's batch (--batch-size x --grad-accum sequences) and splits
 it into the largest equal microbatches whose compiled step fits the device memory less
---memory-headroom (on CPU the host's memory); the choice is logged and recorded.
+--memory-headroom (on CPU the host's available memory); the choice is logged and recorded.
 
 Kill it at any time and re-run with `--resume`: it continues exactly from the last checkpoint
 (at most `--checkpoint-every` steps are lost). OUT becomes the model directory that

@@ -78,7 +78,7 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       valid_fraction: 0.1           # synthetic valid size = valid_fraction x synthetic train
       max_tokens: 128               # null: the length the model was DP-tuned on (what dp_tune.max_tokens auto chose)
       batch_size: 32                # or auto: the largest whose compiled sampler fits the device (options:
-                                    #   memory_limit: the device's, on CPU the host's; and memory_headroom)
+                                    #   memory_limit: the device's, on CPU the host's available; and memory_headroom)
       audit_memorisation: false     # longest overlap with D_train: an owner-only audit, NOT DP, written to ROOT/private
       label_distribution: uniform   # uniform (free) | dp_histogram (Gaussian noise on D_train's
       label_noise_multiplier: null  #   label counts, sigma given here; composed into the privacy report;

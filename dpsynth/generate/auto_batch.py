@@ -10,7 +10,7 @@ longest label prompt under the model's tokenizer. With the `off_label` filter, t
 peak counts. `dpsynth.train.resources.largest_microbatch` then finds the largest batch, at most
 the largest shard's examples (no call holds more), whose peak (`memory_analysis()`: arguments,
 i.e. the model's variables, + outputs + temporaries + code) fits the device memory (or
-`memory_limit`; on CPU the host's memory over its CPU devices) less `memory_headroom`: doubling, then bisection, O(log n)
+`memory_limit`; on CPU the host's available memory over its CPU devices) less `memory_headroom`: doubling, then bisection, O(log n)
 compilations.
 
 The resolved batch is the job's `batch_size`: it is in `generation_config.json` (and the config

@@ -60,7 +60,7 @@ class GenerateConfig:
         through float rounding (a row's logits computed in another order at another batch
         shape), which is why it stays in the config hash.
       memory_limit, memory_headroom: the budget of batch_size "auto": bytes per device (None:
-        the device's `memory_stats()`; on CPU the host's memory over its CPU devices) and the fraction left free.
+        the device's `memory_stats()`; on CPU the host's available memory over its CPU devices) and the fraction left free.
       examples_per_shard: examples per output shard (the unit of work and of resume).
       labels: labels to generate (a subset of the model's; None = all of them).
       label_distribution: None = uniform over `labels`; else e.g. a DP label histogram.
@@ -90,7 +90,7 @@ class GenerateConfig:
                                                      "DP-tuned on, from its privacy report; else min(512, model))")
     batch_size: int | str = binding.setting(16, help="prompts per compiled sampler call; auto: the largest (at most "
                                             "a shard's examples) whose compiled call fits the device memory less "
-                                            "--memory-headroom (logged with its figures; on CPU the host's memory), "
+                                            "--memory-headroom (logged with its figures; on CPU the host's available memory), "
                                             "recorded in generation_config.json. Each example has its own key, so the "
                                             "batch changes the samples only by float rounding (a score's last digit, "
                                             "rarely a token)")

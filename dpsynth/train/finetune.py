@@ -243,7 +243,7 @@ def dp_tune(
         compositions: k > 1 for one of k sweep trials that together meet the target
             (`dpsynth.dp.plan.plan_privacy(compositions=k)`).
         memory_limit, memory_headroom: with `microbatch_size="auto"`, the bytes per device the
-            compiled step may use (default: the device's own limit; on CPU the host's memory over its CPU devices) and the
+            compiled step may use (default: the device's own limit; on CPU the host's available memory over its CPU devices) and the
             fraction of it left free.
 
     Raises:

@@ -98,7 +98,7 @@ class PretrainConfig:
         resumed run keeps its checkpoint's. The resolved N is recorded in the checkpoints and the
         model manifest.
       memory_limit, memory_headroom: the budget of microbatch_size "auto": bytes per device
-        (default: the device's; on CPU the host's memory over its CPU devices) and the fraction of it left free.
+        (default: the device's; on CPU the host's available memory over its CPU devices) and the fraction of it left free.
       steps: total optimizer steps.
       optimizer: "adafactor", "adam" or "auto" (Adam for tiny/cpu/small, Adafactor otherwise).
       learning_rate: peak learning rate (Adam: warm-up + cosine; Adafactor: the cap of
@@ -133,7 +133,7 @@ class PretrainConfig:
         None, unless_default=True,
         help="rows per compiled microbatch: the step's --batch-size x --grad-accum rows are split into equal "
              "microbatches of N (N divides them; default: --batch-size); auto: the largest such N whose compiled "
-             "step fits the device memory less --memory-headroom (logged with its figures; CPU: the host's memory)")
+             "step fits the device memory less --memory-headroom (logged with its figures; CPU: the host's available memory)")
     memory_limit: int | None = binding.setting(
         None, unless_default=True,
         help="--microbatch-size auto: device memory to fit in (e.g. 80GB, 16GiB; default: the device's)")

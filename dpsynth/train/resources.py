@@ -132,28 +132,43 @@ def count(tree: Any) -> int:
 
 
 def host_memory_bytes() -> int | None:
-    """This machine's memory: physical memory, or the cgroup's limit where that is lower
-    (a container: cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); None where neither is known."""
+    """The memory this machine can give a new allocation now: /proc/meminfo's MemAvailable (free
+    memory plus reclaimable caches; other processes' memory excluded), or the physical memory where
+    that is not known, bounded by the cgroup's room (a container: cgroup v2 `memory.max` less
+    `memory.current`, v1 `memory.limit_in_bytes` less `memory.usage_in_bytes`); None where
+    nothing is known."""
     found = []
     try:
-        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
         pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    if not found:
         try:
-            with open(path) as f:
-                text = f.read().strip()
+            found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = f.read().strip()
         except OSError:
             continue
-        if text.isdigit() and 0 < int(text) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
-            found.append(int(text))
+        if limit.isdigit() and usage.isdigit() and 0 < int(limit) < 1 << 60:  # "max" (v2), huge (v1): no limit
+            found.append(max(0, int(limit) - int(usage)))
     return min(found) if found else None
 
 
 def device_memory_limit(device: jax.Device | None = None) -> int | None:
     """The memory XLA may allocate on `device`: `memory_stats()["bytes_limit"]` where the backend
-    says (accelerators); on the CPU, the host's memory (`host_memory_bytes`) shared by this
-    process's CPU devices (8 virtual devices: an eighth each); None where neither is known."""
+    says (accelerators); on the CPU, the host's available memory (`host_memory_bytes`) shared by
+    this process's CPU devices (8 virtual devices: an eighth each); None where neither is known."""
     device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
@@ -315,7 +330,7 @@ def memory_limit(memory_limit: int | None, device: jax.Device | None = None, *,
         raise PlanError(f"{flag}: the {jax.default_backend()} backend does not report its memory; "
                         "pass --memory-limit (e.g. 8GiB)")
     if (device or jax.local_devices()[0]).platform == "cpu":
-        logger.info("%s: fitting in %.1f GiB per CPU device (this host's memory over its %d CPU device(s); "
+        logger.info("%s: fitting in %.1f GiB per CPU device (this host's available memory over its %d CPU device(s); "
                     "--memory-limit to choose)", flag, found / GIB, len(jax.local_devices(backend="cpu")))
     return found
 

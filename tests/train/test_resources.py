@@ -248,12 +248,14 @@ def test_every_process_takes_process_0s_size_or_all_stop_together():
     assert one[0] == 3 and one[1].microbatch == 3
 
 
-def test_the_cpu_memory_limit_is_the_hosts_memory_shared_by_its_cpu_devices(monkeypatch, tmp_path):
+def test_the_cpu_memory_limit_is_the_hosts_available_memory_shared_by_its_cpu_devices(monkeypatch):
     host = resources.host_memory_bytes()
-    assert host is not None and host > 0  # physical pages (or a lower cgroup limit) are known on Linux
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert host is not None and 0 < host <= physical  # what is available now, never more than the machine has
+    monkeypatch.setattr(resources, "host_memory_bytes", lambda: 8 * resources.GIB)
     cpus = jax.local_devices(backend="cpu")
-    assert resources.device_memory_limit(cpus[0]) == host // len(cpus)
-    assert resources.memory_limit(None, cpus[0]) == host // len(cpus)  # --microbatch-size auto needs no flag
+    assert resources.device_memory_limit(cpus[0]) == 8 * resources.GIB // len(cpus)
+    assert resources.memory_limit(None, cpus[0]) == 8 * resources.GIB // len(cpus)  # --microbatch-size auto: no flag
     assert resources.memory_limit(12345, cpus[0]) == 12345  # --memory-limit wins
     monkeypatch.setattr(resources, "host_memory_bytes", lambda: None)
     assert resources.device_memory_limit(cpus[0]) is None
@@ -261,23 +263,30 @@ def test_the_cpu_memory_limit_is_the_hosts_memory_shared_by_its_cpu_devices(monk
         resources.memory_limit(None, cpus[0])
 
 
-def test_host_memory_takes_a_lower_cgroup_limit_and_ignores_max(monkeypatch):
+def test_host_memory_is_meminfos_available_bounded_by_the_cgroups_room(monkeypatch):
     import builtins
+    import io
 
     real_open = builtins.open
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    gib = resources.GIB
 
-    def fake(text):
+    def files(meminfo, limit=None, usage=None):
+        table = {"/proc/meminfo": meminfo, "/sys/fs/cgroup/memory.max": limit, "/sys/fs/cgroup/memory.current": usage}
+
         def opener(path, *a, **k):
-            if str(path).startswith("/sys/fs/cgroup/"):
-                if text is None:
+            path = str(path)
+            if path in table or path.startswith("/sys/fs/cgroup/"):
+                if table.get(path) is None:
                     raise FileNotFoundError(path)
-                import io
-                return io.StringIO(text)
+                return io.StringIO(table[path])
             return real_open(path, *a, **k)
         return opener
 
-    for text, expected in ((str(physical // 2), physical // 2), ("max", physical), (str(physical * 4), physical),
-                           (None, physical)):
-        monkeypatch.setattr(builtins, "open", fake(text))
-        assert resources.host_memory_bytes() == expected, text
+    meminfo = f"MemTotal: {24 * gib // 1024} kB\nMemFree: 1000 kB\nMemAvailable: {10 * gib // 1024} kB\n"
+    for opener, expected in ((files(meminfo), 10 * gib),  # no cgroup limit
+                             (files(meminfo, "max", str(gib)), 10 * gib),  # v2 without a limit
+                             (files(meminfo, str(6 * gib), str(2 * gib)), 4 * gib),  # the cgroup's room is less
+                             (files(meminfo, str(30 * gib), str(2 * gib)), 10 * gib),
+                             (files(meminfo, str(gib), str(2 * gib)), 0)):  # over its limit: nothing
+        monkeypatch.setattr(builtins, "open", opener)
+        assert resources.host_memory_bytes() == expected
