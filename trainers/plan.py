@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import tune_config as tune
-    from dpsynth.train import resources
+    from dpsynth.train import recipe as recipe_lib, resources
 
     p = argparse.ArgumentParser(prog="dpsynth plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a preset, a dpsynth model directory, or a Hugging Face config.json")
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "help": "the label contrast's weight (K rows per example: give --labels K); "
                                    "auto, the default, is the automatic recipe's choice, off here (`dpsynth plan` has no "
                                    "automatic recipe)"},
+        "label_contrast_form": {"choices": recipe_lib.CONTRAST_FORMS,
+                                "help": "the label contrast's form: full (K rows per example), sampled (2 rows for "
+                                        f"any K), auto (full for at most {recipe_lib.CONTRAST_MAX_LABELS} labels)"},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
     p.add_argument("--labels", type=int, default=None, metavar="K",
