@@ -110,6 +110,9 @@ def gather_train(arrays: dict[str, np.ndarray], indices: np.ndarray, step: int, 
     of the label `sampled_contrast_labels` drew for it at `step` (column 1), so the loss
     (`dpsynth.train.lm.make_label_contrast_loss`) is softplus(s_other - s_own) on 2 passes.
     """
+    if "contrast_inputs" in arrays and form not in ("full", "sampled"):
+        raise TuneError(f"the label contrast's form {form!r} is resolved before a step's rows are gathered "
+                        "(`resolve_label_contrast`)")
     if form != "sampled" or "contrast_inputs" not in arrays:
         return sampling.gather(arrays, indices)
     out = sampling.gather({k: v for k, v in arrays.items() if k not in CONTRAST_KEYS + ("contrast_label",)}, indices)

@@ -203,6 +203,8 @@ def test_the_sampled_form_feeds_the_own_row_and_the_drawn_labels_row():
     # the full form (and a batch without the contrast) is `sampling.gather`'s
     full = tune_data.gather_train({k_: v for k_, v in batch.items() if k_ != "mask"}, rows, 0, seed=11, form="full")
     np.testing.assert_array_equal(full["contrast_inputs"], batch["contrast_inputs"])
+    with pytest.raises(tune_config.TuneError, match="resolved"):  # "auto" never reaches a step: K decides it
+        tune_data.gather_train({k_: v for k_, v in batch.items() if k_ != "mask"}, rows, 0, seed=11, form="auto")
 
 
 def test_the_other_label_is_uniform_over_the_labels_that_are_not_the_own():
