@@ -344,6 +344,27 @@ def test_a_resume_goes_on_with_its_checkpoints_contrast(given, older, labels):
         assert "the checkpoint's run began without it" in resumed.recipe.why[-1]
 
 
+def test_a_run_begun_with_the_full_form_on_5_labels_resumes_under_auto_with_it(tiny_base, tmp_path):
+    """End to end: a run of before the two forms (a contrast forced on 5 labels: full, its form
+    unrecorded) stopped at step 1 resumes with today's default ("auto", which would sample on 5
+    labels) instead of refusing, and goes on with the full form it began with."""
+    from dpsynth.models.directory import load_model
+
+    base_dir, _ = tiny_base
+    train = [dict(r, label=LABELS5[i % 5]) for i, r in enumerate(make_records(40, 1))]
+    cfg = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=8, steps=3, microbatch_size=8, max_tokens=32,
+                                 lora_rank=2, learning_rate=1e-2, seed=5, label_contrast=1.0)
+    out = str(tmp_path / "out")
+    finetune.dp_tune(base_dir, train, [], out, dataclasses.replace(cfg, label_contrast_form="full"), stop_after=1,
+                     progress_interval=1e9)
+    assert cfg.contrast_form(5) == "sampled"  # what a new run would take
+    finetune.dp_tune(base_dir, train, [], out, cfg, resume=True, progress_interval=1e9)
+    manifest = load_model(out).manifest["dp_tune"]
+    assert manifest["steps"] == 3 and "label_contrast_form" not in manifest["config"]  # (full: the one older form)
+    report = json.load(open(os.path.join(out, "privacy_report.json")))
+    assert "every label prompt" in report["training"]["loss"]
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"label_contrast": -1.0}, "finite number >= 0"),
     ({"label_contrast": float("inf")}, "finite number >= 0"),
