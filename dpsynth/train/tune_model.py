@@ -203,7 +203,7 @@ def resolve_label_contrast(prep: Prepared, model_config) -> Prepared:
         config = dataclasses.replace(config, label_contrast_form=saved[1])
     if config.label_contrast == recipe_lib.AUTO:
         weight, why = auto_label_contrast(config, model_config, k)
-        if why is not None and saved is not None and saved[0] != weight:
+        if why is not None and saved is not None and weight and saved[0] != weight:  # (off by a conflict: stays off)
             weight, why = saved[0], (f"label contrast {saved[0]:g}: the checkpoint's run began with it (a resume keeps "
                                      "its choice)" if saved[0] else
                                      "no label contrast: the checkpoint's run began without it (a resume keeps its choice)")
