@@ -78,7 +78,7 @@ TUNE_VALUES = dict(
     z_loss=1e-4, max_batch_size=512, seed=7, checkpoint_every=10, privacy_unit="user", max_examples_per_user=3,
     mechanism="bandmf", bands=2, label_dropout=0.2, recipe="auto", token_budget=1e6, allow_large_delta=True,
     clipping="ghost", time_budget=60.0, reserve_selection_epsilon=0.3, label_contrast=0.5,
-    reserve_label_noise_multiplier=30.0)
+    label_contrast_form="sampled", reserve_label_noise_multiplier=30.0)
 NEEDS = {"max_batch_size": {"accountant": "pld"}, "privacy_unit": {"max_examples_per_user": 3},
          "token_budget": {"recipe": "auto"}, "time_budget": {"recipe": "auto"}, "clipping": {"mode": "full"},
          "max_examples_per_user": {"privacy_unit": "user"}, "mechanism": {"bands": 2}, "bands": {"mechanism": "bandmf"}}

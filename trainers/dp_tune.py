@@ -79,9 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
         "label_contrast": {"metavar": "LAMBDA|auto", "type": binding.float_or_auto,
                            "help": "add LAMBDA x the label's cross-entropy under the model's own likelihoods of the "
                                    "text after every label prompt, so that unguided samples carry the label (0 = off; "
-                                   "no privacy cost; K passes per example for K labels); auto (default): "
-                                   f"{recipe_lib.LABEL_CONTRAST:g} with --recipe auto for at most "
-                                   f"{recipe_lib.CONTRAST_MAX_LABELS} labels, where the run allows it; 0 otherwise"},
+                                   "no privacy cost; K or 2 passes per example for K labels, by --label-contrast-form); "
+                                   f"auto (default): {recipe_lib.LABEL_CONTRAST:g} with --recipe auto, where the run "
+                                   "allows it; 0 otherwise"},
+        "label_contrast_form": {"choices": recipe_lib.CONTRAST_FORMS,
+                                "help": "full: the text's likelihood under every label prompt (K passes per example); "
+                                        "sampled: its own label against one other drawn at random per step (2 passes "
+                                        "for any K; the same privacy); auto: full for at most "
+                                        f"{recipe_lib.CONTRAST_MAX_LABELS} labels, sampled above (a resume keeps its "
+                                        "checkpoint's form)"},
         "z_loss": {"help": "z-loss coefficient of the LM loss"},
         "max_batch_size": {"help": "cap on the Poisson batch (needs --accountant pld)"},
         "seed": {"help": "fix the sampling/noise seed (tests only: anyone who knows it can regenerate the noise); "

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpsynth.dp import accounting, mechanisms
     from dpsynth.models.config import LORA_TARGETS
     from dpsynth.train import tune_config as tune
-    from dpsynth.train import resources
+    from dpsynth.train import recipe as recipe_lib, resources
 
     p = argparse.ArgumentParser(prog="dpsynth plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a preset, a dpsynth model directory, or a Hugging Face config.json")
@@ -53,13 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
         "max_tokens": {"type": int, "help": "tokens per example; rows are max_tokens - 1 long (the longest dp-tune pads to)"},
         "mechanism": {"choices": mechanisms.names()},
         "label_contrast": {"metavar": "LAMBDA", "type": binding.float_or_auto,
-                           "help": "the label contrast's weight (K rows per example: give --labels K); "
+                           "help": "the label contrast's weight (K rows per example, or 2 sampled: give --labels K); "
                                    "auto, the default, is the automatic recipe's choice, off here (`dpsynth plan` has no "
                                    "automatic recipe)"},
+        "label_contrast_form": {"choices": recipe_lib.CONTRAST_FORMS,
+                                "help": "the label contrast's form: full (K rows per example), sampled (2 rows for "
+                                        f"any K), auto (full for at most {recipe_lib.CONTRAST_MAX_LABELS} labels)"},
     })
     p.add_argument("--dataset-size", type=int, required=True, help="N, training examples (steps and epoch length)")
     p.add_argument("--labels", type=int, default=None, metavar="K",
-                   help="the label set's size (with --label-contrast: every example is fed under each label's prompt)")
+                   help="the label set's size (with --label-contrast: every example is fed under each label's prompt, "
+                        "or under its own and one other with the sampled form)")
     p.add_argument("--mesh-data", type=int, default=1, help="devices on the data axis (default: %(default)s)")
     p.add_argument("--mesh-model", type=int, default=1, help="devices on the model (tensor) axis (default: %(default)s)")
     p.add_argument("--fsdp", action="store_true", help="also shard the parameters over the data axis (FSDP)")

@@ -60,7 +60,8 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
       loss: prefix                  # prefix | full
       label_dropout: 0.0            # p: examples train under the null prompt with probability p (guidance contrast null)
       label_contrast: auto          # lambda of the label contrast (unguided samples carry the label; K passes per
-                                    #   example); auto: 1 with recipe auto for <= 4 labels, else 0 (docs/dp.md)
+                                    #   example, 2 above 4 labels); auto: 1 with recipe auto, else 0 (docs/dp.md;
+                                    #   options: {label_contrast_form: full | sampled} picks the form)
       lora_rank: 8
       prompt_length: 16
       accountant: rdp               # rdp | pld

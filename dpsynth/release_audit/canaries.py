@@ -214,8 +214,10 @@ def replay_of(corpus_dir: str) -> Replay:
     if recorded.get("epsilon") == "inf":
         recorded["epsilon"] = math.inf
     # A record holds the resolved contrast and leaves out 0 (`TuneConfig.to_json`): absent is off,
-    # not the "auto" a new run starts from.
+    # not the "auto" a new run starts from; likewise its form leaves out "full" (the one form of
+    # older records): absent is full, not the "auto" that samples above 4 labels.
     recorded.setdefault("label_contrast", 0.0)
+    recorded.setdefault("label_contrast_form", "full")
     try:
         tune = TuneConfig(**recorded)
     except (TypeError, ValueError) as e:

@@ -77,6 +77,17 @@ def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
     the labels apart. A batch without the contrast rows (D_valid's loss) gets the Prefix-LM loss
     alone, so validation losses stay comparable across runs. Aux as `make_lm_loss`'s (own label's
     row) plus "contrast" (the second term, unweighted).
+
+    K is the batch's: the same loss serves both forms of the contrast (`TuneConfig.label_contrast_form`).
+    The full form feeds all K labels' rows. The sampled form (`dpsynth.train.tune_data.gather_train`)
+    feeds 2: the own label y and one other k' drawn uniformly from the K - 1 others, where the
+    term above is logsumexp(s_y, s_k') - s_y = softplus(s_k' - s_y). With d_k = s_k - s_y, the full
+    term is log(1 + sum_k exp d_k) and, since prod_k (1 + a_k) >= 1 + sum_k a_k for a_k >= 0,
+
+        E_k'[softplus(d_k')] <= max_k softplus(d_k) <= full term <= sum_k softplus(d_k) = (K - 1) E_k'[softplus(d_k')]
+
+    with equality at K = 2 (one other label: the two forms are the same term). Either way the term is
+    part of the example's own loss, so per-example clipping bounds its whole gradient by C.
     """
     lm_loss = make_lm_loss(model, z_loss)
 

@@ -25,12 +25,14 @@ differentially private learners"; Sander et al. 2023, "TAN without a burn"; Pono
    noise-dominated regime Adam moves every coordinate by about lr per step, so the random
    walk of the parameters grows as lr sqrt(T); keeping lr sqrt(T) fixed keeps it bounded.
 5. **The label contrast** (`label_contrast: auto`, `auto_label_contrast`): LABEL_CONTRAST
-   for a label set of at most CONTRAST_MAX_LABELS labels, where the run allows it. Measured on
-   the cpu study (docs/paper_cpu.md, version 3, third part): at epsilon 3 it made unguided
-   samples carry the label (Yelp polarity, balanced accuracy 0.500 -> 0.683 and 0.704 in two
-   runs; SST-2 0.604 selected -> 0.620; AG News, 4 labels, unguided 0.283 -> 0.497 and
-   selected 0.455 -> 0.539). It reads nothing but the public label set, so it
-   costs no privacy; its compute is K passes per example, hence the bound on K.
+   for every label set, where the run allows it. Measured on the cpu study (docs/paper_cpu.md,
+   version 3, third part): at epsilon 3 it made unguided samples carry the label (Yelp
+   polarity, balanced accuracy 0.500 -> 0.683 and 0.704 in two runs; SST-2 0.604 selected ->
+   0.620; AG News, 4 labels, unguided 0.283 -> 0.497 and selected 0.455 -> 0.539). It reads
+   nothing but the public label set, so it costs no privacy. Its compute depends on its form
+   (`label_contrast_form: auto`, `contrast_form`): the full K-way term costs K passes per
+   example, so above CONTRAST_MAX_LABELS labels the sampled form (the own label against one
+   other drawn at random, `dpsynth.train.lm.make_label_contrast_loss`) costs 2 for any K.
 
 `epsilon = inf` (the non-private reference) gets the same E, T and B: the same recipe without
 noise.
@@ -56,7 +58,10 @@ DEFAULT_TOKEN_BUDGET = 20_000_000  # example-tokens (E N max_tokens) a run may p
 MODES = ("full", "prompt", "lora")  # what DP tuning trains: every weight, a soft prompt, LoRA adapters
 LEARNING_RATES = {"lora": 0.01, "prompt": 0.05, "full": 0.002}
 LABEL_CONTRAST = 1.0  # lambda of the label contrast the recipe adds (rule 5)
-CONTRAST_MAX_LABELS = 4  # K passes per example: above this many labels the recipe leaves the contrast off
+CONTRAST_MAX_LABELS = 4  # the full contrast's K passes per example: above this many labels "auto" samples one other
+CONTRAST_FORMS = ("auto", "full", "sampled")  # the label contrast's forms (`contrast_form`)
+SAMPLED_CONTRAST_ROWS = 2  # rows per example of the sampled form: the own label and one other
+AUTO = "auto"
 
 
 class RecipeError(DpsynthError, ValueError):
@@ -167,18 +172,37 @@ def _auto_recipe(n: int, mode: str, max_tokens: int, budget: float) -> Recipe:
     return Recipe(batch_size=batch, steps=int(steps), epochs=epochs, learning_rate=round(lr, 6), why=tuple(why))
 
 
-def auto_label_contrast(*, labels: int, conflict: str | None = None) -> tuple[float, str]:
+def contrast_form(form: str, labels: int) -> str:
+    """The label contrast's form for a label set of `labels` (K) labels: `form` when given ("full":
+    the K-way term, K rows per example; "sampled": the own label against one other drawn per step,
+    2 rows); "auto": full for at most CONTRAST_MAX_LABELS labels, sampled above (at K = 2 the two
+    are the same term)."""
+    if form not in CONTRAST_FORMS:
+        raise ValueError(f"label_contrast_form must be one of {CONTRAST_FORMS}, got {form!r}")
+    if form != AUTO:
+        return form
+    return "full" if labels <= CONTRAST_MAX_LABELS else "sampled"
+
+
+def contrast_rows(form: str, labels: int) -> int:
+    """Rows (forward and backward passes) per example of the label contrast of `form` over K = `labels`."""
+    return labels if contrast_form(form, labels) == "full" else SAMPLED_CONTRAST_ROWS
+
+
+def auto_label_contrast(*, labels: int, conflict: str | None = None, form: str = AUTO) -> tuple[float, str]:
     """Rule 5: the label contrast's weight for a label set of `labels` (K) labels, and the sentence
-    saying why. `conflict`: why this run cannot take it (e.g. label dropout), which turns it off."""
+    saying why (with its passes per example, `contrast_form` of `form`). `conflict`: why this run
+    cannot take it (e.g. label dropout), which turns it off."""
     if conflict:
         return 0.0, f"no label contrast: {conflict}"
-    if labels > CONTRAST_MAX_LABELS:
-        return 0.0, (f"no label contrast: {labels} labels would cost {labels} passes per example (the recipe adds it "
-                     f"for at most {CONTRAST_MAX_LABELS}; --label-contrast 1 forces it)")
     others = "the other label" if labels == 2 else f"the other {labels - 1} labels"
+    if contrast_form(form, labels) == "full":
+        cost = f"{labels} passes per example"
+    else:
+        others = f"one of {others}, drawn at random at each step"
+        cost = (f"the sampled form: {SAMPLED_CONTRAST_ROWS} passes per example instead of {labels}")
     return LABEL_CONTRAST, (f"label contrast {LABEL_CONTRAST:g}: each example also trains the model to tell its label "
-                            f"from {others} (unguided samples then carry the label; {labels} passes per example, no "
-                            "privacy cost)")
+                            f"from {others} (unguided samples then carry the label; {cost}; no privacy cost)")
 
 
 # ---------------------------------------------------------------------- example length and token budget
@@ -193,7 +217,6 @@ LENGTH_EPSILON_SHARE = 0.02  # of the target epsilon, spent on the example lengt
 # A candidate that keeps 10% of N more or fewer examples than the quantile is exp(eps/2 x 0.1 N)
 # times less likely; below exp(LENGTH_MIN_LOG_ODDS) the choice is said to be noisy.
 LENGTH_MIN_LOG_ODDS = 3.0
-AUTO = "auto"
 
 
 def length_scores(lengths, candidates=LENGTH_CANDIDATES, quantile: float = LENGTH_QUANTILE) -> list[float]:

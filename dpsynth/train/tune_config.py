@@ -79,7 +79,15 @@ class TuneConfig:
             where the run allows it), off with a manual recipe; resolved before any compute
             (`dpsynth.train.tune_model.resolve_label_contrast`). Each example is still one privacy unit (its K rows are one
             clipped gradient): no DP property changes; the step costs K forward and backward
-            passes per example instead of one.
+            passes per example instead of one (the full form; 2 with the sampled form).
+        label_contrast_form: the label contrast's form (`dpsynth.train.recipe.contrast_form`): "full",
+            the K-way term (K rows per example); "sampled", softplus(s_k' - s_y) of the own label y
+            against ONE other label k' drawn uniformly per (step, example) from the run's seed
+            (`dpsynth.train.tune_data.sampled_contrast_labels`; 2 rows per example for any K; between
+            1/(K-1) of the full term and the full term in expectation, equal at K = 2); "auto"
+            (default): full for at most `recipe.CONTRAST_MAX_LABELS` labels, sampled above; resolved
+            with the weight (`resolve_label_contrast`; a resumed run keeps its checkpoint's form).
+            Either form is part of each example's loss: the same clipping, sensitivity and privacy.
         z_loss: z-loss coefficient of the LM loss (0 by default for tuning).
         max_batch_size: optional cap on the Poisson batch (truncation; PLD accounting only).
         seed: seed of the sampling stream and the noise keys. None (default) draws a secret
@@ -146,6 +154,7 @@ class TuneConfig:
     full_lm: bool = False
     label_dropout: float = 0.0
     label_contrast: float | str = recipe_lib.AUTO
+    label_contrast_form: str = recipe_lib.AUTO
     z_loss: float = 0.0
     max_batch_size: int | None = None
     seed: int | None = None
@@ -253,6 +262,9 @@ class TuneConfig:
             if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < math.inf:
                 raise TuneError(f"label_contrast must be a finite number >= 0 or 'auto', got {c!r}")
             object.__setattr__(self, "label_contrast", float(c))
+        if self.label_contrast_form not in recipe_lib.CONTRAST_FORMS:
+            raise TuneError(f"label_contrast_form must be one of {recipe_lib.CONTRAST_FORMS}, got "
+                            f"{self.label_contrast_form!r}")
         r = self.reserve_selection_epsilon
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < math.inf:
             raise TuneError(f"reserve_selection_epsilon must be a finite number >= 0, got {r!r}")
@@ -305,6 +317,14 @@ class TuneConfig:
                             "built (`resolve_label_contrast`)")
         return self.label_contrast
 
+    def contrast_form(self, labels: int) -> str:
+        """The label contrast's form ("full" or "sampled") over K = `labels` labels (`recipe.contrast_form`)."""
+        return recipe_lib.contrast_form(self.label_contrast_form, labels)
+
+    def contrast_rows(self, labels: int) -> int:
+        """Rows per example of the label contrast over K = `labels` labels: K (full) or 2 (sampled)."""
+        return recipe_lib.contrast_rows(self.label_contrast_form, labels)
+
     @property
     def private(self) -> bool:
         return not math.isinf(self.epsilon)
@@ -323,6 +343,8 @@ class TuneConfig:
                           ("reserve_label_noise_multiplier", 0.0)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
+        if d["label_contrast_form"] == "full" or not d.get("label_contrast", 0.0):  # the one form before there were two
+            del d["label_contrast_form"]
         return d
 
 

@@ -2,7 +2,9 @@
 
 `encode_data` turns the records into `TuneData` (`dpsynth.train.prompts` rows, plus the null-prompt copies
 of label dropout), padded to a multiple of `LENGTH_BUCKET` tokens (fewer compiled shapes);
-`data_fingerprint` hashes the rows into the fingerprint a resume is checked against.
+`data_fingerprint` hashes the rows into the fingerprint a resume is checked against; `gather_train`
+gathers a step's rows (with the sampled label contrast, each example's own label and the one other
+label `sampled_contrast_labels` draws for it at that step).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsynth.dp import sampling
 from dpsynth.train.prompts import EncodedExamples, encode_examples, encode_null_examples
 from dpsynth.train.tune_config import TuneConfig, TuneError
 
 logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, whichever module logs
 
 LENGTH_BUCKET = 16  # rows are padded to a multiple of this (fewer distinct compiled shapes)
+CONTRAST_STREAM = 0xC0_27A5  # tag of the sampled label contrast's stream (`sampled_contrast_labels`)
+CONTRAST_KEYS = ("contrast_inputs", "contrast_targets", "contrast_weights")
 
 
 def row_length(enc: EncodedExamples, limit: int) -> int:
@@ -75,6 +80,50 @@ def contrast_arrays(records: Sequence[dict], tokenizer, labels: Sequence[str], c
     out["contrast_weights"] = np.where(np.cumsum(w, axis=-1) <= kept[..., None], w, 0.0).astype(w.dtype)
     index = {label: i for i, label in enumerate(labels)}
     out["contrast_label"] = np.asarray([index[str(r["label"])] for r in records], np.int32)
+    return out
+
+
+def sampled_contrast_labels(own: np.ndarray, step: int, *, seed: int, labels: int) -> np.ndarray:
+    """The other label each example is contrasted with at `step` under the sampled label contrast.
+
+    `own`: every training example's label index [N] (`contrast_arrays`' "contrast_label"). Example
+    i's other label is uniform over the K - 1 labels that are not its own: the i-th of N draws of a
+    generator seeded with SeedSequence([seed, CONTRAST_STREAM, step]). So it is a function of the
+    run's seed, the step and the example's index alone, drawn before (and whatever) the batch is:
+    never of the other examples, the batch or microbatch the example lands in, or any gradient, and
+    a resumed run draws the same. Returns int32 [N], != own everywhere.
+    """
+    own = np.asarray(own, np.int64)
+    if labels < 2:
+        raise TuneError(f"the label contrast needs at least 2 labels, got {labels}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) % (1 << 64), CONTRAST_STREAM, int(step)]))
+    d = rng.integers(0, labels - 1, size=own.shape[0])
+    return (d + (d >= own)).astype(np.int32)  # skips the own label: uniform over the others
+
+
+def gather_train(arrays: dict[str, np.ndarray], indices: np.ndarray, step: int, *, seed: int,
+                 form: str) -> dict[str, np.ndarray]:
+    """Rows `indices` (-1: padding) of D_train's arrays at `step` (`sampling.gather`).
+
+    With the full label contrast, each example's K contrast rows come whole. With `form`
+    "sampled", each example gets 2: its own label's row (column 0; "contrast_label" 0) and the row
+    of the label `sampled_contrast_labels` drew for it at `step` (column 1), so the loss
+    (`dpsynth.train.lm.make_label_contrast_loss`) is softplus(s_other - s_own) on 2 passes.
+    """
+    if "contrast_inputs" in arrays and form not in ("full", "sampled"):
+        raise TuneError(f"the label contrast's form {form!r} is resolved before a step's rows are gathered "
+                        "(`resolve_label_contrast`)")
+    if form != "sampled" or "contrast_inputs" not in arrays:
+        return sampling.gather(arrays, indices)
+    out = sampling.gather({k: v for k, v in arrays.items() if k not in CONTRAST_KEYS + ("contrast_label",)}, indices)
+    own_all = arrays["contrast_label"]
+    idx = np.asarray(indices, np.int64)
+    safe = np.where(idx >= 0, idx, 0)
+    other = sampled_contrast_labels(own_all, step, seed=seed, labels=arrays["contrast_inputs"].shape[1])
+    columns = np.stack([own_all[safe], other[safe]], axis=1)  # [B, 2]
+    for k in CONTRAST_KEYS:
+        out[k] = arrays[k][safe[:, None], columns]
+    out["contrast_label"] = np.zeros(idx.shape[0], np.int32)
     return out
 
 

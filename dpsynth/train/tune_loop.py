@@ -1,7 +1,7 @@
 """The training loop of a `dp_tune` run (`train_run`, on `dpsynth.train.loop.run_loop`).
 
 From step 0, or from the checkpoint (its fingerprint, ledger and noise multiplier checked first),
-each step's Poisson batch (with label dropout) is gathered, stepped and recorded in the privacy
+each step's Poisson batch (with label dropout, or the sampled label contrast's rows) is gathered, stepped and recorded in the privacy
 ledger (`strategy_ledger_entry`: sigma and C read from the strategy object that adds the noise);
 every `checkpoint_every` steps the state is checkpointed with the ledger and the privacy report
 refreshed.
@@ -25,7 +25,7 @@ from dpsynth.dp.users import gather_users
 from dpsynth.train import tune_report
 from dpsynth.train.prompts import label_dropout_rows
 from dpsynth.train.tune_config import TRAINABLE, TuneError, Prepared
-from dpsynth.train.tune_data import TuneData
+from dpsynth.train.tune_data import TuneData, gather_train
 from dpsynth.train.tune_model import make_step_functions
 from dpsynth.train.tune_resume import CHECKPOINT_FORMAT, accounted_settings, fingerprint_mismatch, run_settings
 
@@ -115,7 +115,8 @@ def train_run(prep: Prepared, data: TuneData, variables: dict, loss_fn, mech, st
         def batch(step: int) -> list[dict[str, np.ndarray]]:
             indices = [label_dropout_rows(m, step, seed=run_seed, p=config.label_dropout, num_examples=len(data.train))
                        for m in batches.microbatches(step)]
-            return [gather_users(data.train_arrays, m[local]) if per_user else sampling.gather(data.train_arrays, m[local])
+            return [gather_users(data.train_arrays, m[local]) if per_user
+                    else gather_train(data.train_arrays, m[local], step, seed=run_seed, form=config.label_contrast_form)
                     for m in indices]
 
         losses = {"sum": 0.0, "count": 0.0}  # the non-DP train loss of the steps run (private state only)

@@ -30,7 +30,7 @@ from dpsynth.dp.plan import PrivacyPlan
 from dpsynth.dp.users import UserColumnError
 from dpsynth.train import recipe as recipe_lib
 from dpsynth.train.tune_config import TRAINABLE, TuneConfig, TuneError, Prepared, plan_for_records, resolve_recipe
-from dpsynth.train.tune_data import TuneData
+from dpsynth.train.tune_data import TuneData, gather_train
 
 logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, whichever module logs
 
@@ -177,21 +177,43 @@ def auto_label_contrast(config: TuneConfig, model_config, labels: int) -> tuple[
     conflict = config.contrast_conflict() or (
         "full tuning of a model with an untied input embedding clips that table on the sparse Prefix-LM path"
         if embedding_spec(model_config, config) is not None else None)
-    return recipe_lib.auto_label_contrast(labels=labels, conflict=conflict)
+    return recipe_lib.auto_label_contrast(labels=labels, conflict=conflict, form=config.label_contrast_form)
+
+
+def resumed_contrast(resume_meta: dict | None) -> tuple[float, str] | None:
+    """(weight, form) of the label contrast a checkpoint was trained with; None without a checkpoint
+    or one that records no settings. The settings leave out a weight of 0 and the "full" form
+    (`TuneConfig.to_json`), so a checkpoint made before there were two forms reads as full."""
+    settings = (resume_meta or {}).get("settings")
+    if settings is None:
+        return None
+    return float(settings.get("label_contrast", 0.0)), str(settings.get("label_contrast_form", "full"))
 
 
 def resolve_label_contrast(prep: Prepared, model_config) -> Prepared:
     """`prep` with label_contrast "auto" resolved (`auto_label_contrast` for its label set; the
-    recipe's sentence logged and recorded in the recipe), or unchanged."""
-    config = prep.config
-    if config.label_contrast != recipe_lib.AUTO:
-        return prep
-    weight, why = auto_label_contrast(config, model_config, len(prep.labels))
-    config = dataclasses.replace(config, label_contrast=weight)
-    if why is None:
-        return dataclasses.replace(prep, config=config)
-    logger.info("recipe auto: %s", why)
-    return dataclasses.replace(prep, config=config, recipe=prep.recipe.with_contrast(weight, why))
+    recipe's sentence logged and recorded in the recipe) and, with a contrast, label_contrast_form
+    "auto" resolved (`TuneConfig.contrast_form` of its K). A resume keeps what its checkpoint's run
+    chose for either "auto" (`resumed_contrast`): a run begun before the automatic recipe took the
+    contrast above 4 labels, or before the sampled form, goes on as it began instead of refusing."""
+    config, recipe = prep.config, prep.recipe
+    k = len(prep.labels)
+    saved = resumed_contrast(prep.resume_meta)
+    if config.label_contrast_form == recipe_lib.AUTO and saved is not None:
+        config = dataclasses.replace(config, label_contrast_form=saved[1])
+    if config.label_contrast == recipe_lib.AUTO:
+        weight, why = auto_label_contrast(config, model_config, k)
+        if why is not None and saved is not None and weight and saved[0] != weight:  # (off by a conflict: stays off)
+            weight, why = saved[0], (f"label contrast {saved[0]:g}: the checkpoint's run began with it (a resume keeps "
+                                     "its choice)" if saved[0] else
+                                     "no label contrast: the checkpoint's run began without it (a resume keeps its choice)")
+        config = dataclasses.replace(config, label_contrast=weight)
+        if why is not None:
+            logger.info("recipe auto: %s", why)
+            recipe = recipe.with_contrast(weight, why)
+    if config.contrast and config.label_contrast_form == recipe_lib.AUTO:
+        config = dataclasses.replace(config, label_contrast_form=config.contrast_form(k))
+    return dataclasses.replace(prep, config=config, recipe=recipe)
 
 
 def make_loss_fn(model_config, config: TuneConfig):
@@ -246,10 +268,11 @@ def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_
     return total / max(n, 1)
 
 
-def contrast_shape(data: TuneData) -> tuple[int, int] | None:
-    """(K labels, row length) of the label contrast's rows in `data`, or None without them."""
+def contrast_shape(data: TuneData, config: TuneConfig) -> tuple[int, int] | None:
+    """(rows per example, row length) of the label contrast's rows a step of `config` feeds from
+    `data` (K with the full form, 2 with the sampled one: `gather_train`), or None without them."""
     rows = data.train_arrays.get("contrast_inputs")
-    return None if rows is None else (int(rows.shape[1]), int(rows.shape[2]))
+    return None if rows is None else (config.contrast_rows(int(rows.shape[1])), int(rows.shape[2]))
 
 
 def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData, *, mesh, memory_limit: int | None,
@@ -267,7 +290,7 @@ def resolve_microbatch(prep: Prepared, base_config, base_params, data: TuneData,
     def search() -> resources.MicrobatchChoice:
         return auto_microbatch(base_config, config, prep.plan, row_length=data.train_arrays["inputs"].shape[1],
                                mesh=mesh, limit_bytes=resources.memory_limit(memory_limit), headroom=headroom,
-                               base_params=abstract, fsdp=fsdp, contrast=contrast_shape(data))
+                               base_params=abstract, fsdp=fsdp, contrast=contrast_shape(data, config))
 
     m, choice = resources.agreed_size(search)  # several processes: process 0's choice, or all stop together
     logger.info("microbatch auto: %s", choice.describe())
@@ -291,7 +314,7 @@ def resolve_time_budget(prep: Prepared, train_records: Sequence[dict], data: Tun
     params, frozen = lm.split_variables(init_variables(model_config, base_params, config), TRAINABLE[config.mode])
     state = fns.init_state(params, frozen, rng=jax.random.PRNGKey(0))
     rows = np.arange(mb) % len(data.train)
-    batch = sampling.gather(data.train_arrays, rows[fns.process_rows(mb)])
+    batch = gather_train(data.train_arrays, rows[fns.process_rows(mb)], 0, seed=0, form=config.label_contrast_form)
 
     def step():
         acc, _ = fns.accumulate_step(state, fns.init_accumulator(state), fns.shard_batch(batch, global_rows=mb))

@@ -45,8 +45,9 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
         suggest: also compile the step at twice the microbatch, for the growth of the peak per
             example and a suggested microbatch per accelerator (linear extrapolation).
         labels: K, the size of the label set: with a label contrast (given, or "auto" with the
-            automatic recipe) each example is also fed under every label's prompt (K rows of the
-            same length), which the step compiles.
+            automatic recipe) each example is also fed under label prompts, rows of the same length
+            that the step compiles: K of them with the full form, 2 with the sampled one
+            (`TuneConfig.contrast_rows`; "auto": full for at most 4 labels).
     """
     if config.microbatch_size == "auto":
         raise PlanError("the plan takes a microbatch (it suggests one per accelerator)")
@@ -55,8 +56,8 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
         raise PlanError(f"microbatch {config.microbatch_size} must be divisible by the mesh data axis {data_axis}")
     if config.label_contrast == AUTO:  # the automatic recipe's: it needs K
         if config.recipe == "auto" and (labels is None or labels < 2):
-            raise PlanError("the automatic recipe adds the label contrast (K passes per example) for a small label "
-                            f"set: give its size K >= 2 (--labels), or --label-contrast 0; got {labels}")
+            raise PlanError("the automatic recipe adds the label contrast (K or 2 passes per example, by its form): "
+                            f"give the label set's size K >= 2 (--labels), or --label-contrast 0; got {labels}")
         config = dataclasses.replace(config, label_contrast=auto_label_contrast(config, source.config, labels or 0)[0])
     plan = plan_run(config, dataset_size)
     length = config.max_tokens - 1  # the longest row dp_tune pads to (`tune_data.row_length`)
@@ -64,9 +65,9 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
     contrast = None
     if config.contrast:
         if labels is None or labels < 2:
-            raise PlanError(f"the label contrast feeds every example under each of the K labels: give K >= 2 (--labels), "
-                            f"got {labels}")
-        contrast = (labels, length)
+            raise PlanError("the label contrast feeds every example under label prompts (K, or 2 sampled): give "
+                            f"K >= 2 (--labels), got {labels}")
+        contrast = (config.contrast_rows(labels), length)  # K rows per example (full form) or 2 (sampled)
     common = dict(row_length=length, mesh=mesh_arg, fsdp=fsdp, param_dtype=source.param_dtype, contrast=contrast)
     steps = compile_steps(source.config, config, plan, microbatch=config.microbatch_size, **common)
     # A second compilation at twice the microbatch: the peak's growth per example, for the suggestions.
@@ -90,7 +91,9 @@ def plan_tuning(source: ModelSource, config, *, dataset_size: int, mesh: tuple[i
                 "row_tokens": length, "steps": plan.steps, "epochs": plan.steps * plan.expected_batch_size / dataset_size,
                 "steps_per_epoch": dataset_size / plan.expected_batch_size, "microbatches_per_step": micro_per_step,
                 "noise_multiplier": plan.noise_multiplier, "epsilon": config.epsilon,
-                **({"label_contrast": config.contrast, "labels": labels} if contrast else {})},
+                **({"label_contrast": config.contrast, "labels": labels,
+                    "label_contrast_form": config.contrast_form(labels), "contrast_rows": contrast[0]}
+                   if contrast else {})},
         "mesh": {"data": mesh[0], "model": mesh[1], "fsdp": fsdp, "devices": devices,
                  "backend": jax.default_backend()},
         "per_device": {

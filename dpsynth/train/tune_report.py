@@ -115,7 +115,9 @@ class RunReporter:
             "loss": ("Prefix-LM (label prompt not trained on), per-example mean over target tokens"
                      if not config.full_lm else "full LM (label prompt trained on; ablation)")
                     + (f" + {config.contrast:g} x label contrast (-log p(label | text) under the model's "
-                       "own likelihoods of the text after every label prompt)" if config.contrast else ""),
+                       + ("own likelihoods of the text after its label's prompt and one other label's, drawn per step "
+                          "(sampled form)" if config.label_contrast_form == "sampled" else
+                          "own likelihoods of the text after every label prompt") + ")" if config.contrast else ""),
             "gradient": "per-example clipping + Gaussian noise / expected batch" if config.private
                         else "NON-PRIVATE mean gradient (epsilon = inf baseline)",
             **manifest_fields(config.template, self.labels, config.label_dropout),

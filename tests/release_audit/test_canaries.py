@@ -73,6 +73,14 @@ def test_replay_of_reads_the_recorded_configs(tmp_path):
 
     replayed = GenerateConfig(model_dir=str(model), out_dir=str(tmp_path / "o"), num_examples=1, **r.generate_options)
     assert (replayed.sampling.top_k, replayed.max_len, replayed.batch_size, replayed.seed) == (5, 40, 8, 3)
+    # A record leaves out the "full" form (the one form of older records): a replay on 5 labels keeps
+    # it full, not the "auto" that would sample; a sampled run records its form.
+    for recorded, form in (({}, "full"), ({"label_contrast_form": "sampled"}, "sampled")):
+        (model / "manifest.json").write_text(json.dumps({
+            "labels": ["a", "b", "c", "d", "e"], "base": {"path": "/base", "manifest_sha256": "0"},
+            "dp_tune": {"config": {"mode": "lora", "epsilon": 3.0, "label_contrast": 1.0, **recorded}}}))
+        replayed = C.replay_of(str(corpus)).tune_config
+        assert replayed.label_contrast == 1.0 and replayed.label_contrast_form == form
     (model / "manifest.json").write_text(json.dumps({"labels": ["a"]}))
     with pytest.raises(AuditError, match="no dp-tune config"):
         C.replay_of(str(corpus))

@@ -152,18 +152,24 @@ def test_hf_config_alone_is_a_model_source():
     assert 2.5e9 < src.config.num_params(("params",)) < 2.7e9  # Gemma-2-2B: 2.61B parameters
 
 
-def test_plan_compiles_the_label_contrast_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch):
-    """With `label_contrast` the compiled step is the one dp_tune runs on its K rows per example (what
-    `--microbatch-size auto` searches over), and it costs more memory than the plain step."""
+@pytest.mark.parametrize("form, labels, rows", [("auto", 2, 2), ("sampled", 5, 2), ("auto", 5, 2),
+                                               pytest.param("full", 5, 5, marks=pytest.mark.slow)])
+def test_plan_compiles_the_label_contrast_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, form, labels, rows):
+    """With `label_contrast` the compiled step is the one dp_tune runs on its K rows per example, or the
+    sampled form's 2 (what `--microbatch-size auto` searches over, `tune_model.contrast_shape`), and it
+    costs more memory than the plain step."""
     base_dir, _ = tiny_base
-    config = dataclasses.replace(CFG, label_contrast=1.0)
+    names = ["great", "other", "meh", "fine", "bad"][:labels]
+    train = [dict(r, label=names[i % labels]) for i, r in enumerate(TRAIN)]
+    config = dataclasses.replace(CFG, label_contrast=1.0, label_contrast_form=form)
     seen = _capture_first_step(monkeypatch)
-    finetune.dp_tune(base_dir, TRAIN, [], str(tmp_path / "out"), config, progress_interval=1e9)
+    finetune.dp_tune(base_dir, train, [], str(tmp_path / "out"), config, progress_interval=1e9)
     source = resources.resolve_model(base_dir)
-    plan = tune_config.plan_run(config, len(TRAIN))
+    plan = tune_config.plan_run(config, len(train))
     common = dict(microbatch=seen["rows"], row_length=seen["length"], param_dtype=source.param_dtype)
+    assert seen["contrast"][0] == rows == config.contrast_rows(labels)
     steps = tune_model.compile_steps(source.config, config, plan, contrast=seen["contrast"], **common)
-    assert seen["contrast"][0] == len({r["label"] for r in TRAIN}) and steps.accumulate.fingerprint == seen["fingerprint"]
+    assert steps.accumulate.fingerprint == seen["fingerprint"]
     plain = tune_model.compile_steps(source.config, CFG, plan, apply=False, **common)
     assert steps.accumulate.total_bytes > plain.accumulate.total_bytes
     with pytest.raises(tune_config.TuneError, match="contrast"):
@@ -182,9 +188,33 @@ def test_plan_command_compiles_the_label_contrast_rows(capsys):
         figures[bool(extra)] = json.loads(capsys.readouterr().out)
     plain, contrast = figures[False], figures[True]
     assert contrast["run"]["labels"] == 3 and "labels" not in plain["run"]
+    assert contrast["run"]["label_contrast_form"] == "full" and contrast["run"]["contrast_rows"] == 3
     assert contrast["programs"]["accumulate"]["flops"] > 2.5 * plain["programs"]["accumulate"]["flops"]
     assert plan_cmd.main(argv + ["--label-contrast", "1"]) == 2
     assert "give K >= 2 (--labels)" in capsys.readouterr().err
+
+
+def test_plan_counts_two_rows_for_the_sampled_contrast_whatever_k(capsys):
+    """`dpsynth plan --labels K`: the sampled form (auto above 4 labels) compiles 2 rows per example, the
+    same program for any K; the full form K rows. The FLOPs of a row are the same on every row, so
+    8 rows cost more than 2.5 x 2 (the rest of the step, clipping and the update, is shared)."""
+    from trainers import plan as plan_cmd
+
+    argv = ["--model", "tiny", "--dataset-size", "100", "--batch-size", "10", "--microbatch-size", "4",
+            "--max-tokens", "33", "--no-suggest", "--json", "--label-contrast", "1"]
+    figures = {}
+    for name, extra in (("auto8", ["--labels", "8"]), ("auto40", ["--labels", "40"]),
+                        ("sampled3", ["--labels", "3", "--label-contrast-form", "sampled"]),
+                        ("full8", ["--labels", "8", "--label-contrast-form", "full"])):
+        assert plan_cmd.main(argv + extra) == 0
+        figures[name] = json.loads(capsys.readouterr().out)
+    runs = {name: f["run"] for name, f in figures.items()}
+    assert [runs[n]["contrast_rows"] for n in ("auto8", "auto40", "sampled3", "full8")] == [2, 2, 2, 8]
+    assert [runs[n]["label_contrast_form"] for n in ("auto8", "auto40", "sampled3", "full8")] == ["sampled"] * 3 + ["full"]
+    flops = {name: f["programs"]["accumulate"]["flops"] for name, f in figures.items()}
+    assert flops["auto8"] == flops["auto40"] == flops["sampled3"]  # the same compiled step: no K in it
+    assert figures["auto8"]["fingerprint"] == figures["auto40"]["fingerprint"]
+    assert flops["full8"] > 2.5 * flops["auto8"]
 
 
 # ---------------------------------------------------------------- --microbatch-size auto in dp_tune
