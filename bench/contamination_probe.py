@@ -10,7 +10,10 @@ by the same length filter, are the control: in-domain and length-matched, as the
 Both models are then probed (`dpsynth.evaluate.contamination.run_probe`) with the planted set as
 D; the script prints each model's verbatim counts, Fisher p, AUROC, Mann-Whitney p and verdicts.
 Expected: the seen model is "evidence the model has seen D" by both tests, the clean one "no
-evidence" (docs/measured.md has a run). CPU: a few minutes per model.
+evidence" except by chance: `--null-splits` more pairs of unseen review sets probe the clean
+model, whose "evidence" verdicts should be about `significance` of them (each test's false
+positive rate; docs/measured.md has a run). CPU: a few minutes per model; a rerun with the same
+`--work` reuses the models and probes.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-tokens", type=int, default=16)
     p.add_argument("--match-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--null-splits", type=int, default=20,
+                   help="the tests' false positives: probe the clean model with this many pairs of random sets of "
+                        "unseen reviews (neither planted nor control) and count the 'evidence' verdicts (0 = off)")
     args = p.parse_args(argv)
 
     from dpsynth.data.embedded import austen_documents, fine_food_splits
@@ -104,6 +110,21 @@ def main(argv: list[str] | None = None) -> int:
                       "mann_whitney_p": lk["p_value"], "likelihood_verdict": lk["verdict"],
                       "mean_loglik": [lk["data"]["mean"], lk["control"]["mean"]]}
         print(json.dumps({"model": name, **rows[name]}), flush=True)
+    if args.null_splits:  # two sets the clean model has not seen: each test should say "evidence" ~ significance of the time
+        from dpsynth.models.directory import load_model
+
+        clean = os.path.join(args.work, "model_clean")
+        loaded, pool = load_model(clean), long_enough[2 * args.planted :]
+        found = {"verbatim": 0, "likelihood": 0}
+        for k in range(args.null_splits):
+            pick = np.random.default_rng([args.seed, 1000 + k]).choice(len(pool), 2 * args.planted, replace=False)
+            sets = [[{"text": pool[i]} for i in pick[j * args.planted : (j + 1) * args.planted]] for j in (0, 1)]
+            figures = contamination.probe_model(clean, sets[0], sets[1], probe_cfg, loaded=loaded)
+            for test in found:
+                found[test] += figures[test]["verdict"] == contamination.SEEN
+        print(json.dumps({"model": "clean", "null_splits": args.null_splits, "pool": len(pool),
+                          "evidence_verbatim": found["verbatim"], "evidence_likelihood": found["likelihood"],
+                          "significance": probe_cfg.significance}), flush=True)
     ok = (rows["seen"]["verbatim_verdict"] == rows["seen"]["likelihood_verdict"] == contamination.SEEN
           and rows["clean"]["verbatim_verdict"] == rows["clean"]["likelihood_verdict"] == contamination.UNSEEN)
     print(f"separates seen from unseen: {ok}")
