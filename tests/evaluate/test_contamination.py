@@ -215,3 +215,22 @@ def test_dp_tune_of_an_imported_base_keeps_the_probe_private(gemma_base, tmp_pat
 
 def _texts_records(n, seed):
     return [{"text": t} for t in _texts(n, seed)]
+
+
+def test_dp_tune_flag_reads_the_probe_and_warns_the_owner(tmp_path, capsys):
+    """`dp-tune --contamination-probe DIR`: the report is read (a missing or foreign one is one clear
+    error) and a probe that found evidence is said on the owner's terminal."""
+    from trainers.dp_tune import _probe
+
+    assert _probe(None) is None
+    with pytest.raises(contamination.ProbeError, match="missing; is .* a finished `dpsynth probe`"):
+        _probe(str(tmp_path))
+    (tmp_path / contamination.REPORT_JSON).write_text(json.dumps({"format": "dpsynth.release_audit"}))
+    with pytest.raises(contamination.ProbeError, match="not a contamination probe"):
+        _probe(str(tmp_path))
+    probe = {"format": contamination.FORMAT, "format_version": contamination.FORMAT_VERSION,
+             "verdict": contamination.SEEN, "model_manifest_sha256": "ab"}
+    (tmp_path / contamination.REPORT_JSON).write_text(json.dumps(probe))
+    got = _probe(str(tmp_path))
+    assert got == {**probe, "probe_dir": str(tmp_path)}
+    assert "found evidence that the base model has seen D" in capsys.readouterr().err
