@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"model": "clean", "null_splits": args.null_splits, "pool": len(pool),
                           "evidence_verbatim": found["verbatim"], "evidence_likelihood": found["likelihood"],
                           "significance": probe_cfg.significance}), flush=True)
-    ok = (rows["seen"]["verbatim_verdict"] == rows["seen"]["likelihood_verdict"] == contamination.SEEN
-          and rows["clean"]["verbatim_verdict"] == rows["clean"]["likelihood_verdict"] == contamination.UNSEEN)
-    print(f"separates seen from unseen: {ok}")
+    for name in ("seen", "clean"):
+        print(f"{name} model: verbatim {rows[name]['verbatim_verdict']!r} (Fisher p {rows[name]['fisher_p']:.3g}), "
+              f"likelihood {rows[name]['likelihood_verdict']!r} (Mann-Whitney p {rows[name]['mann_whitney_p']:.3g}, "
+              f"AUROC {rows[name]['auroc']:.3f})")
     return 0
 
 
