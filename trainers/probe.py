@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpsynth import outdir
     from dpsynth.evaluate import contamination
-    from dpsynth.owner_only import make_private_dir
+    from dpsynth.owner_only import make_private_dir, restrict_tree
 
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   encoding=args.encoding)
         report = contamination.run_probe(args.model, data.records, control.records, args.out, config,
                                          data_files=data.files, control_files=control.files)
+        restrict_tree(args.out)  # (the run record too: every file 0600)
         print(json.dumps(contamination.headline(report), sort_keys=True))
         print(f"dpsynth probe: owner-only report (NOT DP, never publish) -> "
               f"{os.path.join(args.out, contamination.REPORT_MD)}; pass --contamination-probe {args.out} to dp-tune",

@@ -140,8 +140,9 @@ def test_probe_command_owner_only_short_records_and_refusals(gemma_base, tmp_pat
     assert 0.0 <= rep["likelihood"]["auroc"] <= 1.0 and 0.0 <= rep["verbatim"]["p_value"] <= 1.0
     # Owner-only, and no record text anywhere (numbers only).
     assert os.stat(out).st_mode & 0o777 == 0o700 and outdir.owner(str(out))["kind"] == outdir.PROBE
+    assert sorted(os.listdir(out)) == sorted([contamination.REPORT_JSON, contamination.REPORT_MD, outdir.RUN_FILE])
+    assert all(os.stat(out / name).st_mode & 0o777 == 0o600 for name in os.listdir(out))
     for name in (contamination.REPORT_JSON, contamination.REPORT_MD):
-        assert os.stat(out / name).st_mode & 0o777 == 0o600
         assert not any(w in (out / name).read_text() for w in ("garden", "sister", "evening"))
     assert not any(w in std.err + std.out for w in ("garden", "sister", "evening"))
     md = (out / contamination.REPORT_MD).read_text()
