@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "file as a base model"),
     "export-model": ("trainers.export_model:main",
                      "export an imported (DP-tuned) model as a Hugging Face directory (merged, or a PEFT LoRA adapter)"),
+    "probe": ("trainers.probe:main", "owner-only probe: does a base model already know the sensitive data? (NOT DP)"),
     "dp-tune": ("trainers.dp_tune:main", "DP fine-tune (full | prompt | lora) on the sensitive training set"),
     "plan": ("trainers.plan:main", "per-device memory, FLOPs and time of a DP tuning run, compiled without weights"),
     "privacy": ("dpsynth.dp.calculator:main", "privacy calculator: epsilon or noise multiplier (RDP and PLD)"),

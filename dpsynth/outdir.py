@@ -68,17 +68,19 @@ FORMAT_VERSION = 1
 
 TOKENS, DEDUP, MODEL, HF_MODEL, CORPUS, EVALUATION = "tokens", "dedup", "model", "hf-model", "corpus", "evaluation"
 AUDIT = "audit"  # `dpsynth audit`'s owner-only report (never published)
-KINDS = (TOKENS, DEDUP, MODEL, HF_MODEL, CORPUS, EVALUATION, AUDIT)
+PROBE = "probe"  # `dpsynth probe`'s owner-only contamination probe (never published)
+KINDS = (TOKENS, DEDUP, MODEL, HF_MODEL, CORPUS, EVALUATION, AUDIT, PROBE)
 _KIND_WORDS = {TOKENS: "token corpus", DEDUP: "dedup output", MODEL: "model directory",
                HF_MODEL: "Hugging Face export", CORPUS: "synthetic corpus", EVALUATION: "evaluation report",
-               AUDIT: "release audit"}
+               AUDIT: "release audit", PROBE: "contamination probe"}
 # A manifest's "format" -> its kind (directories written before run records existed).
 _FORMAT_KINDS = {"dpsynth.model": MODEL, "dpsynth.synthetic": CORPUS, "dpsynth.tokens": TOKENS}
 # Marker files (and the "format" they hold; None: any file) -> the kind of the directory holding
 # them, when it has no manifest.json (a run written before run records, or interrupted).
 _MARKER_KINDS = (("contamination.json", "dpsynth.contamination", DEDUP), ("metrics.json", "dpsynth.metrics", EVALUATION),
                  ("dpsynth_export.json", None, HF_MODEL), ("generation_config.json", "dpsynth.synthetic", CORPUS),
-                 ("variables", None, MODEL), ("release_audit.json", "dpsynth.release_audit", AUDIT))
+                 ("variables", None, MODEL), ("release_audit.json", "dpsynth.release_audit", AUDIT),
+                 ("contamination_probe.json", "dpsynth.contamination_probe", PROBE))
 MANIFEST = "manifest.json"
 KIND_FIELD = "output_kind"  # the manifests' field (a token manifest's "kind" says public or sensitive)
 

@@ -29,6 +29,7 @@ WRITERS = {
     "dp-tune": ["--base", "base", "--train", "train.jsonl", "--out", "OUT"],
     "generate": ["--model", "model", "--num-examples", "2", "--out", "OUT"],
     "select": ["--candidates", "synth_a", "synth_b", "--valid", "valid.jsonl", "--epsilon", "1", "--out", "OUT"],
+    "probe": ["--model", "model", "--data", "d.jsonl", "--control", "c.jsonl", "--out", "OUT"],
     "audit": ["--corpus", "synth", "--train", "train.jsonl", "--test", "test.jsonl", "--out", "OUT"],
     "classify": ["--train", "train.jsonl", "--valid", "valid.jsonl", "--test", "test.jsonl", "--out", "OUT/m.json"],
     "evaluate": ["--synthetic", "synth", "--real-train", "r.jsonl", "--real-test", "r.jsonl", "--out", "OUT"],

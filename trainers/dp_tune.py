@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     })
     p.add_argument("--labels", nargs="*", default=None, help="label set (default: read from --train, a side channel)")
     p.add_argument("--contamination-sha256", default=None, help="hash of the pretraining contamination report")
+    p.add_argument("--contamination-probe", default=None, metavar="PROBE_DIR",
+                   help="the --out of `dpsynth probe` run on --base (an imported base): its verdict (NOT DP) is kept in "
+                        "the private state; the privacy report says only that a probe ran")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (refused when "
                    "the privacy plan, clipping norm or mode differs from the checkpoint's)")
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
@@ -184,6 +187,20 @@ def main(argv: list[str] | None = None) -> int:
         return _tune(args, config, state_dir)
 
 
+def _probe(probe_dir: str | None) -> dict | None:
+    """The report of `dpsynth probe --out probe_dir` (NOT DP: it stays in the private state), or None;
+    says on the owner's terminal when it found evidence that the base has seen D."""
+    if probe_dir is None:
+        return None
+    from dpsynth.evaluate import contamination
+
+    probe = {**contamination.read_probe(probe_dir), "probe_dir": os.path.abspath(probe_dir)}
+    if probe.get("verdict") == contamination.SEEN:
+        print(f"dpsynth dp-tune: the contamination probe ({probe_dir}) found evidence that the base model has seen D: "
+              "DP covers the fine-tuning data only, not what the base learned of D in pretraining", file=sys.stderr)
+    return probe
+
+
 def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
     """The run of `main`, once --out is held (`dpsynth.outdir.claim`)."""
     from dpsynth.dp import accounting
@@ -204,6 +221,7 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
                                              label_column=args.label_column, encoding=args.encoding)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
+                  contamination_probe=_probe(args.contamination_probe),
                   memory_limit=memory_limit,
                   memory_headroom=args.memory_headroom, fsdp=args.fsdp,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)

@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     src = manifest["source"]
     print(f"imported {src['family']} ({manifest['num_params']:,} parameters, {args.dtype}) from "
           f"{args.gguf if args.gguf is not None else args.hf} into {args.out}")
+    print(f"dpsynth import-model: nobody deduplicated this model's pretraining data against your data: before dp-tune, "
+          f"run `dpsynth probe --model {args.out} --data D --control CONTROL --out PROBE_DIR` (docs/hf.md)",
+          file=sys.stderr)
     return 0
 
 

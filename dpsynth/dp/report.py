@@ -232,6 +232,13 @@ def _target(report: dict[str, Any]) -> str:
     return f"target epsilon {_num(report['target_epsilon'])}"
 
 
+def _no_contamination(training: dict[str, Any]) -> str:
+    """The report's words for a missing contamination report: an imported base has none to have."""
+    if training.get("base_source"):
+        return "none: the base model was imported and its pretraining data was not deduplicated against D"
+    return "unknown"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """A human-readable rendering of the report."""
     eps = report["epsilon"]
@@ -272,7 +279,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| label dropout | {_num(t['label_dropout'])} |")
     lines += [
         f"| sampling | {t.get('sampling', SAMPLING_METHOD)} |",
-        f"| pretraining contamination report sha256 | {report.get('contamination_sha256') or 'unknown'} |",
+        f"| pretraining contamination report sha256 | {report.get('contamination_sha256') or _no_contamination(t)} |",
         "",
         f"**Covers**: {report['covers']}.",
         "",

@@ -83,6 +83,29 @@ class LanguageModel:
         return {"perplexity": float(math.exp(nll)), "nll_per_token": float(nll), "target_tokens": int(count),
                 "examples": len(enc), "truncated": int(enc.truncated)}
 
+    def mean_log_likelihoods(self, rows: Sequence[np.ndarray], *, batch_size: int = 16) -> np.ndarray:
+        """float64 [n]: each token row's mean log-likelihood per token under the model, the row as a
+        document (BOS, then the row's tokens, each scored given those before it; no label prompt, no
+        EOS). Rows must be non-empty and at most `config.max_len` tokens (callers truncate)."""
+        from dpsynth.data.tokenizers import BOS_ID
+
+        bos = getattr(self.tokenizer, "bos_id", BOS_ID)
+        for i, r in enumerate(rows):
+            if not 1 <= len(r) <= self.config.max_len:
+                raise ValueError(f"row {i} has {len(r)} tokens; need 1 <= length <= max_len={self.config.max_len}")
+        length = min(_round_up(max((len(r) for r in rows), default=1), LENGTH_BUCKET), self.config.max_len)
+        inputs, targets = np.zeros((len(rows), length), np.int32), np.zeros((len(rows), length), np.int32)
+        weights = np.zeros((len(rows), length), np.float32)
+        for i, r in enumerate(rows):
+            inputs[i, 0], inputs[i, 1 : len(r)], targets[i, : len(r)], weights[i, : len(r)] = bos, r[:-1], r, 1.0
+        out = []
+        for lo in range(0, len(rows), batch_size):
+            batch = [_pad_rows(a[lo : lo + batch_size], batch_size) for a in (inputs, targets, weights)]
+            s, c = self._nll(self.variables, *batch)
+            n = min(batch_size, len(rows) - lo)
+            out.append(-np.asarray(s, np.float64)[:n] / np.maximum(np.asarray(c, np.float64)[:n], 1.0))
+        return np.concatenate(out) if out else np.zeros((0,), np.float64)
+
     def embed(self, texts: Sequence[str], *, batch_size: int = 32, max_len: int = 256) -> np.ndarray:
         """float32 [n, d_model]: mean-pooled final hidden states of BOS + text (truncated)."""
         from dpsynth.data.tokenizers import BOS_ID, PAD_ID

@@ -209,6 +209,7 @@ def dp_tune(
     fsdp: bool = False,
     memory_limit: int | None = None,
     memory_headroom: float = 0.10,
+    contamination_probe: dict | None = None,
 ) -> TuneResult:
     """DP-tunes the model in `base_dir` on `train_records`; writes the tuned model to `out_dir`.
 
@@ -245,6 +246,11 @@ def dp_tune(
         memory_limit, memory_headroom: with `microbatch_size="auto"`, the bytes per device the
             compiled step may use (default: the device's own limit; on CPU the host's available memory over its CPU devices) and the
             fraction of it left free.
+        contamination_probe: the report of `dpsynth probe` run on this base
+            (`dpsynth.evaluate.contamination.read_probe`; refused when it probed another model),
+            copied (NOT DP) into the private state
+            (`tune_report.PROBE_FILE`); the privacy report of an imported base says only that a probe
+            ran (else that none did), never its verdict or figures.
 
     Raises:
         TuneError: bad input (before any compute). BudgetExceeded: the run (or its
@@ -262,6 +268,9 @@ def dp_tune(
     prep = _prepare(train_records, config, labels=labels, compositions=compositions, mesh=mesh, out_dir=out_dir,
                     state_dir=state_dir, resume=resume, base_dir=base_dir)
     config = prep.config
+    probe = contamination_probe
+    if probe is not None:
+        tune_report.check_contamination_probe(probe, base_dir)
     base = load_model(base_dir)
     # Host copies: every leaf of the initial state then has the same (uncommitted) placement, so
     # the step functions compile once instead of again when jit outputs come back committed.
@@ -299,7 +308,7 @@ def dp_tune(
         embedding_clipping="sparse (exact, untied input table)" if embedding_spec(model_config, config) else "dense",
         contamination_sha256=(contamination_sha256 if contamination_sha256 is not None
                               else base.manifest.get("contamination_sha256")),
-        mech=mech, sigma=sigma)
+        mech=mech, sigma=sigma, probe_run=probe is not None)
     make_private_dir(prep.state_dir)
     if jax.process_index() == 0:  # exact counts computed without DP: the private state, never the report
         write_private_json(os.path.join(prep.state_dir, tune_report.COUNTS_FILE), {
@@ -308,6 +317,8 @@ def dp_tune(
             **(mech.private_counts() if mech is not None else {}), "dp": False, "notice": tune_report.NON_DP_COUNTS_NOTICE})
         # D_train's record hashes (NOT DP; owner-only): `dpsynth select` checks D_valid against them (`dpsynth.dp.disjoint`).
         disjoint.write_hashes(prep.state_dir, train_records)
+        if probe is not None:  # the probe's verdict and figures (NOT DP): the private state, never the report
+            write_private_json(os.path.join(prep.state_dir, tune_report.PROBE_FILE), probe)
     fingerprint = run_fingerprint(config, data_fingerprint(data.train_arrays), base.tokenizer.sha256)
     loss_fn = make_loss_fn(model_config, config)
     state, ledger, losses, start = train_run(

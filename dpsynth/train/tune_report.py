@@ -38,13 +38,18 @@ def selection_channel(selection: dict) -> dict:
 
 
 def side_channels(config, labels_from_data: bool, selection: dict | None, auto_recipe: bool = False,
-                  dp_length: bool = False) -> list[dict]:
-    """The declared non-DP side channels of a run with `config` (a `tune_config.TuneConfig`)."""
+                  dp_length: bool = False, imported: bool = False) -> list[dict]:
+    """The declared non-DP side channels of a run with `config` (a `tune_config.TuneConfig`).
+
+    `imported`: the base model was imported (`imported_base_channel` says so): the statement that
+    the base was pretrained on a corpus deduplicated against D (`PUBLIC_OVERLAP_CHANNEL`) would be
+    false, so it is left out."""
     channels = [dict(report_lib.LABEL_SET_CHANNEL)]
     if labels_from_data:
         channels[0] = {"name": "label set", "detail": "the label names were read from D_train without DP (their "
                        "per-label counts are not released); pass the label set explicitly to avoid this"}
-    channels += [dict(report_lib.PUBLIC_OVERLAP_CHANNEL), dict(report_lib.COMPOSITION_CHANNEL)]
+    channels += [] if imported else [dict(report_lib.PUBLIC_OVERLAP_CHANNEL)]
+    channels.append(dict(report_lib.COMPOSITION_CHANNEL))
     channels.append({"name": "dataset sizes", "detail": "|D_train| sets q and delta = 1/|D_train| by default; the "
                      "size of D_train is recorded without DP" + ("; the automatic recipe chose the batch size, steps and "
                      "learning rate from it (and from " + ("the example length chosen with DP, in the ledger, and " if dp_length else "")
@@ -63,13 +68,37 @@ def side_channels(config, labels_from_data: bool, selection: dict | None, auto_r
     return channels
 
 
-def imported_base_channel(source: dict) -> dict:
-    """The side channel of a third-party pretrained base model (its pretraining data is unchecked)."""
+PROBE_FILE = "contamination_probe.json"  # the contamination probe's verdict (NOT DP), in the private state dir
+PROBE_RUN = ("a contamination probe was run on this base model before tuning (`dpsynth probe`); its verdict and "
+             f"figures are statistics of D computed without DP, so they are not published here: they are kept in the "
+             f"owner-only private state ({PROBE_FILE})")
+PROBE_NOT_RUN = ("no contamination probe was run (`dpsynth probe`): whether the base model already knows D is "
+                 "unknown")
+
+
+def imported_base_channel(source: dict, probe_run: bool = False) -> dict:
+    """The side channel of a third-party pretrained base model (its pretraining data is unchecked).
+
+    `probe_run`: whether `dp-tune --contamination-probe` recorded a probe of this base. Only that
+    fact is published: the probe's verdict and figures read D without DP (`dpsynth.evaluate.contamination`)."""
     return {"name": "pretrained base model", "detail":
             f"the base model was imported ({source.get('family')} from {source.get('path')}, config SHA-256 "
-            f"{source.get('config_sha256')}); its pretraining data was NOT checked against the sensitive data, so the "
-            "DP guarantee covers the fine-tuning data only: text of D that was in that pretraining corpus can be "
-            "reproduced without any bound (dpsynth's own pretraining deduplicates against D first)"}
+            f"{source.get('config_sha256')}). DP covers the fine-tuning data; the base model's pretraining data was not "
+            "deduplicated against D (NOT checked against the sensitive data), so text of D that was in that pretraining "
+            "corpus can be reproduced without any bound (dpsynth's own pretraining deduplicates against D first); "
+            + (PROBE_RUN if probe_run else PROBE_NOT_RUN)}
+
+
+def check_contamination_probe(probe: dict, base_dir: str) -> None:
+    """Raises `TuneError` unless `probe` (a `dpsynth probe` report, `dpsynth.evaluate.contamination.read_probe`)
+    probed the model in `base_dir` (the SHA-256 of its manifest)."""
+    from dpsynth import fileio
+    from dpsynth.train.tune_config import TuneError
+
+    sha = fileio.sha256_file(os.path.join(base_dir, "manifest.json"))
+    if probe.get("model_manifest_sha256") != sha:
+        raise TuneError(f"--contamination-probe: the probe is of another model ({probe.get('model_dir')}), not of the "
+                        f"base {base_dir} (its manifest differs); run `dpsynth probe --model {base_dir}`")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +113,8 @@ class RunReporter:
         base_dir, base_manifest_sha256, base_source: the base model (an imported one's provenance).
         embedding_clipping: how an imported base's input table is clipped ("sparse ..."/"dense").
         contamination_sha256: the pretraining corpus's contamination report.
+        probe_run: whether a contamination probe of the base was recorded (`dp-tune --contamination-probe`;
+            only this fact is published, `imported_base_channel`).
         mech: the run's `dpsynth.dp.mechanisms.run.RunMechanism` (None: non-private).
         sigma: the noise multiplier of the strategy that adds the noise.
     """
@@ -101,6 +132,7 @@ class RunReporter:
     contamination_sha256: str | None
     mech: Any
     sigma: float
+    probe_run: bool = False
 
     def __call__(self, ledger: PrivacyLedger) -> dict:
         config, plan, recipe, mech = self.config, self.plan, self.recipe, self.mech
@@ -132,11 +164,13 @@ class RunReporter:
                 training["reserve_label_noise_multiplier"] = config.reserve_label_noise_multiplier
             training["reserved"] = [dict(e) for e in plan.reserved]
         channels = side_channels(config, self.labels_from_data, self.selection, recipe is not None,
-                                 dp_length=bool(recipe is not None and recipe.example_length))
+                                 dp_length=bool(recipe is not None and recipe.example_length),
+                                 imported=bool(self.base_source))
         if self.base_source:
             training["base_source"] = {k: v for k, v in self.base_source.items() if not k.startswith("hf_")}
             training["embedding_clipping"] = self.embedding_clipping
-            channels.append(imported_base_channel(self.base_source))
+            training["contamination_probe_run"] = self.probe_run
+            channels.append(imported_base_channel(self.base_source, self.probe_run))
         if mech is not None:
             training.update(mech.training_fields())
             channels += mech.side_channels()

@@ -11,7 +11,7 @@ import pytest
 
 from dpsynth.dp import clipping, sparse
 from dpsynth.models import hf_export, hf_import
-from dpsynth.train import finetune, lm, tune_config, tune_model
+from dpsynth.train import finetune, lm, tune_config, tune_model, tune_report
 from dpsynth.models.directory import load_model
 from tests.train.conftest import make_records
 
@@ -68,6 +68,11 @@ def test_dp_tune_every_mode_records_the_base_provenance(llama_base, tmp_path, mo
     assert rep["training"]["embedding_clipping"] == ("sparse (exact, untied input table)" if mode == "full" else "dense")
     channel = next(c for c in rep["side_channels"] if c["name"] == "pretrained base model")
     assert "NOT checked against the sensitive data" in channel["detail"] and src["config_sha256"] in channel["detail"]
+    # No contamination probe was recorded (`dp-tune --contamination-probe`: tests/evaluate/test_contamination.py),
+    # and no claim that the base was pretrained on a corpus deduplicated against D.
+    assert tune_report.PROBE_NOT_RUN in channel["detail"] and rep["training"]["contamination_probe_run"] is False
+    assert "public pretraining corpus" not in {c["name"] for c in rep["side_channels"]}
+    assert "its pretraining data was not deduplicated against D" in (tmp_path / mode / "privacy_report.md").read_text()
     tuned = load_model(out)
     assert tuned.manifest["base_source"]["hf_config"]["model_type"] == "llama"
     assert tuned.tokenizer.eos_id == 1  # the imported model's own special ids
