@@ -363,10 +363,23 @@ def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapp
 BASE_MODEL_NOTE = "base model: "  # (the prefix of the note on a `base_model:` experiment's base)
 
 
-def planned_base_model_note(path: str) -> str:
-    """The note on a `base_model:` directory: what DP does not cover (`stages.base_model_caveat`)."""
-    from dpsynth.experiment.stages import base_model_caveat
+def base_model_caveat(manifest: Mapping[str, Any], path: str) -> str:
+    """What DP does not cover with a base model this experiment did not pretrain: the imported base's
+    side channel of the privacy report (`dpsynth.train.tune_report.imported_base_channel`, the one
+    wording); for a dpsynth model pretrained elsewhere, its contamination report's hash."""
+    from dpsynth.train.tune_report import imported_base_channel
 
+    source = manifest.get("source") or manifest.get("base_source")
+    if source:
+        return imported_base_channel(source)["detail"]
+    return (f"the base model ({path}) was not pretrained by this experiment: its pretraining corpus was deduplicated "
+            f"against this sensitive data only if its contamination report (sha256 "
+            f"{manifest.get('contamination_sha256') or 'unknown'}) covers it, so the DP guarantee covers the "
+            "fine-tuning data only")
+
+
+def planned_base_model_note(path: str) -> str:
+    """The note on a `base_model:` directory: what DP does not cover (`base_model_caveat`)."""
     try:
         manifest = fileio.read_json(os.path.join(path, "manifest.json"))
     except Exception as e:  # the directory may be absent at planning time; the plan still prints

@@ -365,21 +365,6 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- an imported base model
 
 
-def base_model_caveat(manifest: Mapping[str, Any], path: str) -> str:
-    """What DP does not cover with a base model this experiment did not pretrain: the imported base's
-    side channel of the privacy report (`dpsynth.train.tune_report.imported_base_channel`, the one
-    wording); for a dpsynth model pretrained elsewhere, its contamination report's hash."""
-    from dpsynth.train.tune_report import imported_base_channel
-
-    source = manifest.get("source") or manifest.get("base_source")
-    if source:
-        return imported_base_channel(source)["detail"]
-    return (f"the base model ({path}) was not pretrained by this experiment: its pretraining corpus was deduplicated "
-            f"against this sensitive data only if its contamination report (sha256 "
-            f"{manifest.get('contamination_sha256') or 'unknown'}) covers it, so the DP guarantee covers the "
-            "fine-tuning data only")
-
-
 def base_model(ctx: StageContext) -> dict[str, Any]:
     """The `base_model:` directory as the model DP tuning starts from: `model` links to it.
 
@@ -397,7 +382,7 @@ def base_model(ctx: StageContext) -> dict[str, Any]:
     manifest = fileio.read_json(manifest_path)
     os.symlink(path, os.path.join(ctx.out_dir, "model"))
     source = manifest.get("source") or manifest.get("base_source") or {}
-    caveat = base_model_caveat(manifest, path)
+    caveat = privacy.base_model_caveat(manifest, path)
     ctx.report(f"base model: {path} ({source.get('family') or manifest.get('preset') or 'dpsynth model'}, manifest "
                f"sha256 {sha[:12]}); in place of the public corpus, dedup, tokenizer and pretraining\n"
                f"  privacy: {caveat}")
