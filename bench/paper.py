@@ -337,9 +337,14 @@ CPU_V3C_SETS = {f"v3c_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_
 # verdict, `--probe`). Each row is tabled beside the cpu preset's v3 row of the same set.
 CPU_GEN_SETS = {f"gen_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_SETS.items()}
 # The quick scale's generator cells: sizes a 270M-parameter model DP-tunes, samples and is scored at on 2 CPU
-# cores in minutes (64 examples, 32 tokens, two passes of DP-SGD; two candidates: unguided and guided).
+# cores in minutes (64 examples, 32 tokens, 4 DP-SGD steps of expected batch 16 in microbatches of 4: a float32
+# 270M model's per-example gradients fit a shared host; two candidates: unguided and guided; MAUVE on hashed
+# features instead of the generator's own embedding, one compile less).
 CPU_GEN_QUICK = {"sizes": {"max_train": 64, "max_valid": 32, "max_test": 64}, "max_tokens": 32,
-                 "token_budget": 64 * 32 * 2, "guidance": (0.0, 1.5), "generate_batch": 16}
+                 "dp": {"recipe": "manual", "token_budget": None, "batch_size": 16, "steps": 4, "epochs": None,
+                        "learning_rates": [0.003],
+                        "options": {"microbatch_size": 4}},
+                 "guidance": (0.0, 1.5), "generate_batch": 16, "embedder": "hashing"}
 # The selection's epsilon. Where D_valid is split from D independently of the data (a hash, own files)
 # it composes in parallel with the tuning: the release stays at the tuning's epsilon 3. Yelp polarity's
 # D_valid is its last 10% (the paper's positional split): the selection composes sequentially there, at
@@ -437,9 +442,10 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
             q = CPU_GEN_QUICK
             cfg = experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=select,
                              samplings=[_sampling(w) for w in q["guidance"]],
-                             dp={"max_tokens": q["max_tokens"], "token_budget": q["token_budget"]})
+                             dp={"max_tokens": q["max_tokens"], **copy.deepcopy(q["dp"])})
             cfg["sensitive"] = {**cfg["sensitive"], **q["sizes"]}
             cfg["generate"]["batch_size"] = q["generate_batch"]
+            cfg["evaluate"]["options"]["embedder"] = q["embedder"]
         else:
             cfg = experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=select,
                              replicates=replicates, **{"multiples": CPU_V3_MULTIPLES.get("v3_" + name[len("gen_"):], (1,)),
