@@ -124,3 +124,34 @@ def test_the_stage_refuses_a_directory_changed_after_planning(env):
     _model_dir(env["tmp"] / "gemma", manifest={"format": "dpsynth.model", "source": {**SOURCE, "path": "/other"}})
     with pytest.raises(cache.StageFailed, match="changed since the plan was made"):
         cache.run_stage(plan.root, plan.node("base_model"), stages.base_model, {})
+
+
+@pytest.mark.slow
+def test_the_real_stages_tune_from_an_imported_model(tmp_path):
+    """The real `base_model` and `dp_tune` stages on the imported Llama fixture: the DP model's privacy
+    report names the imported base and its side channel (the wording the experiment's caveat reuses)."""
+    import csv
+    import pathlib
+
+    from dpsynth.models import hf_import
+    from tests.train.conftest import make_records
+
+    base = tmp_path / "llama"
+    hf_import.import_model(str(pathlib.Path(__file__).parents[1] / "models" / "fixtures" / "hf" / "llama"), str(base))
+    for name, n in (("train", 48), ("test", 8)):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["text", "label"])
+            w.writeheader()
+            w.writerows({"text": r["text"], "label": r["label"]} for r in make_records(n, len(name)))
+    cfg = from_dict({"name": "imported", "base_model": str(base),
+                     "sensitive": {"embedded": False, "train": str(tmp_path / "train.csv"),
+                                   "test": str(tmp_path / "test.csv")},
+                     "dp_tune": {"modes": ["lora"], "epsilons": [3], "batch_size": 8, "steps": 2, "epochs": None,
+                                 "max_tokens": 16, "lora_rank": 2, "options": {"microbatch_size": 8}}})
+    result = run_experiment(cfg, root=str(tmp_path / "run"), until="dp_tune")
+    assert result.ok, result.failed
+    tune = result.outputs[result.plan.trials[0].dp_tune]
+    report = json.loads(open(tune.path("model", "privacy_report.json")).read())
+    assert report["private"] and report["training"]["base_source"]["family"] == "llama"
+    channel = next(c for c in report["side_channels"] if c["name"] == "pretrained base model")
+    assert channel["detail"] == result.outputs["base_model"].summary["caveat"]
