@@ -933,6 +933,11 @@ def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str
 
 
 PROBE_FILE = "contamination_probe.json"  # what `dpsynth probe` writes (its "verdict" is shown beside the figures)
+# The probe reads D without DP (`dpsynth.evaluate.contamination`): its verdict is owner-only, a non-DP figure here.
+PROBE_COLUMN = f"contamination probe ({NON_DP_FIGURE})"
+PROBE_NOTE = (f"(Contamination probe, a {NON_DP_FIGURE}: `dpsynth probe` compares the base model's behaviour on D "
+              "with a control set without DP; its verdict is read from the probe's owner-only output and is not "
+              "covered by any epsilon.)")
 
 
 def probe_verdict(path: str | None) -> str:
@@ -962,9 +967,9 @@ def _render_generators(results: dict[str, dict[str, Any]], base_model: str | Non
           "fine-tuning data only: its pretraining data was NOT deduplicated against the sensitive sets (the cpu "
           "preset's was: `dedup` cut every >= 50-token overlap first), so each of its figures stands beside the "
           f"contamination probe's verdict (`dpsynth probe`{f', {probe}' if probe else ''}: {verdict}). Accuracy / "
-          "balanced accuracy of the WordCNN trained on the selected corpus, on the real test set.", "",
+          "balanced accuracy of the WordCNN trained on the selected corpus, on the real test set.", "", PROBE_NOTE, "",
           "| set | generator | D_train | release epsilon | selected candidate | selected: accuracy / balanced | best "
-          "candidate | DP-on-real (DP-selected) | real | contamination probe |", "|---|---|---|---|---|---|---|---|---|---|"]
+          f"candidate | DP-on-real (DP-selected) | real | {PROBE_COLUMN} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         dataset = CPU_GEN_SETS[n]
         for exp, who, cell in (("v3_" + n[len("gen_"):], "cpu preset (pretrained here, deduplicated against D)",

@@ -331,6 +331,9 @@ def test_the_generator_table_puts_each_generator_and_the_probe_beside_the_figure
     assert "imported: gemma-study" in rows[1] and "0.700 / 0.700" in rows[1] and rows[1].endswith("| CONTAMINATED |")
     assert "| 0.550 / 0.540 | 0.800 / 0.800 |" in rows[1]
     assert "NOT deduplicated" in "\n".join(md) and "CONTAMINATED" in md[3]  # the verdict in the text too
+    # The probe reads D without DP: its column and note say so (tests/test_nondp_figures.py's label).
+    assert any(x.startswith("| set |") and paper.PROBE_COLUMN in x for x in md) and paper.PROBE_NOTE in md
+    assert paper.NON_DP_FIGURE in paper.PROBE_COLUMN
     assert paper._render_generators({"v3_sst2": res(0.6)}, None, None) == []  # no generator run: no section
     md = paper._render_generators({"gen_sst2": res(0.7)}, "/m/g", None)
     assert any("cpu preset" in x and "not run" in x for x in md) and any(x.endswith("| not probed |") for x in md)

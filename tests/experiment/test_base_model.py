@@ -103,7 +103,7 @@ def test_the_run_and_its_dry_run_say_what_dp_does_not_cover(env, capsys):
     assert "base_model" in text and "cached" in text
     pytest.importorskip("dp_accounting")
     text = runner.describe_plan(build_plan(cfg, env["root"]), cfg)
-    assert "NOT checked against the sensitive data" in text and "fine-tuning data only" in text
+    assert "NOT checked against the sensitive data" in text and "covers the fine-tuning data" in text
 
 
 def test_the_stage_links_the_model_and_carries_the_caveat(env):
@@ -116,7 +116,7 @@ def test_the_stage_links_the_model_and_carries_the_caveat(env):
     # The composition of the whole root says it too (the evaluate stage passes the stage's caveat).
     root = privacy.completed_releases(eval_cfg={"trials": []}, models=[], labels=[], baselines=[],
                                       out_dir=env["root"], num_train=2, base_caveat=out.summary["caveat"])
-    assert any(n.startswith(privacy.BASE_MODEL_NOTE) and "fine-tuning data only" in n for n in root.notes)
+    assert any(n.startswith(privacy.BASE_MODEL_NOTE) and "covers the fine-tuning data" in n for n in root.notes)
 
 
 def test_the_stage_refuses_a_directory_changed_after_planning(env):
