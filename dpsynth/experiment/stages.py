@@ -17,6 +17,7 @@ Output layout of each stage directory (besides `stage.json` and `report.txt`):
 | dedup      | the dedup job's output: `clean/` (JSONL), `contamination.json` (its temporary tokenizer: private state) |
 | tokenizer  | `tokenizer.model` (trained on `dedup/clean` only), `clean_tokens/` (the clean corpus re-tokenized) |
 | pretrain   | `model/` (a `dpsynth.models.directory` model directory + its training checkpoints) |
+| base_model | `model` (a link to the `base_model:` directory, in place of public/dedup/tokenizer/pretrain) |
 | dp_tune    | `model/` (tuned adapters + base pointer, `privacy_report.json`/`.md`)       |
 | labels     | `label_distribution.json` (one DP label histogram draw per DP-tuned model)  |
 | generate   | the generation job's output (`train.jsonl`, `valid.jsonl`, `generation_report.json`) |
@@ -361,6 +362,34 @@ def pretrain(ctx: StageContext) -> dict[str, Any]:
             "contamination_sha256": ctx.inputs["dedup"].summary.get("contamination_sha256")}
 
 
+# ----------------------------------------------------------------------------- an imported base model
+
+
+def base_model(ctx: StageContext) -> dict[str, Any]:
+    """The `base_model:` directory as the model DP tuning starts from: `model` links to it.
+
+    Refused when the directory changed since the plan hashed it (its manifest's SHA-256): the
+    cache key would no longer name what the DP tuning reads.
+    """
+    from dpsynth.models.directory import MANIFEST
+
+    path = ctx.config["path"]
+    manifest_path = os.path.join(path, MANIFEST)
+    sha = fileio.sha256_file(manifest_path) if os.path.isfile(manifest_path) else "missing"
+    if sha != ctx.config["manifest_sha256"]:
+        raise ValueError(f"base_model: {path}: its {MANIFEST} changed since the plan was made (re-imported?); "
+                         "rerun the command to plan it again")
+    manifest = fileio.read_json(manifest_path)
+    os.symlink(path, os.path.join(ctx.out_dir, "model"))
+    source = manifest.get("source") or manifest.get("base_source") or {}
+    caveat = privacy.base_model_caveat(manifest, path)
+    ctx.report(f"base model: {path} ({source.get('family') or manifest.get('preset') or 'dpsynth model'}, manifest "
+               f"sha256 {sha[:12]}); in place of the public corpus, dedup, tokenizer and pretraining\n"
+               f"  privacy: {caveat}")
+    return {"path": path, "manifest_sha256": sha, "family": source.get("family"), "imported": bool(source),
+            "caveat": caveat, "contamination_sha256": manifest.get("contamination_sha256")}
+
+
 # ----------------------------------------------------------------------------- DP tuning
 
 
@@ -622,7 +651,7 @@ def evaluate(ctx: StageContext) -> dict[str, Any]:
     root = privacy.completed_releases(
         eval_cfg=c, models=ctx.inputs.get("models", ()), labels=ctx.inputs.get("labels", ()),
         baselines=result["baselines"], out_dir=ctx.out_dir, num_train=len(real.train),
-        selections=ctx.inputs.get("selected", ()))
+        selections=ctx.inputs.get("selected", ()), base_caveat=ctx.inputs["pretrain"].summary.get("caveat"))
     privacy.write(root, ctx.out_dir, title="what publishing the whole root costs")
     privacy.add_to_html(os.path.join(ctx.out_dir, "report.html"), privacy.html_section(root))
     ctx.report(privacy.render(root, title="what publishing the whole root costs"))
@@ -644,6 +673,7 @@ REGISTRY = {
     "tokenizer": tokenizer,
     "dedup": dedup,
     "pretrain": pretrain,
+    "base_model": base_model,
     "dp_tune": dp_tune,
     "labels": labels,
     "generate": generate,

@@ -217,3 +217,22 @@ def test_full_size_report_judges_the_targets(tiny_run, capsys):
     assert "table: NVIDIA H200 SXM" in out and "per unit (isolated processes)" in out and "(device peak)" in out
     assert "skipped pretrain/small: 1 s left" in out and "FAILED dp/small/dp: OOM" in out
     json.dumps(full)  # the JSON line
+
+
+def test_study_imports_the_model_when_missing_then_runs_the_cells_in_priority_order(tmp_path):
+    """`--study`: bench/paper.py at the cpu scale with the generator's and the cpu preset's v3 cells, set by set;
+    the GGUF import first when the model directory is missing, and a one-line refusal without a file to import."""
+    model = tmp_path / "gemma"
+    args = acc.parse_args(["--study", "--study-model", str(model), "--study-sets", "sst2,ag_news",
+                           "--study-probe", "P", "--study-data", "D"])
+    with pytest.raises(SystemExit, match="make gemma3-gguf"):
+        acc.study_commands(args)
+    args.study_gguf = "g.gguf"
+    imp, paper = acc.study_commands(args)
+    assert imp[-5:] == ["import-model", "--gguf", "g.gguf", "--out", str(model)]
+    assert paper[paper.index("--only") + 1:paper.index("--only") + 5] == ["gen_sst2", "v3_sst2", "gen_ag_news", "v3_ag_news"]
+    assert paper[paper.index("--base-model") + 1] == str(model) and paper[paper.index("--scale") + 1] == "cpu"
+    assert paper[paper.index("--probe") + 1] == "P" and paper[paper.index("--data") + 1] == "D"
+    model.mkdir()
+    (model / "manifest.json").write_text("{}")
+    assert [c[1] for c in acc.study_commands(args)] == [str(acc.REPO) + "/bench/paper.py"]  # imported: paper only

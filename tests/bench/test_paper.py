@@ -21,7 +21,7 @@ import paper  # noqa: E402
 @pytest.mark.parametrize("scale", sorted(paper.CPU_SCALES))
 def test_every_cpu_experiment_is_a_valid_config_with_one_recipe(scale):
     configs = paper.cpu_experiments(scale, "/nonexistent/data")
-    assert set(configs) == set(paper.CPU_EXPERIMENTS)
+    assert set(configs) == set(paper.CPU_EXPERIMENTS) - set(paper.CPU_GEN_SETS)  # (those need --base-model)
     for name, data in configs.items():
         cfg = from_dict(data)
         assert cfg.dp_tune.recipe == "auto", name  # one recipe, chosen by the software, on every set
@@ -256,3 +256,84 @@ def test_v3_with_label_contrast_is_v3_with_one_more_tuning_setting():
         assert {k: v for k, v in cfg.items() if k not in ("dp_tune", "name")} == {
             k: v for k, v in v3.items() if k not in ("dp_tune", "name")}
         assert from_dict(cfg).dp_tune.options["label_contrast"] == paper.CPU_LABEL_CONTRAST
+
+
+def _model_dir(path) -> str:
+    """A manifest-only stand-in for a `dpsynth import-model` directory (what a config reads)."""
+    import json
+
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({"format": "dpsynth.model", "base": None,
+                                                    "source": {"family": "gemma3", "path": "/m.gguf"}}))
+    return str(path)
+
+
+def test_generator_cells_are_the_v3_cells_from_the_imported_model(tmp_path):
+    """`--base-model DIR`: each set's gen_<set> is its v3 cell (same data, tuning, candidates, selection and
+    peers) with `base_model: DIR` in place of the public corpus, dedup, tokenizer and pretraining."""
+    model = _model_dir(tmp_path / "gemma")
+    configs = paper.cpu_experiments("cpu", "/nonexistent/data", base_model=model)
+    assert set(configs) == set(paper.CPU_EXPERIMENTS)
+    for name, dataset in paper.CPU_GEN_SETS.items():
+        gen, v3 = configs[name], configs["v3_" + name[len("gen_"):]]
+        cfg = from_dict(gen)
+        assert cfg.base_model == model and not {"public", "dedup", "tokenizer", "pretrain"} & set(gen)
+        for section in ("sensitive", "dp_tune", "generate", "select"):
+            assert gen[section] == v3[section], (name, section)
+        assert gen["evaluate"] == v3["evaluate"] and cfg.dp_tune.epsilons == (3.0,) and cfg.evaluate.baselines
+    quick = paper.cpu_experiments("quick", "/nonexistent/data", base_model=model)
+    for name in paper.CPU_GEN_SETS:
+        cfg = from_dict(quick[name])
+        assert cfg.sensitive.max_train == paper.CPU_GEN_QUICK["sizes"]["max_train"]
+        assert cfg.dp_tune.max_tokens == cfg.generate.max_tokens == paper.CPU_GEN_QUICK["max_tokens"]
+        assert len(cfg.generate.samplings) == len(paper.CPU_GEN_QUICK["guidance"]) and cfg.select.epsilon
+
+
+def test_base_model_is_refused_outside_the_cpu_scales(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        paper.main(["--scale", "small", "--base-model", str(tmp_path)])
+    assert "only at the cpu scales" in capsys.readouterr().err
+
+
+def test_the_probe_verdict_is_read_when_there_and_said_missing_otherwise(tmp_path):
+    import json
+
+    assert paper.probe_verdict(None) == "not probed"
+    assert paper.probe_verdict(str(tmp_path)).startswith("no probe result (FileNotFoundError")
+    (tmp_path / paper.PROBE_FILE).write_text(json.dumps({"verdict": "no evidence of D in pretraining"}))
+    assert paper.probe_verdict(str(tmp_path)) == "no evidence of D in pretraining"
+    assert paper.probe_verdict(str(tmp_path / paper.PROBE_FILE)) == "no evidence of D in pretraining"
+    (tmp_path / paper.PROBE_FILE).write_text(json.dumps({"score": 1}))
+    assert paper.probe_verdict(str(tmp_path)) == "no verdict in the probe file"
+    (tmp_path / paper.PROBE_FILE).write_text("[1, 2]")
+    assert paper.probe_verdict(str(tmp_path)).startswith("no probe result (AttributeError")
+
+
+def test_the_generator_table_puts_each_generator_and_the_probe_beside_the_figures(tmp_path):
+    import json
+
+    (tmp_path / paper.PROBE_FILE).write_text(json.dumps({"verdict": "CONTAMINATED"}))
+
+    def res(acc):
+        return {"rows": [_v3_row("u", 0.0, acc, acc)], "num_train": 64, "generator": "gemma3",
+                "metrics": {"baselines": [{"baseline": "dp_on_real", "classifier": "wordcnn", "epsilon": 3.0,
+                                           "accuracy": 0.55, "balanced_accuracy": 0.54},
+                                          {"baseline": "real", "classifier": "wordcnn", "accuracy": 0.8,
+                                           "balanced_accuracy": 0.8}]},
+                "selections": {"select[lora-eps3]": {"selected": "u", "composition": "parallel", "epsilon": {"rdp": 3.0}}},
+                "selected_rows": [{"corpus": "selected-lora-eps3", "wordcnn_accuracy": acc,
+                                   "wordcnn_balanced_accuracy": acc}]}
+
+    md = paper._render_generators({"gen_sst2": res(0.7), "v3_sst2": res(0.6)}, "/m/gemma-study", str(tmp_path))
+    rows = [x for x in md if x.startswith("| SST-2 |")]
+    assert len(rows) == 2
+    assert "cpu preset" in rows[0] and "0.600 / 0.600" in rows[0] and rows[0].endswith("| - (dedup, not probed) |")
+    assert "imported: gemma-study" in rows[1] and "0.700 / 0.700" in rows[1] and rows[1].endswith("| CONTAMINATED |")
+    assert "| 0.550 / 0.540 | 0.800 / 0.800 |" in rows[1]
+    assert "NOT deduplicated" in "\n".join(md) and "CONTAMINATED" in md[3]  # the verdict in the text too
+    # The probe reads D without DP: its column and note say so (tests/test_nondp_figures.py's label).
+    assert any(x.startswith("| set |") and paper.PROBE_COLUMN in x for x in md) and paper.PROBE_NOTE in md
+    assert paper.NON_DP_FIGURE in paper.PROBE_COLUMN
+    assert paper._render_generators({"v3_sst2": res(0.6)}, None, None) == []  # no generator run: no section
+    md = paper._render_generators({"gen_sst2": res(0.7)}, "/m/g", None)
+    assert any("cpu preset" in x and "not run" in x for x in md) and any(x.endswith("| not probed |") for x in md)
