@@ -932,7 +932,7 @@ def _v3_spread(runs: dict[tuple[str, float], list[tuple]], peers: dict[tuple[str
     return md
 
 
-PROBE_FILE = "contamination_probe.json"  # what `dpsynth probe` writes (its "verdict" is shown beside the figures)
+from dpsynth.evaluate.contamination import REPORT_JSON as PROBE_FILE  # noqa: E402 (what `dpsynth probe` writes; its "verdict" beside the figures)
 # The probe reads D without DP (`dpsynth.evaluate.contamination`): its verdict is owner-only, a non-DP figure here.
 PROBE_COLUMN = f"contamination probe ({NON_DP_FIGURE})"
 PROBE_NOTE = (f"(Contamination probe, a {NON_DP_FIGURE}: `dpsynth probe` compares the base model's behaviour on D "
