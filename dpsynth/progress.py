@@ -29,8 +29,10 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """A progress reporter that writes one line per `interval` seconds to `stream`."""
 
-    def __init__(self, total: int | None, desc: str, unit: str = "it", interval: float = 5.0, stream=None):
+    def __init__(self, total: int | None, desc: str, unit: str = "it", interval: float = 5.0, stream=None, *,
+                 brief: bool = False):
         self.total, self.desc, self.unit, self.interval = total, desc, unit, interval
+        self.brief, self.shown = brief, False  # brief: a stage shorter than `interval` prints nothing
         self.stream = stream if stream is not None else sys.stderr
         self.count = 0
         self.start = self._last = time.monotonic()
@@ -70,7 +72,10 @@ class Progress:
         return text
 
     def _emit(self, now: float) -> None:
+        self.shown = True
         print(self.line(now), file=self.stream, flush=True)
 
     def close(self) -> None:
-        self._emit(time.monotonic())
+        """The last line (always; `brief` reporters: only when an earlier line was shown)."""
+        if not self.brief or self.shown:
+            self._emit(time.monotonic())

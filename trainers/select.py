@@ -220,8 +220,14 @@ def _plan(args, config):
     speed, max_len = screening.probe(args.model, screening.settings_of(grid), config=config, **gen)
     plan = screening.make_plan(grid, dataset_size=dataset_size, valid_fraction=args.valid_fraction, screen_size=size,
                                trainings_per_candidate=screening.trainings_per_candidate(config), max_len=max_len)
-    return (screening.fit_time_budget(plan, speed, budget, valid_fraction=args.valid_fraction), speed, grid,
-            dataset_size)
+    try:
+        fitted = screening.fit_time_budget(plan, speed, budget, valid_fraction=args.valid_fraction)
+    except screening.BudgetError:
+        if args.dry_run:  # the plan asked for, with its ETA, before the one-line refusal
+            for line in plan.lines(speed):
+                print(f"dpsynth select: {line}", file=sys.stderr)
+        raise
+    return fitted, speed, grid, dataset_size
 
 
 if __name__ == "__main__":

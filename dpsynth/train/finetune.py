@@ -340,7 +340,7 @@ def _write_outputs(prep: Prepared, data: TuneData, state, ledger: PrivacyLedger,
     config, plan = prep.config, prep.plan
     primary = jax.process_index() == 0
     valid_loss = (evaluate_loss(make_eval_fn(loss_fn), state.params, state.frozen, data.valid_arrays,
-                                config.microbatch_size)
+                                config.microbatch_size, desc=f"dp-tune[{config.mode}]: valid loss (NOT DP, private)")
                   if data.valid_arrays is not None else float("nan"))
     final_vars = sharding.gather(lm.merge_variables(state.params, state.frozen))
     rep = reporter(ledger)

@@ -257,14 +257,20 @@ def make_eval_fn(loss_fn):
     return jax.jit(lambda p, f, b: jnp.sum(loss_fn(p, f, b, jax.random.PRNGKey(0))[0] * b["mask"]))
 
 
-def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_size: int) -> float:
-    """Mean per-example loss over `arrays` (the quantity used for model selection)."""
+def evaluate_loss(eval_fn, params, frozen, arrays: dict[str, np.ndarray], batch_size: int, *,
+                  desc: str = "valid loss", interval: float = 10.0) -> float:
+    """Mean per-example loss over `arrays` (the quantity used for model selection), with progress
+    lines (`desc`: examples, rate, ETA; every `interval` seconds) when it takes longer than that."""
+    from dpsynth.progress import Progress
+
     n = next(iter(arrays.values())).shape[0]
     total = 0.0
-    for lo in range(0, n, batch_size):
-        idx = np.arange(lo, lo + batch_size)
-        idx = np.where(idx < n, idx, -1)
-        total += float(eval_fn(params, frozen, sampling.gather(arrays, idx)))
+    with Progress(total=n, desc=desc, unit="example", interval=interval, brief=True) as progress:
+        for lo in range(0, n, batch_size):
+            idx = np.arange(lo, lo + batch_size)
+            idx = np.where(idx < n, idx, -1)
+            total += float(eval_fn(params, frozen, sampling.gather(arrays, idx)))
+            progress.update(min(batch_size, n - lo))
     return total / max(n, 1)
 
 

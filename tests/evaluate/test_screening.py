@@ -237,12 +237,18 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     tmp_path, common = fake_setup
     monkeypatch.setattr(screening, "probe", lambda *a, **k: (SPEED, 12))  # (a slow machine, by hand)
     out = str(tmp_path / "synth")
+    assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dpsynth select: error: --time-budget 1 s") and "nothing fits" in err[-1]
+    assert err[-1].endswith("(--time-budget 0: no limit)") and not os.path.exists(out)  # refused: nothing left
+    err = err[-1:]
     # The plan is fixed before D_valid is read (absent here): the budget's choice is data-independent.
     common = [a if a != str(tmp_path / "valid.jsonl") else str(tmp_path / "absent.jsonl") for a in common]
+    # --dry-run: the plan asked for, with its ETA, then the same one-line refusal
     assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "1", "--dry-run"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("dpsynth select: error: --time-budget 1 s") and "nothing fits" in err[0]
-    assert err[0].endswith("(--time-budget 0: no limit)")
+    dry = capsys.readouterr().err.strip().splitlines()
+    assert dry[-1] == err[0] and len(dry) > 1 and all(d.startswith("dpsynth select: ") for d in dry)
+    assert any("ETA" in d or "eta" in d.lower() for d in dry[:-1])
     # 2 settings (1 guided) screened at n: 2 x 10 + 1.1 n / 100 + 1.1 n / 50 + 2 x 2 x 0.01 n, + 10 + 22 / 50 final.
     assert cli.main(common + ["--out", out, "--multiples", "1", "--time-budget", "100", "--dry-run"]) == 0
     err = capsys.readouterr().err
