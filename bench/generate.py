@@ -308,13 +308,14 @@ def bench_peers(gguf: str, model_dir: str | None, samples: int, new_tokens: int,
         out = jax.block_until_ready(sampler.sample_batch(loaded.variables, ids, lens, keys))  # compile
         compile_s = time.perf_counter() - t0
         common.reset_peak_rss()
-        times = []
+        times, cpu = [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = jax.block_until_ready(sampler.sample_batch(loaded.variables, ids, lens, keys))
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         generated = int(np.sum(np.asarray(out[1]))) if isinstance(out, tuple) else samples * new_tokens
-        ours = {"seconds": min(times), "generated_tokens": generated, "rows": samples, "load_s": load_s,
+        ours = {"seconds": min(times), "cpu_s": min(cpu), "generated_tokens": generated, "rows": samples, "load_s": load_s,
                 "compile_s": compile_s, "peak_rss": common.peak_rss()}
         # The decode step's memory-bandwidth bound: every weight once (the tied embedding is the output layer)
         # plus the KV cache of all rows (K and V of each layer over the cache's length).
@@ -346,7 +347,8 @@ def print_peers(r: dict) -> None:
     print(f"[{os.path.basename(r['gguf'])}, {r['samples']} label-prompted samples x {r['new_tokens']} tokens, "
           f"{r['threads']} threads for the peers; prompt width {r['prompt_width']}]", flush=True)
     ex, tps = rate(o)
-    print(f"  dpsynth sampler (imported, float32): {ex:.2f} examples/s, {tps:.1f} tokens/s; peak RSS {_mb(o['peak_rss'])}"
+    print(f"  dpsynth sampler (imported, float32): {ex:.2f} examples/s, {tps:.1f} tokens/s, {o['cpu_s']:.1f} CPU-s; peak RSS"
+          f" {_mb(o['peak_rss'])}"
           f" (load {o['load_s']:.0f}s, compile {o['compile_s']:.0f}s)", flush=True)
     peers = []
     for name, variants in (("llama.cpp", ("single", "batched")), ("transformers", (None,))):
@@ -360,8 +362,9 @@ def print_peers(r: dict) -> None:
             pex, ptps = rate(x)
             label = f"{name} {x.get('peer', v)}"
             peers.append((label, ex / pex, name))
-            print(f"  {label}: {pex:.2f} examples/s, {ptps:.1f} tokens/s; peak RSS {_mb(x['peak_rss'])}; "
-                  f"ours/peer {ex / pex:.2f}x", flush=True)
+            print(f"  {label}: {pex:.2f} examples/s, {ptps:.1f} tokens/s, {x['cpu_s']:.1f} CPU-s; peak RSS "
+                  f"{_mb(x['peak_rss'])}; ours/peer {ex / pex:.2f}x examples/s, {x['cpu_s'] / o['cpu_s']:.2f}x less CPU time",
+                  flush=True)
     print(f"  our decode step {1e3 * o['step_s']:.0f} ms vs its memory-bandwidth bound {1e3 * o['step_bound_s']:.0f} ms"
           f" (weights {_mb(o['weight_bytes'])} + KV {_mb(o['kv_bytes'])} at a copy bandwidth of"
           f" {o['copy_bandwidth'] / 1e9:.1f} GB/s): {o['step_bound_s'] / o['step_s']:.2f} of the bound", flush=True)

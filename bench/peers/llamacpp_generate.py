@@ -116,11 +116,11 @@ def main(argv=None) -> None:
         runner = Runner(llama_cpp, model, n_seq, n_ctx_seq, max(width * n_seq, 64), args.threads)
         runner.generate(groups[0], 2)  # warm-up
         common.reset_peak_rss()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tokens = [t for i, g in enumerate(groups) for t in runner.generate(g, args.new_tokens, seed0=1000 * i)]
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         result[name] = {"peer": ("one sequence at a time" if n_seq == 1 else f"{n_seq} parallel sequences per llama_batch"),
-                        "seconds": seconds, "generated_tokens": sum(map(len, tokens)), "rows": len(prompts),
+                        "seconds": seconds, "cpu_s": cpu, "generated_tokens": sum(map(len, tokens)), "rows": len(prompts),
                         "peak_rss": common.peak_rss()}
         llama_cpp.llama_batch_free(runner.batch)
         llama_cpp.llama_free(runner.ctx)

@@ -14,8 +14,8 @@ optimizer step (Adam), in four variants:
   ghost:      Opacus' ghost clipping (GradSampleModuleFastGradientClipping + DPOptimizerFastGradientClipping:
               per-sample norms from the hooks, then a second backward of the rescaled loss).
 
-Each variant: one untimed logical step (warm-up), then the best of `--reps` timed ones, and the peak RSS
-of the timed steps. Prints one JSON line.
+Each variant: one untimed microbatch and optimizer step (warm-up), then the best of `--reps` timed ones (wall and
+process CPU seconds), and the peak RSS of the timed steps. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     def nonprivate():
         opt = fresh_optimizer()
 
-        def step():
+        def step(chunks=chunks):
             for c in chunks:
                 loss = prefix_lm_loss(model, torch, inputs[c], targets[c], weights[c]).sum() / n
                 loss.backward()
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
         dp = DPOptimizer(opt, noise_multiplier=args.noise, max_grad_norm=args.clip, expected_batch_size=n,
                          loss_reduction="sum")
 
-        def step():
+        def step(chunks=chunks):
             for i, c in enumerate(chunks):
                 prefix_lm_loss(gsm, torch, inputs[c], targets[c], weights[c]).sum().backward()
                 dp.signal_skip_step(do_skip=i < len(chunks) - 1)
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
         dp = DPOptimizerFastGradientClipping(opt, noise_multiplier=args.noise, max_grad_norm=args.clip,
                                              expected_batch_size=n, loss_reduction="sum")
 
-        def step():
+        def step(chunks=chunks):
             for i, c in enumerate(chunks):
                 per = prefix_lm_loss(gsm, torch, inputs[c], targets[c], weights[c])
                 DPTensorFastGradientClipping(gsm, dp, per, "sum").backward()
@@ -145,14 +145,15 @@ def main(argv=None) -> None:
             continue
         try:
             step, close = make()
-            step()  # warm-up
+            step(chunks[:1])  # warm-up: one microbatch and an optimizer step
             common.reset_peak_rss()
-            times = []
+            times, cpu = [], []
             for _ in range(args.reps):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step()
                 times.append(time.perf_counter() - t0)
-            result[variant] = {"step_s": min(times), "peak_rss": common.peak_rss()}
+                cpu.append(time.process_time() - c0)
+            result[variant] = {"step_s": min(times), "step_cpu_s": min(cpu), "peak_rss": common.peak_rss()}
             close()
         except Exception as e:  # a variant Opacus refuses for this model is named, not dropped
             result[variant] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
