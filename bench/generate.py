@@ -360,7 +360,7 @@ def print_peers(r: dict) -> None:
         for v in variants:
             x = p[v] if v else p
             pex, ptps = rate(x)
-            label = f"{name} {x.get('peer', v)}"
+            label = x["peer"] if v is None else f"{name} {x['peer']}"
             peers.append((label, ex / pex, name))
             print(f"  {label}: {pex:.2f} examples/s, {ptps:.1f} tokens/s, {x['cpu_s']:.1f} CPU-s; peak RSS "
                   f"{_mb(x['peak_rss'])}; ours/peer {ex / pex:.2f}x examples/s, {x['cpu_s'] / o['cpu_s']:.2f}x less CPU time",
