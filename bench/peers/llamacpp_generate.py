@@ -93,6 +93,8 @@ def main(argv=None) -> None:
     p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists (BOS included)")
     p.add_argument("--new-tokens", type=int, required=True)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--single-rows", type=int, default=None,
+                   help="time one sequence at a time on only the first K rows (a row's rate does not depend on the others)")
     args = p.parse_args(argv)
     try:
         import llama_cpp
@@ -102,7 +104,6 @@ def main(argv=None) -> None:
     with open(args.prompts) as f:
         prompts = json.load(f)
     llama_cpp.llama_backend_init()
-    llama_cpp.llama_log_set(llama_cpp.llama_log_callback(lambda *a: None), None) if hasattr(llama_cpp, "llama_log_callback") else None
     t0 = time.perf_counter()
     model = llama_cpp.llama_model_load_from_file(args.gguf.encode(), llama_cpp.llama_model_default_params())
     if not model:
@@ -112,7 +113,8 @@ def main(argv=None) -> None:
     n_ctx_seq = -(-(max(map(len, prompts)) + args.new_tokens + 8) // 256) * 256
     width = max(map(len, prompts))
     result = {"versions": common.versions(["llama_cpp_python"]), "load_s": load_s, "threads": args.threads}
-    for name, n_seq, groups in (("single", 1, [[x] for x in prompts]), ("batched", len(prompts), [prompts])):
+    single = prompts[:args.single_rows or len(prompts)]
+    for name, n_seq, groups in (("batched", len(prompts), [prompts]), ("single", 1, [[x] for x in single])):
         runner = Runner(llama_cpp, model, n_seq, n_ctx_seq, max(width * n_seq, 64), args.threads)
         runner.generate(groups[0], 2)  # warm-up
         common.reset_peak_rss()
@@ -120,7 +122,7 @@ def main(argv=None) -> None:
         tokens = [t for i, g in enumerate(groups) for t in runner.generate(g, args.new_tokens, seed0=1000 * i)]
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         result[name] = {"peer": ("one sequence at a time" if n_seq == 1 else f"{n_seq} parallel sequences per llama_batch"),
-                        "seconds": seconds, "cpu_s": cpu, "generated_tokens": sum(map(len, tokens)), "rows": len(prompts),
+                        "seconds": seconds, "cpu_s": cpu, "generated_tokens": sum(map(len, tokens)), "rows": sum(map(len, groups)),
                         "peak_rss": common.peak_rss()}
         llama_cpp.llama_batch_free(runner.batch)
         llama_cpp.llama_free(runner.ctx)
