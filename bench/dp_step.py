@@ -24,6 +24,25 @@ default: vocab 30k, 384-d embeddings, seq 128): the sparse-embedding clipping pa
 (`dpsynth.dp.sparse`) against its peer, the dense vmap(grad) path, plus the non-private step.
 
     .venv/bin/python bench/dp_step.py --wordcnn --microbatch 16
+
+`--model DIR --gguf FILE` (issue 56) measures DP-LoRA on a real model, DIR the `dpsynth import-model --gguf
+FILE` import of FILE (e.g. Gemma 3 270M Q4_K_M, `make gemma3-gguf`), against the tool users would pick
+instead: PEFT LoRA + Opacus on CPU torch with FILE loaded by transformers (`gguf_file=`), run in the peers'
+venv (`.venv-peers`, `make bench-peers`; bench/peers/opacus_step.py). Same LoRA (rank 8, alpha 16, every
+attention and MLP projection), same rows (`--examples` random rows of `--seq` tokens, the first 4 a
+prefix of weight 0), same loss (Prefix-LM: each example's cross-entropy over its target tokens divided by
+their number), same clipping norm (1), noise multiplier (1), expected batch (`--examples`, the logical
+step) and microbatch. Rows: ours DP (vmapped per-example clipping) and non-private (`MeanGradient`);
+Opacus with hooks (per-sample gradients) and with ghost clipping, and PEFT non-private. Printed: seconds
+per 1,000 training examples of each, peak RSS of the timed steps, ours/Opacus (target <= 0.8x), our DP /
+our non-private (target <= 1.15x), and each of our steps' FLOP/s against a plain float32 matmul of the
+step's largest shape ([microbatch x seq, d_model] x [d_model, vocab], the roofline of
+bench/train_step.py) timed in the same run (target >= 0.7x). A LoRA step's FLOPs: forward 2N per token and
+the backward's input gradients 2N (frozen weights get no weight gradient), N the matmul parameters with the
+tied embedding as the output layer, plus the attention matmuls (forward + backward).
+
+    nice -n 5 .venv/bin/python bench/dp_step.py --model runs/gemma --gguf gemma-3-270m-q4_k_m.gguf \
+        [--examples 32 --microbatch 8 --seq 64 --reps 1]
 """
 
 from __future__ import annotations
@@ -35,6 +54,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -45,6 +66,7 @@ from dpsynth.dp.plan import plan_privacy  # noqa: E402
 from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
 from dpsynth.models import Transformer, get_config  # noqa: E402
 from dpsynth.train import core, lm, tune_config, tune_model  # noqa: E402
+from common import peak_rss, reset_peak_rss, run_peer  # noqa: E402  (bench/peers/common.py)
 
 
 def _batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
@@ -60,44 +82,57 @@ def _block(tree):
     jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
 
 
-def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap") -> dict:
+def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap",
+            base: tuple | None = None, expected_batch: float | None = None, rows: dict | None = None) -> dict:
+    """One mode's accumulate and apply steps on `preset`'s random model, or on `base` = (config, params)
+    of a loaded model; `rows`: the microbatch (default `_batch`)."""
     config = tune_config.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
-    base_cfg = get_config(preset, max_len=max(t, 64))
+    if base is None:
+        base_cfg = get_config(preset, max_len=max(t, 64))
+        base_params = jax.device_get(Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    else:
+        base_cfg, base_params = base
     model_cfg = tune_model.tuned_model_config(base_cfg, config)
-    base = Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    variables = tune_model.init_variables(model_cfg, jax.device_get(base), config)
+    variables = tune_model.init_variables(model_cfg, base_params, config)
     params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])
     loss_fn = tune_model.make_loss_fn(model_cfg, config)
-    strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(b), clipping=clipping)
-                if strategy_name == "dp" else core.MeanGradient())
-    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=False)
+    strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(expected_batch or b),
+                              clipping=clipping) if strategy_name == "dp" else core.MeanGradient())
+    # A loaded model's state (its frozen base included) is donated as dp-tune donates it: not copied per step.
+    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=base is not None)
     state = fns.init_state(params, frozen, rng=0)
-    batch = fns.shard_batch(_batch(base_cfg.vocab_size, b, t))
-    acc = fns.init_accumulator(state)
+    batch = fns.shard_batch(rows if rows is not None else _batch(base_cfg.vocab_size, b, t))
     t0 = time.perf_counter()
-    acc2, _ = fns.accumulate_step(state, acc, batch)
-    state2, _ = fns.apply_step(state, acc2)
-    _block(state2)
+    acc, _ = fns.accumulate_step(state, fns.init_accumulator(state), batch)
+    state, _ = fns.apply_step(state, acc)
+    _block(state)
     compile_s = time.perf_counter() - t0
-    acc_times, apply_times, acc_cpu = [], [], []
+    acc_times, apply_times, acc_cpu, apply_cpu = [], [], [], []
+    reset_peak_rss()
     for _ in range(reps):
+        acc = fns.init_accumulator(state)
+        _block(acc)
         t0, c0 = time.perf_counter(), time.process_time()
-        acc2, _ = fns.accumulate_step(state, acc, batch)
-        _block(acc2)
+        acc, _ = fns.accumulate_step(state, acc, batch)
+        _block(acc)
         acc_times.append(time.perf_counter() - t0)
         acc_cpu.append(time.process_time() - c0)
-        t0 = time.perf_counter()
-        s2, _ = fns.apply_step(state, acc2)
-        _block(s2)
+        t0, c0 = time.perf_counter(), time.process_time()
+        state, _ = fns.apply_step(state, acc)
+        _block(state)
         apply_times.append(time.perf_counter() - t0)
-    lowered = jax.jit(fns._accumulate).lower(state, acc, batch).compile()
-    mem = lowered.memory_analysis()
-    temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+        apply_cpu.append(time.process_time() - c0)
+    acc = fns.init_accumulator(state)
+    temp = None
+    if base is None:  # (a second compile: skipped for a loaded model, whose peak RSS is measured instead)
+        mem = jax.jit(fns._accumulate).lower(state, acc, batch).compile().memory_analysis()
+        temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
     trainable = sum(x.size for x in jax.tree.leaves(params))
     return {"mode": mode, "strategy": strategy_name, "clipping": clipping, "accumulate_s": float(np.median(acc_times)),
             "apply_s": float(np.median(apply_times)), "compile_s": compile_s,
-            "accumulate_cpu_s": float(np.median(acc_cpu)),
-            "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable)}
+            "accumulate_cpu_s": float(np.median(acc_cpu)), "apply_cpu_s": float(np.median(apply_cpu)),
+            "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable),
+            "peak_rss": peak_rss()}
 
 
 def measure_wordcnn(strategy_name: str, vocab: int, dim: int, b: int, t: int, reps: int) -> dict:
@@ -156,6 +191,92 @@ def main_wordcnn(args) -> int:
     return 0
 
 
+def lora_flops_per_token(config, seq_len: int) -> float:
+    """FLOPs per token of a LoRA step: forward 2N + the backward's input gradients 2N (frozen weights get no
+    weight gradient) over the matmul parameters N, plus the attention matmuls forward and backward (the
+    attention term of `ModelConfig.flops_per_token`); the adapters' own FLOPs (rank 8) are left out."""
+    n = config.num_params(("params",)) - config.d_model * (2 * config.num_layers + 1)
+    return 4.0 * n + 12 * config.num_layers * config.num_heads * config.head_dim * seq_len / 2
+
+
+def main_model(args) -> int:
+    """DP-LoRA on a real (imported) model against Opacus + PEFT on CPU torch (issue 56)."""
+    import tempfile
+
+    from dpsynth.models.directory import load_model
+    from train_step import roofline_flops  # bench/train_step.py
+
+    loaded = load_model(args.model)
+    cfg, params = loaded.config, jax.device_get(loaded.variables["params"])
+    n, b, t = args.examples, args.microbatch, args.seq
+    if n % b:
+        raise SystemExit(f"--examples {n} must be a multiple of --microbatch {b}")
+    rows = _batch(cfg.vocab_size, n, t)
+    print(f"dp_step model: {args.model} ({cfg.preset}, {cfg.num_params() / 1e6:.0f}M params, vocab {cfg.vocab_size}); "
+          f"LoRA rank 8 on every projection; {n} examples (the expected batch of one logical step) in microbatches "
+          f"of {b}, seq {t}; clip 1, noise 1; devices={jax.devices()[0].platform}x{len(jax.devices())}", flush=True)
+    roof = roofline_flops(b * t, cfg.d_model, cfg.vocab_size)
+    k = n // b
+    ours = {}
+    for name, strategy in (("nonprivate", "nonprivate"), ("dp", "dp")):
+        r = measure("lora", strategy, cfg.preset, b, t, args.reps, base=(cfg, params), expected_batch=float(n),
+                    rows={key: v[:b] for key, v in rows.items()})
+        r["step_s"] = k * r["accumulate_s"] + r["apply_s"]
+        r["step_cpu_s"] = k * r["accumulate_cpu_s"] + r["apply_cpu_s"]
+        r["flops_per_s"] = lora_flops_per_token(cfg, t) * b * t / r["accumulate_s"]
+        ours[name] = r
+    del loaded, params
+    with tempfile.TemporaryDirectory(prefix="dpsynth-bench-opacus-") as tmp:
+        path = os.path.join(tmp, "batch.npz")
+        np.savez(path, **{key: rows[key] for key in ("inputs", "targets", "weights")})
+        peer = (run_peer("opacus_step.py", ["--gguf", args.gguf, "--batch", path, "--microbatch", str(b),
+                                            "--reps", str(args.reps)])
+                if args.gguf else {"unavailable": "no --gguf FILE given"})
+    per_k = 1000 / n
+    print(f"reproduce: nice -n 5 .venv/bin/python bench/dp_step.py {' '.join(sys.argv[1:])}")
+    if "versions" in peer:
+        print(f"peer versions: {', '.join(f'{key} {v}' for key, v in peer['versions'].items())}")
+    for name, r in ours.items():
+        print(f"  dpsynth {name:>10}: {r['step_s'] * per_k:.1f} s per 1,000 examples, {r['step_cpu_s'] * per_k:.1f} CPU-s ({k} "
+              f"accumulates of {r['accumulate_s']:.2f} s + apply {r['apply_s']:.3f} s; compile {r['compile_s']:.0f} s); peak RSS "
+              f"{peak_mb(r['peak_rss'])}; trainable {r['trainable_params']:,}", flush=True)
+    for name in ("nonprivate", "hooks", "ghost"):
+        x = peer.get(name, peer)
+        if "unavailable" in x:
+            print(f"  peer {name:>10}: not measured: {x['unavailable']}")
+        else:
+            print(f"  {'PEFT' if name == 'nonprivate' else 'Opacus+PEFT'} {name:>10}: {x['step_s'] * per_k:.1f} s per "
+                  f"1,000 examples, {x['step_cpu_s'] * per_k:.1f} CPU-s; peak RSS {peak_mb(x['peak_rss'])}")
+    for name, r in ours.items():
+        print(f"  roofline: plain matmul [{b * t}x{cfg.d_model}]x[{cfg.d_model}x{cfg.vocab_size}] {roof / 1e9:.1f} GFLOP/s;"
+              f" our {name} LoRA accumulate {r['flops_per_s'] / 1e9:.1f} GFLOP/s -> {r['flops_per_s'] / roof:.2f}x"
+              f" (target >= 0.7x: {'MET' if r['flops_per_s'] / roof >= 0.7 else 'MISSED'})")
+    dp_ratio = ours["dp"]["step_s"] / ours["nonprivate"]["step_s"]
+    dp_cpu = ours["dp"]["step_cpu_s"] / ours["nonprivate"]["step_cpu_s"]
+    print(f"ratio our DP / our non-private step: {dp_ratio:.2f}x wall, {dp_cpu:.2f}x CPU time (target <= 1.15x: "
+          f"{'MET' if dp_ratio <= 1.15 else 'MISSED'})")
+    dp_peers = [(peer[v]["step_s"], v) for v in ("hooks", "ghost") if "step_s" in peer.get(v, {})]
+    if "step_s" in peer.get("nonprivate", {}):
+        print(f"ratio our non-private / PEFT non-private: {ours['nonprivate']['step_s'] / peer['nonprivate']['step_s']:.2f}x "
+              f"wall, {ours['nonprivate']['step_cpu_s'] / peer['nonprivate']['step_cpu_s']:.2f}x CPU time")
+    if dp_peers:
+        best, which = min(dp_peers)
+        ratio = ours["dp"]["step_s"] / best
+        cpu = ours["dp"]["step_cpu_s"] / peer[which]["step_cpu_s"]
+        print(f"ratio our DP-LoRA / Opacus ({which}, its fastest): {ratio:.2f}x the time, {cpu:.2f}x the CPU time "
+              f"(target <= 0.8x: {'MET' if ratio <= 0.8 else 'MISSED'})")
+    else:
+        print("ratio our DP-LoRA / Opacus: not measured (Opacus unavailable, above)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": ours, "peer": peer, "roofline_flops": roof}, f, indent=1)
+    return 0
+
+
+def peak_mb(n) -> str:
+    return f"{n / 2**20:.0f} MB" if n else "n/a"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small")
@@ -171,7 +292,13 @@ def main(argv=None) -> int:
     p.add_argument("--wordcnn", action="store_true", help="WordCNN: sparse vs dense embedding clipping")
     p.add_argument("--vocab", type=int, default=30_002, help="--wordcnn: vocabulary (30k words + PAD/OOV)")
     p.add_argument("--embed-dim", type=int, default=384, help="--wordcnn: embedding width")
+    m = p.add_argument_group("a real model against Opacus + PEFT (--model: only this part runs)")
+    m.add_argument("--model", default=None, help="an imported model directory (dpsynth import-model --gguf FILE)")
+    m.add_argument("--gguf", default=None, help="the GGUF file it was imported from (the peers load it)")
+    m.add_argument("--examples", type=int, default=32, help="--model: examples per logical step (the expected batch)")
     args = p.parse_args(argv)
+    if args.model:
+        return main_model(args)
     if args.wordcnn:
         return main_wordcnn(args)
     print(f"dp_step: preset={args.preset} microbatch={args.microbatch} seq={args.seq} reps={args.reps} "

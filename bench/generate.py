@@ -50,12 +50,27 @@
    Ratios printed: workers vs the peer (examples/s), and interrupted + resumed vs
    uninterrupted (total wall time).
 
+7. `--peers --gguf FILE [--model DIR]` (only this part runs): the tools users would pick instead, on the
+   same real model (issue 56). `--samples` label-prompted synthetic examples (labels alternating over
+   `--labels`, the default template "[{label}] ", BOS first) of `--new-tokens` sampled tokens each
+   (temperature 1, the full distribution, EOS never ends a row) with dpsynth's sampler on DIR, the
+   `dpsynth import-model --gguf FILE` import (made into DIR when it is missing), against, in the peers'
+   venv (`.venv-peers`, `make bench-peers`; bench/peers/): llama.cpp (llama-cpp-python) on FILE itself
+   with `--threads` threads, one sequence at a time and all of them as parallel sequences of one
+   llama_batch (n_seq_max = samples); and transformers' `generate` on CPU torch, FILE loaded with
+   `gguf_file=`, one batch. Same prompt ids everywhere. Printed: examples/s and tokens/s of each, peak
+   RSS while generating (model loaded), ours against each peer (target >= 1.0x llama.cpp's best, >= 2x
+   transformers), and our decode step against its memory-bandwidth bound: bytes of the weights + the KV
+   cache a step reads, divided by the copy bandwidth of a large NumPy array measured in the same run.
+
     .venv/bin/python bench/generate.py [--preset small] [--length 256] [--batch 8]
         [--examples 64] [--skip-workers] [--guidance 1.5]
     .venv/bin/python bench/generate.py --draw --preset cpu --length 72 --batch 64
     .venv/bin/python bench/generate.py --phases --preset cpu --length 512 --batch 64
     .venv/bin/python bench/generate.py --scale --examples 100000 --workers 2 [--kill-after-shards K]
         [--kill worker|job] [--scale-length 64] [--scale-batch 32] [--examples-per-shard 256]
+    nice -n 5 .venv/bin/python bench/generate.py --peers --gguf gemma-3-270m-q4_k_m.gguf --model runs/gemma
+        [--samples 16] [--new-tokens 64] [--threads 2]
 """
 
 from __future__ import annotations
@@ -233,6 +248,134 @@ def bench_phases(preset: str, length: int, batch: int, guidance: float, prompt_l
                                                                        repeats, cache_block=b)
         out[f"{kind}_speedup"] = out[f"{kind}_phased_tokens_per_s"] / out[f"{kind}_whole_tokens_per_s"]
     return out
+
+
+def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s moved by `np.copyto` of a `nbytes` float32 array (read + write counted), the best of `repeats`."""
+    import numpy as np
+
+    a = np.ones(nbytes // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def _import_gguf(gguf: str, model_dir: str) -> None:
+    """`dpsynth import-model --gguf gguf --out model_dir` (as a user runs it)."""
+    subprocess.run([sys.executable, "-m", "dpsynth.cli", "import-model", "--gguf", gguf, "--out", model_dir],
+                   check=True, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def bench_peers(gguf: str, model_dir: str | None, samples: int, new_tokens: int, threads: int,
+                labels: tuple[str, ...] = ("positive", "negative"), repeats: int = 1) -> dict:
+    """dpsynth's sampler on the imported GGUF model against llama.cpp and transformers on the file itself."""
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(REPO, "bench", "peers"))
+    import common
+
+    from dpsynth.generate.sampler import Sampler, SamplerConfig, TransformerDecodeModel, example_keys, seed_to_key_data
+    from dpsynth.models.directory import load_model
+    from dpsynth.train import prompts as prompts_lib
+
+    tmp = tempfile.mkdtemp(prefix="dpsynth-bench-peers-")
+    try:
+        if model_dir is None or not os.path.exists(os.path.join(model_dir, "manifest.json")):
+            model_dir = model_dir or os.path.join(tmp, "model")
+            _import_gguf(gguf, model_dir)
+        t0 = time.perf_counter()
+        loaded = load_model(model_dir)
+        load_s = time.perf_counter() - t0
+        tok, config = loaded.tokenizer, loaded.config
+        rows = [prompts_lib.prompt_ids(tok, prompts_lib.DEFAULT_TEMPLATE, labels[i % len(labels)]).tolist()
+                for i in range(samples)]
+        width = max(len(r) for r in rows)
+        ids = np.full((samples, width), tok.pad_id, np.int32)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = r
+        lens = np.array([len(r) for r in rows], np.int32)
+        # Every row samples exactly new_tokens: the longest prompt sets max_len, shorter ones stop at it too.
+        cfg = SamplerConfig(temperature=1.0, max_len=width + new_tokens, batch_size=samples, prompt_bucket=width,
+                            eos_id=-1, pad_id=tok.pad_id, banned_ids=(tok.pad_id, tok.bos_id), vocab_limit=tok.vocab_size)
+        sampler = Sampler(TransformerDecodeModel(config), cfg)
+        keys = example_keys(seed_to_key_data(0), range(samples))
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(sampler.sample_batch(loaded.variables, ids, lens, keys))  # compile
+        compile_s = time.perf_counter() - t0
+        common.reset_peak_rss()
+        times, cpu = [], []
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = jax.block_until_ready(sampler.sample_batch(loaded.variables, ids, lens, keys))
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        generated = int(np.sum(np.asarray(out[1]))) if isinstance(out, tuple) else samples * new_tokens
+        ours = {"seconds": min(times), "cpu_s": min(cpu), "generated_tokens": generated, "rows": samples, "load_s": load_s,
+                "compile_s": compile_s, "peak_rss": common.peak_rss()}
+        # The decode step's memory-bandwidth bound: every weight once (the tied embedding is the output layer)
+        # plus the KV cache of all rows (K and V of each layer over the cache's length).
+        weight_bytes = sum(x.nbytes for x in jax.tree.leaves(loaded.variables))
+        kv_bytes = (2 * config.num_layers * samples * cfg.max_len * config.num_kv_heads * config.head_dim
+                    * np.dtype(config.dtype).itemsize)
+        bandwidth = copy_bandwidth()
+        ours.update(weight_bytes=weight_bytes, kv_bytes=kv_bytes, copy_bandwidth=bandwidth,
+                    step_bound_s=(weight_bytes + kv_bytes) / bandwidth, step_s=ours["seconds"] / new_tokens)
+        del loaded, sampler
+        prompts_path = os.path.join(tmp, "prompts.json")
+        with open(prompts_path, "w") as f:
+            json.dump(rows, f)
+        common_args = ["--gguf", gguf, "--prompts", prompts_path, "--new-tokens", str(new_tokens),
+                       "--threads", str(threads)]
+        return {"gguf": gguf, "model_dir": model_dir, "samples": samples, "new_tokens": new_tokens, "threads": threads,
+                "prompt_width": width, "ours": ours,
+                "llama.cpp": common.run_peer("llamacpp_generate.py", common_args),
+                "transformers": common.run_peer("hf_generate.py", common_args + ["--repeats", str(repeats)])}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_peers(r: dict) -> None:
+    def rate(x):
+        return x["rows"] / x["seconds"], x["generated_tokens"] / x["seconds"]
+
+    o = r["ours"]
+    print(f"[{os.path.basename(r['gguf'])}, {r['samples']} label-prompted samples x {r['new_tokens']} tokens, "
+          f"{r['threads']} threads for the peers; prompt width {r['prompt_width']}]", flush=True)
+    ex, tps = rate(o)
+    print(f"  dpsynth sampler (imported, float32): {ex:.2f} examples/s, {tps:.1f} tokens/s, {o['cpu_s']:.1f} CPU-s; peak RSS"
+          f" {_mb(o['peak_rss'])}"
+          f" (load {o['load_s']:.0f}s, compile {o['compile_s']:.0f}s)", flush=True)
+    peers = []
+    for name, variants in (("llama.cpp", ("single", "batched")), ("transformers", (None,))):
+        p = r[name]
+        if "unavailable" in p:
+            print(f"  {name}: not measured: {p['unavailable']}", flush=True)
+            continue
+        print(f"  {name} versions: {', '.join(f'{k} {v}' for k, v in p['versions'].items())}", flush=True)
+        for v in variants:
+            x = p[v] if v else p
+            pex, ptps = rate(x)
+            label = x["peer"] if v is None else f"{name} {x['peer']}"
+            peers.append((label, ex / pex, name))
+            print(f"  {label}: {pex:.2f} examples/s, {ptps:.1f} tokens/s, {x['cpu_s']:.1f} CPU-s; peak RSS "
+                  f"{_mb(x['peak_rss'])}; ours/peer {ex / pex:.2f}x examples/s, {x['cpu_s'] / o['cpu_s']:.2f}x less CPU time",
+                  flush=True)
+    print(f"  our decode step {1e3 * o['step_s']:.0f} ms vs its memory-bandwidth bound {1e3 * o['step_bound_s']:.0f} ms"
+          f" (weights {_mb(o['weight_bytes'])} + KV {_mb(o['kv_bytes'])} at a copy bandwidth of"
+          f" {o['copy_bandwidth'] / 1e9:.1f} GB/s): {o['step_bound_s'] / o['step_s']:.2f} of the bound", flush=True)
+    best = {}
+    for label, ratio, name in peers:
+        best[name] = min(best.get(name, (float("inf"), "")), (ratio, label))
+    for name, target in (("llama.cpp", 1.0), ("transformers", 2.0)):
+        if name in best:
+            ratio, label = best[name]
+            print(f"ratio ours/{name} (its fastest: {label}): {ratio:.2f}x examples/s, target >= {target:g}x: "
+                  f"{'MET' if ratio >= target else 'MISSED'}", flush=True)
 
 
 def print_phases(r: dict) -> None:
@@ -618,6 +761,14 @@ def main(argv=None) -> int:
     p.add_argument("--draw", action="store_true",
                    help="only the token draw: inverse transform vs jax.random.categorical (--preset, --length, "
                         "--batch, --guidance)")
+    q = p.add_argument_group("peers on a real model (--peers: only this part runs)")
+    q.add_argument("--peers", action="store_true", help="dpsynth vs llama.cpp and transformers on --gguf")
+    q.add_argument("--gguf", default=None, help="a GGUF file (make gemma3-gguf: Gemma 3 270M Q4_K_M)")
+    q.add_argument("--model", default=None, help="its dpsynth import (made there when missing; default: a temporary one)")
+    q.add_argument("--samples", type=int, default=16, help="label-prompted examples")
+    q.add_argument("--new-tokens", type=int, default=64, help="sampled tokens per example")
+    q.add_argument("--threads", type=int, default=2, help="the peers' threads")
+    q.add_argument("--repeats", type=int, default=1, help="timed calls of ours and transformers (best kept)")
     g = p.add_argument_group("generation at scale (--scale: only this part runs)")
     g.add_argument("--scale", action="store_true")
     g.add_argument("--workers", type=int, default=2)
@@ -633,6 +784,16 @@ def main(argv=None) -> int:
     g.add_argument("--keep", default=None, help="work in this directory and keep it (default: a temporary one)")
     args = p.parse_args(argv)
     results = {}
+    if args.peers:
+        if not args.gguf:
+            p.error("--peers needs --gguf FILE")
+        r = bench_peers(args.gguf, args.model, args.samples, args.new_tokens, args.threads, repeats=args.repeats)
+        print("reproduce: nice -n 5 .venv/bin/python bench/generate.py " + " ".join(sys.argv[1:] if argv is None else argv))
+        print_peers(r)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"peers": r}, f, indent=2)
+        return 0
     if args.scale:
         r = bench_scale(examples=args.examples or 100_000, workers=args.workers, length=args.scale_length,
                         batch=args.scale_batch, per_shard=args.examples_per_shard, preset=args.scale_preset,
