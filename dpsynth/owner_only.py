@@ -11,6 +11,7 @@ refuses a private path inside a released one.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from dpsynth import fileio
@@ -79,3 +80,32 @@ def check_outside(private_path: str, released_dir: str, what: str) -> None:
     if is_inside(private_path, released_dir):
         raise ValueError(f"{what} {private_path!r} is inside the released directory {released_dir!r}: private "
                          "state must live outside anything that may be published")
+
+
+def check_report_location(out_dir: str, released_dir: str, what: str) -> None:
+    """Raises ValueError unless the owner-only report directory `out_dir` lies outside `released_dir`
+    (which may be published) and is (or can be made) a writable directory."""
+    from dpsynth import outdir
+
+    check_outside(out_dir, released_dir, what)
+    outdir.check_writable(out_dir)
+
+
+def make_report_dir(out_dir: str, released_dir: str, *, what: str, report_file: str, allowed: Iterable[str] = (),
+                    foreign_hint: str = "") -> str:
+    """Creates the owner-only report directory `out_dir` (0700) of a command that reads private data
+    (`dpsynth audit`, `dpsynth probe`) after `check_report_location`, refusing one that holds
+    `report_file` already or anything but the command's run files (`outdir.RUN_FILES`, held by
+    `outdir.claim`) and the `allowed` names (its dead letters); returns its absolute path. Raises
+    ValueError (one line)."""
+    from dpsynth import outdir
+
+    check_report_location(out_dir, released_dir, what)
+    if os.path.exists(os.path.join(out_dir, report_file)):
+        raise ValueError(f"{out_dir}: already holds {report_file}; choose another --out or delete it")
+    ours = {*allowed, *outdir.RUN_FILES}
+    foreign = sorted(set(os.listdir(out_dir)) - ours) if os.path.isdir(out_dir) else []
+    if foreign:
+        raise ValueError(f"{out_dir}: holds other files ({foreign[0]}, ...){foreign_hint}; choose another --out or "
+                         "delete it")
+    return make_private_dir(out_dir)

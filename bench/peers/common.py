@@ -75,3 +75,16 @@ def emit(result: dict) -> None:
     """A peer script's answer: one JSON line, last."""
     sys.stdout.flush()
     print(json.dumps(result), flush=True)
+
+
+def generate_parser(doc: str):
+    """The command line every generation peer answers (`bench/generate.py --peers` passes these):
+    the GGUF file, the prompts (a JSON list of token-id lists, BOS included), new tokens per row, threads."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists (BOS included)")
+    p.add_argument("--new-tokens", type=int, required=True)
+    p.add_argument("--threads", type=int, default=2)
+    return p

@@ -9,7 +9,6 @@ One untimed call of 2 tokens first (warm-up); the timed call is the best of `--r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,11 +19,7 @@ import common  # noqa: E402
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gguf", required=True)
-    p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists (BOS included)")
-    p.add_argument("--new-tokens", type=int, required=True)
-    p.add_argument("--threads", type=int, default=2)
+    p = common.generate_parser(__doc__)
     p.add_argument("--repeats", type=int, default=1)
     args = p.parse_args(argv)
     try:

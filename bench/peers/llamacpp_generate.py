@@ -15,7 +15,6 @@ One untimed pass of 2 tokens first (warm-up). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -88,11 +87,7 @@ class Runner:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gguf", required=True)
-    p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists (BOS included)")
-    p.add_argument("--new-tokens", type=int, required=True)
-    p.add_argument("--threads", type=int, default=2)
+    p = common.generate_parser(__doc__)
     p.add_argument("--single-rows", type=int, default=None,
                    help="time one sequence at a time on only the first K rows (a row's rate does not depend on the others)")
     args = p.parse_args(argv)

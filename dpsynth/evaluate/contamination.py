@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsynth import binding, fileio, outdir
+from dpsynth import binding, fileio
 from dpsynth.binding import SettingError
 from dpsynth.data import dead_letters
 from dpsynth.errors import DpsynthError
@@ -233,11 +233,10 @@ def probe_model(model_dir: str, data: Sequence[dict], control: Sequence[dict], c
 def check_location(out_dir: str, model_dir: str) -> None:
     """Raises `ProbeError` unless `out_dir` lies outside the model directory (which may be published)
     and is (or can be made) a writable directory."""
-    from dpsynth.owner_only import check_outside
+    from dpsynth.owner_only import check_report_location
 
     try:
-        check_outside(out_dir, model_dir, "--out: the probe directory")
-        outdir.check_writable(out_dir)
+        check_report_location(out_dir, model_dir, "--out: the probe directory")
     except ValueError as e:
         raise ProbeError(str(e)) from e
 
@@ -245,16 +244,13 @@ def check_location(out_dir: str, model_dir: str) -> None:
 def check_out(out_dir: str, model_dir: str) -> str:
     """Creates the owner-only `out_dir` (0700) after `check_location` and checking that it holds no
     probe yet and nothing but the command's run files and dead letters; returns its absolute path."""
-    from dpsynth.owner_only import make_private_dir
+    from dpsynth.owner_only import make_report_dir
 
-    check_location(out_dir, model_dir)
-    if os.path.exists(os.path.join(out_dir, REPORT_JSON)):
-        raise ProbeError(f"{out_dir}: already holds {REPORT_JSON}; choose another --out or delete it")
-    ours = {dead_letters.FILE, *outdir.RUN_FILES}
-    foreign = sorted(set(os.listdir(out_dir)) - ours) if os.path.isdir(out_dir) else []
-    if foreign:
-        raise ProbeError(f"{out_dir}: holds other files ({foreign[0]}, ...); choose another --out or delete it")
-    return make_private_dir(out_dir)
+    try:
+        return make_report_dir(out_dir, model_dir, what="--out: the probe directory", report_file=REPORT_JSON,
+                               allowed=(dead_letters.FILE,))
+    except ValueError as e:
+        raise ProbeError(str(e)) from e
 
 
 def _files(paths: Sequence[str]) -> list[dict[str, str]]:

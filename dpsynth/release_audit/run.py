@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from dpsynth import fileio, outdir
+from dpsynth import fileio
 from dpsynth.data import dead_letters
 from dpsynth.errors import DpsynthError
 from dpsynth.release_audit import copying
@@ -75,11 +75,10 @@ def generator_model(corpus_dir: str, manifest: dict) -> str | None:
 
 def check_location(out_dir: str, corpus_dir: str) -> None:
     """Raises `AuditError` unless `out_dir` lies outside the corpus and is (or can be made) a writable directory."""
-    from dpsynth.owner_only import check_outside
+    from dpsynth.owner_only import check_report_location
 
     try:
-        check_outside(out_dir, corpus_dir, "--out: the audit directory")
-        outdir.check_writable(out_dir)
+        check_report_location(out_dir, corpus_dir, "--out: the audit directory")
     except ValueError as e:
         raise AuditError(str(e)) from e
 
@@ -88,17 +87,14 @@ def check_out(out_dir: str, corpus_dir: str) -> str:
     """Creates the owner-only `out_dir` (0700) after checking it lies outside the corpus, holds no
     report yet and is writable; returns its absolute path. (`dpsynth audit` holds it first with
     `outdir.claim`: its run record and lock are the only files allowed there besides dead letters.)"""
-    from dpsynth.owner_only import make_private_dir
+    from dpsynth.owner_only import make_report_dir
 
-    check_location(out_dir, corpus_dir)
-    if os.path.exists(os.path.join(out_dir, REPORT_JSON)):
-        raise AuditError(f"{out_dir}: already holds {REPORT_JSON}; choose another --out or delete it")
-    ours = {dead_letters.FILE, *outdir.RUN_FILES}
-    foreign = sorted(set(os.listdir(out_dir)) - ours) if os.path.isdir(out_dir) else []
-    if foreign:
-        raise AuditError(f"{out_dir}: holds other files ({foreign[0]}, ...), e.g. another command's output or an "
-                         "interrupted audit; choose another --out or delete it")
-    return make_private_dir(out_dir)
+    try:
+        return make_report_dir(out_dir, corpus_dir, what="--out: the audit directory", report_file=REPORT_JSON,
+                               allowed=(dead_letters.FILE,),
+                               foreign_hint=", e.g. another command's output or an interrupted audit")
+    except ValueError as e:
+        raise AuditError(str(e)) from e
 
 
 def audit_release(corpus_dir: str, train: Sequence[dict], test: Sequence[dict], out_dir: str, *, tokenizer=None,
