@@ -13,13 +13,15 @@ that fits `--time-budget`) and released (post-processing of the model and the DP
 `dpsynth.evaluate.screening`); with `--screen-size 0`, each setting at its largest multiple
 (smaller multiples are its prefixes), every one a candidate. Before any generation the plan is
 printed (examples, tokens, classifier trainings, an ETA from a timed probe of the real model);
-`--time-budget` (default one hour; 0: no limit) shrinks the released size within `--multiples`,
-then the screening size, to fit, or refuses; `--dry-run` stops after the plan.
+`--time-budget` (default one hour, the probe's time included; 0: no limit) shrinks the plan to fit
+(`screening.SHRINK_ORDER`: the released size within `--multiples`, the screening size, the
+sampling settings, the released size below `--multiples`), refusing only when even the smallest
+does not fit; `--dry-run` stops after the plan. The plan is fixed before `--valid` is read.
 With `--candidates`, they are corpus directories that exist. A classifier is trained on each
 candidate's synthetic splits and its correct predictions on the real `--valid` are counted; only
 the winner is released, by the exponential mechanism (or `--mechanism gaussian`) at
 `--epsilon`, into `--out` (a corpus directory: splits, composed `privacy_report.json`,
-`selection.json`). The counts stay in the owner-only `OUT.private/`. Before any compute,
+`selection.json`). The counts stay in the owner-only `OUT.private/`. Before any generation,
 `--valid` is checked disjoint from D_train (`--label-source`, or the record hashes dp-tune kept
 in the model's private state), and a DP label histogram is checked against the tuning's target
 (drawn at the sigma the tuning reserved). See `dpsynth.evaluate.dp_select` and docs/dp.md,
@@ -87,12 +89,12 @@ def parser() -> argparse.ArgumentParser:
                         "and released (no further privacy cost); the multiple is not chosen on D_valid. 0: every candidate of the grid at full "
                         "size, the multiples chosen too (the pre-screening behaviour)")
     g.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                   help="seconds the whole run (generation and classifiers) may take, by the ETA measured on this "
-                        "machine (a timed probe of the model's sampler and of one classifier training; default "
-                        f"{screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit): the released size shrinks first, "
-                        "to the largest --multiples that fits (down to the smallest), then the screening size (down "
-                        f"to {screening.MIN_SCREEN_SIZE}), else the run is refused, saying what fits; the grid is never "
-                        "shrunk, and the choice reads no private data (no privacy cost)")
+                   help="seconds the whole run (the probe, generation and classifiers) may take, by the ETA measured "
+                        "on this machine (a timed probe of the model's sampler and of one classifier training, its "
+                        f"own time included; default {screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit): a plan "
+                        f"that does not fit shrinks {screening.shrink_order_text()}; the run is refused only when "
+                        "even that does not fit. The plan says what shrank; the choice reads no private data (no "
+                        "privacy cost; one DP selection among the settings kept)")
     g.add_argument("--dry-run", action="store_true", help="print the plan (counts and the measured ETA) and stop: "
                    "nothing is written and D_valid is not read")
     # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
@@ -138,10 +140,20 @@ def main(argv=None) -> int:
                       secret=("seed",)):
         policy = dead_letters.Policy.of(args.max_dead_letters, dead_letters.default_path(args.out),
                                         prefix="dpsynth select: ")
+        if args.model:
+            # the histogram's sigma, refused before any compute if the tuning's target does not cover it
+            sigma = (dp_select.label_noise_multiplier(report_lib.load_report(args.model), args.label_noise_multiplier)
+                     if args.label_source else None)
+            # The plan (sizes, kept settings: the number of candidates the selection is calibrated on) is
+            # fixed before D_valid or D_train is read: a data-independent choice (`dpsynth.evaluate.screening`).
+            plan, speed, grid, dataset_size = _plan(args, config)
+            for line in plan.lines(speed):
+                print(f"dpsynth select: {line}", file=sys.stderr)
         dead_letters.read_checked([("valid (--valid)", args.valid)], policy, encoding=args.encoding)
         valid = corpora.read_real(args.valid, "real valid", max_dead_letters=policy.limit, encoding=args.encoding)
         release_dir = screened = None
-        # D_valid disjoint from D_train (the parallel composition's premise), before any compute (`dpsynth.dp.disjoint`)
+        # D_valid disjoint from D_train (the parallel composition's premise), before any generation
+        # (`dpsynth.dp.disjoint`; with --model after the probe, which reads neither)
         disjointness, overlaps = dp_select.check_disjoint(valid, dp_select.train_hash_sources(
             model=args.model, candidates=args.candidates or (), label_source=args.label_source, encoding=args.encoding,
             max_dead_letters=policy.limit))
@@ -149,12 +161,6 @@ def main(argv=None) -> int:
             print(f"dpsynth select: note: D_valid was not checked disjoint from D_train ({disjointness['detail']}; "
                   "pass --label-source D_TRAIN to check it); selection.json says so", file=sys.stderr)
         if args.model:
-            # the histogram's sigma, refused before any compute if the tuning's target does not cover it
-            sigma = (dp_select.label_noise_multiplier(report_lib.load_report(args.model), args.label_noise_multiplier)
-                     if args.label_source else None)
-            plan, speed, grid, dataset_size = _plan(args, config)
-            for line in plan.lines(speed):
-                print(f"dpsynth select: {line}", file=sys.stderr)
             distribution = None
             if args.label_source:
                 from dpsynth.generate import job

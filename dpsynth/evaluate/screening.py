@@ -25,28 +25,56 @@ with the real model, and one classifier training on a small set made of those sa
 private data is read and nothing is written).
 
 The time budget (`fit_time_budget`; `--time-budget`, default `DEFAULT_TIME_BUDGET`, one hour;
-0: no limit): a plan whose ETA does not fit is shrunk, in this order:
+0: no limit) covers the whole run by the plan's ETA: the probe's own time (already spent when the
+plan is fitted: `Speed.probe_seconds`), the screening generation, the classifier trainings and the
+final generation. A plan whose ETA does not fit is shrunk, in this order (`SHRINK_ORDER`, each
+stage tried only when the ones before it cannot fit):
 
 1. the released size: the final corpus at the largest of the asked multiples x |D_train| that
    fits, down to the smallest asked multiple (`--multiples 1,2,3`: 3x, then 2x, then 1x). The
    multiples are the sizes the user allowed; the release takes the largest of them the budget
-   affords (without a budget, the largest asked). Never below the smallest asked multiple.
+   affords (without a budget, the largest asked).
 2. then the screening size, down to `MIN_SCREEN_SIZE` (the screening is what makes the DP
    choice worth its epsilon: `bench/select_screening.py` measured the ranking lost at small
-   sizes, so it shrinks last).
-3. else `BudgetError`: one line saying what fits, ending with "(--time-budget 0: no limit)".
+   sizes, so it shrinks after the multiple).
+3. then the grid: the sampling settings are dropped one at a time, down to `MIN_SETTINGS`, in the
+   fixed order of `dp_select.settings_by_priority` (`dp_select.SETTING_PRIORITY`: the settings
+   study v3's DP selections released most often are kept longest; others in a spread order). At
+   each grid size the release and the screening size are maximized again (stages 1 and 2 on the
+   kept settings), so the first grid size where the smallest asked multiple fits is kept.
+4. then the release below the smallest asked multiple: with `MIN_SETTINGS` settings screened at
+   `MIN_SCREEN_SIZE`, the largest final train size that fits (its valid `--valid-fraction` of
+   it), down to the screening size in use. That floor: below it the release would be smaller
+   than each screened candidate, the winner's own screened corpus among them, so shrinking
+   further buys a worse corpus than one the run already made.
+5. else `BudgetError`: one line, the smallest plan's ETA and the budget it needs, ending with
+   "(--time-budget 0: no limit)".
 
-The grid (the sampling settings) is never shrunk. The plan says what shrank and from what
-(`SelectPlan.final_asked`, `SelectPlan.screen_asked`), and so does selection.json's `screening`
-section.
+Why the grid (3) before the release below the asked multiples (4): a smaller release loses on
+every use of the corpus (the downstream accuracy grows with the synthetic train size: 1x to 3x
+gained in study v3, docs/paper_cpu.md), while dropping a setting loses only when the dropped one
+would have won and the DP choice at a screening size would have found it; the two settings kept
+last were the release in 7 of study v3's 12 selections, and at `MIN_SCREEN_SIZE` examples the
+choice among many settings is noisy anyway. The release below the asked multiples is what the
+user did not ask for, so it comes last.
 
-Privacy of the budget: the sizes are chosen from the probe's timing, |D_train| (the published
-privacy report's dataset size) and the flags alone. The probe samples the DP-tuned model and
-trains one classifier on those samples (post-processing of the model), and reads no private
-data; D_valid is not read before the plan is fixed (`--dry-run` prints it without D_valid). So
-the released size is a data-independent choice: no privacy cost, and no second selection on
-D_valid (unlike choosing the multiple by the classifiers' scores, which this module does not do).
-Keep it so: nothing that reads D_valid or D_train may enter `fit_time_budget`.
+The plan says what shrank and from what (`SelectPlan.final_asked`, `SelectPlan.screen_asked`,
+`SelectPlan.settings_asked`, `SelectPlan.eta_asked`: `SelectPlan.shrink_line`), and so does
+selection.json's `screening.time_budget` (`budget_record`).
+
+Privacy of the budget: the sizes and the kept settings are chosen from the probe's timing,
+|D_train| (the published privacy report's dataset size), the flags and constants alone. The probe
+samples the DP-tuned model and trains one classifier on those samples (post-processing of the
+model), and reads no private data; the plan is fixed before D_valid is read (`dpsynth select`
+fits it before it opens --valid; `--dry-run` prints it without D_valid), and the time counted is
+the probe's own (its clock), not the run's wall time since start, which would include reading
+D_valid. So the released size and the grid are data-independent choices: no privacy cost, and no
+second selection on D_valid (unlike choosing the multiple by the classifiers' scores, which this
+module does not do). A smaller grid is still ONE DP selection at the epsilon given, among the kept
+settings' candidates: the exponential mechanism's epsilon does not depend on the number of
+candidates; the Gaussian variant's sigma does, and is calibrated on the number of candidates
+scored, which are exactly `SelectPlan.screening`'s jobs, fixed with the plan before D_valid is
+read. Keep it so: nothing that reads D_valid or D_train may enter `fit_time_budget`.
 """
 
 from __future__ import annotations
@@ -66,10 +94,25 @@ logger = logging.getLogger("dpsynth.evaluate")
 
 DEFAULT_SCREEN_SIZE = 2000  # synthetic train examples per screened sampling setting (valid: valid_fraction of it)
 MIN_SCREEN_SIZE = 200  # the smallest screening size --time-budget shrinks to (fewer cannot rank the settings)
+MIN_SETTINGS = 2  # the fewest sampling settings --time-budget screens (one cannot be a choice)
 DEFAULT_TIME_BUDGET = 3600  # seconds the whole of `dpsynth select --model` may take by default (0: no limit)
 PROBE_BATCHES = 2  # timed sampler calls of the generation probe, per kind of setting (after one warm-up call)
 PROBE_CLASSIFIER_EXAMPLES = 256  # the classifier probe's train set (the probe's samples, repeated)
 SCREEN_DIR, FINAL_DIR = "screened", "final"  # under OUT.candidates/
+# What --time-budget shrinks, in order (`fit_time_budget` follows it; the module docstring says why):
+# the one declaration `dpsynth select --help` prints and the docs name.
+SHRINK_ORDER = (
+    "the release, to the largest --multiples that fits (down to the smallest asked)",
+    f"the screening size (down to {MIN_SCREEN_SIZE})",
+    f"the sampling settings (down to {MIN_SETTINGS}; the study's least often released first, "
+    "dp_select.SETTING_PRIORITY)",
+    "the release below the smallest --multiples (down to the screening size)",
+)
+
+
+def shrink_order_text() -> str:
+    """`SHRINK_ORDER` as one phrase: "A, then B, then C, then D"."""
+    return ", then ".join(SHRINK_ORDER)
 
 
 class BudgetError(errors.DpsynthError, ValueError):
@@ -86,12 +129,16 @@ class Speed:
       mean_tokens: mean generated tokens per example in the probe.
       classifier_seconds_per_example: one classifier training's seconds per synthetic train
         example (one trial at the sweep's epochs, the probe's compilation included: an upper estimate).
+      probe_seconds: the probe's own time, already spent when the plan is fitted (its clock, from
+        loading the model to the end of its classifier training: nothing private is read in it).
+        The ETA, and so the time budget, counts it.
     """
 
     examples_per_second: Mapping[bool, float]
     job_overhead_seconds: float
     mean_tokens: float
     classifier_seconds_per_example: float
+    probe_seconds: float = 0.0
 
     def rate(self, guided: bool) -> float:
         return self.examples_per_second.get(guided) or min(self.examples_per_second.values())
@@ -99,7 +146,8 @@ class Speed:
     def to_json(self) -> dict[str, Any]:
         return {"examples_per_second": {("guided" if k else "unguided"): v for k, v in self.examples_per_second.items()},
                 "job_overhead_seconds": self.job_overhead_seconds, "mean_tokens": self.mean_tokens,
-                "classifier_seconds_per_example": self.classifier_seconds_per_example}
+                "classifier_seconds_per_example": self.classifier_seconds_per_example,
+                "probe_seconds": self.probe_seconds}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,7 +165,12 @@ class Job:
 
     @property
     def name(self) -> str:
-        return f"w{self.guidance:g}-t{self.temperature:g}"
+        return setting_name(self.guidance, self.temperature)
+
+
+def setting_name(guidance: float, temperature: float) -> str:
+    """A sampling setting's name: its screened candidate's (`w1.5-t1`)."""
+    return f"w{guidance:g}-t{temperature:g}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,10 +190,15 @@ class SelectPlan:
       candidate_train_sizes: each candidate's synthetic train examples (what its classifiers train on).
       dataset_size: |D_train| (the model's privacy report's, public), the multiples' unit.
       multiples: the asked multiples of |D_train|, ascending (the sizes the release may take).
-      final_multiple: the multiple of `final` (the largest asked, unless the time budget shrank it).
+      final_multiple: the multiple of `final` (the largest asked, unless the time budget shrank it;
+        below the smallest asked: `final.train` / |D_train|).
       final_asked: `final` as asked (the largest multiple); differs from `final` when shrunk.
       screen_asked: the screening size asked; differs from `screen_size` when shrunk.
+      settings_asked: the grid's sampling settings as asked (names, grid order).
+      settings_dropped: those the time budget dropped (names, the first dropped first:
+        `dp_select.settings_by_priority` reversed); `screening` holds the others.
       time_budget: the seconds the plan was fitted to (`fit_time_budget`); None: no limit.
+      eta_asked: the ETA of the plan as asked (the probe included), when the time budget shrank it.
     """
 
     screen_size: int
@@ -155,7 +213,10 @@ class SelectPlan:
     final_multiple: float | None = None
     final_asked: Job | None = None
     screen_asked: int = 0
+    settings_asked: tuple[str, ...] = ()
+    settings_dropped: tuple[str, ...] = ()
     time_budget: float | None = None
+    eta_asked: float | None = None
 
     @property
     def final_shrunk(self) -> bool:
@@ -166,6 +227,21 @@ class SelectPlan:
     def screen_shrunk(self) -> bool:
         """Whether the time budget shrank the screening size below the one asked for."""
         return 0 < self.screen_size < self.screen_asked
+
+    @property
+    def final_below_asked(self) -> bool:
+        """Whether the time budget shrank the release below the smallest multiple asked for."""
+        return (self.final is not None and bool(self.multiples) and self.final_multiple is not None
+                and self.final_multiple < min(self.multiples))
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The sampling settings screened (names, grid order)."""
+        return tuple(j.name for j in self.screening)
+
+    @property
+    def shrunk(self) -> bool:
+        return self.final_shrunk or self.screen_shrunk or bool(self.settings_dropped)
 
     @property
     def screening_examples(self) -> int:
@@ -197,7 +273,7 @@ class SelectPlan:
             slowest = min(speed.rate(j.guidance > 0) for j in self.screening)
             final = speed.job_overhead_seconds + self.final.examples / slowest
         train = self.trainings_per_candidate * speed.classifier_seconds_per_example * sum(self.candidate_train_sizes)
-        parts = {"screening": gen(self.screening), "classifiers": train, "final": final}
+        parts = {"probe": speed.probe_seconds, "screening": gen(self.screening), "classifiers": train, "final": final}
         return {**parts, "total": sum(parts.values())}
 
     def lines(self, speed: Speed | None = None) -> list[str]:
@@ -207,11 +283,12 @@ class SelectPlan:
         def took(part):
             return f" ~{_fmt(eta[part])}" if eta is not None else ""
 
-        what = (f"screening {len(self.screening)} sampling settings at {self.screen_size:,} train examples each"
+        of = f" of {len(self.settings_asked)}" if self.settings_dropped else ""
+        what = (f"screening {len(self.screening)}{of} sampling settings at {self.screen_size:,} train examples each"
                 if self.screen_size else f"{len(self.screening)} sampling settings at full size (no screening)")
         if self.screen_shrunk:
             what += f" (shrunk from {self.screen_asked:,} to fit the time budget)"
-        out = [self.budget_line(),
+        out = [self.budget_line(), *([self.shrink_line()] if self.shrunk else []),
                f"plan: {what}: {self.screening_examples:,} examples to generate{took('screening')}",
                f"plan: {self.candidates} candidates x {self.trainings_per_candidate} classifier trainings = "
                f"{self.trainings:,} trainings{took('classifiers')}"]
@@ -227,7 +304,8 @@ class SelectPlan:
         if eta is not None:
             rates = ", ".join(f"{'guided' if g else 'unguided'} {r:.3g} example/s"
                               for g, r in sorted(speed.examples_per_second.items()))
-            out.append(f"plan: ETA {_fmt(eta['total'])} (probe: {rates}; a generation job's load and compilation "
+            out.append(f"plan: ETA {_fmt(eta['total'])}, the probe's {_fmt(speed.probe_seconds)} (already spent) "
+                       f"included (probe: {rates}; a generation job's load and compilation "
                        f"{_fmt(speed.job_overhead_seconds)}; a classifier training "
                        f"{speed.classifier_seconds_per_example * 1000:.3g} ms per train example)")
         return out
@@ -238,6 +316,26 @@ class SelectPlan:
             return "plan: no time budget (--time-budget 0)"
         given = "the default" if self.time_budget == DEFAULT_TIME_BUDGET else f"--time-budget {self.time_budget:g}"
         return f"plan: time budget {_fmt(self.time_budget)} ({given}; --time-budget 0: no limit)"
+
+    def shrink_line(self) -> str:
+        """The plan's line on what the time budget shrank, and from what (`fit_time_budget`)."""
+        budget = "the default one-hour budget" if self.time_budget == DEFAULT_TIME_BUDGET else \
+            f"--time-budget {self.time_budget:g}"
+        parts = []
+        if self.final_shrunk:
+            asked = max(self.multiples) if self.multiples else self.final_multiple
+            below = (f", below the smallest asked, {min(self.multiples):g}x" if self.final_below_asked
+                     and min(self.multiples) != asked else "")
+            parts.append(f"released {self.final.train:,} train examples ({self.final_multiple:.3g}x |D_train|, asked "
+                         f"{asked:g}x = {self.final_asked.train:,}{below})")
+        if self.settings_dropped:
+            parts.append(f"{len(self.screening)} of {len(self.settings_asked)} sampling settings screened "
+                         f"({', '.join(self.settings)}; dropped {', '.join(self.settings_dropped)}, in the fixed "
+                         "order of dp_select.SETTING_PRIORITY)")
+        if self.screen_shrunk:
+            parts.append(f"screening at {self.screen_size:,} train examples per setting (asked {self.screen_asked:,})")
+        full = f" (~{_fmt(self.eta_asked)})" if self.eta_asked is not None else ""
+        return f"plan: shrunk to fit {budget}: {'; '.join(parts)}; --time-budget 0 for the plan as asked{full}"
 
     def to_json(self) -> dict[str, Any]:
         return {"screen_size": self.screen_size, "screening_examples": self.screening_examples,
@@ -276,7 +374,8 @@ def make_plan(grid: Sequence[dp_select.CandidateSpec], *, dataset_size: int, val
                           screening=tuple(Job(guidance=w, temperature=t, train=s_train, valid=s_valid)
                                           for w, t in settings),
                           final=final, candidate_train_sizes=(s_train,) * len(settings), dataset_size=dataset_size,
-                          multiples=multiples, final_multiple=multiples[-1], final_asked=final, screen_asked=screen_size)
+                          multiples=multiples, final_multiple=multiples[-1], final_asked=final, screen_asked=screen_size,
+                          settings_asked=tuple(setting_name(w, t) for w, t in settings))
     jobs = []
     for w, t in settings:
         m = max(c.multiple for c in grid if (c.guidance, c.temperature) == (w, t))
@@ -286,7 +385,7 @@ def make_plan(grid: Sequence[dp_select.CandidateSpec], *, dataset_size: int, val
                       trainings_per_candidate=trainings_per_candidate,
                       candidate_train_sizes=tuple(dp_select.sizes(c.multiple, dataset_size, valid_fraction)[0]
                                                   for c in grid),
-                      dataset_size=dataset_size, multiples=multiples)
+                      dataset_size=dataset_size, multiples=multiples, settings_asked=tuple(j.name for j in jobs))
 
 
 def _final_job(multiple: float, dataset_size: int, valid_fraction: float) -> Job:
@@ -295,20 +394,26 @@ def _final_job(multiple: float, dataset_size: int, valid_fraction: float) -> Job
 
 
 def fit_time_budget(plan: SelectPlan, speed: Speed, seconds: float | None, *, valid_fraction: float,
-                    min_screen_size: int = MIN_SCREEN_SIZE) -> SelectPlan:
-    """`plan` fitted to a time budget of `seconds` (None or 0: no limit), by its ETA at `speed`.
+                    min_screen_size: int = MIN_SCREEN_SIZE, min_settings: int = MIN_SETTINGS) -> SelectPlan:
+    """`plan` fitted to a time budget of `seconds` (None or 0: no limit), by its ETA at `speed` (the
+    probe's own time included: `Speed.probe_seconds`).
 
-    A plan that fits is returned as it is (its `time_budget` set). Else, in this order (the
-    module docstring says why): the released size, the final corpus at the largest of the asked
-    `plan.multiples` x |D_train| that fits, down to the smallest asked; then, at the smallest
-    multiple, the screening size, the largest that fits down to `min_screen_size` (a screening
-    size asked below it is not shrunk). The grid is never shrunk. The decision reads the plan's
-    counts and the probe's speed only (no private data: data-independent, no privacy cost).
+    A plan that fits is returned as it is (its `time_budget` set). Else, in the order of
+    `SHRINK_ORDER` (the module docstring says why): (1) the final corpus at the largest of the asked
+    `plan.multiples` x |D_train| that fits, down to the smallest asked; (2) at the smallest multiple,
+    the screening size, the largest that fits down to `min_screen_size` (a screening size asked below
+    it is not shrunk); (3) the grid: the settings dropped one at a time in the order of
+    `dp_select.settings_by_priority` reversed, down to `min_settings`, (1) and (2) again at each grid
+    size; (4) with `min_settings` settings at the smallest screening size, the release below the
+    smallest multiple: the largest final train size that fits, down to the screening size. The
+    decision reads the plan's counts, the probe's speed and constants only (no private data:
+    data-independent, no privacy cost).
 
     Raises:
-      BudgetError: `seconds` < 0, or nothing fits (one line: what fits, ending with
-        "(--time-budget 0: no limit)"); a plan without screening (`screen_size` 0) that does
-        not fit is refused too (its candidates are the grid's, all at their full size).
+      BudgetError: `seconds` < 0, or even the plan of stage (4) at its floor does not fit (one line:
+        its ETA and the budget it needs, ending with "(--time-budget 0: no limit)"); a plan without
+        screening (`screen_size` 0) that does not fit is refused too (its candidates are the grid's,
+        all at their full size: `--screen-size` is what the budget can shrink).
     """
     if seconds is None or seconds == 0:
         return plan
@@ -319,36 +424,68 @@ def fit_time_budget(plan: SelectPlan, speed: Speed, seconds: float | None, *, va
     def need(p):
         return p.seconds(speed)["total"]
 
-    if need(plan) <= seconds:
+    def fits(p):
+        return need(p) <= seconds
+
+    if fits(plan):
         return plan
-
-    def at(multiple, size):
-        final = _final_job(multiple, plan.dataset_size, valid_fraction) if plan.multiples else plan.final
-        return dataclasses.replace(
-            plan, screen_size=size, candidate_train_sizes=(size,) * len(plan.candidate_train_sizes), final=final,
-            final_multiple=multiple, screening=tuple(
-                dataclasses.replace(j, train=size, valid=max(1, int(round(valid_fraction * size))))
-                for j in plan.screening))
-
     if not plan.screen_size:
         raise BudgetError(f"--time-budget {seconds:g} s: the full-size candidates need ~{_fmt(need(plan))} on this "
                           f"machine (measured); screening (--screen-size {DEFAULT_SCREEN_SIZE}, the default) needs "
                           f"~{_fmt(need(_screened(plan, valid_fraction)))} (--time-budget 0: no limit)")
-    # 1. The released size: the largest asked multiple that fits, at the asked screening size.
+    plan = dataclasses.replace(plan, eta_asked=need(plan))
     multiples = sorted(plan.multiples or (plan.final_multiple,), reverse=True)
-    for m in multiples[1:]:
-        if need(at(m, plan.screen_size)) <= seconds:
-            return at(m, plan.screen_size)
-    # 2. The screening size, at the smallest multiple: the largest that fits.
-    m = multiples[-1]
-    lo, hi = min(min_screen_size, plan.screen_size), plan.screen_size
-    smallest = at(m, lo)
-    if need(smallest) > seconds:
-        raise BudgetError(_what_fits(smallest, speed, seconds, valid_fraction))
-    while hi - lo > 1:  # (total time grows with the size: the largest size that fits)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if need(at(m, mid)) <= seconds else (lo, mid)
-    return at(m, lo)
+    smallest_screen = min(min_screen_size, plan.screen_size)
+    # The settings, the first kept longest (a constant order: `dp_select.SETTING_PRIORITY`).
+    order = [setting_name(w, t) for w, t in dp_select.settings_by_priority(
+        [(j.guidance, j.temperature) for j in plan.screening])]
+
+    def keep(k):
+        names = set(order[:k])
+        jobs = tuple(j for j in plan.screening if j.name in names)
+        return dataclasses.replace(plan, screening=jobs, candidates=len(jobs),
+                                   candidate_train_sizes=plan.candidate_train_sizes[:len(jobs)],
+                                   settings_dropped=tuple(reversed(order[k:])))
+
+    def at(p, multiple, size):
+        final = _final_job(multiple, p.dataset_size, valid_fraction) if p.multiples else p.final
+        return dataclasses.replace(
+            p, screen_size=size, candidate_train_sizes=(size,) * len(p.screening), final=final,
+            final_multiple=multiple, screening=tuple(
+                dataclasses.replace(j, train=size, valid=max(1, int(round(valid_fraction * size))))
+                for j in p.screening))
+
+    # (1), (2) at every grid size from the asked one down to `min_settings` (3): the first that fits.
+    for k in range(len(order), min(min_settings, len(order)) - 1, -1):
+        p = keep(k)
+        for m in multiples:  # (1) the largest asked multiple that fits, at the asked screening size
+            if fits(at(p, m, plan.screen_size)):
+                return at(p, m, plan.screen_size)
+        size = _largest(smallest_screen, plan.screen_size, lambda n: fits(at(p, multiples[-1], n)))
+        if size is not None:  # (2) at the smallest multiple, the largest screening size that fits
+            return at(p, multiples[-1], size)
+    # (4) The fewest settings at the smallest screening size; the release below the smallest multiple.
+    p = at(keep(min(min_settings, len(order))), multiples[-1], smallest_screen)
+
+    def release(n):
+        job = Job(guidance=-1.0, temperature=-1.0, train=n, valid=max(1, int(round(valid_fraction * n))))
+        return dataclasses.replace(p, final=job, final_multiple=n / p.dataset_size if p.dataset_size else 0.0)
+
+    floor, below = smallest_screen, p.final.train - 1
+    n = _largest(floor, below, lambda n: fits(release(n))) if below >= floor else None
+    if n is None:
+        raise BudgetError(_nothing_fits(release(floor) if below >= floor else p, speed, seconds))
+    return release(n)
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest n in [lo, hi] with ok(n), for ok monotone (true up to some n, false above); None if not ok(lo)."""
+    if hi < lo or not ok(lo):
+        return None
+    while hi > lo:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 def _screened(plan: SelectPlan, valid_fraction: float, screen_size: int = DEFAULT_SCREEN_SIZE) -> SelectPlan:
@@ -362,23 +499,14 @@ def _screened(plan: SelectPlan, valid_fraction: float, screen_size: int = DEFAUL
         candidate_train_sizes=(screen_size,) * len(plan.screening))
 
 
-def _what_fits(smallest: SelectPlan, speed: Speed, seconds: float, valid_fraction: float) -> str:
-    """The refusal's one line: the smallest plan asked for does not fit `seconds`; what would."""
+def _nothing_fits(smallest: SelectPlan, speed: Speed, seconds: float) -> str:
+    """The refusal's one line: the smallest plan the budget may shrink to does not fit `seconds`."""
     eta = smallest.seconds(speed)
-    rest = seconds - (eta["total"] - eta["final"]) - speed.job_overhead_seconds
-    slowest = min(speed.rate(j.guidance > 0) for j in smallest.screening)
-    fits = int(rest * slowest / (1 + valid_fraction)) if rest > 0 else 0
-    at = f"{smallest.final_multiple:g}x |D_train| = " if smallest.final_multiple else ""
-    head = (f"--time-budget {seconds:g} s: even the smallest plan asked for (the final corpus at "
-            f"{at}{smallest.final.train:,} train examples, screening at "
-            f"{smallest.screen_size:,} per setting) needs ~{_fmt(eta['total'])} on this machine (measured), "
-            f"~{_fmt(eta['final'])} of it the final corpus; ")
-    if fits <= 0:
-        return head + f"nothing fits: give a budget of at least {math.ceil(eta['total']):,} s (--time-budget 0: no limit)"
-    multiple = math.floor(100 * fits / smallest.dataset_size) / 100 if smallest.dataset_size else 0
-    lower = f"--multiples {multiple:g}" if multiple > 0 else "a smaller --multiples"
-    return head + (f"what fits is a final corpus of about {fits:,} train examples ({lower}), or a budget of "
-                   f"{math.ceil(eta['total']):,} s (--time-budget 0: no limit)")
+    return (f"--time-budget {seconds:g} s: nothing fits: even the smallest plan it may shrink to ("
+            f"{len(smallest.screening)} sampling settings screened at {smallest.screen_size:,} train examples each, "
+            f"the release at {smallest.final.train:,} train examples) needs ~{_fmt(eta['total'])} on this machine "
+            f"(measured, the probe's {_fmt(speed.probe_seconds)} included); give a budget of at least "
+            f"{math.ceil(eta['total']):,} s (--time-budget 0: no limit)")
 
 
 # ---------------------------------------------------------------------- the probe
@@ -391,7 +519,8 @@ def probe(model_dir: str, settings: Sequence[tuple[float, float]], *, config: "d
     and once guided when the grid has both kinds of settings) and one classifier training on
     a small set of those samples. Reads no private data and writes nothing.
 
-    Returns (the `Speed`, the tokens per example the jobs will sample at).
+    Returns (the `Speed`, its `probe_seconds` the probe's whole time, and the tokens per example the
+    jobs will sample at).
     """
     import numpy as np
 
@@ -403,7 +532,7 @@ def probe(model_dir: str, settings: Sequence[tuple[float, float]], *, config: "d
     from dpsynth.train import prompts
 
     loader = loader or model_info.load_bundle
-    t0 = clock()
+    started = t0 = clock()  # (the probe's own time: counted against the budget, `Speed.probe_seconds`)
     bundle = loader(model_dir)
     info = job.read_model_info(model_dir)
     load_seconds = clock() - t0
@@ -454,7 +583,7 @@ def probe(model_dir: str, settings: Sequence[tuple[float, float]], *, config: "d
     tc.classify(train, train[: max(len(labels_seen), 16)], {}, config.spec(), one)
     per_example = (clock() - t0) / len(train)
     return Speed(examples_per_second=rates, job_overhead_seconds=overhead, mean_tokens=float(np.mean(tokens)),
-                 classifier_seconds_per_example=per_example), int(max_len)
+                 classifier_seconds_per_example=per_example, probe_seconds=clock() - started), int(max_len)
 
 
 def trainings_per_candidate(config: "dp_select.SelectConfig") -> int:
@@ -525,19 +654,30 @@ def screening_record(plan: SelectPlan, winner: str, final_dir: str, speed: Speed
                     "post-processing of the model and of the DP choice, no further privacy cost (the epsilon above "
                     "is the release's whole guarantee)"),
         "multiples": ("not chosen on D_valid: the release has the largest multiple of |D_train| asked for that fits "
-                      "the time budget (a data-independent choice: the probe's timing, no private data)"),
+                      "the time budget, below the smallest asked only when no smaller grid fits it (`time_budget`; "
+                      "a data-independent choice: the probe's timing, no private data)"),
         "released_multiple": plan.final_multiple, "multiples_asked": list(plan.multiples),
-        "time_budget": budget_record(plan),
+        "time_budget": budget_record(plan, speed),
         "plan": plan.to_json(), **({"probe": speed.to_json()} if speed is not None else {}),
     }
 
 
-def budget_record(plan: SelectPlan) -> dict[str, Any]:
-    """What the time budget did to `plan` (public: sizes only): the budget, and what shrank from what."""
+def budget_record(plan: SelectPlan, speed: Speed | None = None) -> dict[str, Any]:
+    """What the time budget did to `plan` (public: sizes, setting names and timings only): the budget,
+    and what shrank from what, in `SHRINK_ORDER`'s order; with `speed`, the ETA (the probe's time included)."""
     shrunk = []
     if plan.final_shrunk:
         shrunk.append({"what": "multiples", "asked": max(plan.multiples), "kept": plan.final_multiple,
-                       "train_size_asked": plan.final_asked.train, "train_size_kept": plan.final.train})
+                       "train_size_asked": plan.final_asked.train, "train_size_kept": plan.final.train,
+                       "below_smallest_asked": plan.final_below_asked})
     if plan.screen_shrunk:
         shrunk.append({"what": "screen_size", "asked": plan.screen_asked, "kept": plan.screen_size})
-    return {"seconds": plan.time_budget, "default": plan.time_budget == DEFAULT_TIME_BUDGET, "shrunk": shrunk}
+    if plan.settings_dropped:
+        shrunk.append({"what": "settings", "asked": list(plan.settings_asked), "kept": list(plan.settings),
+                       "dropped": list(plan.settings_dropped), "order": "dp_select.SETTING_PRIORITY"})
+    out = {"seconds": plan.time_budget, "default": plan.time_budget == DEFAULT_TIME_BUDGET, "shrunk": shrunk}
+    if plan.eta_asked is not None:
+        out["eta_asked_seconds"] = plan.eta_asked
+    if speed is not None:
+        out.update(eta_seconds=plan.seconds(speed)["total"], probe_seconds_included=speed.probe_seconds)
+    return out

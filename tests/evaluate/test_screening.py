@@ -5,6 +5,7 @@ the full-size path writes."""
 
 import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -86,7 +87,8 @@ def test_time_budget_shrinks_the_released_size_first_then_the_screening_size():
     text = "\n".join(fitted.lines(SPEED))
     assert "44,000 examples (40,000 train + 4,000 valid; shrunk from 60,000 train examples to fit the time budget)" in text
     assert screening.budget_record(fitted)["shrunk"] == [{"what": "multiples", "asked": 3.0, "kept": 2.0,
-                                                         "train_size_asked": 60_000, "train_size_kept": 40_000}]
+                                                         "train_size_asked": 60_000, "train_size_kept": 40_000,
+                                                         "below_smallest_asked": False}]
     # Just under 2x: the smallest multiple, still at the asked screening size.
     one = fit(plan, two - 1)
     assert (one.final_multiple, one.final.train, one.screen_size) == (1, 20_000, 2000)
@@ -97,29 +99,191 @@ def test_time_budget_shrinks_the_released_size_first_then_the_screening_size():
     assert both.final_multiple == 1 and screening.MIN_SCREEN_SIZE <= both.screen_size < 2000
     assert need(both) <= budget < need(plan_of(multiples=(1,), screen_size=both.screen_size + 1))
     assert all(j.train == both.screen_size and j.valid == round(0.1 * both.screen_size) for j in both.screening)
-    assert f"at {both.screen_size:,} train examples each (shrunk from 2,000 to fit the time budget)" in both.lines(SPEED)[1]
+    assert both.lines(SPEED)[1] == both.shrink_line()  # (what shrank, from what: after the budget's line)
+    assert f"at {both.screen_size:,} train examples each (shrunk from 2,000 to fit the time budget)" in both.lines(SPEED)[2]
     assert [s["what"] for s in screening.budget_record(both)["shrunk"]] == ["multiples", "screen_size"]
-    # Never below the smallest multiple asked: --multiples 2,3 stops at 2x (and shrinks the screening).
+    # Not below the smallest multiple asked while the screening can shrink: --multiples 2,3 stops at 2x.
     two_three = fit(plan_of(multiples=(2, 3)), two - 1)
     assert two_three.final_multiple == 2 and two_three.screen_size < 2000
 
 
-def test_time_budget_refuses_in_one_line_saying_what_fits():
-    plan = plan_of()
-    smallest = need(plan_of(multiples=(1,), screen_size=screening.MIN_SCREEN_SIZE))
-    with pytest.raises(screening.BudgetError, match="what fits is a final corpus of about") as e:
-        fit(plan, smallest - 100)
-    msg = str(e.value)
-    assert "\n" not in msg and msg.endswith("(--time-budget 0: no limit)")
-    assert "even the smallest plan asked for (the final corpus at 1x |D_train| = 20,000 train examples, screening " \
-           "at 200 per setting)" in msg and "--multiples 0." in msg
-    with pytest.raises(screening.BudgetError, match=r"nothing fits.*\(--time-budget 0: no limit\)$"):
-        fit(plan, 5)
+def smallest_of(plan):
+    """Stage (4)'s floor, built by hand: the first 2 settings of `dp_select.settings_by_priority`, screened
+    at MIN_SCREEN_SIZE, the release at the screening size (MIN_SCREEN_SIZE train examples)."""
+    keep = {f"w{w:g}-t{t:g}" for w, t in dp_select.settings_by_priority(
+        [(j.guidance, j.temperature) for j in plan.screening])[:screening.MIN_SETTINGS]}
+    n = screening.MIN_SCREEN_SIZE
+    jobs = tuple(dataclasses.replace(j, train=n, valid=round(0.1 * n)) for j in plan.screening if j.name in keep)
+    return dataclasses.replace(plan, screening=jobs, candidates=len(jobs), candidate_train_sizes=(n,) * len(jobs),
+                               screen_size=n, final=dataclasses.replace(plan.final, train=n, valid=round(0.1 * n)))
+
+
+def settings_plan(guidances, temperatures=(1.0,), multiples=(1,), screen_size=2000, dataset_size=20_000):
+    """The plan of a grid, made directly (no budget): what a shrunk grid must equal."""
+    return screening.make_plan(dp_select.candidate_grid(guidances, temperatures, multiples), dataset_size=dataset_size,
+                               valid_fraction=0.1, screen_size=screen_size, trainings_per_candidate=2, max_len=128)
+
+
+def stage(plan):
+    """The last stage of `screening.SHRINK_ORDER` that `plan` reached (0: as asked)."""
+    return max([0] + [i for i, hit in ((1, plan.final_shrunk), (2, plan.screen_shrunk),
+                                       (3, bool(plan.settings_dropped)), (4, plan.final_below_asked)) if hit])
+
+
+def test_the_priority_order_is_a_fixed_data_independent_order_of_the_grid():
+    grid = screening.settings_of(dp_select.candidate_grid())
+    order = dp_select.settings_by_priority(grid)
+    assert order == list(dp_select.SETTING_PRIORITY) and sorted(order) == sorted(grid)  # the default grid: as declared
+    assert order[: screening.MIN_SETTINGS] == [(0.0, 1.0), (1.5, 1.0)]  # one unguided, one guided kept last
+    assert dp_select.settings_by_priority(list(reversed(grid))) == order  # the grid's order does not matter for these
+    # Settings the study did not run: after the listed ones, in a spread order of the grid (middle, ends, gaps).
+    other = [(w, 1.0) for w in (0.5, 1.0, 2.0, 4.0, 8.0)]
+    assert dp_select.settings_by_priority([(6.0, 1.0)] + other) == [(6.0, 1.0)] + [other[i] for i in (2, 0, 4, 1, 3)]
+    for n in range(1, 12):
+        assert sorted(dp_select._spread(n)) == list(range(n))
+
+
+def test_every_shrunk_plan_fits_and_the_stages_come_in_the_documented_order():
+    plan = plan_of(multiples=(1, 2, 3))
+    floor = need(smallest_of(plan))
+    order = [f"w{w:g}-t{t:g}" for w, t in dp_select.settings_by_priority(screening.settings_of(dp_select.candidate_grid()))]
+    budgets = sorted({floor * (1 + i / 40) for i in range(0, 400)} | {floor, need(plan) - 1}, reverse=True)
+    last_stage, last_kept = 0, len(order)
+    for seconds in budgets:
+        got = fit(plan, seconds)
+        assert need(got) <= seconds, seconds  # the shrunk plan's ETA fits the budget
+        st = stage(got)
+        # Stages in order: a smaller budget never goes back to an earlier stage.
+        assert st >= last_stage, (seconds, st, last_stage)
+        last_stage = st
+        kept = len(got.screening)
+        assert kept <= last_kept and got.candidates == kept == len(got.candidate_train_sizes)
+        last_kept = kept
+        # The grid shrinks in the documented order: the kept settings are a prefix of the priority order.
+        assert set(got.settings) == set(order[:kept]) and got.settings_dropped == tuple(reversed(order[kept:]))
+        assert list(got.settings) == [n for n in plan.settings if n in got.settings]  # (listed in grid order)
+        if st == 3:  # a smaller grid still releases at least the smallest multiple asked
+            assert kept < 8 and got.final_multiple >= 1
+        if st == 4:  # below the smallest multiple: 2 settings at MIN_SCREEN_SIZE, the release maximal, >= the floor
+            assert kept == screening.MIN_SETTINGS and got.screen_size == screening.MIN_SCREEN_SIZE
+            assert screening.MIN_SCREEN_SIZE <= got.final.train < 20_000 and got.final.valid == round(0.1 * got.final.train)
+            more = dataclasses.replace(got, final=dataclasses.replace(got.final, train=got.final.train + 1,
+                                                                      valid=round(0.1 * (got.final.train + 1))))
+            assert need(more) > seconds
+            assert got.final_multiple == pytest.approx(got.final.train / 20_000)
+        else:
+            assert got.final.train in (20_000, 40_000, 60_000)
+    assert last_stage == 4 and last_kept == screening.MIN_SETTINGS  # the sweep reached every stage
+
+
+def test_a_smaller_grid_is_reached_only_when_the_bigger_one_cannot_fit_the_smallest_asked_multiple():
+    plan = plan_of(multiples=(1, 3))
+    order = dp_select.settings_by_priority(screening.settings_of(dp_select.candidate_grid()))
+
+    def grid_of(k, screen_size):  # the first k settings of the priority order, at 1x, made directly
+        p = screening.make_plan([c for c in dp_select.candidate_grid(multiples=(1, 3))
+                                 if (c.guidance, c.temperature) in order[:k]], dataset_size=20_000, valid_fraction=0.1,
+                                screen_size=screen_size, trainings_per_candidate=2, max_len=128)
+        return dataclasses.replace(p, final=dataclasses.replace(p.final, train=20_000, valid=2_000))
+
+    for k in range(7, 1, -1):
+        # A budget where k + 1 settings cannot fit 1x even at MIN_SCREEN_SIZE, and k settings fit 1x at it.
+        lo, hi = need(grid_of(k, screening.MIN_SCREEN_SIZE)), need(grid_of(k + 1, screening.MIN_SCREEN_SIZE))
+        assert lo < hi
+        got = fit(plan, (lo + hi) / 2)
+        assert len(got.screening) == k and got.final.train >= 20_000 and not got.final_below_asked
+        # ... and at each grid size, the release and the screening size are maximized again.
+        assert got.screen_size >= screening.MIN_SCREEN_SIZE
+        if got.screen_size < 2000:
+            assert need(grid_of(k, got.screen_size + 1)) > (lo + hi) / 2
+        assert "in the fixed order of dp_select.SETTING_PRIORITY" in got.shrink_line()
+        rec = screening.budget_record(got, SPEED)
+        settings = next(s for s in rec["shrunk"] if s["what"] == "settings")
+        assert settings["asked"] == list(plan.settings) and len(settings["kept"]) == k
+        assert settings["dropped"] == [f"w{w:g}-t{t:g}" for w, t in reversed(order[k:])]
+
+
+def test_below_the_smallest_multiple_then_nothing_fits_only_below_the_last_floor():
+    plan = plan_of()  # --multiples 1,2,3
+    smallest = smallest_of(plan)
+    floor = need(smallest)
+    # Exactly the floor's ETA: the floor plan (2 settings at 200, the release at 200 train examples).
+    got = fit(plan, floor)
+    assert (len(got.screening), got.screen_size, got.final.train, got.final.valid) == (2, 200, 200, 20)
+    assert need(got) == pytest.approx(floor) and got.final_below_asked and stage(got) == 4
+    # A little more: a bigger release, nothing else.
+    more = fit(plan, floor + 100)
+    assert more.final.train > 200 and (len(more.screening), more.screen_size) == (2, 200)
+    line = more.shrink_line()
+    assert line.startswith(f"plan: shrunk to fit --time-budget {floor + 100:g}: released {more.final.train:,} train "
+                           f"examples ({more.final.train / 20_000:.3g}x |D_train|, asked 3x = 60,000, below the "
+                           "smallest asked, 1x); 2 of 8 sampling settings screened (w0-t1, w1.5-t1; dropped ")
+    assert line.endswith(f"screening at 200 train examples per setting (asked 2,000); --time-budget 0 for the plan as "
+                         f"asked (~{screening._fmt(need(plan))})")
+    assert line in more.lines(SPEED) and "screening 2 of 8 sampling settings at 200" in "\n".join(more.lines(SPEED))
+    rec = screening.budget_record(more, SPEED)
+    assert rec["shrunk"][0] == {"what": "multiples", "asked": 3.0, "kept": more.final.train / 20_000,
+                                "train_size_asked": 60_000, "train_size_kept": more.final.train,
+                                "below_smallest_asked": True}
+    assert [s["what"] for s in rec["shrunk"]] == ["multiples", "screen_size", "settings"]
+    assert rec["eta_asked_seconds"] == need(plan) and rec["eta_seconds"] == need(more) <= floor + 100
+    # Below the floor: the one-line refusal.
+    for seconds in (floor - 0.5, floor / 2, 5):
+        with pytest.raises(screening.BudgetError) as e:
+            fit(plan, seconds)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.endswith("(--time-budget 0: no limit)") and "nothing fits" in msg
+        assert ("even the smallest plan it may shrink to (2 sampling settings screened at 200 train examples each, "
+                "the release at 200 train examples)") in msg and f"at least {math.ceil(floor):,} s" in msg
     with pytest.raises(screening.BudgetError, match="--screen-size 2000") as e:  # full size: nothing to shrink
         fit(plan_of(screen_size=0), need(plan))
     assert str(e.value).endswith("(--time-budget 0: no limit)")
     with pytest.raises(screening.BudgetError, match=r"must be >= 0 seconds \(0: no limit\), got -1"):
         fit(plan, -1)
+
+
+def test_the_floors_of_small_grids_and_small_screening_sizes():
+    # One setting asked: nothing to drop; a screening size asked below MIN_SCREEN_SIZE: not shrunk, the floor.
+    one = settings_plan([0.0], screen_size=50, dataset_size=1_000)
+    tiny = screening.fit_time_budget(one, SPEED, need(one) - 1, valid_fraction=0.1)
+    assert len(tiny.screening) == 1 and tiny.screen_size == 50 and 50 <= tiny.final.train < 1_000
+    floor = dataclasses.replace(one, final=dataclasses.replace(one.final, train=50, valid=5))
+    assert screening.fit_time_budget(one, SPEED, need(floor), valid_fraction=0.1).final.train == 50
+    with pytest.raises(screening.BudgetError, match="nothing fits"):
+        screening.fit_time_budget(one, SPEED, need(floor) - 0.5, valid_fraction=0.1)
+    # |D_train| no bigger than the screening size: no release below the smallest multiple to shrink to.
+    small = settings_plan([0.0, 1.5], screen_size=300, dataset_size=150)
+    at_min = settings_plan([0.0, 1.5], screen_size=screening.MIN_SCREEN_SIZE, dataset_size=150)
+    assert screening.fit_time_budget(small, SPEED, need(at_min), valid_fraction=0.1).screen_size == 200
+    with pytest.raises(screening.BudgetError, match="the release at 150 train examples"):
+        screening.fit_time_budget(small, SPEED, need(at_min) - 0.5, valid_fraction=0.1)
+
+
+def test_the_probe_time_counts_against_the_budget():
+    plan = plan_of()
+    slow = dataclasses.replace(SPEED, probe_seconds=300.0)
+    assert plan.seconds(slow)["probe"] == 300 and plan.seconds(slow)["total"] == pytest.approx(need(plan) + 300)
+    for seconds in (need(plan) / 3, need(plan) / 10, need(smallest_of(plan)) + 50):
+        # The probe's seconds are spent: the same plan as a budget 300 s smaller without them.
+        a, b = screening.fit_time_budget(plan, slow, seconds + 300, valid_fraction=0.1), fit(plan, seconds)
+        assert dataclasses.replace(a, time_budget=0, eta_asked=0) == dataclasses.replace(b, time_budget=0, eta_asked=0)
+        assert a.shrunk and a.eta_asked == pytest.approx(b.eta_asked + 300)
+    eta = [line for line in fit(plan, need(plan) / 3).lines(slow) if line.startswith("plan: ETA")][0]
+    assert "the probe's 5m00s (already spent) included" in eta
+    with pytest.raises(screening.BudgetError, match=r"the probe's 5m00s included"):
+        screening.fit_time_budget(plan, slow, 299, valid_fraction=0.1)
+    assert screening.budget_record(fit(plan, need(plan)), slow)["probe_seconds_included"] == 300
+    # --time-budget 0: the plan as asked, untouched, whatever the probe took.
+    assert screening.fit_time_budget(plan, slow, 0, valid_fraction=0.1) is plan
+    assert screening.fit_time_budget(plan_of(screen_size=0), slow, 0, valid_fraction=0.1) == plan_of(screen_size=0)
+
+
+def test_the_help_and_the_docs_say_the_shrink_order():
+    from trainers import select as cli
+
+    action = next(a for a in cli.parser()._actions if "--time-budget" in a.option_strings)
+    assert screening.shrink_order_text() in " ".join(action.help.split())
+    assert len(screening.SHRINK_ORDER) == 4 and "SETTING_PRIORITY" in screening.SHRINK_ORDER[2]
 
 
 def test_the_plan_says_the_budget_and_whether_it_is_the_default():
@@ -184,7 +348,11 @@ def test_screening_end_to_end_releases_the_winner_at_the_size_asked_for(fake_set
     assert sel["screening"]["released_setting"] == {"guidance": w, "temperature": 1.0}
     assert sel["screening"]["released_train_size"] == 40 and "no further privacy cost" in sel["screening"]["privacy"]
     assert sel["screening"]["released_multiple"] == 2.0 and sel["screening"]["multiples_asked"] == [1.0, 2.0]
-    assert sel["screening"]["time_budget"] == {"seconds": 3600.0, "default": True, "shrunk": []}  # (nothing shrank)
+    budget = sel["screening"]["time_budget"]
+    assert {k: budget[k] for k in ("seconds", "default", "shrunk")} == {"seconds": 3600.0, "default": True,
+                                                                       "shrunk": []}  # (nothing shrank)
+    probe = sel["screening"]["probe"]
+    assert 0 < probe["probe_seconds"] == budget["probe_seconds_included"] <= budget["eta_seconds"] <= 3600
     assert sel["screening"]["plan"] == {"screen_size": 16, "screening_examples": 36, "final_examples": 44,
                                         "examples": 80, "trainings": 4, "max_tokens": 80 * 12}
     assert set(sel["screening"]["probe"]["examples_per_second"]) == {"unguided", "guided"}
@@ -276,6 +444,56 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     assert cli.main(common + ["--out", out, "--time-budget", "-5", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["dpsynth select: error: --time-budget must be >= 0 seconds (0: no limit), got -5"]
+
+
+def test_a_shrunk_grid_is_one_gaussian_selection_calibrated_on_the_kept_candidates(fake_setup, monkeypatch, capsys):
+    """--time-budget drops settings: the kept ones alone are screened and scored, the Gaussian selection's
+    sigma is calibrated on their number, and the plan that fixes it is made before D_valid is read."""
+    from dpsynth.data import dead_letters
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.evaluate import corpora
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    events = []
+
+    def probe(*a, **k):
+        events.append("probe")
+        return SPEED, 12
+
+    def reading(fn):
+        def read(*a, **k):
+            events.append("D_valid")
+            return fn(*a, **k)
+        return read
+
+    monkeypatch.setattr(screening, "probe", probe)
+    monkeypatch.setattr(corpora, "read_real", reading(corpora.read_real))
+    monkeypatch.setattr(dead_letters, "read_checked", reading(dead_letters.read_checked))
+    tpc = screening.trainings_per_candidate(dp_select.SelectConfig(max_epochs=1))
+    # The budget of the 2 settings kept last (w 0 and w 1.5 at t 1), made directly: 4 asked cannot fit it.
+    two = screening.make_plan(dp_select.candidate_grid((0.0, 1.5), (1.0,), (1.0,)), dataset_size=20, valid_fraction=0.1,
+                              screen_size=16, trainings_per_candidate=tpc, max_len=12).seconds(SPEED)["total"]
+    out = str(tmp_path / "synth")
+    assert cli.main(common + ["--out", out, "--guidance", "0,1.5,3,6", "--multiples", "1", "--screen-size", "16",
+                              "--time-budget", repr(two), "--mechanism", "gaussian"]) == 0
+    got = capsys.readouterr()
+    assert events[0] == "probe" and "D_valid" in events  # the plan (and its candidate count) before D_valid
+    assert "plan: shrunk to fit --time-budget" in got.err and "screening 2 of 4 sampling settings" in got.err
+    summary = json.loads(got.out.strip().splitlines()[-1])
+    assert summary["candidates"] == 2
+    assert sorted(os.listdir(os.path.join(out + ".candidates", screening.SCREEN_DIR))) == ["w0-t1", "w1.5-t1"]
+    sel = json.load(open(os.path.join(out, dp_select.SELECTION_FILE)))
+    assert sel["candidates"] == ["w0-t1", "w1.5-t1"]
+    settings = [s for s in sel["screening"]["time_budget"]["shrunk"] if s["what"] == "settings"]
+    assert settings == [{"what": "settings", "asked": ["w0-t1", "w1.5-t1", "w3-t1", "w6-t1"],
+                         "kept": ["w0-t1", "w1.5-t1"], "dropped": ["w3-t1", "w6-t1"],
+                         "order": "dp_select.SETTING_PRIORITY"}]
+    entry = report_lib.load_report(out)["ledger"]["entries"][-1]
+    mech = ps.DpSelection(epsilon=1.0, mechanism=ps.GAUSSIAN, delta=1e-5)
+    assert entry["mechanism"] == "gaussian" and entry["count"] == 2 and entry["dataset"] == ps.VALID
+    assert entry["noise_multiplier"] == pytest.approx(mech.noise_multiplier(2), rel=1e-12)
+    assert mech.noise_multiplier(2) < mech.noise_multiplier(4)  # (calibrated on the grid asked, it would differ)
 
 
 def test_the_time_budget_default_is_in_the_help():
