@@ -23,6 +23,7 @@ it takes where `decode_spans` would not decode natively (and for `HFTokenizer`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -214,6 +215,17 @@ class Tokenizer:
         (an unsigned dtype too small for an id raises OverflowError)."""
         return [np.array(ids, dtype=dtype) for ids in self._sp.encode(list(texts))]
 
+    @functools.cached_property
+    def sampling_banned_ids(self) -> tuple[int, ...]:
+        """The ids a sampler never draws: PAD, BOS and every other control or unused piece (an
+        imported model's `<unusedN>`, `<start_of_turn>`, `<mask>`, ...: decoding drops them, so a
+        drawn one would be a silent, wasted step), EOS excepted (it ends a row)."""
+        return tuple(sorted((self._control_ids() | {self.pad_id, self.bos_id}) - {self.eos_id}))
+
+    def _control_ids(self) -> set[int]:
+        sp = self._sp
+        return {i for i in range(self.vocab_size) if sp.is_control(i) or sp.is_unused(i)}
+
     def _strip(self, ids: Iterable[int]) -> np.ndarray:
         arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
         return arr[(arr != self.pad_id) & (arr != self.bos_id) & (arr != self.eos_id)]  # vectorized: corpora decode fast
@@ -328,6 +340,9 @@ class HFTokenizer(Tokenizer):
     @property
     def model_proto(self):
         raise TypeError("a Hugging Face tokenizer.json has no SentencePiece model proto")
+
+    def _control_ids(self) -> set[int]:
+        return {int(i) for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     @property
     def vocab_size(self) -> int:

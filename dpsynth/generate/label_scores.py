@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dpsynth.generate.sampler_config import allowed_ids
+
 
 @functools.lru_cache(maxsize=8)
 def _score_fn(decoder: Any, vocab_limit: int | None, banned_ids: tuple[int, ...]):
@@ -33,10 +35,7 @@ def _score_fn(decoder: Any, vocab_limit: int | None, banned_ids: tuple[int, ...]
 
     def fn(params, tokens, start, end):
         logits = decoder.sequence_logits(params, tokens).astype(jnp.float32)  # [B, T, V]
-        ids = jnp.arange(logits.shape[-1])
-        allowed = ids < (vocab_limit if vocab_limit is not None else logits.shape[-1])
-        for banned in banned_ids:
-            allowed = jnp.logical_and(allowed, ids != banned)
+        allowed = jnp.asarray(allowed_ids(logits.shape[-1], vocab_limit, banned_ids))
         logits = jnp.where(allowed, logits, -1e30)  # the sampler's own restriction, so scores match its
         logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)  # position t-1 predicts token t
         tok_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]

@@ -25,7 +25,7 @@ def preview_samples(model_dir: str, n: int = 3, *, prompts: Sequence[str] = (), 
     tok = bundle.tokenizer
     ids_kw = {}
     if hasattr(tok, "eos_id"):  # the model's own special ids (an imported model's differ from dpsynth's)
-        ids_kw = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tuple(sorted({tok.pad_id, tok.bos_id} - {tok.eos_id})))
+        ids_kw = dict(eos_id=tok.eos_id, pad_id=tok.pad_id, banned_ids=tok.sampling_banned_ids)
     sampler = Sampler(bundle.decoder, SamplerConfig(temperature=temperature, top_k=top_k, max_len=max_len, batch_size=n,
                                                     vocab_limit=getattr(tok, "vocab_size", None), **ids_kw))
     texts = [prompts[i % len(prompts)] if prompts else "" for i in range(n)]

@@ -67,7 +67,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpsynth.generate.sampler_config import NEG_INF, SamplerConfig, SamplingOptions, filter_logits  # noqa: F401
+from dpsynth.generate.sampler_config import (NEG_INF, SamplerConfig, SamplingOptions, allowed_ids,  # noqa: F401
+                                             filter_logits)
 
 
 class DecodeModel(Protocol):
@@ -232,10 +233,7 @@ def _sample_impl(decoder: DecodeModel, cfg: SamplerConfig, params, prompts, prom
         return go_on
 
     vocab = logits.shape[-1]
-    ids = jnp.arange(vocab)
-    allowed = ids < (cfg.vocab_limit if cfg.vocab_limit is not None else vocab)
-    for banned in cfg.banned_ids:
-        allowed = jnp.logical_and(allowed, ids != banned)
+    allowed = jnp.asarray(allowed_ids(vocab, cfg.vocab_limit, cfg.banned_ids))
 
     def body(state):
         t, logits, cache, out, done, count, score, finished = state

@@ -169,6 +169,15 @@ SamplingOptions = binding.subconfig(
 
 
 
+def allowed_ids(vocab: int, vocab_limit: int | None, banned_ids) -> np.ndarray:
+    """`[vocab]` bool: the ids a sampler may draw (below `vocab_limit`, not in `banned_ids`); a NumPy
+    constant of the compiled function (an imported tokenizer bans thousands of control ids)."""
+    allowed = np.arange(vocab) < (vocab_limit if vocab_limit is not None else vocab)
+    banned = np.asarray([b for b in banned_ids if 0 <= int(b) < vocab], np.int64)
+    allowed[banned] = False
+    return allowed
+
+
 def filter_logits(scaled, cfg: SamplerConfig):
     """`scaled[R, V]` (logits already divided by the temperature) with the tokens the options
     exclude set to `NEG_INF`: those outside the top k (`top_k`), and those whose probability is

@@ -86,8 +86,7 @@ def worker_sampler_config(sampler: SamplerConfig, tokenizer: Any) -> SamplerConf
     ids it decodes, and the model's own special ids (an imported model's differ from dpsynth's)."""
     ids = {}
     if hasattr(tokenizer, "eos_id"):
-        ids = dict(eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                   banned_ids=tuple(sorted({tokenizer.pad_id, tokenizer.bos_id} - {tokenizer.eos_id})))
+        ids = dict(eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, banned_ids=tokenizer.sampling_banned_ids)
     return dataclasses.replace(sampler, vocab_limit=getattr(tokenizer, "vocab_size", None), **ids)
 
 

@@ -469,3 +469,29 @@ def test_an_invalid_utf8_unk_surface_falls_back():
     proto = _train_sp(model_type="unigram", byte_fallback=False, unk_surface="<?>")
     assert proto.count(b"<?>") == 1 and Tokenizer(proto)._pieces is not None
     assert Tokenizer(proto.replace(b"<?>", b"<\xff>"))._pieces is None
+
+
+def test_sampling_banned_ids_are_the_control_pieces_but_eos(tokenizer):
+    """What a sampler never draws: dpsynth's own tokenizer bans PAD and BOS only (as before); an imported
+    one every control or unused piece (Gemma's `<unusedN>`, `<mask>`, ...) but its EOS."""
+    assert tokenizer.sampling_banned_ids == (PAD_ID, BOS_ID)
+    gemma = Tokenizer((FIXTURES / "gemma" / "tokenizer.model").read_bytes(), {"pad": 0, "eos": 1, "bos": 2, "unk": 3})
+    sp = gemma._sp
+    control = {i for i in range(gemma.vocab_size) if sp.is_control(i) or sp.is_unused(i)}
+    assert set(gemma.sampling_banned_ids) == (control | {0, 2}) - {1} and 1 not in gemma.sampling_banned_ids
+    qwen = HFTokenizer((FIXTURES / "qwen2" / "tokenizer.json").read_bytes(), {"bos": 0, "eos": 2, "pad": 0, "unk": 0})
+    assert qwen.sampling_banned_ids == (0, 1)  # <|endoftext|> (pad, bos) and <|im_start|>; <|im_end|> is EOS
+
+
+def test_sampling_banned_ids_of_a_tokenizer_with_extra_control_symbols(tmp_path):
+    import sentencepiece as spm
+
+    rng = random.Random(1)
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    (tmp_path / "c.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(50)) for _ in range(50)))
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "c.txt"), model_prefix=str(tmp_path / "m"), vocab_size=24,
+                                   control_symbols=["<start_of_turn>", "<end_of_turn>"], pad_id=0, unk_id=3, bos_id=2,
+                                   eos_id=1, minloglevel=2)
+    tok = Tokenizer((tmp_path / "m.model").read_bytes(), {"pad": 0, "eos": 1, "bos": 2, "unk": 3})
+    turns = {tok._sp.piece_to_id("<start_of_turn>"), tok._sp.piece_to_id("<end_of_turn>")}
+    assert set(tok.sampling_banned_ids) == {0, 2} | turns

@@ -387,3 +387,23 @@ def test_phased_sampler_equals_the_whole_cache_sampler_unguided():
         np.testing.assert_array_equal(getattr(outs[0], field), getattr(outs[1], field))
     np.testing.assert_allclose(outs[0].all_scores, outs[1].all_scores, rtol=1e-5)
     assert outs[0].lengths.max() == 40 - 1  # the 1-token prompt ran to max_len, through every phase
+
+
+def test_banned_ids_are_never_drawn_even_when_most_likely(tables):
+    """An imported tokenizer bans thousands of control ids (`Tokenizer.sampling_banned_ids`): the sampler
+    masks them as one constant; a banned id never appears, whatever its logit, and the draws of the
+    allowed ids keep the model's order (greedy equals the brute-force argmax over the allowed ids)."""
+    from dpsynth.generate.sampler_config import allowed_ids
+
+    table, pos_bias, params = tables
+    prompts = _prompts(9)
+    free = Sampler(BigramDecoder(), SamplerConfig(temperature=0.0, max_len=MAX_LEN, batch_size=4)).sample(
+        params, prompts, _keys(9))
+    drawn = {int(t) for i in range(9) for t in _rows(free, i)} - {EOS_ID}
+    banned = tuple(sorted(drawn))[: max(1, len(drawn) // 2)] + (0, 2)  # ids greedy decoding chose before
+    for temperature in (0.0, 1.0):
+        cfg = SamplerConfig(temperature=temperature, max_len=MAX_LEN, batch_size=4, banned_ids=banned)
+        out = Sampler(BigramDecoder(), cfg).sample(params, prompts, _keys(9))
+        assert not {int(t) for i in range(9) for t in _rows(out, i)} & set(banned)
+    allowed = allowed_ids(VOCAB, VOCAB - 1, banned + (VOCAB + 5, -1))  # ids outside the vocabulary are ignored
+    assert allowed.tolist() == [i not in banned and i < VOCAB - 1 for i in range(VOCAB)]
