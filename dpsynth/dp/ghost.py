@@ -29,7 +29,9 @@ of "a" and of "b"). Outside a clipping session they ARE the plain ops. A tap nam
 collections of one module raises: never merged), so each trainable leaf (collection, path) of any
 trainable collection ("params" in full tuning, "lora" for adapters) maps to its own uses, and the
 taps of frozen variables stay plain ops (they get no probe). Soft prompts ("prompt") have no tap and
-are refused. `clipped_grad_sum` first traces the loss abstractly (`jax.eval_shape`) in a "discover" session
+are refused.
+
+`clipped_grad_sum` first traces the loss abstractly (`jax.eval_shape`) in a "discover" session
 (each call records its parameter, shapes and use), plans each use, then differentiates the loss
 with respect to zero "probes", one per use, passed to the layers through the session: each
 layer's custom VJP returns the use's pieces as its probe's cotangent (the pieces, not a
