@@ -418,10 +418,11 @@ def test_the_automatic_recipe_adds_the_contrast_where_the_run_can_take_it(settin
             tune_config.TuneConfig(**settings, label_contrast=1.0)
 
 
-@pytest.mark.parametrize("form", ["full", "sampled"])
+@pytest.mark.parametrize("form", [pytest.param("full", marks=pytest.mark.slow), "sampled"])  # ~30 s each
 def test_lora_ghost_clipping_with_the_contrast_trains_the_same_adapters(tiny_base, tmp_path, form):
     """dp-tune --mode lora --clipping ghost --label-contrast 1: ghost regroups each example's K rows (full form, 3
-    labels; sampled form, 2 of 5) and releases the adapters the vmapped clipping releases (float32 rounding)."""
+    labels; sampled form, 2 of 5) and releases the adapters the vmapped clipping releases (float32 rounding).
+    The regrouping's equality for both forms on every layer type: tests/dp/test_ghost.py."""
     from dpsynth.models.directory import load_model
 
     base_dir, _ = tiny_base
