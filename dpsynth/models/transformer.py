@@ -77,7 +77,10 @@ def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
 
 
 class Projection(nn.Module):
-    """`x @ kernel (+ bias)`, plus `scale * (x @ a) @ b` when `lora_rank > 0`."""
+    """`x @ kernel (+ bias)`, plus `scale * (x @ a) @ b` when `lora_rank > 0`.
+
+    Every product and bias goes through a `dpsynth.dp.ghost` tap ("kernel", "bias"; the adapter's "a" and
+    "b" of the "lora" collection), which is the plain op outside a ghost-clipping session."""
 
     features: int
     lora_rank: int = 0
