@@ -95,7 +95,7 @@ def global_norms(tree: PyTree) -> jax.Array:
 
 # How a strategy computes the clipped sum: "vmap" (above; any loss) or "ghost" (`dpsynth.dp.ghost`:
 # per-example norms from activations and output gradients, one backward pass, no per-example
-# gradient copies; models whose layers use the ghost taps, trainable collection "params" only).
+# gradient copies; models whose layers use the ghost taps, trainable collections "params" or "lora").
 METHODS = ("vmap", "ghost")
 
 

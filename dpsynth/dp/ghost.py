@@ -23,18 +23,38 @@ is sum_i w_i G_i per parameter: x^T (w g) for a dense use, a scatter of w e for 
 for a formed one. No second backward pass.
 
 How the pieces leave the model: the layers of `dpsynth.models.transformer` call `dense`, `lookup`,
-`scale` and `bias` below instead of the plain ops. Outside a clipping session they ARE the plain
-ops. `clipped_grad_sum` first traces the loss abstractly (`jax.eval_shape`) in a "discover" session
+`scale` and `bias` below instead of the plain ops (a LoRA adapter `(x @ a) @ b` is two `dense` uses,
+of "a" and of "b"). Outside a clipping session they ARE the plain ops. A tap names its variable by
+(module, name); the session resolves the variable's collection from the module (a name held by two
+collections of one module raises: never merged), so each trainable leaf (collection, path) of any
+trainable collection ("params" in full tuning, "lora" for adapters) maps to its own uses, and the
+taps of frozen variables stay plain ops (they get no probe). Soft prompts ("prompt") have no tap and
+are refused.
+
+`clipped_grad_sum` first traces the loss abstractly (`jax.eval_shape`) in a "discover" session
 (each call records its parameter, shapes and use), plans each use, then differentiates the loss
 with respect to zero "probes", one per use, passed to the layers through the session: each
 layer's custom VJP returns the use's pieces as its probe's cotangent (the pieces, not a
 derivative: valid only for this one vjp, never exposed as a gradient).
 
+Several model rows per example (the label contrast, `dpsynth.train.lm.make_label_contrast_loss`,
+runs the model on B * K rows): the taps then see a leading batch of R * B. A loss that does this
+must declare the layout of its rows with `example_major_rows` (the attribute `ROW_LAYOUT_ATTR`):
+example i owns the CONTIGUOUS rows i * R .. i * R + R - 1 (what `x[B, K, T].reshape(B * K, T)`
+gives). The pieces are then regrouped per example: factors [B * R, N, d] -> [B, R * N, d] (the
+per-example gradient sum_r sum_n x_rn g_rn^T is one longer sum over positions), formed and
+elementwise per-row gradients [B * R, ...] -> summed over the R rows. A tap batch other than B
+without the declaration raises `GhostClippingError`; a wrong declaration (e.g. a label-major
+layout, rows r * B + i) cannot be detected here and would mix examples: the declaring loss's test
+compares its norms with the vmapped clipping (tests/dp/test_ghost.py).
+
 Formal guarantee (same as the vmapped clipping): each real example's term w_i G_i has L2 norm
 <= C and padding rows contribute exactly 0, so the sum has add-or-remove-one sensitivity C, PROVIDED
-every use of every trainable parameter goes through these taps (checked: a trainable parameter
+(1) every use of every trainable parameter goes through these taps (checked: a trainable parameter
 without a tap raises `GhostClippingError`; the layer tests compare with the vmapped clipping on
-every layer type) and the loss is per-example separable.
+every layer type, full and LoRA), (2) the loss is per-example separable, and (3) when the model
+runs on R * B rows, the loss declares, truthfully, that example i owns rows i * R .. i * R + R - 1
+(checked where declared: the label contrast's norms equal the vmapped clipping's).
 """
 
 from __future__ import annotations
@@ -56,6 +76,20 @@ Key = tuple[str, ...]
 _LOCAL = threading.local()
 _MAX_EXACT_ID = 2**24  # ids travel as float32 cotangents: exact below this
 
+# The row layout a loss declares (attribute ROW_LAYOUT_ATTR of the loss function) when it runs the
+# model on R * B rows for B examples: EXAMPLE_MAJOR = example i owns rows i * R .. i * R + R - 1.
+ROW_LAYOUT_ATTR = "ghost_row_layout"
+EXAMPLE_MAJOR = "example_major"
+
+
+def example_major_rows(loss_fn):
+    """Declares (and returns) `loss_fn`: it runs the model on R * B rows, example i's in rows i * R .. i * R + R - 1.
+
+    A privacy-critical claim: ghost clipping regroups the taps' pieces by it (module docstring).
+    """
+    setattr(loss_fn, ROW_LAYOUT_ATTR, EXAMPLE_MAJOR)
+    return loss_fn
+
 
 class GhostClippingError(DpsynthError, ValueError):
     """The loss or model cannot be clipped by the ghost path (untapped or unsupported parameter use)."""
@@ -73,11 +107,25 @@ class _Use:
 
 
 class _Session:
-    def __init__(self, discover: bool, uses=None, probes=None):
+    """One clipping pass: `batch_size` examples B; `grouped`: the loss declared example-major rows."""
+
+    def __init__(self, discover: bool, batch_size: int, grouped: bool = False, uses=None, probes=None):
         self.discover = discover
+        self.batch_size = batch_size
+        self.grouped = grouped
         self.uses: dict[Key, list[_Use]] = defaultdict(list) if uses is None else uses
         self.probes = probes
         self.seen: dict[Key, int] = defaultdict(int)
+
+    def check_rows(self, key: Key, rows: int):
+        """Refuses a tap batch that is neither B nor (declared example-major) a multiple of B."""
+        b = self.batch_size
+        if rows == b or (self.grouped and rows % b == 0 and rows > 0):
+            return
+        raise GhostClippingError(
+            f"{'/'.join(key)}: the model runs on {rows} rows for a batch of {b} examples; a loss that runs several "
+            f"rows per example must declare their layout (dpsynth.dp.ghost.example_major_rows)"
+            + (f", and {rows} is not a multiple of {b}" if self.grouped else ""))
 
     def __enter__(self):
         if getattr(_LOCAL, "session", None) is not None:
@@ -104,21 +152,27 @@ def _session() -> _Session | None:
 
 
 def _key(module, name: str) -> Key:
-    return (*module.path, name)
+    """(collection, *module path, name) of the variable `name` of `module`: exactly one collection must hold it."""
+    cols = sorted(c for c, v in module.variables.items() if name in v)
+    where = "/".join((*module.path, name))
+    if len(cols) != 1:
+        raise GhostClippingError(f"{where}: a tap must name exactly one variable, but collections {cols} hold "
+                                 f"'{name}' in this module")
+    return (cols[0], *module.path, name)
 
 
 def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(s) for s in shape), jnp.dtype(dtype))
 
 
-def _flat(x):
-    """[B, ..., d] -> [B, N, d]."""
-    return x.reshape(x.shape[0], -1, x.shape[-1])
+def _flat(x, b: int):
+    """[R * B, ..., d] -> [B, R * N, d]: example i's rows (i * R .. i * R + R - 1, example-major) as one sequence."""
+    return x.reshape(b, -1, x.shape[-1])
 
 
-def _flat_sds(x) -> jax.ShapeDtypeStruct:
-    """The abstract value of `_flat(x)`."""
-    return _sds((x.shape[0], int(np.prod(x.shape[1:-1])), x.shape[-1]), x.dtype)
+def _flat_sds(x, b: int) -> jax.ShapeDtypeStruct:
+    """The abstract value of `_flat(x, b)`."""
+    return _sds((b, int(np.prod(x.shape[:-1])) // b, x.shape[-1]), x.dtype)
 
 
 # ----------------------------------------------------------------------------- taps (model side)
@@ -132,10 +186,12 @@ def dense(module, name: str, x, w, *, transpose: bool = False, preferred_element
     if s is None:
         return op(x, w)
     key = _key(module, name)
+    bsz = s.batch_size
     if s.discover:
+        s.check_rows(key, x.shape[0])
         y = jax.eval_shape(op, x, w)
         a, b = (x, y) if not transpose else (y, x)
-        s.uses[key].append(_Use("dense", tuple(w.shape), _flat_sds(a), _flat_sds(b)))
+        s.uses[key].append(_Use("dense", tuple(w.shape), _flat_sds(a, bsz), _flat_sds(b, bsz)))
         return op(x, w)
     use, probe = s.next_use(key)
     if use is None:
@@ -151,7 +207,7 @@ def dense(module, name: str, x, w, *, transpose: bool = False, preferred_element
     def bwd(res, g):
         x, w = res
         dx, dw = jax.vjp(op, x, w)[1](g)
-        a, b = (_flat(x), _flat(g)) if not transpose else (_flat(g), _flat(x))
+        a, b = (_flat(x, bsz), _flat(g, bsz)) if not transpose else (_flat(g, bsz), _flat(x, bsz))
         if use.mode == "grad":
             pieces = jnp.einsum("bna,bnc->bac", a, b, preferred_element_type=jnp.float32)
         else:
@@ -172,12 +228,12 @@ def lookup(module, name: str, table, ids):
     if s is None:
         return op(table)
     key = _key(module, name)
+    bsz = s.batch_size
     if s.discover:
-        if table.shape[0] > _MAX_EXACT_ID:
-            raise GhostClippingError(f"{'/'.join(key)}: tables above {_MAX_EXACT_ID} rows are not supported")
+        s.check_rows(key, ids.shape[0])
         e = jax.eval_shape(op, table)
-        s.uses[key].append(_Use("lookup", tuple(table.shape), _sds((ids.shape[0], ids[0].size), jnp.float32),
-                                _flat_sds(e)))
+        s.uses[key].append(_Use("lookup", tuple(table.shape), _sds((bsz, ids.size // bsz), jnp.float32),
+                                _flat_sds(e, bsz)))
         return op(table)
     use, probe = s.next_use(key)
     if use is None:
@@ -192,7 +248,7 @@ def lookup(module, name: str, table, ids):
 
     def bwd(table, e):
         (dtable,) = jax.vjp(op, table)[1](e)
-        return dtable, {"a": ids.reshape(ids.shape[0], -1).astype(jnp.float32), "b": _flat(e).astype(use.b.dtype)}
+        return dtable, {"a": ids.reshape(bsz, -1).astype(jnp.float32), "b": _flat(e, bsz).astype(use.b.dtype)}
 
     tapped.defvjp(fwd, bwd)
     return tapped(table, probe)
@@ -203,7 +259,9 @@ def _elementwise(module, name: str, x, p, op):
     if s is None:
         return op(x, p)
     key = _key(module, name)
+    bsz = s.batch_size
     if s.discover:
+        s.check_rows(key, x.shape[0])
         s.uses[key].append(_Use("elementwise", tuple(p.shape), mode="grad"))
         return op(x, p)
     use, probe = s.next_use(key)
@@ -222,7 +280,8 @@ def _elementwise(module, name: str, x, p, op):
         dx, dp = jax.vjp(op, x, p)[1](g)
         # per-example dp: the same vjp with the batch axis kept (p broadcast over all other axes)
         per = jax.vmap(lambda xi, gi: jax.vjp(op, xi[None], p)[1](gi[None])[1])(x, g)
-        return dx, dp, per.astype(jnp.float32)
+        per = jnp.sum(per.astype(jnp.float32).reshape((bsz, -1) + p.shape), axis=1)  # example-major rows: sum over R
+        return dx, dp, per
 
     tapped.defvjp(fwd, bwd)
     return tapped(x, p, probe)
@@ -239,10 +298,17 @@ def bias(module, name: str, x, b):
 
 
 # ----------------------------------------------------------------------------- the plan
+def _leaves(params: PyTree) -> tuple[list[Key], Any]:
+    """The trainable leaves' keys (collection, *path) in tree order, and the tree's structure."""
+    flat, tree = jax.tree_util.tree_flatten_with_path(params)
+    return [tuple(k.key for k in path) for path, _ in flat], tree
+
+
 def _plan(uses: dict[Key, list[_Use]], params: PyTree) -> dict[Key, list[_Use]]:
-    """Checks that every trainable leaf is tapped and chooses each use's mode (see module doc)."""
-    flat = jax.tree_util.tree_flatten_with_path(params["params"])[0]
-    leaves = {tuple(k.key for k in path): leaf for path, leaf in flat}
+    """Maps each trainable leaf (collection, path), of every trainable collection, to its tap uses, checks
+    that it has some, and chooses each use's mode (see module doc). Uses of frozen variables are dropped."""
+    keys, _ = _leaves(params)
+    leaves = dict(zip(keys, jax.tree.leaves(params)))
     planned = {}
     for key, leaf in leaves.items():
         key_uses = uses.get(key)
@@ -252,6 +318,8 @@ def _plan(uses: dict[Key, list[_Use]], params: PyTree) -> dict[Key, list[_Use]]:
         for u in key_uses:
             if u.param_shape != tuple(leaf.shape):
                 raise GhostClippingError(f"{'/'.join(key)}: tapped shape {u.param_shape} != parameter {leaf.shape}")
+            if u.kind == "lookup" and u.param_shape[0] > _MAX_EXACT_ID:
+                raise GhostClippingError(f"{'/'.join(key)}: tables above {_MAX_EXACT_ID} rows are not supported")
         kinds = {u.kind for u in key_uses}
         if "elementwise" in kinds and len(kinds) > 1:
             raise GhostClippingError(f"{'/'.join(key)}: mixed elementwise and matrix uses are not supported")
@@ -327,24 +395,31 @@ def _weighted_sum(u: _Use, p, w, keep):
 def clipped_grad_sum(loss_fn, params: PyTree, frozen: PyTree, batch: dict, key: jax.Array, clip_norm: float):
     """Ghost-clipped sum over real examples; the same contract as `clipping.clipped_grad_sum`.
 
-    Returns (clipped_sum like params, per-example losses [B], per-example gradient norms [B]);
-    losses and norms are non-private diagnostics. Raises `GhostClippingError` when a trainable
-    parameter is not computed through a tap (see the module docstring).
+    `params` may hold any trainable collections whose variables the model uses through the taps
+    ("params", "lora"; not "prompt"). A loss that runs the model on R * B rows must carry the
+    example-major declaration (`example_major_rows`). Returns (clipped_sum like params, per-example
+    losses [B], per-example gradient norms [B]); losses and norms are non-private diagnostics. Raises
+    `GhostClippingError` when a trainable parameter is not computed through a tap, or the rows are
+    undeclared (see the module docstring).
     """
     if "mask" not in batch:
         raise ValueError("batch needs a 'mask' [B] array (1 = real example, 0 = padding)")
-    if set(params) != {"params"}:
-        raise GhostClippingError(f"ghost clipping supports the 'params' collection only (full tuning), got "
-                                 f"trainable collections {sorted(params)}")
+    if "prompt" in params:
+        raise GhostClippingError("ghost clipping does not support soft prompts (trainable collection 'prompt' has no "
+                                 "tap): use the vmapped clipping for prompt tuning")
+    layout = getattr(loss_fn, ROW_LAYOUT_ATTR, None)
+    if layout not in (None, EXAMPLE_MAJOR):
+        raise GhostClippingError(f"loss row layout {layout!r} is not supported (only {EXAMPLE_MAJOR!r})")
     mask = batch["mask"]
     bsz = mask.shape[0]
-    with _Session(discover=True) as found:
+    session = dict(batch_size=bsz, grouped=layout == EXAMPLE_MAJOR)
+    with _Session(discover=True, **session) as found:
         # a fresh function: a cached abstract trace would skip the taps' recording
         jax.eval_shape(lambda *args: loss_fn(*args), params, frozen, batch, key)
     planned = _plan(dict(found.uses), params)
 
     def losses_of(probes):
-        with _Session(discover=False, uses=planned, probes=probes) as tapped:
+        with _Session(discover=False, uses=planned, probes=probes, **session) as tapped:
             per_example, _ = loss_fn(params, frozen, batch, key)
         missing = [k for k, us in planned.items() if tapped.seen[k] != len(us)]
         if missing:  # an unread probe would drop a use's share of the norm
@@ -356,7 +431,7 @@ def clipped_grad_sum(loss_fn, params: PyTree, frozen: PyTree, batch: dict, key: 
     norms = jnp.sqrt(jnp.maximum(_sq_norms(planned, pieces, bsz), 0.0))
     keep = (mask > 0) & jnp.isfinite(norms)
     w = jnp.where(keep, jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-30)), 0.0)
-    flat = {k: sum(_weighted_sum(u, p, w, keep) for u, p in zip(planned[k], pieces[k])) for k in planned}
-    paths = jax.tree_util.tree_flatten_with_path(params["params"])
-    grads = [flat[tuple(k.key for k in path)].astype(jnp.float32) for path, _ in paths[0]]
-    return {"params": jax.tree_util.tree_unflatten(paths[1], grads)}, losses, norms
+    keys, tree = _leaves(params)
+    grads = [sum(_weighted_sum(u, p, w, keep) for u, p in zip(planned[k], pieces[k])).astype(jnp.float32)
+             for k in keys]
+    return jax.tree_util.tree_unflatten(tree, grads), losses, norms

@@ -77,7 +77,10 @@ def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
 
 
 class Projection(nn.Module):
-    """`x @ kernel (+ bias)`, plus `scale * (x @ a) @ b` when `lora_rank > 0`."""
+    """`x @ kernel (+ bias)`, plus `scale * (x @ a) @ b` when `lora_rank > 0`.
+
+    Every product and bias goes through a `dpsynth.dp.ghost` tap ("kernel", "bias"; the adapter's "a" and
+    "b" of the "lora" collection), which is the plain op outside a ghost-clipping session."""
 
     features: int
     lora_rank: int = 0
@@ -97,7 +100,9 @@ class Projection(nn.Module):
         if self.lora_rank:
             a = self.variable("lora", "a", lambda: init(self.make_rng("params"), (d_in, self.lora_rank), jnp.float32))
             b = self.variable("lora", "b", lambda: jnp.zeros((self.lora_rank, self.features), jnp.float32))
-            lora = jnp.dot(jnp.dot(x, a.value.astype(self.dtype)), b.value.astype(self.dtype))
+            # two ghost taps ("a", "b" of the "lora" collection): plain dots outside a clipping session
+            h = ghost.dense(self, "a", x, a.value.astype(self.dtype))
+            lora = ghost.dense(self, "b", h, b.value.astype(self.dtype))
             y = y + (self.lora_scale * lora).astype(y.dtype)
         return y
 

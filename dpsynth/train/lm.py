@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from dpsynth.dp import ghost
+
 
 def split_variables(variables: dict, trainable: Sequence[str] = ("params",)) -> tuple[dict, dict]:
     """(trainable, frozen): the named collections, and every other collection."""
@@ -88,6 +90,10 @@ def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
 
     with equality at K = 2 (one other label: the two forms are the same term). Either way the term is
     part of the example's own loss, so per-example clipping bounds its whole gradient by C.
+
+    Row layout: the model runs on `contrast_inputs.reshape(B * K, T)`, so example i owns the contiguous
+    rows i * K .. i * K + K - 1; the function declares it (`ghost.example_major_rows`), which ghost
+    clipping needs to regroup its per-row pieces per example. Keep the reshape example-major.
     """
     lm_loss = make_lm_loss(model, z_loss)
 
@@ -107,4 +113,4 @@ def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
         return lm + weight * contrast, {"ce_sum": -jnp.sum(log_lik * own, axis=-1), "tokens": tokens,
                                         "contrast": contrast}
 
-    return loss_fn
+    return ghost.example_major_rows(loss_fn)

@@ -32,6 +32,8 @@ logger = logging.getLogger("dpsynth.train.finetune")  # the tuner's one logger, 
 
 MODES = recipe_lib.MODES
 TRAINABLE = {"full": ("params",), "prompt": ("prompt",), "lora": ("lora",)}
+# The modes whose trainable variables the ghost clipping taps (`dpsynth.dp.ghost`; soft prompts have no tap).
+GHOST_MODES = ("full", "lora")
 OPTIMIZERS = ("adam", "adafactor")
 PROMPT_INITS = ("uniform", "vocab")
 
@@ -112,9 +114,10 @@ class TuneConfig:
             protects nobody (`dpsynth.dp.accounting.weak_delta`); refused by default, and the privacy
             report's headline then says the delta is weak.
         clipping: how per-example clipping is computed (`dpsynth.dp.clipping.METHODS`): "vmap"
-            (default: per-example gradients) or "ghost" (full mode only, example-level DP-SGD or
-            BandMF: the same clipped sum without per-example gradient copies, `dpsynth.dp.ghost`).
-            The same mechanism and accounting either way.
+            (default: per-example gradients) or "ghost" (full and LoRA modes, example-level DP-SGD or
+            BandMF, with or without the label contrast: the same clipped sum without per-example
+            gradient copies or per-example forward passes, `dpsynth.dp.ghost`). The same mechanism and
+            accounting either way.
         reserve_selection_epsilon: the epsilon of a later DP selection on D_valid (`dpsynth select`,
             exponential mechanism) that composes SEQUENTIALLY with this run: D_valid split from D
             positionally (e.g. its last 10%), so that one record may change both D_train and
@@ -288,9 +291,9 @@ class TuneConfig:
 
         if self.clipping not in clipping_methods:
             raise TuneError(f"clipping must be one of {clipping_methods}, got {self.clipping!r}")
-        if self.clipping != "vmap" and (self.mode != "full" or self.privacy_unit != "example"):
-            raise TuneError(f"--clipping {self.clipping} is for --mode full at example level (LoRA and prompt "
-                            "tuning keep the vmapped clipping)")
+        if self.clipping != "vmap" and (self.mode not in GHOST_MODES or self.privacy_unit != "example"):
+            raise TuneError(f"--clipping {self.clipping} is for --mode full or lora at example level (prompt tuning "
+                            "and user-level DP keep the vmapped clipping)")
         conflict = self.contrast_conflict()
         if conflict and self.label_contrast not in (0.0, recipe_lib.AUTO):  # ("auto" turns the contrast off instead)
             raise TuneError(conflict)
@@ -301,9 +304,6 @@ class TuneConfig:
             return "label_contrast and label_dropout both change which rows train an example: use one"
         if self.privacy_unit != "example":
             return "label_contrast supports example-level runs (privacy_unit 'example')"
-        if self.clipping != "vmap":
-            return (f"--clipping {self.clipping} clips the Prefix-LM loss's own layers; label_contrast needs the "
-                    "vmapped clipping (any loss)")
         return None
 
     @property

@@ -467,7 +467,8 @@ def test_a_resume_with_another_setting_names_it_and_an_older_checkpoint_gets_a_h
     (dict(delta=1.0), "delta"),
     (dict(mode="adapter"), "mode"),
     (dict(clipping="fast"), "clipping must be one of"),
-    (dict(clipping="ghost"), "--clipping ghost is for --mode full"),
+    (dict(mode="prompt", clipping="ghost"), "--clipping ghost is for --mode full or lora"),
+    (dict(clipping="ghost", privacy_unit="user", max_examples_per_user=2), "--clipping ghost is for .* example level"),
 ])
 def test_bad_config(change, msg):
     with pytest.raises(tune_config.TuneError, match=msg):
@@ -485,6 +486,21 @@ def test_full_mode_ghost_clipping_trains_the_same_model(tiny_base, tmp_path):
         out = str(tmp_path / method)
         finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(cfg, clipping=method), progress_interval=1e9)
         weights[method] = load_model(out).variables["params"]
+    for a, b in zip(jax.tree.leaves(weights["vmap"]), jax.tree.leaves(weights["ghost"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_ghost_clipping_trains_the_same_adapters(tiny_base, tmp_path):
+    """dp-tune --mode lora --clipping ghost: the same DP mechanism as the vmapped clipping (same seed, same
+    released adapters up to float32 rounding of the clipped sums, tests/dp/test_ghost.py's LORA_RTOL)."""
+    base_dir, _ = tiny_base
+    cfg = dataclasses.replace(BASE_CFG, steps=2, seed=3, clip_norm=0.1)
+    weights = {}
+    for method in ("vmap", "ghost"):
+        out = str(tmp_path / method)
+        finetune.dp_tune(base_dir, TRAIN, VALID, out, dataclasses.replace(cfg, clipping=method), progress_interval=1e9)
+        weights[method] = load_model(out).variables["lora"]
+    assert jax.tree.structure(weights["vmap"]) == jax.tree.structure(weights["ghost"])
     for a, b in zip(jax.tree.leaves(weights["vmap"]), jax.tree.leaves(weights["ghost"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 

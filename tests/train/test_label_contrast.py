@@ -370,7 +370,7 @@ def test_a_run_begun_with_the_full_form_on_5_labels_resumes_under_auto_with_it(t
     ({"label_contrast": float("inf")}, "finite number >= 0"),
     ({"label_contrast": 1.0, "label_dropout": 0.1}, "use one"),
     ({"label_contrast": 1.0, "privacy_unit": "user", "max_examples_per_user": 2}, "example-level"),
-    ({"label_contrast": 1.0, "mode": "full", "clipping": "ghost"}, "vmapped clipping"),
+    ({"label_contrast": 1.0, "mode": "prompt", "clipping": "ghost"}, "prompt tuning .*vmapped clipping"),
 ])
 def test_settings_it_cannot_serve_are_refused(settings, message):
     with pytest.raises(tune_config.TuneError, match=message):
@@ -400,7 +400,8 @@ def test_auto_by_default_off_with_a_manual_recipe_and_absent_from_the_fingerprin
     ({"label_contrast_form": "sampled"}, False, 3, 1.0, "label contrast 1: .*one of the other 2 labels, drawn .*2 passes"),
     ({"label_dropout": 0.1}, False, 2, 0.0, "no label contrast: label_contrast and label_dropout"),
     ({"privacy_unit": "user", "max_examples_per_user": 2}, False, 2, 0.0, "no label contrast: .*example-level"),
-    ({"mode": "full", "clipping": "ghost"}, False, 2, 0.0, "no label contrast: .*vmapped clipping"),
+    ({"mode": "full", "clipping": "ghost"}, False, 2, 1.0, "label contrast 1"),  # ghost regroups the K rows
+    ({"mode": "lora", "clipping": "ghost"}, False, 4, 1.0, "label contrast 1"),
     ({"mode": "full"}, True, 2, 0.0, "no label contrast: full tuning of a model with an untied input embedding"),
     ({"mode": "lora"}, True, 2, 1.0, "label contrast 1"),  # (LoRA keeps the dense path)
 ])
@@ -415,6 +416,28 @@ def test_the_automatic_recipe_adds_the_contrast_where_the_run_can_take_it(settin
     if weight == 0.0 and not untied:
         with pytest.raises(tune_config.TuneError):
             tune_config.TuneConfig(**settings, label_contrast=1.0)
+
+
+@pytest.mark.parametrize("form", [pytest.param("full", marks=pytest.mark.slow), "sampled"])  # ~30 s each
+def test_lora_ghost_clipping_with_the_contrast_trains_the_same_adapters(tiny_base, tmp_path, form):
+    """dp-tune --mode lora --clipping ghost --label-contrast 1: ghost regroups each example's K rows (full form, 3
+    labels; sampled form, 2 of 5) and releases the adapters the vmapped clipping releases (float32 rounding).
+    The regrouping's equality for both forms on every layer type: tests/dp/test_ghost.py."""
+    from dpsynth.models.directory import load_model
+
+    base_dir, _ = tiny_base
+    names = ["great", "other", "meh"] if form == "full" else ["a", "b", "c", "d", "e"]
+    train = [dict(r, label=names[i % len(names)]) for i, r in enumerate(make_records(40, 1))]
+    cfg = tune_config.TuneConfig(mode="lora", epsilon=4.0, batch_size=16, steps=2, microbatch_size=8, max_tokens=32,
+                                 lora_rank=2, learning_rate=1e-2, seed=5, clip_norm=0.1, label_contrast=1.0,
+                                 label_contrast_form=form)
+    weights = {}
+    for method in ("vmap", "ghost"):
+        out = str(tmp_path / method)
+        finetune.dp_tune(base_dir, train, [], out, dataclasses.replace(cfg, clipping=method), progress_interval=1e9)
+        weights[method] = load_model(out).variables["lora"]
+    for a, b in zip(jax.tree.leaves(weights["vmap"]), jax.tree.leaves(weights["ghost"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mechanism, form", [("dpsgd", "full"), ("bandmf", "sampled")])
