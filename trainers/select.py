@@ -9,7 +9,8 @@
 With `--model`, the candidates are generated first under `OUT.candidates/`: by default each
 sampling setting once as a small candidate (`--screen-size` train examples), and only the
 winner's setting is then generated at the size asked for (the largest `--multiples` x |D_train|
-that fits `--time-budget`) and released (post-processing of the model and the DP choice: no further privacy cost;
+that fits `--time-budget`, re-planned after the selection at the winner's sampling rate: it only
+grows) and released (post-processing of the model and the DP choice: no further privacy cost;
 `dpsynth.evaluate.screening`); with `--screen-size 0`, each setting at its largest multiple
 (smaller multiples are its prefixes), every one a candidate. Before any generation the plan is
 printed (examples, tokens, classifier trainings, an ETA from a timed probe of the real model);
@@ -94,7 +95,9 @@ def parser() -> argparse.ArgumentParser:
                         f"own time included; default {screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit): a plan "
                         f"that does not fit shrinks {screening.shrink_order_text()}; the run is refused only when "
                         "even that does not fit. The plan says what shrank; the choice reads no private data (no "
-                        "privacy cost; one DP selection among the settings kept)")
+                        "privacy cost; one DP selection among the settings kept). The plan times the final at the "
+                        "slowest setting's rate; after the DP choice it is re-planned at the winner's (it only grows, "
+                        "up to the size asked: post-processing)")
     g.add_argument("--dry-run", action="store_true", help="print the plan (counts and the measured ETA) and stop: "
                    "nothing is written and D_valid is not read")
     # The generation job's own settings (declared by `GenerateConfig`): --max-len, --gen-batch-size, --gen-seed, ...
@@ -188,6 +191,11 @@ def main(argv=None) -> int:
         selection = dp_select.select_corpora(paths, valid, config, disjointness=disjointness, overlaps=overlaps)
         record = None
         if screened is not None:  # the winner's setting at full size: post-processing, no privacy cost
+            # re-planned at the winner's rate: the release grows into the time the plan's slowest rate kept
+            screened = screening.replan_final(screened, speed, selection.winner_name,
+                                              valid_fraction=args.valid_fraction)
+            if screened.final_grown:
+                print(f"dpsynth select: {screening.replan_line(screened, speed)}", file=sys.stderr)
             release_dir = screening.generate_final(args.model, root, screened, selection.winner_name,
                                                    label_distribution=distribution, beam_args=beam_args, **gen)
             record = screening.screening_record(screened, selection.winner_name, release_dir, speed)

@@ -58,6 +58,16 @@ last were the release in 7 of study v3's 12 selections, and at `MIN_SCREEN_SIZE`
 choice among many settings is noisy anyway. The release below the asked multiples is what the
 user did not ask for, so it comes last.
 
+The re-plan after the selection (`replan_final`): the plan counts the final at the slowest
+setting's rate (the winner is unknown; guided settings sample ~3.5x slower than unguided), so an
+unguided winner would finish early with a release smaller than the budget affords. Once the DP
+selection has chosen, the final is re-planned at the winner's rate: the largest final train size
+(valid `--valid-fraction` of it) that fits the budget left after the stages already run, capped at
+the size asked (the largest asked multiple x |D_train|) and never below the plan's (the plan's size
+is a floor: the re-plan only grows it). Without a budget nothing changes. The run prints one line
+when it grows, and selection.json's `screening.time_budget.replan` says asked, planned and
+re-planned sizes and the rate used.
+
 The plan says what shrank and from what (`SelectPlan.final_asked`, `SelectPlan.screen_asked`,
 `SelectPlan.settings_asked`, `SelectPlan.eta_asked`: `SelectPlan.shrink_line`), and so does
 selection.json's `screening.time_budget` (`budget_record`).
@@ -75,6 +85,20 @@ settings' candidates: the exponential mechanism's epsilon does not depend on the
 candidates; the Gaussian variant's sigma does, and is calibrated on the number of candidates
 scored, which are exactly `SelectPlan.screening`'s jobs, fixed with the plan before D_valid is
 read. Keep it so: nothing that reads D_valid or D_train may enter `fit_time_budget`.
+
+Privacy of the re-plan (`replan_final`): the re-planned size is a function of the DP selection's
+output (the winner), the plan (public, above), the probe's speed, the budget and the plan's ETA of
+the stages already run (`spent_seconds`): post-processing of the DP choice, no privacy cost. The
+time spent is deliberately NOT the wall clock since the run began: between the probe and the final,
+the run reads D_valid, checks it disjoint from D_train (hashing --label-source), draws the label
+histogram from D_train and scores every candidate's classifiers on D_valid; the time of that work
+depends on |D_valid|, |D_train| and the texts' lengths, which are private (|D_valid| is not in the
+plan, and neighbouring datasets differ in it), so a size read off the wall clock would publish a
+timing channel on them that no epsilon accounts for. The plan's ETA of those stages (the probe's
+own measured time, plus the screening and classifier trainings at the probe's rates and the
+plan's public counts) is the same on neighbouring datasets. Its cost: the re-plan trusts the ETA
+(as the plan did) instead of correcting for how the run actually went. Keep it so: nothing timed
+after D_valid is read may enter `replan_final`.
 """
 
 from __future__ import annotations
@@ -199,6 +223,10 @@ class SelectPlan:
         `dp_select.settings_by_priority` reversed); `screening` holds the others.
       time_budget: the seconds the plan was fitted to (`fit_time_budget`); None: no limit.
       eta_asked: the ETA of the plan as asked (the probe included), when the time budget shrank it.
+      winner: the DP selection's setting (name), once made (`replan_final`): the ETA counts `final`
+        at its rate; None before the selection (the final at the slowest setting's rate).
+      final_planned: `final` as the plan fixed it before the selection, once `replan_final` ran
+        (its floor: the re-plan only grows the release).
     """
 
     screen_size: int
@@ -217,6 +245,13 @@ class SelectPlan:
     settings_dropped: tuple[str, ...] = ()
     time_budget: float | None = None
     eta_asked: float | None = None
+    winner: str | None = None
+    final_planned: Job | None = None
+
+    @property
+    def final_grown(self) -> bool:
+        """Whether `replan_final` grew the release above the plan's size (the winner's rate left time)."""
+        return self.final_planned is not None and self.final is not None and self.final.train > self.final_planned.train
 
     @property
     def final_shrunk(self) -> bool:
@@ -270,11 +305,21 @@ class SelectPlan:
 
         final = 0.0
         if self.final is not None:
-            slowest = min(speed.rate(j.guidance > 0) for j in self.screening)
-            final = speed.job_overhead_seconds + self.final.examples / slowest
+            final = speed.job_overhead_seconds + self.final.examples / self.final_rate(speed)
         train = self.trainings_per_candidate * speed.classifier_seconds_per_example * sum(self.candidate_train_sizes)
         parts = {"probe": speed.probe_seconds, "screening": gen(self.screening), "classifiers": train, "final": final}
         return {**parts, "total": sum(parts.values())}
+
+    def final_rate(self, speed: Speed) -> float:
+        """The final job's examples per second: the winner's setting's once known, else the slowest of the grid's."""
+        if self.winner is not None:
+            return speed.rate(self.winner_job.guidance > 0)
+        return min(speed.rate(j.guidance > 0) for j in self.screening)
+
+    @property
+    def winner_job(self) -> Job:
+        """The winner's screened job (`winner` set)."""
+        return {j.name: j for j in self.screening}[self.winner]
 
     def lines(self, speed: Speed | None = None) -> list[str]:
         """The plan, for the user, one line each (counts only: nothing private)."""
@@ -509,6 +554,51 @@ def _nothing_fits(smallest: SelectPlan, speed: Speed, seconds: float) -> str:
             f"{math.ceil(eta['total']):,} s (--time-budget 0: no limit)")
 
 
+def spent_seconds(plan: SelectPlan, speed: Speed) -> float:
+    """The run's time before the final generation, as the plan counts it: the probe's own (measured,
+    `Speed.probe_seconds`) plus the plan's ETA of the screening generation and of the classifier
+    trainings, never the wall clock since (the module docstring says why)."""
+    eta = plan.seconds(speed)
+    return eta["probe"] + eta["screening"] + eta["classifiers"]
+
+
+def replan_final(plan: SelectPlan, speed: Speed, winner: str, *, valid_fraction: float) -> SelectPlan:
+    """`plan` with the DP selection's `winner` (a screened setting's name) and the final re-planned at
+    its rate: the largest final train size (valid: `valid_fraction` of it) whose ETA at the winner's
+    rate fits what the budget leaves after `spent_seconds`, capped at the size asked
+    (`plan.final_asked`) and never below the plan's (`plan.final`: the re-plan only grows it).
+    Without a time budget (or without screening) the sizes are the plan's. Reads the plan's counts,
+    the probe's speed and the DP choice only: post-processing, no privacy cost.
+    """
+    if plan.final is None:
+        return plan
+    plan = dataclasses.replace(plan, winner=winner, final_planned=plan.final)
+    if not plan.time_budget or plan.final_asked is None or plan.final.train >= plan.final_asked.train:
+        return plan
+
+    def release(n):
+        multiple = next((m for m in plan.multiples
+                         if dp_select.sizes(m, plan.dataset_size, valid_fraction)[0] == n), None)
+        job = (_final_job(multiple, plan.dataset_size, valid_fraction) if multiple is not None else
+               Job(guidance=-1.0, temperature=-1.0, train=n, valid=max(1, int(round(valid_fraction * n)))))
+        return dataclasses.replace(plan, final=job, final_multiple=multiple if multiple is not None else (
+            n / plan.dataset_size if plan.dataset_size else 0.0))
+
+    n = _largest(plan.final.train, plan.final_asked.train,
+                 lambda n: release(n).seconds(speed)["total"] <= plan.time_budget)
+    return plan if n is None or n == plan.final.train else release(n)
+
+
+def replan_line(plan: SelectPlan, speed: Speed) -> str:
+    """The plan's line on the re-planned release (`replan_final`; printed when it grew)."""
+    job = plan.winner_job
+    left = plan.time_budget - spent_seconds(plan, speed)
+    return (f"plan: the winner ({plan.winner}, {'guided' if job.guidance > 0 else 'unguided'}, "
+            f"{plan.final_rate(speed):.3g} example/s) leaves {_fmt(left)}: its final corpus grows from "
+            f"{plan.final_planned.train:,} to {plan.final.train:,} train examples "
+            f"({plan.final_multiple:.3g}x |D_train|)")
+
+
 # ---------------------------------------------------------------------- the probe
 
 
@@ -676,6 +766,14 @@ def budget_record(plan: SelectPlan, speed: Speed | None = None) -> dict[str, Any
         shrunk.append({"what": "settings", "asked": list(plan.settings_asked), "kept": list(plan.settings),
                        "dropped": list(plan.settings_dropped), "order": "dp_select.SETTING_PRIORITY"})
     out = {"seconds": plan.time_budget, "default": plan.time_budget == DEFAULT_TIME_BUDGET, "shrunk": shrunk}
+    if plan.final_planned is not None and plan.time_budget:  # `replan_final`: the release at the winner's rate
+        out["replan"] = {"setting": plan.winner, "guided": plan.winner_job.guidance > 0,
+                         "train_size_asked": plan.final_asked.train, "train_size_planned": plan.final_planned.train,
+                         "train_size_replanned": plan.final.train, "grown": plan.final_grown,
+                         **({"examples_per_second": plan.final_rate(speed),
+                             "spent_seconds_eta": spent_seconds(plan, speed)} if speed is not None else {}),
+                         "spent": "the probe's own time and the plan's ETA of the screening and the classifiers "
+                                  "(not the wall clock: it would time reading and scoring D_valid)"}
     if plan.eta_asked is not None:
         out["eta_asked_seconds"] = plan.eta_asked
     if speed is not None:

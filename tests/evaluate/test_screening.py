@@ -278,6 +278,96 @@ def test_the_probe_time_counts_against_the_budget():
     assert screening.fit_time_budget(plan_of(screen_size=0), slow, 0, valid_fraction=0.1) == plan_of(screen_size=0)
 
 
+def replan(plan, winner, speed=SPEED):
+    return screening.replan_final(plan, speed, winner, valid_fraction=0.1)
+
+
+def test_the_replan_grows_an_unguided_winners_release_to_the_largest_size_that_fits():
+    plan = plan_of(multiples=(1, 2, 3))
+    # A budget where 1x fits at the guided (slowest) rate and 3x does not even at the unguided rate.
+    one = fit(plan, need(plan_of(multiples=(1,))) + 5)
+    assert one.final.train == 20_000 and one.final_shrunk
+    got = replan(one, "w0-t1")  # unguided: twice the guided rate (SPEED)
+    assert got.winner == "w0-t1" and got.final_planned == one.final and got.final_grown
+    n = got.final.train
+    left = one.time_budget - screening.spent_seconds(got, SPEED) - SPEED.job_overhead_seconds
+    assert 20_000 < n < 60_000 and got.final.valid == round(0.1 * n)
+    # the largest that fits at the winner's rate: n fits, n + 1 does not (valid rounds with it)
+    assert n + round(0.1 * n) <= left * 100 < n + 1 + round(0.1 * (n + 1))
+    assert need(got) <= one.time_budget and got.final_multiple == pytest.approx(n / 20_000)
+    # the stages already run count as the plan's ETA: probe, screening, classifiers (no wall clock)
+    eta = one.seconds(SPEED)
+    assert screening.spent_seconds(got, SPEED) == eta["probe"] + eta["screening"] + eta["classifiers"]
+    line = screening.replan_line(got, SPEED)
+    assert line.startswith("plan: the winner (w0-t1, unguided, 100 example/s) leaves ")
+    assert line.endswith(f": its final corpus grows from 20,000 to {n:,} train examples ({n / 20_000:.3g}x |D_train|)")
+    rec = screening.budget_record(got, SPEED)["replan"]
+    assert {k: rec[k] for k in ("setting", "guided", "train_size_asked", "train_size_planned", "train_size_replanned",
+                                "grown", "examples_per_second")} == {
+        "setting": "w0-t1", "guided": False, "train_size_asked": 60_000, "train_size_planned": 20_000,
+        "train_size_replanned": n, "grown": True, "examples_per_second": 100.0}
+    record = screening.screening_record(got, "w0-t1", "/tmp/x", SPEED)
+    assert record["released_train_size"] == n and record["released_valid_size"] == got.final.valid
+
+
+def test_the_replan_is_capped_at_the_size_asked_and_never_shrinks():
+    plan = plan_of(multiples=(1, 2, 3))
+    unguided_asked = need(replan(plan, "w0-t1"))  # the plan as asked, the final at the unguided rate
+    assert unguided_asked < need(plan)
+    fitted = fit(plan, unguided_asked + 1)  # 3x fits only at the unguided rate
+    assert fitted.final_multiple < 3 and fitted.final_shrunk
+    got = replan(fitted, "w0-t1")
+    assert got.final == plan.final_asked and got.final_multiple == 3  # capped: the asked multiple exactly
+    assert not replan(fit(plan, need(plan) * 10), "w0-t1").final_grown  # (nothing to grow: the size asked)
+    # Every budget: planned <= re-planned <= asked, the largest that fits at the winner's rate; below the
+    # smallest multiple the plan's size is already the largest at the slowest rate: a guided winner (that
+    # rate) keeps it, nothing is left.
+    def at(p, n):
+        return dataclasses.replace(p, final=screening.Job(guidance=-1.0, temperature=-1.0, train=n,
+                                                          valid=max(1, round(0.1 * n))))
+
+    floor = need(smallest_of(plan))
+    below = 0
+    for seconds in sorted({floor * (1 + i / 20) for i in range(40)} | {need(plan) - 1}):
+        fitted = fit(plan, seconds)
+        for winner in fitted.settings:
+            got = replan(fitted, winner)
+            assert fitted.final.train <= got.final.train <= plan.final_asked.train
+            assert need(got) <= seconds
+            assert got.final == plan.final_asked or need(at(got, got.final.train + 1)) > seconds
+            assert got.screening == fitted.screening and got.screen_size == fitted.screen_size
+            if got.winner_job.guidance > 0 and fitted.final_below_asked:
+                below += 1
+                assert got.final == fitted.final and not got.final_grown
+                assert screening.budget_record(got, SPEED)["replan"]["grown"] is False
+    assert below  # (the budgets reach stage 4)
+
+
+def test_the_replan_without_a_budget_keeps_the_size_asked():
+    plan = plan_of(multiples=(1, 3))
+    for fitted in (fit(plan, 0), fit(plan, None)):
+        got = replan(fitted, "w0-t1")
+        assert got.final == plan.final_asked and not got.final_grown
+        assert "replan" not in screening.budget_record(got, SPEED)
+    full = plan_of(screen_size=0)  # no screening: no final to re-plan
+    assert replan(fit(full, 0), "w0-t1") == full
+
+
+def test_the_replan_reads_no_clock(monkeypatch):
+    """The re-planned size must not time the work that read D_valid: it reads the plan's ETA, never a clock."""
+    import time
+
+    plan = fit(plan_of(multiples=(1, 2, 3)), need(plan_of(multiples=(1,))) + 5)
+    expected = replan(plan, "w0-t1")
+
+    def clock(*a):
+        raise AssertionError("a clock was read")
+
+    for name in ("time", "perf_counter", "monotonic", "process_time", "time_ns", "perf_counter_ns", "monotonic_ns"):
+        monkeypatch.setattr(time, name, clock)
+    assert replan(plan, "w0-t1") == expected and expected.final_grown
+
+
 def test_the_help_and_the_docs_say_the_shrink_order():
     from trainers import select as cli
 
@@ -501,3 +591,55 @@ def test_the_time_budget_default_is_in_the_help():
 
     action = next(a for a in cli.parser()._actions if "--time-budget" in a.option_strings)
     assert f"default {screening.DEFAULT_TIME_BUDGET} = one hour; 0: no limit" in action.help
+
+
+def test_select_budget_replan_grows_an_unguided_winners_release(fake_setup, monkeypatch, capsys):
+    """The plan counts the final at the guided (slowest) rate; the DP choice is the unguided setting, whose
+    rate leaves time: the released corpus grows to the largest size that fits, within the size asked."""
+    from dpsynth.dp import private_selection as ps
+    from dpsynth.progress import format_duration
+    from trainers import select as cli
+
+    tmp_path, common = fake_setup
+    speed = screening.Speed(examples_per_second={False: 2.0, True: 1.0}, job_overhead_seconds=1.0, mean_tokens=8.0,
+                            classifier_seconds_per_example=0.001)
+    monkeypatch.setattr(screening, "probe", lambda *a, **k: (speed, 12))  # (the rates, by hand)
+    monkeypatch.setattr(ps.DpSelection, "choose", lambda self, scores, rng: 0)  # (the first candidate: w0-t1)
+    tpc = screening.trainings_per_candidate(dp_select.SelectConfig(max_epochs=1))
+    plan = screening.make_plan(dp_select.candidate_grid((0.0, 1.5), (1.0,), (1.0, 3.0)), dataset_size=20,
+                               valid_fraction=0.1, screen_size=16, trainings_per_candidate=tpc, max_len=12)
+    eta = plan.seconds(speed)
+    spent = eta["probe"] + eta["screening"] + eta["classifiers"]
+    budget = spent + 1.0 + 22 / 1.0 + 0.5  # 1x (20 + 2) fits at the guided rate, 3x (60 + 6) does not
+    out = str(tmp_path / "synth")
+    assert cli.main(common + ["--out", out, "--multiples", "1,3", "--screen-size", "16",
+                              "--time-budget", repr(budget)]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out.strip().splitlines()[-1])["selected"] == "w0-t1"
+    assert "22 examples (20 train + 2 valid; shrunk from 60 train examples" in got.err  # the plan, at the guided rate
+    # The winner's rate, 2 example/s, in the 22.5 s left after the job's load: n + round(n / 10) <= 45.
+    n = max(k for k in range(20, 61) if k + round(0.1 * k) <= 2.0 * (budget - spent - 1.0))
+    assert n == 41
+    left = format_duration(budget - spent)  # (23.5 s: the final's load and its 45 examples)
+    assert (f"dpsynth select: plan: the winner (w0-t1, unguided, 2 example/s) leaves {left}: its final corpus grows "
+            f"from 20 to 41 train examples (2.05x |D_train|)") in got.err.splitlines()
+    assert len(lines(os.path.join(out, "train.jsonl"))) == 41 and len(lines(os.path.join(out, "valid.jsonl"))) == 4
+    sel = json.load(open(os.path.join(out, dp_select.SELECTION_FILE)))["screening"]
+    assert sel["released_train_size"] == 41 and sel["released_valid_size"] == 4
+    assert sel["released_multiple"] == pytest.approx(41 / 20)
+    rec = sel["time_budget"]["replan"]
+    assert {k: rec[k] for k in ("setting", "guided", "train_size_asked", "train_size_planned", "train_size_replanned",
+                                "grown", "examples_per_second")} == {
+        "setting": "w0-t1", "guided": False, "train_size_asked": 60, "train_size_planned": 20,
+        "train_size_replanned": 41, "grown": True, "examples_per_second": 2.0}
+    assert rec["spent_seconds_eta"] == pytest.approx(spent)
+    assert sel["time_budget"]["eta_seconds"] <= budget
+    # The re-planned size reads no timing of the work on D_valid: a D_valid 4x larger, the same release.
+    bigger = tmp_path / "valid_big.jsonl"
+    bigger.write_text("".join(json.dumps(r) + "\n" for r in make_records(120, 8)))
+    argv = [a if a != str(tmp_path / "valid.jsonl") else str(bigger) for a in common]
+    out2 = str(tmp_path / "synth2")
+    assert cli.main(argv + ["--out", out2, "--multiples", "1,3", "--screen-size", "16",
+                            "--time-budget", repr(budget)]) == 0
+    capsys.readouterr()
+    assert len(lines(os.path.join(out2, "train.jsonl"))) == 41
