@@ -69,7 +69,7 @@ def test_sample_is_seeded_and_in_file_order():
 
 
 def _bundle(table, pos_bias):
-    tok = types.SimpleNamespace(bos_id=2, eos_id=3, pad_id=0, vocab_size=table.shape[0])
+    tok = types.SimpleNamespace(bos_id=2, eos_id=3, pad_id=0, vocab_size=table.shape[0], sampling_banned_ids=(0, 2))
     return types.SimpleNamespace(decoder=BigramDecoder(), params={"table": table, "pos_bias": pos_bias}, tokenizer=tok)
 
 
