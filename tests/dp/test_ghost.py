@@ -196,8 +196,8 @@ def test_untapped_parameter_is_refused():
         ghost.clipped_grad_sum(loss, params, {}, batch, jax.random.PRNGKey(0), 1.0)
 
 
-def test_strategy_in_the_training_core_equals_vmap():
-    loss, params, frozen, batch = _setup("native", 4, 8, 5)
+def _core_sums(loss, params, frozen, batch):
+    """{clipping method: (the training core's accumulated clipped sum, its metrics)} for one microbatch."""
     sums = {}
     for method in clipping.METHODS:
         strategy = DPSGDStrategy(clip_norm=0.3, noise_multiplier=1.0, expected_batch_size=4.0, clipping=method)
@@ -205,6 +205,12 @@ def test_strategy_in_the_training_core_equals_vmap():
         state = fns.init_state(params, frozen, rng=0)
         acc, metrics = fns.accumulate_step(state, fns.init_accumulator(state), fns.shard_batch(batch))
         sums[method] = (acc["inner"]["grad_sum"], metrics)
+    return sums
+
+
+def test_strategy_in_the_training_core_equals_vmap():
+    loss, params, frozen, batch = _setup("native", 4, 8, 5)
+    sums = _core_sums(loss, params, frozen, batch)
     _assert_trees_close(sums["vmap"][0], sums["ghost"][0])
     for k in ("loss_sum", "count", "clipped"):
         np.testing.assert_allclose(sums["ghost"][1][k], sums["vmap"][1][k], rtol=1e-5)
@@ -485,13 +491,7 @@ def test_soft_prompts_are_refused_with_their_reason():
 @pytest.mark.parametrize("contrast", [0, 2])
 def test_lora_strategy_in_the_training_core_equals_vmap(contrast):
     loss, params, frozen, batch = _lora_setup("native", "all", 4, 6, 5, contrast=contrast)
-    sums = {}
-    for method in clipping.METHODS:
-        strategy = DPSGDStrategy(clip_norm=0.3, noise_multiplier=1.0, expected_batch_size=4.0, clipping=method)
-        fns = core.make_train_functions(loss, optax.sgd(1.0), strategy, donate=False)
-        state = fns.init_state(params, frozen, rng=0)
-        acc, metrics = fns.accumulate_step(state, fns.init_accumulator(state), fns.shard_batch(batch))
-        sums[method] = (acc["inner"]["grad_sum"], metrics)
+    sums = _core_sums(loss, params, frozen, batch)
     _assert_trees_close(sums["vmap"][0], sums["ghost"][0], rtol=LORA_RTOL)
     for k in ("loss_sum", "count", "clipped"):
         np.testing.assert_allclose(sums["ghost"][1][k], sums["vmap"][1][k], rtol=1e-5)
