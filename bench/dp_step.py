@@ -229,6 +229,7 @@ def main_model(args) -> int:
         r["step_cpu_s"] = k * r["accumulate_cpu_s"] + r["apply_cpu_s"]
         r["flops_per_s"] = lora_flops_per_token(cfg, t) * b * t / r["accumulate_s"]
         ours[name] = r
+    head = head_profile(cfg, params, b, t, args.reps) if args.profile else None
     del loaded, params
     with tempfile.TemporaryDirectory(prefix="dpsynth-bench-opacus-") as tmp:
         path = os.path.join(tmp, "batch.npz")
@@ -255,6 +256,11 @@ def main_model(args) -> int:
         print(f"  roofline: plain matmul [{b * t}x{cfg.d_model}]x[{cfg.d_model}x{cfg.vocab_size}] {roof / 1e9:.1f} GFLOP/s;"
               f" our {name} LoRA accumulate {r['flops_per_s'] / 1e9:.1f} GFLOP/s -> {r['flops_per_s'] / roof:.2f}x"
               f" (target >= 0.7x: {'MET' if r['flops_per_s'] / roof >= 0.7 else 'MISSED'})")
+    if head:
+        acc_np = ours["nonprivate"]["accumulate_s"]
+        print(f"profile (one microbatch of {b} x {t}; our non-private accumulate {acc_np:.2f} s):")
+        for label, s in head.items():
+            print(f"  output layer + cross-entropy, {label}: {s:.2f} s ({s / acc_np:.0%} of the accumulate)")
     for name, clip in dp_rows:
         dp_ratio = ours[name]["step_s"] / ours["nonprivate"]["step_s"]
         dp_cpu = ours[name]["step_cpu_s"] / ours["nonprivate"]["step_cpu_s"]
@@ -277,6 +283,39 @@ def main_model(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"ours": ours, "peer": peer, "roofline_flops": roof}, f, indent=1)
     return 0
+
+
+def head_profile(cfg, params, b: int, t: int, reps: int) -> dict:
+    """Where a LoRA step's time goes: the tied output layer + the Prefix-LM cross-entropy alone (forward and
+    the input gradient, as the step runs them: the table frozen) on the step's [b * t, d_model] hidden rows,
+    timed as the model computes it (`x @ table.T`) and with the table pre-transposed ([d_model, vocab]: a
+    layout the model does not use, timed to see whether the transposed operand costs a copy)."""
+    table = jnp.asarray(params["embedding"], jnp.float32)
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((b * t, cfg.d_model)).astype(np.float32))
+    targets = jnp.asarray(rng.integers(4, cfg.vocab_size, (b * t,)).astype(np.int32))
+
+    def head_loss(h, w, transposed):
+        logits = jnp.dot(h, w if transposed else w.T, preferred_element_type=jnp.float32)
+        if cfg.final_softcap:
+            logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
+        ce, _ = lm.cross_entropy_with_z_loss(logits, targets, 0.0)
+        return jnp.mean(ce)
+
+    out = {}
+    for name, w, transposed in (("as the model runs it (x @ table.T)", table, False),
+                                ("table pre-transposed", jnp.asarray(table.T), True)):
+        fwd = jax.jit(lambda h, w, tr=transposed: head_loss(h, w, tr))
+        both = jax.jit(jax.value_and_grad(lambda h, w, tr=transposed: head_loss(h, w, tr)))
+        for label, fn in (("forward", fwd), ("forward+input grad", both)):
+            _block(fn(x, w))
+            times = []
+            for _ in range(max(reps, 2)):
+                t0 = time.perf_counter()
+                _block(fn(x, w))
+                times.append(time.perf_counter() - t0)
+            out[f"{name}: {label}"] = float(np.median(times))
+    return out
 
 
 def peak_mb(n) -> str:
@@ -303,6 +342,8 @@ def main(argv=None) -> int:
     m.add_argument("--model", default=None, help="an imported model directory (dpsynth import-model --gguf FILE)")
     m.add_argument("--gguf", default=None, help="the GGUF file it was imported from (the peers load it)")
     m.add_argument("--examples", type=int, default=32, help="--model: examples per logical step (the expected batch)")
+    m.add_argument("--profile", action="store_true",
+                   help="--model: also time the output layer + cross-entropy alone (where the step's time goes)")
     args = p.parse_args(argv)
     if args.model:
         return main_model(args)

@@ -62,8 +62,55 @@ def agreement(names, screened, full, n_valid: int) -> dict:
             "accuracy_lost": (float(full[f]) - float(full[s])) / n_valid}
 
 
+def subsample(records, size: int, rng) -> list:
+    """`size` records drawn without replacement, stratified by label (each label's share kept, largest
+    remainders first): what a fresh screening of `size` draws from the same model and setting holds, since
+    a corpus's examples are independent draws given their labels."""
+    by_label = {}
+    for r in records:
+        by_label.setdefault(str(r["label"]), []).append(r)
+    n = len(records)
+    quota = {k: size * len(v) / n for k, v in sorted(by_label.items())}
+    take = {k: int(q) for k, q in quota.items()}
+    for k in sorted(quota, key=lambda k: take[k] - quota[k])[:size - sum(take.values())]:
+        take[k] += 1
+    out = []
+    for k, v in sorted(by_label.items()):
+        idx = rng.permutation(len(v))[:take[k]]
+        out.extend(v[i] for i in sorted(idx))
+    return out
+
+
+def draw_agreement(names, full_corpora, full_scores, valid, config, *, screen_train: int, screen_valid: int,
+                   draws: int, seed: int = 0) -> dict:
+    """The screening repeated `draws` times without generating: each draw scores, per setting, a
+    label-stratified random subset of its full-size candidate of the screening's sizes (disjoint across
+    draws while the candidate holds enough examples, else fresh draws). Returns each draw's
+    `agreement` and their summary: how often the screened choice is the full-size one, the mean
+    Spearman, the mean and worst accuracy lost."""
+    from dpsynth.evaluate import corpora, dp_select
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(draws):
+        scores = []
+        for n in names:
+            c = full_corpora[n]
+            small = corpora.Corpus(name=n, path=c.path, train=subsample(c.train, screen_train, rng),
+                                   valid=subsample(c.valid, screen_valid, rng), invalid_rows=0,
+                                   privacy_report=c.privacy_report, generation_report=c.generation_report,
+                                   generation_config=c.generation_config)
+            scores.append(dp_select.correct_counts(small, valid, config))
+        rows.append({**agreement(names, scores, full_scores, len(valid)), "screened_correct": scores})
+    lost = [r["accuracy_lost"] for r in rows]
+    rho = [r["spearman"] for r in rows if not np.isnan(r["spearman"])]
+    return {"draws": rows, "same_choice_rate": float(np.mean([r["same_choice"] for r in rows])),
+            "mean_spearman": float(np.mean(rho)) if rho else float("nan"),
+            "mean_accuracy_lost": float(np.mean(lost)), "max_accuracy_lost": float(np.max(lost))}
+
+
 def run(model_dir: str, valid_path: str, out: str, *, screen_size: int, guidances, temperatures, multiple: float,
-        max_epochs: int, valid_fraction: float = 0.1, loader=None, generate_options=None) -> dict:
+        max_epochs: int, valid_fraction: float = 0.1, loader=None, generate_options=None, draws: int = 0) -> dict:
     from dpsynth.dp import report as report_lib
     from dpsynth.evaluate import corpora, dp_select, screening
     from dpsynth.owner_only import make_private_dir, write_private_json
@@ -89,6 +136,10 @@ def run(model_dir: str, valid_path: str, out: str, *, screen_size: int, guidance
     f_scores = [dp_select.correct_counts(corpora.read_corpus(big[by_setting[n]], n), valid, config) for n in names]
     result = agreement(names, s_scores, f_scores, len(valid))
     full_examples = sum(dp_select.sizes(multiple, dataset_size, valid_fraction))
+    if draws:
+        full_corpora = {n: corpora.read_corpus(big[by_setting[n]], n) for n in names}
+        result["repeated"] = draw_agreement(names, full_corpora, f_scores, valid, config, screen_train=screen_size,
+                                            screen_valid=plan.screening[0].valid, draws=draws)
     result.update({"screen_size": screen_size, "full_train_size": dp_select.sizes(multiple, dataset_size,
                                                                                   valid_fraction)[0],
                    "generation_ratio": (plan.screening_examples + full_examples) / (len(names) * full_examples),
@@ -113,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-epochs", type=int, default=3)
     ap.add_argument("--max-len", type=int, default=None)
     ap.add_argument("--gen-batch-size", type=int, default=16)
+    ap.add_argument("--draws", type=int, default=0,
+                    help="also repeat the screening N times as label-stratified subsets of the full-size candidates "
+                         "(no further generation): how often the screened choice agrees, and what it costs")
     args = ap.parse_args(argv)
 
     def floats(s):
@@ -120,11 +174,16 @@ def main(argv=None) -> int:
 
     r = run(args.model, args.valid, args.out, screen_size=args.screen_size, guidances=floats(args.guidance),
             temperatures=floats(args.temperatures), multiple=args.multiple, max_epochs=args.max_epochs,
-            generate_options={"max_len": args.max_len, "batch_size": args.gen_batch_size})
+            generate_options={"max_len": args.max_len, "batch_size": args.gen_batch_size}, draws=args.draws)
     print(f"screening at {r['screen_size']} vs full size {r['full_train_size']} over {len(r['settings'])} settings: "
           f"same choice {r['same_choice']} ({r['screened_choice']} vs {r['full_choice']}), Spearman "
           f"{r['spearman']:.3f}, accuracy lost by the screened choice {r['accuracy_lost']:.4f}, generation "
           f"{r['generation_ratio']:.3f}x of the full-size path's examples")
+    if args.draws:
+        d = r["repeated"]
+        print(f"screening repeated {args.draws} times (label-stratified subsets of the full-size candidates): the same "
+              f"choice as at full size in {d['same_choice_rate']:.0%}, mean Spearman {d['mean_spearman']:.3f}, accuracy "
+              f"lost mean {d['mean_accuracy_lost']:.4f}, worst {d['max_accuracy_lost']:.4f}")
     print(json.dumps({k: r[k] for k in ("same_choice", "spearman", "accuracy_lost", "generation_ratio")}))
     return 0
 

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -43,6 +45,7 @@ def _cli(args, tmp, **env):
     return proc, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # make test-slow: ~48 s of subprocess commands
 def test_commands_show_only_the_projects_lines_unless_verbose(tmp_path):
     """Issue 23, finding 11: every JAX command printed "Unable to initialize backend 'tpu' ...", and
     `dpsynth evaluate --help` an `INFO apache_beam.io.gcp.bigquery` line."""

@@ -59,6 +59,7 @@ def tiny_run(tmp_path_factory):
     return report, stdout
 
 
+@pytest.mark.slow  # make test-slow: the benchmark harness end to end (~75 s)
 def test_tiny_run_reports_every_figure(tiny_run):
     rep, stdout = tiny_run
     assert rep["sizes"] == "tiny" and not rep["errors"] and not rep["skipped"]

@@ -301,7 +301,8 @@ def test_guided_needs_contrasts(tables):
 
 
 @pytest.mark.parametrize("kw,block", [
-    ({}, 128), ({"lora_rank": 2, "prompt_length": 3}, 128),
+    pytest.param({}, 128, marks=pytest.mark.slow),  # make test-slow (~22 s each): the block-3 cases below
+    pytest.param({"lora_rank": 2, "prompt_length": 3}, 128, marks=pytest.mark.slow),  # cover the same equality
     # decode phases of 3 steps over a KV cache that grows between them
     ({"lora_rank": 2, "prompt_length": 3}, 3),
     ({"num_kv_heads": 2, "sliding_window": 4, "layer_kinds": ("sliding", "full")}, 3)])

@@ -197,6 +197,7 @@ def test_label_dropout_changes_no_dp_property(full_run, tmp_path):
         dataclasses.replace(BASE_CFG, label_dropout=1.0)
 
 
+@pytest.mark.slow  # make test-slow: ~35 s
 def test_auto_recipe_run_uses_and_reports_its_choice(tiny_base, tmp_path):
     base_dir, _ = tiny_base
     cfg = dataclasses.replace(BASE_CFG, recipe="auto", token_budget=len(TRAIN) * 32 * 2.0, steps=None)
@@ -244,6 +245,7 @@ def test_reserved_selection_is_calibrated_reported_and_not_recorded(tiny_base, t
     assert "reserved (not spent by this run" in report_lib.render_markdown(res.report)
 
 
+@pytest.mark.slow  # make test-slow: ~54 s
 def test_auto_length_and_time_budget_are_chosen_once_composed_and_kept_on_resume(tiny_base, tmp_path, monkeypatch):
     """--max-tokens auto: the length is one of the candidates, its selection is the ledger's first
     entry (on D_train), the tuning's sigma is calibrated after it so that both meet the target.
@@ -428,6 +430,7 @@ def test_sigma_used_equals_sigma_recorded_at_every_step_of_a_resumed_run(stopped
     assert meta["privacy_plan"] == plan.to_json()  # the checkpoint stores the plan
 
 
+@pytest.mark.slow  # make test-slow: ~25 s; resume exactness stays in test_resume_is_exact_for_params_and_ledger
 def test_cli_stop_after_then_resume(stopped_run, tmp_path, capsys):
     base_dir, data, src = stopped_run
     out = _copy(src, tmp_path)
@@ -490,6 +493,7 @@ def test_full_mode_ghost_clipping_trains_the_same_model(tiny_base, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # make test-slow: ~25 s; ghost = vmap for LoRA, norm by norm, stays in tests/dp/test_ghost.py
 def test_lora_ghost_clipping_trains_the_same_adapters(tiny_base, tmp_path):
     """dp-tune --mode lora --clipping ghost: the same DP mechanism as the vmapped clipping (same seed, same
     released adapters up to float32 rounding of the clipped sums, tests/dp/test_ghost.py's LORA_RTOL)."""

@@ -56,7 +56,7 @@ def test_sparse_embedding_clipping_equals_dense_on_the_untied_model(llama_base):
     assert tune_model.embedding_spec(gemma, config) is None
 
 
-@pytest.mark.parametrize("mode", ["full", "prompt", "lora"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.slow), "prompt", "lora"])  # full: ~21 s
 def test_dp_tune_every_mode_records_the_base_provenance(llama_base, tmp_path, mode):
     out = str(tmp_path / mode)
     res = finetune.dp_tune(llama_base, TRAIN, VALID, out, tune_config.TuneConfig(mode=mode, **CFG),

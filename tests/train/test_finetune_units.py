@@ -158,6 +158,7 @@ def _same_run(one, on_mesh):
     assert without_runs(ra) == without_runs(rb)
 
 
+@pytest.mark.slow  # make test-slow: ~31 s; the user-level run on one device stays
 def test_user_level_on_a_mesh_equals_one_device(tiny_base, tmp_path, user_run):
     """User-level DP-SGD under an 8 x 1 mesh: the 4 users of a microbatch are padded with empty
     users to the data axis (8); each user is still clipped once and the noise added once."""
@@ -168,6 +169,7 @@ def test_user_level_on_a_mesh_equals_one_device(tiny_base, tmp_path, user_run):
     assert report.load_report(on_mesh.out_dir)["privacy_unit"] == "user"
 
 
+@pytest.mark.slow  # make test-slow: ~63 s; BandMF on a mesh stays in tests/dp/test_bandmf.py::test_on_a_mesh_noise_state_and_resume_equal_one_device
 def test_bandmf_on_a_mesh_equals_one_device(tiny_base, tmp_path):
     """BandMF under a 4 x 2 mesh (LoRA kernels split over `model`): the same correlated noise as on
     one device, so the same losses, parameters, ledger and report."""
@@ -265,6 +267,7 @@ def _other_strategy_cache(directory, steps, bands):
     return bandmf.strategy_sha256(steps, bands, coefs)
 
 
+@pytest.mark.slow  # make test-slow: ~29 s
 def test_bandmf_resume_with_another_strategy_is_refused_and_epochs_are_steps_b_over_n(tiny_base, tmp_path,
                                                                                       monkeypatch):
     """Issue 23, findings 5 and 6: a resume whose BandMF strategy differs from the checkpoint's is refused

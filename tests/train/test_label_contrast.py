@@ -344,6 +344,7 @@ def test_a_resume_goes_on_with_its_checkpoints_contrast(given, older, labels):
         assert "the checkpoint's run began without it" in resumed.recipe.why[-1]
 
 
+@pytest.mark.slow  # make test-slow: ~43 s
 def test_a_run_begun_with_the_full_form_on_5_labels_resumes_under_auto_with_it(tiny_base, tmp_path):
     """End to end: a run of before the two forms (a contrast forced on 5 labels: full, its form
     unrecorded) stopped at step 1 resumes with today's default ("auto", which would sample on 5
@@ -440,7 +441,8 @@ def test_lora_ghost_clipping_with_the_contrast_trains_the_same_adapters(tiny_bas
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("mechanism, form", [("dpsgd", "full"), ("bandmf", "sampled")])
+@pytest.mark.parametrize("mechanism, form", [pytest.param("dpsgd", "full", marks=pytest.mark.slow),  # ~22 s
+                                             ("bandmf", "sampled")])
 def test_a_tuning_run_with_the_contrast_is_the_same_mechanism_and_reports_the_loss(tiny_base, tmp_path, mechanism, form):
     """Also under BandMF (cyclic Poisson sampling, correlated noise): the K rows (or the sampled form's 2,
     here of 5 labels) travel with each example."""

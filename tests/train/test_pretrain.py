@@ -105,6 +105,7 @@ def test_pretrain_learns_and_resume_is_exact(tiny_corpus, tmp_path):
                               resume=True)
 
 
+@pytest.mark.slow  # make test-slow: ~33 s; FSDP on a mesh stays in test_finetune_units.py
 def test_fsdp_on_a_mesh_equals_one_device_and_resumes(tiny_corpus, tmp_path):
     """Parameters and optimizer state sharded over the data axis (FSDP, 4 x 2): the same losses, validation
     perplexity and parameters as one device; its sharded checkpoint resumes to the same model; the layout

@@ -130,6 +130,7 @@ def test_a_fresh_run_never_mixes_its_report_into_a_finished_model(finished, tmp_
     assert open(os.path.join(out, "privacy_report.json"), "rb").read() == before and release.is_complete(out)
 
 
+@pytest.mark.slow  # make test-slow: ~18 s; the single-run crash test above stays
 def test_a_crash_while_releasing_a_sweep_leaves_no_complete_looking_directory(tiny_base, tmp_path, monkeypatch):
     """The sweep copied the selected trial's manifest into --out before writing the composed report:
     killed in between, --out looked complete with ONE trial's epsilon (the composition of all k is the cost)."""
@@ -177,6 +178,7 @@ def _kill_after_first_checkpoint(cmd, checkpoints, timeout=600):
     return max(int(n) for n in os.listdir(checkpoints) if n.isdigit())
 
 
+@pytest.mark.slow  # make test-slow: ~73 s; resume exactness stays in test_finetune.py::test_resume_is_exact_for_params_and_ledger
 def test_sigkill_dp_tune_after_a_checkpoint_then_resume_equals_an_uninterrupted_run(tiny_base, tmp_path):
     from trainers import dp_tune
 

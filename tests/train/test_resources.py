@@ -83,7 +83,8 @@ def _capture_first_step(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode,mesh,fsdp", [("lora", None, False), ("lora", (2, 1), True),
+@pytest.mark.parametrize("mode,mesh,fsdp", [("lora", None, False),
+                                            pytest.param("lora", (2, 1), True, marks=pytest.mark.slow),  # ~31 s
                                             pytest.param("full", (2, 1), False, marks=pytest.mark.slow)])
 def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, mode, mesh, fsdp):
     base_dir, _ = tiny_base
@@ -176,6 +177,7 @@ def test_plan_compiles_the_label_contrast_step_dp_tune_runs(tiny_base, tmp_path,
         tune_model.compile_steps(source.config, config, plan, apply=False, **common)
 
 
+@pytest.mark.slow  # make test-slow: ~20 s; test_plan_compiles_the_label_contrast_step_dp_tune_runs stays
 def test_plan_command_compiles_the_label_contrast_rows(capsys):
     """`dpsynth plan --label-contrast L --labels K`: K rows per example, compiled (more FLOPs and memory)."""
     from trainers import plan as plan_cmd
@@ -194,6 +196,7 @@ def test_plan_command_compiles_the_label_contrast_rows(capsys):
     assert "give K >= 2 (--labels)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # make test-slow: ~22 s
 def test_plan_counts_two_rows_for_the_sampled_contrast_whatever_k(capsys):
     """`dpsynth plan --labels K`: the sampled form (auto above 4 labels) compiles 2 rows per example, the
     same program for any K; the full form K rows. The FLOPs of a row are the same on every row, so
