@@ -72,10 +72,12 @@ from dpsynth.train import core, lm, tune_config, tune_model  # noqa: E402
 from common import peak_rss, reset_peak_rss, run_peer  # noqa: E402  (bench/peers/common.py)
 
 
-def _batch(vocab: int, b: int, t: int, seed: int = 0) -> dict:
+def _batch(vocab: int, b: int, t: int, seed: int = 0, padding: float = 0.0) -> dict:
     rng = np.random.default_rng(seed)
     weights = np.ones((b, t), np.float32)
     weights[:, :4] = 0.0  # a label-prompt prefix
+    if padding:
+        weights[:, t - int(round(padding * t)):] = 0.0  # rows padded to the longest example
     return {"inputs": rng.integers(4, vocab, (b, t)).astype(np.int32),
             "targets": rng.integers(4, vocab, (b, t)).astype(np.int32),
             "weights": weights, "mask": np.ones((b,), np.float32)}
@@ -86,10 +88,14 @@ def _block(tree):
 
 
 def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap",
-            base: tuple | None = None, expected_batch: float | None = None, rows: dict | None = None) -> dict:
+            base: tuple | None = None, expected_batch: float | None = None, rows: dict | None = None,
+            loss_clipping: str | None = None) -> dict:
     """One mode's accumulate and apply steps on `preset`'s random model, or on `base` = (config, params)
-    of a loaded model; `rows`: the microbatch (default `_batch`)."""
-    config = tune_config.TuneConfig(mode=mode, lora_rank=8, prompt_length=20)
+    of a loaded model; `rows`: the microbatch (default `_batch`). The loss is dp-tune's for `clipping`
+    (LoRA with ghost clipping: the target-only output layer) or for `loss_clipping` when given (a
+    non-private step with the same loss as a DP one)."""
+    config = tune_config.TuneConfig(mode=mode, lora_rank=8, prompt_length=20,
+                                    clipping=loss_clipping or (clipping if strategy_name == "dp" else "vmap"))
     if base is None:
         base_cfg = get_config(preset, max_len=max(t, 64))
         base_params = jax.device_get(Transformer(base_cfg).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"])
@@ -214,17 +220,19 @@ def main_model(args) -> int:
     n, b, t = args.examples, args.microbatch, args.seq
     if n % b:
         raise SystemExit(f"--examples {n} must be a multiple of --microbatch {b}")
-    rows = _batch(cfg.vocab_size, n, t)
+    rows = _batch(cfg.vocab_size, n, t, padding=args.padding)
     print(f"dp_step model: {args.model} ({cfg.preset}, {cfg.num_params() / 1e6:.0f}M params, vocab {cfg.vocab_size}); "
           f"LoRA rank 8 on every projection; {n} examples (the expected batch of one logical step) in microbatches "
-          f"of {b}, seq {t}; clip 1, noise 1; devices={jax.devices()[0].platform}x{len(jax.devices())}", flush=True)
+          f"of {b}, seq {t} ({args.padding:.0%} padding); clip 1, noise 1; devices={jax.devices()[0].platform}x{len(jax.devices())}", flush=True)
     roof = roofline_flops(b * t, cfg.d_model, cfg.vocab_size)
     k = n // b
     ours = {}
     dp_rows = [("dp" if c == "vmap" else f"dp/{c}", c) for c in (args.clipping or ["vmap"])]
-    for name, strategy, clip in [("nonprivate", "nonprivate", "vmap")] + [(n_, "dp", c) for n_, c in dp_rows]:
+    # The non-private row runs the loss the fastest DP row runs (with ghost: the target-only output layer).
+    np_loss = "ghost" if "ghost" in (args.clipping or []) else "vmap"
+    for name, strategy, clip in [("nonprivate", "nonprivate", np_loss)] + [(n_, "dp", c) for n_, c in dp_rows]:
         r = measure("lora", strategy, cfg.preset, b, t, args.reps, base=(cfg, params), expected_batch=float(n),
-                    rows={key: v[:b] for key, v in rows.items()}, clipping=clip)
+                    rows={key: v[:b] for key, v in rows.items()}, clipping=clip, loss_clipping=clip)
         r["step_s"] = k * r["accumulate_s"] + r["apply_s"]
         r["step_cpu_s"] = k * r["accumulate_cpu_s"] + r["apply_cpu_s"]
         r["flops_per_s"] = lora_flops_per_token(cfg, t) * b * t / r["accumulate_s"]
@@ -342,6 +350,9 @@ def main(argv=None) -> int:
     m.add_argument("--model", default=None, help="an imported model directory (dpsynth import-model --gguf FILE)")
     m.add_argument("--gguf", default=None, help="the GGUF file it was imported from (the peers load it)")
     m.add_argument("--examples", type=int, default=32, help="--model: examples per logical step (the expected batch)")
+    m.add_argument("--padding", type=float, default=0.0,
+                   help="--model: the fraction of each row after its text that is padding (weight 0), as in rows padded "
+                        "to a batch's longest review; both sides get the same rows and weights")
     m.add_argument("--profile", action="store_true",
                    help="--model: also time the output layer + cross-entropy alone (where the step's time goes)")
     args = p.parse_args(argv)

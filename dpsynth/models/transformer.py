@@ -149,6 +149,20 @@ def _softcap(x, cap):
     return x if cap is None else cap * jnp.tanh(x / cap)
 
 
+def output_layer(config: ModelConfig, hidden, weight, dot=None):
+    """The output layer: float32 logits of `hidden` [..., d_model] against `weight`, the tied
+    `embedding` [vocab, d_model] (`config.tie_embeddings`) or the `lm_head` [d_model, vocab], with
+    the final softcap. `dot(x, w, transpose)`: the product (default `jnp.dot`; the model passes its
+    ghost-tapped one). A caller holding the frozen weight applies it to the hidden states it needs
+    (`Transformer(..., head=False)`; `dpsynth.train.lm`'s target-only head)."""
+    w = weight.astype(_dtype(config))
+    if dot is None:
+        logits = jnp.dot(hidden, w.T if config.tie_embeddings else w, preferred_element_type=jnp.float32)
+    else:
+        logits = dot(hidden, w, config.tie_embeddings)
+    return _softcap(logits, config.final_softcap)
+
+
 class Attention(nn.Module):
     """Causal self-attention (grouped-query when `num_kv_heads < num_heads`); with `cache`,
     writes K/V at per-row slots first."""
@@ -255,7 +269,7 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, segment_ids=None, positions=None, *, cache=None, with_prompt: bool = True,
-                 return_hidden: bool = False, embedded=None):
+                 return_hidden: bool = False, embedded=None, head: bool = True):
         """Logits for every token position.
 
         Args:
@@ -272,6 +286,9 @@ class Transformer(nn.Module):
           return_hidden: also return the final normalized hidden states [B, T, d_model].
           embedded: float [B, T, d_model] rows of the embedding table for `tokens`, used instead
             of the lookup (the DP sparse-embedding path, `dpsynth.dp.sparse`; untied tables only).
+          head: False: skip the output layer and return the final normalized hidden states
+            [B, T, d_model] alone (prompt positions stripped; no `cache`), for a caller that applies
+            `output_layer` to the positions it needs.
 
         Returns:
           float32 logits [B, T, vocab] (prompt positions stripped); with `cache`, the tuple
@@ -340,14 +357,16 @@ class Transformer(nn.Module):
         hidden = _norm(cfg, "final_norm")(x)
         hidden = hidden[:, p:]
         if cfg.tie_embeddings:
-            logits = ghost.dense(self, "embedding", hidden, embedding.astype(dtype), transpose=True,
-                                 preferred_element_type=jnp.float32)
+            name, weight = "embedding", embedding
         else:
-            head = self.param("lm_head", nn.initializers.normal(stddev=cfg.d_model**-0.5), (cfg.d_model, cfg.vocab_size),
-                              jnp.float32)
-            logits = ghost.dense(self, "lm_head", hidden, head.astype(dtype), preferred_element_type=jnp.float32)
-        if cfg.final_softcap is not None:
-            logits = _softcap(logits, cfg.final_softcap)
+            name, weight = "lm_head", self.param("lm_head", nn.initializers.normal(stddev=cfg.d_model**-0.5),
+                                                 (cfg.d_model, cfg.vocab_size), jnp.float32)
+        if not head:
+            if cache is not None:
+                raise ValueError("head=False is for training losses, not decoding with a cache")
+            return hidden
+        logits = output_layer(cfg, hidden, weight, lambda x, w, transpose: ghost.dense(
+            self, name, x, w, transpose=transpose, preferred_element_type=jnp.float32))
         out = (logits, hidden) if return_hidden else logits
         if cache is None:
             return out

@@ -41,29 +41,82 @@ def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array, z_loss: flo
     return log_z - target_logit, z_loss * jnp.square(log_z)
 
 
-def make_lm_loss(model, z_loss: float = 1e-4):
+def head_capacities(length: int, step: int = 16) -> tuple[int, ...]:
+    """The target-only head's static row widths for rows of `length` tokens: about 1/4, 1/2 and 3/4
+    of it (multiples of `step`) and `length` itself, ascending and distinct."""
+    caps = {min(length, max(step, -(-int(length * f) // step) * step)) for f in (0.25, 0.5, 0.75)}
+    return tuple(sorted(caps | {length}))
+
+
+def _weight(variables: dict, config):
+    return variables["params"]["embedding" if config.tie_embeddings else "lm_head"]
+
+
+def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *, segment_ids=None, positions=None,
+             target_only: bool = False):
+    """Per row of `inputs` [N, T]: (sum_t w_t ce_t, sum_t w_t z_t), the weighted cross-entropy and
+    z-loss sums (float32 [N]).
+
+    `target_only`: the output layer (the model's costliest matmul at a large vocabulary) runs only on
+    the positions the loss weighs. Each row's weighted positions are moved to the front in their
+    order (a stable sort), and the head runs on the first c columns, c the smallest of
+    `head_capacities(T)` that holds every row's count (`lax.switch`: one compiled branch per
+    width, the one taken chosen per batch); positions past a row's count carry weight 0. The same
+    sums over the same terms, only in another order. For a frozen output layer (LoRA: no gradient
+    of the table, no ghost tap on it) under batched clipping; under `vmap` per-example clipping a
+    per-example switch would run every branch.
+    """
+    w = weights.astype(jnp.float32)
+    if not target_only:
+        logits = model.apply(variables, inputs, segment_ids=segment_ids, positions=positions)
+        ce, z = cross_entropy_with_z_loss(logits, targets, z_loss)
+        return jnp.sum(ce * w, axis=-1), jnp.sum(z * w, axis=-1)
+    from dpsynth.models.transformer import output_layer
+
+    cfg = model.config
+    hidden = model.apply(variables, inputs, segment_ids=segment_ids, positions=positions, head=False)
+    table = jax.lax.stop_gradient(_weight(variables, cfg))
+    caps = head_capacities(inputs.shape[1])
+    order = jnp.argsort((w <= 0).astype(jnp.int32), axis=1, stable=True)  # weighted positions first
+
+    def branch(c):
+        def run(hidden, targets, w, order, table):
+            if c < inputs.shape[1]:
+                idx = order[:, :c]
+                hidden = jnp.take_along_axis(hidden, idx[..., None], axis=1)
+                targets, w = jnp.take_along_axis(targets, idx, axis=1), jnp.take_along_axis(w, idx, axis=1)
+            ce, z = cross_entropy_with_z_loss(output_layer(cfg, hidden, table), targets, z_loss)
+            return jnp.sum(ce * w, axis=-1), jnp.sum(z * w, axis=-1)
+        return run
+
+    needed = jnp.max(jnp.sum(w > 0, axis=1))
+    index = jnp.sum(needed > jnp.asarray(caps[:-1], jnp.int32)).astype(jnp.int32)
+    return jax.lax.switch(index, [branch(c) for c in caps], hidden, targets, w, order, table)
+
+
+def make_lm_loss(model, z_loss: float = 1e-4, target_only: bool = False):
     """A core loss_fn for next-token prediction.
 
     The batch holds "inputs", "targets" int32 [B, T], "weights" float [B, T] (0 on padding and
     on tokens that must not be trained on, e.g. a Prefix-LM prefix), optional "segment_ids"
     and "positions" [B, T], and "mask" [B]. Each example's loss is the weighted mean over its
     tokens of (cross-entropy + z-loss). Aux sums: "ce_sum" (for perplexity), "tokens".
+    `target_only`: the output layer only at weighted positions (`row_sums`; a frozen output layer).
     """
 
     def loss_fn(params, frozen, batch, key):
         del key  # the model is deterministic (no dropout)
-        logits = model.apply(merge_variables(params, frozen), batch["inputs"],
-                             segment_ids=batch.get("segment_ids"), positions=batch.get("positions"))
-        ce, z = cross_entropy_with_z_loss(logits, batch["targets"], z_loss)
-        w = batch["weights"].astype(jnp.float32)
-        tokens = jnp.sum(w, axis=-1)
-        per_example = jnp.sum((ce + z) * w, axis=-1) / jnp.maximum(tokens, 1.0)
-        return per_example, {"ce_sum": jnp.sum(ce * w, axis=-1), "tokens": tokens}
+        ce_sum, z_sum = row_sums(model, merge_variables(params, frozen), batch["inputs"], batch["targets"],
+                                 batch["weights"], z_loss, segment_ids=batch.get("segment_ids"),
+                                 positions=batch.get("positions"), target_only=target_only)
+        tokens = jnp.sum(batch["weights"].astype(jnp.float32), axis=-1)
+        per_example = (ce_sum + z_sum) / jnp.maximum(tokens, 1.0)
+        return per_example, {"ce_sum": ce_sum, "tokens": tokens}
 
     return loss_fn
 
 
-def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
+def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0, target_only: bool = False):
     """A core loss_fn: the Prefix-LM loss of each example plus `weight` times the cross-entropy of its
     label under the model's own Bayes classifier (uniform prior over the K labels).
 
@@ -95,20 +148,21 @@ def make_label_contrast_loss(model, weight: float, z_loss: float = 0.0):
     rows i * K .. i * K + K - 1; the function declares it (`ghost.example_major_rows`), which ghost
     clipping needs to regroup its per-row pieces per example. Keep the reshape example-major.
     """
-    lm_loss = make_lm_loss(model, z_loss)
+    lm_loss = make_lm_loss(model, z_loss, target_only=target_only)
 
     def loss_fn(params, frozen, batch, key):
         if "contrast_inputs" not in batch:
             return lm_loss(params, frozen, batch, key)
         b, k, t = batch["contrast_inputs"].shape
-        logits = model.apply(merge_variables(params, frozen), batch["contrast_inputs"].reshape(b * k, t))
-        ce, z = cross_entropy_with_z_loss(logits, batch["contrast_targets"].reshape(b * k, t), z_loss)
-        ce, z = ce.reshape(b, k, t), z.reshape(b, k, t)
+        ce_sum, z_sum = row_sums(model, merge_variables(params, frozen), batch["contrast_inputs"].reshape(b * k, t),
+                                 batch["contrast_targets"].reshape(b * k, t),
+                                 batch["contrast_weights"].reshape(b * k, t), z_loss, target_only=target_only)
+        ce_sum, z_sum = ce_sum.reshape(b, k), z_sum.reshape(b, k)
         w = batch["contrast_weights"].astype(jnp.float32)
         own = jax.nn.one_hot(batch["contrast_label"], k, dtype=jnp.float32)  # [B, K]
-        log_lik = -jnp.sum(ce * w, axis=-1)  # [B, K]: log p(x | label k)
+        log_lik = -ce_sum  # [B, K]: log p(x | label k)
         tokens = jnp.sum(jnp.sum(w, axis=-1) * own, axis=-1)
-        lm = jnp.sum(jnp.sum((ce + z) * w, axis=-1) * own, axis=-1) / jnp.maximum(tokens, 1.0)
+        lm = jnp.sum((ce_sum + z_sum) * own, axis=-1) / jnp.maximum(tokens, 1.0)
         contrast = jax.nn.logsumexp(log_lik, axis=-1) - jnp.sum(log_lik * own, axis=-1)
         return lm + weight * contrast, {"ce_sum": -jnp.sum(log_lik * own, axis=-1), "tokens": tokens,
                                         "contrast": contrast}

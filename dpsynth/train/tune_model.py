@@ -225,12 +225,15 @@ def make_loss_fn(model_config, config: TuneConfig):
 
     model = Transformer(model_config)
     spec = embedding_spec(model_config, config)
+    # The output layer only at the weighted positions (`lm.row_sums`): LoRA freezes the table, and batched
+    # (ghost) clipping keeps the per-batch choice of head width a real branch (under vmap it would run all).
+    target_only = config.mode == "lora" and config.clipping == "ghost"
     if config.contrast:
         if spec is not None:
             raise TuneError("label_contrast: full tuning of a model with an untied input embedding clips that table "
                             "on the sparse Prefix-LM path; use LoRA or prompt tuning")
-        return lm.make_label_contrast_loss(model, config.contrast, z_loss=config.z_loss)
-    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss)
+        return lm.make_label_contrast_loss(model, config.contrast, z_loss=config.z_loss, target_only=target_only)
+    loss_fn = lm.make_lm_loss(model, z_loss=config.z_loss, target_only=target_only)
     if spec is None:
         return loss_fn
     from dpsynth.dp import sparse

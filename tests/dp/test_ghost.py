@@ -257,7 +257,7 @@ def test_temporary_memory_does_not_grow_with_per_example_gradients():
 LORA_RTOL = 1e-4
 
 
-def _lora_setup(variant, targets, b, t, seed, *, contrast=0, rank=8, mode="lora"):
+def _lora_setup(variant, targets, b, t, seed, *, contrast=0, rank=8, mode="lora", target_only=False):
     """A tiny LoRA model (adapters on `targets`), random non-zero adapters, and a Prefix-LM batch with padding
     rows; with `contrast` = K > 0, the label contrast's batch ([B, K, T] rows) and loss instead."""
     cfg = get_config("tiny", vocab_size=61, max_len=64, num_layers=1, d_model=32, num_heads=2, head_dim=16, d_ff=48,
@@ -276,7 +276,7 @@ def _lora_setup(variant, targets, b, t, seed, *, contrast=0, rank=8, mode="lora"
         weights[:, : rng.integers(1, t)] = 0.0
         batch = {"inputs": toks, "targets": rng.integers(0, 61, (b, t)).astype(np.int32), "weights": weights,
                  "mask": mask}
-        return lm.make_lm_loss(model, z_loss=1e-4), params, frozen, batch
+        return lm.make_lm_loss(model, z_loss=1e-4, target_only=target_only), params, frozen, batch
     k = contrast
     inputs = rng.integers(0, 61, (b, k, t)).astype(np.int32)
     inputs[:, :, t // 2:] = inputs[:, :1, t // 2:]  # the same text after every label prompt
@@ -284,7 +284,40 @@ def _lora_setup(variant, targets, b, t, seed, *, contrast=0, rank=8, mode="lora"
     weights[:, :, : t // 2] = 0.0  # the label prompt: no loss on it
     batch = {"contrast_inputs": inputs, "contrast_targets": rng.integers(0, 61, (b, k, t)).astype(np.int32),
              "contrast_weights": weights, "contrast_label": rng.integers(0, k, b).astype(np.int32), "mask": mask}
-    return lm.make_label_contrast_loss(model, 1.0, z_loss=1e-4), params, frozen, batch
+    return lm.make_label_contrast_loss(model, 1.0, z_loss=1e-4, target_only=target_only), params, frozen, batch
+
+
+# (variant, targets, contrast K, the most weighted tokens of a row): t = 40 gives head widths 16, 32 and 40,
+# so 10, 25 and 40 take each of the three branches.
+TARGET_ONLY_CASES = [("native", "all", 0, 10), ("gpt2", "mlp", 0, 25), ("native", "attention", 0, 40),
+                     ("native", "all", 2, 10)]
+
+
+@pytest.mark.parametrize("variant,targets,k,most", TARGET_ONLY_CASES)
+def test_target_only_head_under_ghost_equals_the_full_head_under_vmap(variant, targets, k, most):
+    """dp-tune's LoRA + ghost loss runs the output layer only at weighted positions (`lm.row_sums`): its
+    per-example norms, losses and clipped sums are the full-head loss's under vmapped clipping."""
+    t, seed = 40, 11
+    full, params, frozen, batch = _lora_setup(variant, targets, 5, t, seed, contrast=k)
+    target_only = _lora_setup(variant, targets, 5, t, seed, contrast=k, target_only=True)[0]
+    key = "contrast_weights" if k else "weights"
+    w = np.array(batch[key])
+    rng = np.random.default_rng(seed)
+    for i in range(w.shape[0]):  # each row: the prefix as set up, then padding after a random length
+        end = t if i == 0 else int(rng.integers(t // 2, t))
+        w[i, ..., end:] = 0.0
+        w[i, ..., : max(0, end - most)] = 0.0  # at most `most` weighted tokens
+    w[0, ..., t - most:] = 1.0  # the first row exactly `most`
+    batch = {**batch, key: w}
+    assert int((w > 0).sum(-1).max()) == most
+    want = jax.jit(lambda p, f, b, c: clipping.clipped_grad_sum(full, p, f, b, jax.random.PRNGKey(0), c))
+    got_fn = _ghost_fn(target_only)
+    for c in (0.05, 1e4):
+        want_sum, want_losses, want_norms = want(params, frozen, batch, c)
+        got_sum, losses, norms = got_fn(params, frozen, batch, c)
+        np.testing.assert_allclose(norms, want_norms, rtol=LORA_RTOL)
+        np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+        _assert_trees_close(want_sum, got_sum, rtol=LORA_RTOL)
 
 
 def _assert_equals_vmap(loss, params, frozen, batch, cs=(0.05, 1.0, 1e4)):

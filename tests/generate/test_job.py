@@ -367,7 +367,6 @@ def test_killed_process_then_rerun_equals_uninterrupted(reference_run, model_dir
         assert _read(out / name) == _read(ref / name), name
 
 
-@pytest.mark.slow  # make test-slow: ~30 s; tests/test_disk_full.py's interrupted-then-rerun test stays
 def test_killed_worker_fails_the_job_then_rerun_resumes_exactly(reference_run, model_dir, tmp_path):
     """2 worker processes; SIGKILL the one holding an unfinished shard once a first shard is
     finished: the job fails promptly (not a hang), keeps its finished shards, and a rerun

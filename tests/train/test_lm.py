@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dpsynth.train import lm
 
@@ -36,3 +37,49 @@ def test_lm_loss_is_weighted_mean_per_example():
     np.testing.assert_allclose(per_example[1], ce[1, 3], rtol=1e-6)
     np.testing.assert_allclose(aux["tokens"], [2, 1])
     np.testing.assert_allclose(aux["ce_sum"], [ce[0, 0] + ce[0, 1], ce[1, 3]], rtol=1e-6)
+
+
+def test_head_capacities_are_ascending_distinct_and_end_at_the_row_length():
+    assert lm.head_capacities(64) == (16, 32, 48, 64)
+    assert lm.head_capacities(40) == (16, 32, 40)
+    assert lm.head_capacities(16) == (16,)
+    assert lm.head_capacities(8) == (8,)
+
+
+@pytest.mark.parametrize("most", [0, 5, 16, 17, 33, 64])
+def test_target_only_row_sums_equal_the_full_heads_and_their_gradients(most):
+    """`row_sums(target_only=True)` (the output layer on the weighted positions only, in the branch whose
+    width holds the largest count) gives the full head's sums, and the same gradient for every parameter
+    but the (frozen, stop-gradient) output table."""
+    from dpsynth.models import Transformer, get_config
+
+    cfg = get_config("tiny", vocab_size=53, max_len=64, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=24)
+    model = Transformer(cfg)
+    rng = np.random.default_rng(most)
+    b, t = 4, 64
+    inputs = jnp.asarray(rng.integers(0, 53, (b, t)), jnp.int32)
+    targets = jnp.asarray(rng.integers(0, 53, (b, t)), jnp.int32)
+    w = np.zeros((b, t), np.float32)
+    for i in range(b):  # a prompt of 0-5 tokens, then `most` or fewer weighted tokens, then padding
+        start = int(rng.integers(0, 6))
+        n = most if i == 0 else int(rng.integers(0, most + 1))
+        w[i, start:start + n] = rng.uniform(0.5, 1.5, min(n, t - start))
+    w[0] = 0.0
+    w[0, t - most:] = 1.0  # the first row holds exactly `most`
+    variables = model.init(jax.random.PRNGKey(0), inputs)
+
+    def sums(v, target_only):
+        ce, z = lm.row_sums(model, v, inputs, targets, jnp.asarray(w), 1e-4, target_only=target_only)
+        return jnp.sum(ce + z), (ce, z)
+
+    (_, (ce, z)), g = jax.value_and_grad(sums, has_aux=True)(variables, False)
+    (_, (ce2, z2)), g2 = jax.value_and_grad(sums, has_aux=True)(variables, True)
+    np.testing.assert_allclose(ce2, ce, rtol=1e-5, atol=1e-5)  # the same terms summed in another order
+    np.testing.assert_allclose(z2, z, rtol=1e-5, atol=1e-9)
+    assert float(ce[0]) == 0.0 if most == 0 else float(ce[0]) > 0
+    flat, flat2 = jax.tree_util.tree_flatten_with_path(g)[0], jax.tree.leaves(g2)
+    for (path, a), b_ in zip(flat, flat2):
+        if "embedding" in jax.tree_util.keystr(path):
+            continue  # the full head also differentiates the tied table; target-only stops its gradient
+        np.testing.assert_allclose(b_, a, rtol=1e-4, atol=1e-6 * float(jnp.max(jnp.abs(a)) + 1e-30),
+                                   err_msg=jax.tree_util.keystr(path))

@@ -83,8 +83,7 @@ def _capture_first_step(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode,mesh,fsdp", [("lora", None, False),
-                                            pytest.param("lora", (2, 1), True, marks=pytest.mark.slow),  # ~31 s
+@pytest.mark.parametrize("mode,mesh,fsdp", [("lora", None, False), ("lora", (2, 1), True),
                                             pytest.param("full", (2, 1), False, marks=pytest.mark.slow)])
 def test_plan_compiles_the_step_dp_tune_runs(tiny_base, tmp_path, monkeypatch, mode, mesh, fsdp):
     base_dir, _ = tiny_base
