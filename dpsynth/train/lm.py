@@ -62,9 +62,12 @@ def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *,
     order (a stable sort), and the head runs on the first c columns, c the smallest of
     `head_capacities(T)` that holds every row's count (`lax.switch`: one compiled branch per
     width, the one taken chosen per batch); positions past a row's count carry weight 0. The same
-    sums over the same terms, only in another order. For a frozen output layer (LoRA: no gradient
-    of the table, no ghost tap on it) under batched clipping; under `vmap` per-example clipping a
-    per-example switch would run every branch.
+    sums over the same terms, only in another order. The branch also forms each row's gradient in
+    its hidden states ([N, T, d_model]; one more for the z-loss when it is on) and a custom VJP
+    scales them by the rows' cotangents: differentiating through the switch instead would make every
+    branch carry the widest one's [N, T, vocab] residuals. For a frozen output layer (LoRA: no
+    gradient of the table, no ghost tap on it) under batched clipping; under `vmap` per-example
+    clipping a per-example switch would run every branch.
     """
     w = weights.astype(jnp.float32)
     if not target_only:
@@ -77,21 +80,50 @@ def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *,
     hidden = model.apply(variables, inputs, segment_ids=segment_ids, positions=positions, head=False)
     table = jax.lax.stop_gradient(_weight(variables, cfg))
     caps = head_capacities(inputs.shape[1])
-    order = jnp.argsort((w <= 0).astype(jnp.int32), axis=1, stable=True)  # weighted positions first
+    with_z = z_loss != 0.0
+
+    def sums(h, targets, w):
+        ce, z = cross_entropy_with_z_loss(output_layer(cfg, h, table), targets, z_loss)
+        return jnp.sum(ce * w, axis=-1), jnp.sum(z * w, axis=-1)
 
     def branch(c):
-        def run(hidden, targets, w, order, table):
-            if c < inputs.shape[1]:
+        def run(h, targets, w, order):
+            """Sums and their per-row gradients in h: row b's sums depend on row b alone, so the VJP
+            of the batch's sums with a cotangent of ones is each row's own gradient."""
+            if c < h.shape[1]:
                 idx = order[:, :c]
-                hidden = jnp.take_along_axis(hidden, idx[..., None], axis=1)
-                targets, w = jnp.take_along_axis(targets, idx, axis=1), jnp.take_along_axis(w, idx, axis=1)
-            ce, z = cross_entropy_with_z_loss(output_layer(cfg, hidden, table), targets, z_loss)
-            return jnp.sum(ce * w, axis=-1), jnp.sum(z * w, axis=-1)
+                hc = jnp.take_along_axis(h, idx[..., None], axis=1)
+                tc, wc = jnp.take_along_axis(targets, idx, axis=1), jnp.take_along_axis(w, idx, axis=1)
+            else:
+                hc, tc, wc = h, targets, w
+            (ce_s, z_s), vjp = jax.vjp(lambda x: sums(x, tc, wc), hc)
+            ones, zeros = jnp.ones_like(ce_s), jnp.zeros_like(ce_s)
+            grads = [vjp((ones, zeros))[0]] + ([vjp((zeros, ones))[0]] if with_z else [])
+            if c < h.shape[1]:  # back to the rows' own positions (the others get 0)
+                rows = jnp.arange(h.shape[0])[:, None]
+                grads = [jnp.zeros_like(h).at[rows, idx].set(g) for g in grads]
+            return (ce_s, z_s), tuple(grads)
         return run
 
-    needed = jnp.max(jnp.sum(w > 0, axis=1))
-    index = jnp.sum(needed > jnp.asarray(caps[:-1], jnp.int32)).astype(jnp.int32)
-    return jax.lax.switch(index, [branch(c) for c in caps], hidden, targets, w, order, table)
+    def fwd(h, targets, w):
+        order = jnp.argsort((w <= 0).astype(jnp.int32), axis=1, stable=True)  # weighted positions first
+        needed = jnp.max(jnp.sum(w > 0, axis=1))
+        index = jnp.sum(needed > jnp.asarray(caps[:-1], jnp.int32)).astype(jnp.int32)
+        return jax.lax.switch(index, [branch(c) for c in caps], h, targets, w, order)
+
+    @jax.custom_vjp
+    def head(h, targets, w):
+        return fwd(h, targets, w)[0]
+
+    def bwd(grads, g):
+        g_ce, g_z = g
+        dh = g_ce[:, None, None] * grads[0]
+        if with_z:
+            dh = dh + g_z[:, None, None] * grads[1]
+        return dh.astype(hidden.dtype), None, None
+
+    head.defvjp(fwd, bwd)
+    return head(hidden, targets, w)
 
 
 def make_lm_loss(model, z_loss: float = 1e-4, target_only: bool = False):

@@ -83,3 +83,24 @@ def test_target_only_row_sums_equal_the_full_heads_and_their_gradients(most):
             continue  # the full head also differentiates the tied table; target-only stops its gradient
         np.testing.assert_allclose(b_, a, rtol=1e-4, atol=1e-6 * float(jnp.max(jnp.abs(a)) + 1e-30),
                                    err_msg=jax.tree_util.keystr(path))
+
+
+def test_dp_tune_runs_the_target_only_head_for_lora_with_ghost_clipping_only():
+    """The target-only head needs a frozen table (LoRA) and a per-batch switch (ghost clipping): every other
+    mode and the vmapped clipping keep the full head."""
+    from dpsynth.models import Transformer, get_config
+    from dpsynth.train import tune_config, tune_model
+
+    base = get_config("tiny", vocab_size=53, max_len=64, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=24)
+    base_params = Transformer(base).init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    batch = {"inputs": jnp.zeros((2, 32), jnp.int32), "targets": jnp.zeros((2, 32), jnp.int32),
+             "weights": jnp.ones((2, 32)), "mask": jnp.ones((2,))}
+    for mode, clipping, want in (("lora", "ghost", True), ("lora", "vmap", False), ("full", "ghost", False),
+                                 ("prompt", "vmap", False)):
+        config = tune_config.TuneConfig(mode=mode, clipping=clipping, lora_rank=2, prompt_length=3, label_contrast=0.0)
+        model_cfg = tune_model.tuned_model_config(base, config)
+        variables = tune_model.init_variables(model_cfg, base_params, config)
+        params, frozen = lm.split_variables(variables, tune_config.TRAINABLE[mode])
+        loss = tune_model.make_loss_fn(model_cfg, config)
+        jaxpr = str(jax.make_jaxpr(lambda p: loss(p, frozen, batch, jax.random.PRNGKey(0)))(params))
+        assert ("cond[" in jaxpr) == want, (mode, clipping)
