@@ -318,11 +318,12 @@ def head_profile(cfg, params, b: int, t: int, reps: int) -> dict:
     x = jnp.asarray(rng.standard_normal((b * t, cfg.d_model)).astype(np.float32))
     targets = jnp.asarray(rng.integers(4, cfg.vocab_size, (b * t,)).astype(np.int32))
 
+    from dpsynth.models.transformer import output_layer
+
     def head_loss(h, w, transposed):
-        logits = jnp.dot(h, w if transposed else w.T, preferred_element_type=jnp.float32)
-        if cfg.final_softcap:
-            logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
-        ce, _ = lm.cross_entropy_with_z_loss(logits, targets, 0.0)
+        # transposed: `w` is [d_model, vocab], multiplied as it is (the model's `x @ table.T` otherwise)
+        dot = (lambda x, wt, _: jnp.dot(x, wt, preferred_element_type=jnp.float32)) if transposed else None
+        ce, _ = lm.cross_entropy_with_z_loss(output_layer(cfg, h, w, dot), targets, 0.0)
         return jnp.mean(ce)
 
     out = {}
