@@ -58,6 +58,7 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.errors import DpsynthError
+from dpsynth.owner_only import FILE_MODE
 
 RUN_FILE = "dpsynth_run.json"
 LOCK_FILE = ".dpsynth_run.lock"
@@ -364,7 +365,7 @@ def claim(out_dir: str, *, kind: str, command: str, config: Mapping[str, Any] | 
         for _, path in siblings:
             mark_sibling(path, out_dir)
         if not os.path.exists(record_path):
-            fileio.write_json(record_path, record)
+            fileio.write_json(record_path, record, mode=_run_file_mode(out_dir))
             wrote = True
         yield record
         for _, path in siblings:  # made during the run
@@ -403,6 +404,13 @@ def _unlock(out_dir: str, fd: int) -> None:
         os.close(fd)
 
 
+def _run_file_mode(out_dir: str) -> int | None:
+    """0600 for the run files in an owner-only directory (no group or other bits: a sensitive token
+    corpus, an audit, a probe, which their commands make 0700 before the claim), so that they do not
+    depend on the directory's mode alone; None (the umask's) elsewhere."""
+    return FILE_MODE if os.stat(out_dir).st_mode & 0o077 == 0 else None
+
+
 def _lock(out_dir: str) -> tuple[bool, int]:
     """Creates `out_dir` if needed and takes its lock; returns (created it, the lock's descriptor)."""
     path = os.path.join(out_dir, LOCK_FILE)
@@ -410,7 +418,7 @@ def _lock(out_dir: str) -> tuple[bool, int]:
         created = not os.path.isdir(out_dir)
         try:
             os.makedirs(out_dir, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, _run_file_mode(out_dir) or 0o644)
         except OSError as e:
             raise OutDirError(f"--out {out_dir}: cannot be written: {e.strerror or e}") from None
         try:

@@ -72,6 +72,22 @@ def test_a_new_directory_gets_a_run_record_without_the_values(tmp_path):
     assert "alice" not in (out / outdir.RUN_FILE).read_text()
 
 
+@pytest.mark.parametrize("owner_only", [True, False])
+def test_the_run_files_of_an_owner_only_directory_are_owner_only(tmp_path, owner_only):
+    """A sensitive token corpus, an audit or a probe is made 0700 before the claim: its run record and
+    lock file are 0600 there, not protected by the directory's mode alone; elsewhere the umask's."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700 if owner_only else 0o755)
+    os.chmod(out, 0o700 if owner_only else 0o755)
+    old = os.umask(0o022)
+    try:
+        with _claim(out):
+            modes = {name: os.stat(out / name).st_mode & 0o777 for name in (outdir.LOCK_FILE, outdir.RUN_FILE)}
+    finally:
+        os.umask(old)
+    assert modes == dict.fromkeys((outdir.LOCK_FILE, outdir.RUN_FILE), 0o600 if owner_only else 0o644)
+
+
 def test_same_configuration_continues_and_execution_flags_do_not_count(tmp_path):
     out = tmp_path / "out"
     with _claim(out):

@@ -98,6 +98,16 @@ def test_dead_letters_are_counted_and_written(tmp_path, tokenizer_path):
     assert {stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "out").iterdir()} == {0o600}
 
 
+def test_the_sensitive_tokenize_command_leaves_only_owner_only_files_run_record_included(tmp_path, tokenizer_path):
+    rows = [{"text": "good food here", "label": "great"}, {"text": "cold soup", "label": "bad"}]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    assert tokenize_job.main(["--input", str(tmp_path / "s.jsonl"), "--kind", "sensitive", "--tokenizer",
+                              tokenizer_path, "--out", str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700 and (out / "dpsynth_run.json").exists()
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {f.name: 0o600 for f in out.iterdir()}
+
+
 def test_read_corpora_ptransform_keys(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "x y"}\n\n{"text": "z"}\n')
     source = inputs.plan_source(str(tmp_path), kind="public", name="c")

@@ -108,6 +108,7 @@ def test_cli_audit_end_to_end_and_one_line_errors(tmp_path, tiny_corpus, capsys)
 
     audit_dir = tmp_path / "audit"
     assert outdir.owner(str(audit_dir))["kind"] == outdir.AUDIT and os.stat(audit_dir).st_mode & 0o777 == 0o700
+    assert {os.stat(audit_dir / name).st_mode & 0o777 for name in os.listdir(audit_dir)} == {0o600}  # run record too
     assert cli.main(argv) == 2  # an audit is never overwritten
     assert "already holds release_audit.json" in capsys.readouterr().err
     rc = cli.main(["generate", "--model", str(model), "--num-examples", "2", "--out", str(audit_dir)])
