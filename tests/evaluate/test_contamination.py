@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from dpsynth import cli, outdir
+from dpsynth import cli, fileio, outdir
 from dpsynth.evaluate import contamination
 from tests.generate.fakes import BigramDecoder, greedy_reference, make_tables
 
@@ -235,3 +235,15 @@ def test_dp_tune_flag_reads_the_probe_and_warns_the_owner(tmp_path, capsys):
     got = _probe(str(tmp_path))
     assert got == {**probe, "probe_dir": str(tmp_path)}
     assert "found evidence that the base model has seen D" in capsys.readouterr().err
+    # A probe of other data than --train says nothing of D_train: refused, naming the file.
+    train, other = tmp_path / "train.jsonl", tmp_path / "other.jsonl"
+    train.write_text('{"text": "a"}\n')
+    other.write_text('{"text": "b"}\n')
+    for data in ([other], [other, train]):
+        (tmp_path / contamination.REPORT_JSON).write_text(json.dumps({**probe, "data_files": [
+            {"path": str(p), "sha256": fileio.sha256_file(str(p))} for p in data]}))
+        if train in data:
+            assert _probe(str(tmp_path), [str(train)])["verdict"] == contamination.SEEN
+        else:
+            with pytest.raises(contamination.ProbeError, match=r"did not read --train .*train.jsonl .*other.jsonl"):
+                _probe(str(tmp_path), [str(train)])
