@@ -38,7 +38,7 @@ import os
 import sys
 
 from dpsynth import binding, errors, logs, outdir
-from dpsynth.data import dead_letters, read_config
+from dpsynth.data import dead_letters, read_config, readers
 
 
 # `GenerateConfig` fields that are flags here (with --model; the grid sets the sampling and sizes).
@@ -149,6 +149,11 @@ def main(argv=None) -> int:
                      if args.label_source else None)
             # The plan (sizes, kept settings: the number of candidates the selection is calibrated on) is
             # fixed before D_valid or D_train is read: a data-independent choice (`dpsynth.evaluate.screening`).
+            # A wrong path is said now, not after the probe's minutes: the files are found (their
+            # existence only: nothing is read, nor used by the plan).
+            for paths in (args.valid, args.label_source):
+                if paths:
+                    readers.resolve_inputs(paths, encoding=args.encoding)
             plan, speed, grid, dataset_size = _plan(args, config)
             for line in plan.lines(speed):
                 print(f"dpsynth select: {line}", file=sys.stderr)

@@ -534,6 +534,11 @@ def test_time_budget_on_the_command_line(fake_setup, monkeypatch, capsys):
     assert cli.main(common + ["--out", out, "--time-budget", "-5", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["dpsynth select: error: --time-budget must be >= 0 seconds (0: no limit), got -5"]
+    # A --valid that is not there is said before the probe, in one line, and nothing is left behind.
+    assert cli.main(common + ["--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dpsynth select: error: ") and "absent.jsonl: no such file" in err[-1]
+    assert not os.path.exists(out) and not os.path.exists(out + ".candidates")
 
 
 def test_a_shrunk_grid_is_one_gaussian_selection_calibrated_on_the_kept_candidates(fake_setup, monkeypatch, capsys):
