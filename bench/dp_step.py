@@ -68,7 +68,7 @@ import optax  # noqa: E402
 from dpsynth.dp.plan import plan_privacy  # noqa: E402
 from dpsynth.dp.strategy import DPSGDStrategy  # noqa: E402
 from dpsynth.models import Transformer, get_config  # noqa: E402
-from dpsynth.train import core, lm, tune_config, tune_model  # noqa: E402
+from dpsynth.train import core, lm, sharding, tune_config, tune_model  # noqa: E402
 from common import peak_rss, reset_peak_rss, run_peer  # noqa: E402  (bench/peers/common.py)
 
 
@@ -89,7 +89,7 @@ def _block(tree):
 
 def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: int, clipping: str = "vmap",
             base: tuple | None = None, expected_batch: float | None = None, rows: dict | None = None,
-            loss_clipping: str | None = None, full_head: bool = False) -> dict:
+            loss_clipping: str | None = None, full_head: bool = False, op_profile: bool = False) -> dict:
     """One mode's accumulate and apply steps on `preset`'s random model, or on `base` = (config, params)
     of a loaded model; `rows`: the microbatch (default `_batch`). The loss is dp-tune's for `clipping`
     (LoRA with ghost clipping: the target-only output layer) or for `loss_clipping` when given (a
@@ -110,7 +110,10 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
     strategy = (DPSGDStrategy(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(expected_batch or b),
                               clipping=clipping) if strategy_name == "dp" else core.MeanGradient())
     # A loaded model's state (its frozen base included) is donated as dp-tune donates it: not copied per step.
-    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=base is not None)
+    # Several CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N): the microbatch split over a data mesh,
+    # as dp-tune runs it on N devices.
+    mesh = sharding.make_mesh() if len(jax.devices()) > 1 else None
+    fns = core.make_train_functions(loss_fn, optax.adam(1e-3), strategy, donate=base is not None, mesh=mesh)
     state = fns.init_state(params, frozen, rng=0)
     batch = fns.shard_batch(rows if rows is not None else _batch(base_cfg.vocab_size, b, t))
     t0 = time.perf_counter()
@@ -134,6 +137,7 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
         apply_times.append(time.perf_counter() - t0)
         apply_cpu.append(time.process_time() - c0)
     acc = fns.init_accumulator(state)
+    ops = trace_ops(lambda: fns.accumulate_step(state, fns.init_accumulator(state), batch)[0]) if op_profile else None
     temp = None
     if base is None:  # (a second compile: skipped for a loaded model, whose peak RSS is measured instead)
         mem = jax.jit(fns._accumulate).lower(state, acc, batch).compile().memory_analysis()
@@ -143,7 +147,41 @@ def measure(mode: str, strategy_name: str, preset: str, b: int, t: int, reps: in
             "apply_s": float(np.median(apply_times)), "compile_s": compile_s,
             "accumulate_cpu_s": float(np.median(acc_cpu)), "apply_cpu_s": float(np.median(apply_cpu)),
             "temp_bytes": int(temp) if temp is not None else None, "trainable_params": int(trainable),
-            "peak_rss": peak_rss()}
+            "peak_rss": peak_rss(), **({"ops": ops} if ops is not None else {})}
+
+
+def trace_ops(run, top: int = 8) -> dict:
+    """Where one call of `run` (a compiled step) spends its time, by XLA:CPU operation kind: a
+    `jax.profiler` trace, its op events summed by name without the ".N" suffix ("ynn_fusion": the
+    matmuls XLA hands to its YNNPACK kernels; "copy_bitcast_fusion": layout copies; the rest mostly
+    element-wise fusions). Events of the two cores' threads overlap, so the sum can exceed the wall
+    time. Returns {"wall_s", "op_s" (the sum), "top": [[kind, seconds, count], ...]}."""
+    import collections
+    import gzip
+    import re
+    import tempfile
+
+    _block(run())  # (compiled before the trace)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-bench-trace-") as d:
+        t0 = time.perf_counter()
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            _block(run())
+        wall = time.perf_counter() - t0
+        paths = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".trace.json.gz")]
+        with gzip.open(paths[0]) as f:
+            events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or "dur" not in e or name.startswith(("$", "ThunkExecutor", "SlinkyThreadPool", "Pjit",
+                                                                     "CommonPjRt", "end: ")):
+            continue
+        kind = re.sub(r"\.\d+$", "", name)
+        total[kind] += e["dur"] / 1e6
+        count[kind] += 1
+    return {"wall_s": wall, "op_s": sum(total.values()),
+            "top": [[k, v, count[k]] for k, v in total.most_common(top)]}
 
 
 def measure_wordcnn(strategy_name: str, vocab: int, dim: int, b: int, t: int, reps: int) -> dict:
@@ -244,7 +282,7 @@ def main_model(args) -> int:
     for name, strategy, clip in [("nonprivate", "nonprivate", np_loss)] + [(n_, "dp", c) for n_, c in dp_rows] + extra:
         r = measure("lora", strategy, cfg.preset, b, t, args.reps, base=(cfg, params), expected_batch=float(n),
                     rows={key: v[:b] for key, v in rows.items()}, clipping=clip, loss_clipping=clip,
-                    full_head=name.endswith("full-head"))
+                    full_head=name.endswith("full-head"), op_profile=args.profile)
         r["step_s"] = k * r["accumulate_s"] + r["apply_s"]
         r["step_cpu_s"] = k * r["accumulate_cpu_s"] + r["apply_cpu_s"]
         target_only = clip == "ghost" and not name.endswith("full-head")
@@ -279,6 +317,12 @@ def main_model(args) -> int:
               f" our {name} LoRA accumulate {r['flops_per_s'] / 1e9:.1f} GFLOP/s (output layer on {r['head_fraction']:.0%} of"
               f" the positions) -> {r['flops_per_s'] / roof:.2f}x"
               f" (target >= 0.7x: {'MET' if r['flops_per_s'] / roof >= 0.7 else 'MISSED'})")
+    for name, r in ours.items():
+        if "ops" in r:
+            o = r["ops"]
+            print(f"profile of our {name} accumulate by XLA operation kind (one traced call, {o['wall_s']:.2f} s wall, "
+                  f"{o['op_s']:.2f} s of op events on the cores' threads): "
+                  + "; ".join(f"{k} {s:.2f} s x{n}" for k, s, n in o["top"]))
     if head:
         acc_np = ours["nonprivate"]["accumulate_s"]
         print(f"profile (one microbatch of {b} x {t}; our non-private accumulate {acc_np:.2f} s):")
@@ -373,7 +417,8 @@ def main(argv=None) -> int:
                    help="--model with --clipping ghost: also time the ghost step with the output layer at every position "
                         "(the A/B of the target-only head, same run)")
     m.add_argument("--profile", action="store_true",
-                   help="--model: also time the output layer + cross-entropy alone (where the step's time goes)")
+                   help="--model: also time the output layer + cross-entropy alone, and trace one accumulate of each "
+                        "row by XLA operation kind (where the step's time goes)")
     args = p.parse_args(argv)
     if args.model:
         return main_model(args)
