@@ -104,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "|D_train|, the mode, --max-tokens and --token-budget (printed, and recorded in the report); "
                            "with --max-tokens auto it also chooses the example length; with --label-contrast auto "
                            "(the default), the label contrast"},
-        "clipping": {"help": "per-example clipping: vmap (per-example gradients) or ghost (full and lora modes, also "
-                             "with the label contrast: norms from activations and output gradients, one batched "
-                             "backward, no per-example gradient copies; same privacy)"},
+        "clipping": {"help": "per-example clipping: auto (ghost where it applies, else vmap), vmap (per-example "
+                             "gradients) or ghost (full and lora modes at example level, also with the label "
+                             "contrast: norms from activations and output gradients, one batched backward, no "
+                             "per-example gradient copies); the same privacy either way"},
         "reserve_selection_epsilon": {"metavar": "EPSILON",
                                       "help": "the epsilon of a later `dpsynth select` on a D_valid split from D "
                                               "positionally (it composes sequentially, at twice this epsilon): "

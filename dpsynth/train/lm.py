@@ -82,12 +82,12 @@ def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *,
     caps = head_capacities(inputs.shape[1])
     with_z = z_loss != 0.0
 
-    def sums(h, targets, w):
+    def sums(h, table, targets, w):
         ce, z = cross_entropy_with_z_loss(output_layer(cfg, h, table), targets, z_loss)
         return jnp.sum(ce * w, axis=-1), jnp.sum(z * w, axis=-1)
 
     def branch(c):
-        def run(h, targets, w, order):
+        def run(h, table, targets, w, order):
             """Sums and their per-row gradients in h: row b's sums depend on row b alone, so the VJP
             of the batch's sums with a cotangent of ones is each row's own gradient."""
             if c < h.shape[1]:
@@ -96,7 +96,7 @@ def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *,
                 tc, wc = jnp.take_along_axis(targets, idx, axis=1), jnp.take_along_axis(w, idx, axis=1)
             else:
                 hc, tc, wc = h, targets, w
-            (ce_s, z_s), vjp = jax.vjp(lambda x: sums(x, tc, wc), hc)
+            (ce_s, z_s), vjp = jax.vjp(lambda x: sums(x, table, tc, wc), hc)
             ones, zeros = jnp.ones_like(ce_s), jnp.zeros_like(ce_s)
             grads = [vjp((ones, zeros))[0]] + ([vjp((zeros, ones))[0]] if with_z else [])
             if c < h.shape[1]:  # back to the rows' own positions (the others get 0)
@@ -105,25 +105,28 @@ def row_sums(model, variables: dict, inputs, targets, weights, z_loss: float, *,
             return (ce_s, z_s), tuple(grads)
         return run
 
-    def fwd(h, targets, w):
+    def fwd(h, table, targets, w):
         order = jnp.argsort((w <= 0).astype(jnp.int32), axis=1, stable=True)  # weighted positions first
         needed = jnp.max(jnp.sum(w > 0, axis=1))
         index = jnp.sum(needed > jnp.asarray(caps[:-1], jnp.int32)).astype(jnp.int32)
-        return jax.lax.switch(index, [branch(c) for c in caps], h, targets, w, order)
+        return jax.lax.switch(index, [branch(c) for c in caps], h, table, targets, w, order)
 
+    # Every array is an argument (the table too, with no cotangent: it is frozen), none a closure: a
+    # custom VJP may not close over the tracers of an enclosing transformation (jit inside grad).
     @jax.custom_vjp
-    def head(h, targets, w):
-        return fwd(h, targets, w)[0]
+    def head(h, table, targets, w):
+        return fwd(h, table, targets, w)[0]
 
     def bwd(grads, g):
         g_ce, g_z = g
         dh = g_ce[:, None, None] * grads[0]
         if with_z:
             dh = dh + g_z[:, None, None] * grads[1]
-        return dh.astype(hidden.dtype), None, None
+        return dh.astype(h_dtype), None, None, None
 
+    h_dtype = hidden.dtype
     head.defvjp(fwd, bwd)
-    return head(hidden, targets, w)
+    return head(hidden, table, targets, w)
 
 
 def make_lm_loss(model, z_loss: float = 1e-4, target_only: bool = False):

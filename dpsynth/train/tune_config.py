@@ -34,6 +34,8 @@ MODES = recipe_lib.MODES
 TRAINABLE = {"full": ("params",), "prompt": ("prompt",), "lora": ("lora",)}
 # The modes whose trainable variables the ghost clipping taps (`dpsynth.dp.ghost`; soft prompts have no tap).
 GHOST_MODES = ("full", "lora")
+# `TuneConfig.clipping`'s default: ghost where it applies, else vmap (`dpsynth.train.tune_model.clipping_method`).
+AUTO_CLIPPING = "auto"
 OPTIMIZERS = ("adam", "adafactor")
 PROMPT_INITS = ("uniform", "vocab")
 
@@ -114,10 +116,13 @@ class TuneConfig:
             protects nobody (`dpsynth.dp.accounting.weak_delta`); refused by default, and the privacy
             report's headline then says the delta is weak.
         clipping: how per-example clipping is computed (`dpsynth.dp.clipping.METHODS`): "vmap"
-            (default: per-example gradients) or "ghost" (full and LoRA modes, example-level DP-SGD or
+            (per-example gradients) or "ghost" (full and LoRA modes, example-level DP-SGD or
             BandMF, with or without the label contrast: the same clipped sum without per-example
-            gradient copies or per-example forward passes, `dpsynth.dp.ghost`). The same mechanism and
-            accounting either way.
+            gradient copies or per-example forward passes, `dpsynth.dp.ghost`; with LoRA, the output
+            layer then runs only where the loss looks, `dpsynth.train.lm.row_sums`). The same mechanism
+            and accounting either way. "auto" (the default): ghost where it applies, else vmap
+            (`dpsynth.train.tune_model.clipping_method`; ghost was the faster in every measured
+            setting, docs/measured.md).
         reserve_selection_epsilon: the epsilon of a later DP selection on D_valid (`dpsynth select`,
             exponential mechanism) that composes SEQUENTIALLY with this run: D_valid split from D
             positionally (e.g. its last 10%), so that one record may change both D_train and
@@ -170,7 +175,7 @@ class TuneConfig:
     token_budget: float | None = None
     time_budget: float | None = None
     allow_large_delta: bool = False
-    clipping: str = "vmap"
+    clipping: str = AUTO_CLIPPING
     reserve_selection_epsilon: float = 0.0
     reserve_label_noise_multiplier: float = 0.0
 
@@ -289,9 +294,9 @@ class TuneConfig:
                             "model (one user may change several counts)")
         from dpsynth.dp.clipping import METHODS as clipping_methods
 
-        if self.clipping not in clipping_methods:
-            raise TuneError(f"clipping must be one of {clipping_methods}, got {self.clipping!r}")
-        if self.clipping != "vmap" and (self.mode not in GHOST_MODES or self.privacy_unit != "example"):
+        if self.clipping not in (AUTO_CLIPPING, *clipping_methods):
+            raise TuneError(f"clipping must be one of {(AUTO_CLIPPING, *clipping_methods)}, got {self.clipping!r}")
+        if self.clipping not in ("vmap", AUTO_CLIPPING) and (self.mode not in GHOST_MODES or self.privacy_unit != "example"):
             raise TuneError(f"--clipping {self.clipping} is for --mode full or lora at example level (prompt tuning "
                             "and user-level DP keep the vmapped clipping)")
         conflict = self.contrast_conflict()
@@ -343,6 +348,8 @@ class TuneConfig:
                           ("reserve_label_noise_multiplier", 0.0)):
             if d[name] == off:  # off: the fingerprint of runs made before it existed holds
                 del d[name]
+        if d.get("clipping") == AUTO_CLIPPING:  # (a run begun before "auto" was the default, at "vmap", resumes:
+            del d["clipping"]  # the method changes no accounted setting, only how the same clipped sum is formed)
         if d["label_contrast_form"] == "full" or not d.get("label_contrast", 0.0):  # the one form before there were two
             del d["label_contrast_form"]
         return d

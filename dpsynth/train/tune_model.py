@@ -167,6 +167,22 @@ def embedding_spec(model_config, config: TuneConfig):
     return sparse.EmbeddingSpec(param_path=("params", "embedding"), ids_key="inputs")
 
 
+def clipping_method(model_config, config: TuneConfig) -> str:
+    """The per-example clipping a run uses (`dpsynth.dp.clipping.METHODS`): `config.clipping`, or for
+    "auto" (the default) "ghost" where it applies (full and LoRA tuning at example level, but not full
+    tuning of an untied input table, which has its exact sparse path: `embedding_spec`), else "vmap".
+    Both form the same clipped sum of the same per-example gradients: the mechanism, its sensitivity
+    and its accounting do not depend on the choice (tests/dp/test_ghost.py compares them norm by
+    norm); ghost was the faster and no larger in memory in every setting measured (docs/measured.md).
+    `make_loss_fn` and `build_mechanism` both ask here, so the loss and the strategy always agree."""
+    from dpsynth.train.tune_config import AUTO_CLIPPING, GHOST_MODES
+
+    if config.clipping != AUTO_CLIPPING:
+        return config.clipping
+    ghost = config.mode in GHOST_MODES and config.privacy_unit == "example" and embedding_spec(model_config, config) is None
+    return "ghost" if ghost else "vmap"
+
+
 def auto_label_contrast(config: TuneConfig, model_config, labels: int) -> tuple[float, str | None]:
     """What label_contrast "auto" means for this run: off with a manual recipe (and no sentence);
     with the automatic one, `dpsynth.train.recipe.auto_label_contrast` for its K = `labels`, off
@@ -227,7 +243,7 @@ def make_loss_fn(model_config, config: TuneConfig):
     spec = embedding_spec(model_config, config)
     # The output layer only at the weighted positions (`lm.row_sums`): LoRA freezes the table, and batched
     # (ghost) clipping keeps the per-batch choice of head width a real branch (under vmap it would run all).
-    target_only = config.mode == "lora" and config.clipping == "ghost"
+    target_only = config.mode == "lora" and clipping_method(model_config, config) == "ghost"
     if config.contrast:
         if spec is not None:
             raise TuneError("label_contrast: full tuning of a model with an untied input embedding clips that table "
@@ -370,15 +386,16 @@ def build_mechanism(prep: Prepared, model_config, *, run_seed: int, num_rows: in
     except (UserColumnError, ValueError) as e:
         raise TuneError(str(e)) from e
     spec = embedding_spec(model_config, config)
-    if spec is None and config.clipping != "vmap":
-        return mech, dataclasses.replace(mech.strategy, clipping=config.clipping)
+    method = clipping_method(model_config, config)
+    if spec is None and method != "vmap":
+        return mech, dataclasses.replace(mech.strategy, clipping=method)
     if spec is None:
         return mech, mech.strategy
     # exact sparse clipping of an untied input table (imported models, full mode)
     if not mech.mechanism.supports_sparse_embedding or plan.privacy_unit != "example":
         raise TuneError("full tuning of a model with an untied input embedding uses sparse per-example "
                         "clipping, which supports example-level DP-SGD only (use --mode lora or prompt)")
-    if config.clipping != "vmap":
+    if method != "vmap":
         raise TuneError("a model with an untied input embedding uses the sparse clipping path: drop --clipping "
                         f"{config.clipping}")
     return mech, mech.mechanism.sparse_embedding_strategy(plan, clip_norm=config.clip_norm, embedding=spec)

@@ -96,7 +96,7 @@ def test_dp_tune_runs_the_target_only_head_for_lora_with_ghost_clipping_only():
     batch = {"inputs": jnp.zeros((2, 32), jnp.int32), "targets": jnp.zeros((2, 32), jnp.int32),
              "weights": jnp.ones((2, 32)), "mask": jnp.ones((2,))}
     for mode, clipping, want in (("lora", "ghost", True), ("lora", "vmap", False), ("full", "ghost", False),
-                                 ("prompt", "vmap", False)):
+                                 ("prompt", "vmap", False), ("lora", "auto", True), ("prompt", "auto", False)):
         config = tune_config.TuneConfig(mode=mode, clipping=clipping, lora_rank=2, prompt_length=3, label_contrast=0.0)
         model_cfg = tune_model.tuned_model_config(base, config)
         variables = tune_model.init_variables(model_cfg, base_params, config)
@@ -104,3 +104,29 @@ def test_dp_tune_runs_the_target_only_head_for_lora_with_ghost_clipping_only():
         loss = tune_model.make_loss_fn(model_cfg, config)
         jaxpr = str(jax.make_jaxpr(lambda p: loss(p, frozen, batch, jax.random.PRNGKey(0)))(params))
         assert ("cond[" in jaxpr) == want, (mode, clipping)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_auto_clipping_is_ghost_where_it_applies_and_the_loss_and_strategy_agree(tie):
+    """`--clipping auto` (the default): ghost for full and LoRA tuning at example level, vmap for prompt
+    tuning, user-level DP and full tuning of an untied input table (its sparse path); the strategy dp-tune
+    builds clips with the method `clipping_method` names (the loss's target-only head goes with it: above)."""
+    from dpsynth.dp.plan import plan_privacy
+    from dpsynth.models import get_config
+    from dpsynth.train import tune_config, tune_model
+
+    base = get_config("tiny", vocab_size=53, max_len=64, num_layers=1, d_model=16, num_heads=2, head_dim=8, d_ff=24,
+                      tie_embeddings=tie)
+    assert tune_config.TuneConfig().clipping == tune_config.AUTO_CLIPPING
+    plan = plan_privacy(dataset_size=100, expected_batch_size=10.0, steps=2, noise_multiplier=1.0, delta=1e-3)
+    cases = [(dict(mode="lora"), "ghost"), (dict(mode="full"), "ghost" if tie else "vmap"), (dict(mode="prompt"), "vmap"),
+             (dict(mode="lora", privacy_unit="user", max_examples_per_user=2), "vmap"),
+             (dict(mode="lora", clipping="vmap"), "vmap"), (dict(mode="full", clipping="vmap"), "vmap")]
+    for fields, want in cases:
+        config = tune_config.TuneConfig(lora_rank=2, prompt_length=3, label_contrast=0.0, microbatch_size=2, **fields)
+        model_cfg = tune_model.tuned_model_config(base, config)
+        assert tune_model.clipping_method(model_cfg, config) == want, fields
+        if fields.get("privacy_unit") == "user":
+            continue  # (the user-level strategy needs the users' rows: `build_mechanism`'s own tests)
+        _, fns = tune_model.planned_step(base, config, plan)
+        assert getattr(fns.strategy, "clipping", "vmap") == want, fields
