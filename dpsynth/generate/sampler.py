@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -159,12 +160,33 @@ def draw(key: jax.Array, logits: jax.Array) -> jax.Array:
     from `key`, the first token whose cumulative probability reaches u (times the total, so that
     rounding never runs past the end). The distribution of `jax.random.categorical`, whose
     Gumbel-max draws V random numbers: on CPU those cost most of a small model's decode step
-    (`bench/generate.py --draw`). A token of probability 0 (logit `NEG_INF`) is never drawn. XLA
-    sums the cumulative sum in blocks, not one after another: its error stays near float32 rounding
-    (under 2e-7 at a 256k vocabulary on CPU, where a sequential float32 sum is off by 3.5e-4; tested)."""
-    c = jnp.cumsum(jax.nn.softmax(logits.astype(jnp.float32)))
-    u = 1.0 - jax.random.uniform(key, (), jnp.float32)
-    return jnp.argmax(c >= u * c[-1]).astype(jnp.int32)
+    (`bench/generate.py --draw`). A token of probability 0 (logit `NEG_INF`) is never drawn.
+
+    The cumulative sum in two levels: the probabilities in blocks of about sqrt(V) tokens
+    (`draw_block`), the first block whose cumulative sum reaches the target, then the first token
+    of that block whose cumulative sum (from the blocks before it) reaches it. The same token as one
+    cumulative sum over the whole vocabulary up to float32 rounding of the partial sums (whose error
+    stays near float32 rounding: tested against float64), without that sum's V-long scan (XLA:CPU
+    lowers `cumsum` to a reduce-window: 16 ms for 16 rows at a 262,144-token vocabulary against
+    1.7 ms for the softmax itself, docs/measured.md). Within the chosen block the first token that
+    reaches the target has probability > 0: the blocks before it sum to less than the target."""
+    p = jax.nn.softmax(logits.astype(jnp.float32))
+    b = draw_block(p.shape[0])
+    blocks = jnp.pad(p, (0, -p.shape[0] % b)).reshape(-1, b)
+    ends = jnp.cumsum(jnp.sum(blocks, axis=1))  # each block's cumulative end
+    target = (1.0 - jax.random.uniform(key, (), jnp.float32)) * ends[-1]
+    i = jnp.argmax(ends >= target)
+    block = blocks[i]
+    reach = jnp.where(i > 0, ends[jnp.maximum(i - 1, 0)], 0.0) + jnp.cumsum(block) >= target
+    # (rounding of the block's own sum can leave it short of a target its end reached: its last token)
+    last = b - 1 - jnp.argmax(block[::-1] > 0)
+    j = jnp.where(jnp.any(reach), jnp.argmax(reach), last)
+    return (i * b + j).astype(jnp.int32)
+
+
+def draw_block(vocab: int) -> int:
+    """`draw`'s block: the power of two nearest above sqrt(vocab) (512 at 262,144 tokens)."""
+    return 1 << max(0, math.ceil(math.log2(max(vocab, 1)) / 2))
 
 
 def _select_token(logits: jax.Array, keys: jax.Array, cfg: SamplerConfig) -> jax.Array:
