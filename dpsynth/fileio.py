@@ -11,8 +11,9 @@ space left on device writing PATH", one line, exit 2) instead of a traceback; a 
 is space writes the same bytes.
 
 Local paths use `os`; `read_bytes_fs` and `write_bytes_fs` go through Beam's `FileSystems` (`gs://`, ...).
-The owner-only policy for private state (directories 0700, files 0600) lives in
-`dpsynth.owner_only`, which writes through `write_bytes(..., mode=0o600)`.
+The owner-only policy for private state (directories `PRIVATE_DIR_MODE`, files `PRIVATE_FILE_MODE`)
+lives in `dpsynth.owner_only`, which writes through `write_bytes(..., mode=PRIVATE_FILE_MODE)`; the
+modes are declared here, the lowest layer, so that `dpsynth.outdir` (below `owner_only`) uses them too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import IO, Any
 
 from dpsynth import errors
 
+PRIVATE_DIR_MODE = 0o700  # owner-only directories (private state, audits, probes)
+PRIVATE_FILE_MODE = 0o600  # owner-only files
 TMP_MARK = ".tmp-"
 CHUNK_BYTES = 1 << 20
 

@@ -58,7 +58,6 @@ from typing import Any
 
 from dpsynth import fileio
 from dpsynth.errors import DpsynthError
-from dpsynth.owner_only import FILE_MODE
 
 RUN_FILE = "dpsynth_run.json"
 LOCK_FILE = ".dpsynth_run.lock"
@@ -408,7 +407,7 @@ def _run_file_mode(out_dir: str) -> int | None:
     """0600 for the run files in an owner-only directory (no group or other bits: a sensitive token
     corpus, an audit, a probe, which their commands make 0700 before the claim), so that they do not
     depend on the directory's mode alone; None (the umask's) elsewhere."""
-    return FILE_MODE if os.stat(out_dir).st_mode & 0o077 == 0 else None
+    return fileio.PRIVATE_FILE_MODE if os.stat(out_dir).st_mode & 0o077 == 0 else None
 
 
 def _lock(out_dir: str) -> tuple[bool, int]:

@@ -16,8 +16,8 @@ from typing import Any
 
 from dpsynth import fileio
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+DIR_MODE = fileio.PRIVATE_DIR_MODE
+FILE_MODE = fileio.PRIVATE_FILE_MODE
 
 
 def make_private_dir(path: str) -> str:
