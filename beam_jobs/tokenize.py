@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     ap = build_parser()
     args, _ = ap.parse_known_args(argv)  # --verbose first: Beam's modules log at import
     logs.configure(fmt="%(message)s", verbose=args.verbose)
-    if args.kind == "sensitive" and "://" not in args.out and not os.path.exists(args.out):
+    if args.kind == "sensitive" and not outdir.is_url(args.out) and not os.path.exists(args.out):
         owner_only.make_private_dir(args.out)  # 0700 before the claim writes its run record there
     with outdir.claim(args.out, kind=outdir.TOKENS, command="tokenize", config=vars(args), parser=ap):
         run(argv)  # (its summary line counts the dead letters, by reason; OUT/dead_letters.jsonl lists them)

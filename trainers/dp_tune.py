@@ -192,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 def _probe(probe_dir: str | None, train_files: list[str] = ()) -> dict | None:
     """The report of `dpsynth probe --out probe_dir` (NOT DP: it stays in the private state), or None;
     says on the owner's terminal when it found evidence that the base has seen D. Refused (`ProbeError`)
-    when it did not read every --train file (`train_files`, by SHA-256): a probe of other data says
-    nothing of whether the base has seen D_train. (Its model is checked against --base by
+    when it did not read every --train file (`train_files`: the files read, a directory or glob
+    resolved, as the probe records its own; by SHA-256): a probe of other data says nothing of
+    whether the base has seen D_train. (Its model is checked against --base by
     `tune_report.check_contamination_probe`.)"""
     if probe_dir is None:
         return None
@@ -203,7 +204,7 @@ def _probe(probe_dir: str | None, train_files: list[str] = ()) -> dict | None:
     probe = {**contamination.read_probe(probe_dir), "probe_dir": os.path.abspath(probe_dir)}
     probed = {f.get("sha256") for f in probe.get("data_files") or ()}
     for path in train_files:
-        if os.path.isfile(path) and fileio.sha256_file(path) not in probed:
+        if fileio.sha256_file(path) not in probed:
             raise contamination.ProbeError(
                 f"--contamination-probe {probe_dir}: the probe did not read --train {path} (its --data was "
                 f"{', '.join(f.get('path', '?') for f in probe.get('data_files') or ()) or 'not recorded'}; compared by "
@@ -234,7 +235,7 @@ def _tune(args: argparse.Namespace, config, state_dir: str) -> int:
                                              label_column=args.label_column, encoding=args.encoding)
     valid = rest[0].records if rest else []
     kwargs = dict(labels=args.labels, contamination_sha256=args.contamination_sha256, state_dir=args.state_dir,
-                  contamination_probe=_probe(args.contamination_probe, args.train),
+                  contamination_probe=_probe(args.contamination_probe, train.files),
                   memory_limit=memory_limit,
                   memory_headroom=args.memory_headroom, fsdp=args.fsdp,
                   mesh=(args.mesh_data, args.mesh_model) if args.mesh_data * args.mesh_model > 1 else None)
